@@ -1,0 +1,69 @@
+//! The library's error type. Every failure a user can cause (a bad file, an
+//! unsupported op, an impossible shape) is one of these, with the file, node or
+//! tensor named, and prints as one line.
+
+use std::path::PathBuf;
+
+/// Result alias used across the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong while loading, inferring or profiling a model.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The file could not be opened or mapped.
+    #[error("{path}: cannot read: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The bytes are not a protobuf-encoded ONNX model (truncated, corrupt, or another format).
+    #[error("{path}: not a valid ONNX model: {reason}")]
+    NotOnnx {
+        /// The file.
+        path: PathBuf,
+        /// What the decoder or the structural check found.
+        reason: String,
+    },
+    /// The model decodes but its graph is malformed (undefined tensor, duplicate producer, cycle...).
+    #[error("invalid graph: {0}")]
+    Graph(String),
+    /// Ops the tool has no rule for; one entry per op type with one node using it.
+    #[error("unsupported ops: {}", .0.iter().map(|(op, node)| format!("{op} (node '{node}')")).collect::<Vec<_>>().join(", "))]
+    Unsupported(Vec<(String, String)>),
+    /// A node's shape or type rule failed.
+    #[error("node '{node}' ({op}): {reason}")]
+    Node {
+        /// Node name (or a generated `op_type#index` when the model gave none).
+        node: String,
+        /// ONNX op type.
+        op: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A symbolic dimension of a graph input has no value.
+    #[error("dimension '{dim}' of input '{input}' is unbound: pass {hint}")]
+    UnboundDim {
+        /// The dim_param (or a description for an anonymous dim).
+        dim: String,
+        /// The graph input that carries it.
+        input: String,
+        /// What to pass on the command line.
+        hint: String,
+    },
+    /// A dimension binding from the user contradicts the model.
+    #[error("{0}")]
+    Binding(String),
+}
+
+impl Error {
+    /// Builds a [`Error::Node`].
+    pub fn node(node: &str, op: &str, reason: impl Into<String>) -> Self {
+        Error::Node {
+            node: node.to_string(),
+            op: op.to_string(),
+            reason: reason.into(),
+        }
+    }
+}

@@ -1,0 +1,375 @@
+//! Shape inference: binds symbolic dimensions, then walks the execution order giving
+//! every tensor a concrete dtype and shape (and folding small constant subgraphs).
+//!
+//! Batch rule: `--batch N` binds every graph-input dimension whose `dim_param`
+//! contains "batch" (case-insensitive). If no input has such a name, the batch is
+//! dim 0 of every graph input: named or anonymous dims there are bound to N, and a
+//! fixed dim 0 that differs from N is an error. `--dim name=value` binds any other
+//! named dimension. An unbound dimension is an error naming it.
+
+use std::collections::BTreeMap;
+
+use crate::error::{Error, Result};
+use crate::ir::{DimDecl, Model, TensorId};
+use crate::ops::{registry, shape::literal_fact, Cx, Fact};
+
+/// Largest accepted batch size: far beyond any real GPU step, small enough that
+/// sizes stay well inside u64.
+pub const MAX_BATCH: u64 = 1 << 24;
+
+/// User bindings for symbolic dimensions.
+#[derive(Debug, Clone, Default)]
+pub struct Bindings {
+    /// `--batch N`.
+    pub batch: Option<u64>,
+    /// `--dim name=value`.
+    pub dims: BTreeMap<String, u64>,
+}
+
+/// The result of inference over a model.
+#[derive(Debug, Clone)]
+pub struct Inferred {
+    /// One fact per tensor id.
+    pub facts: Vec<Fact>,
+    /// FLOPs of each node, indexed like [`crate::ir::Graph::order`].
+    pub flops: Vec<u64>,
+    /// The batch size in effect (bound, or fixed by the model), if the model has one.
+    pub batch: Option<u64>,
+}
+
+impl Inferred {
+    /// Bytes of a tensor.
+    pub fn bytes(&self, t: TensorId) -> u64 {
+        self.facts[t].bytes().unwrap_or(u64::MAX)
+    }
+
+    /// Total forward FLOPs.
+    pub fn total_flops(&self) -> u64 {
+        self.flops.iter().fold(0u64, |a, &f| a.saturating_add(f))
+    }
+}
+
+fn looks_like_batch(name: &str) -> bool {
+    name.to_ascii_lowercase().contains("batch")
+}
+
+/// Checks that every op is supported; lists each unsupported op type once with a node.
+pub fn check_supported(model: &Model) -> Result<()> {
+    let reg = registry();
+    let mut missing: Vec<(String, String)> = Vec::new();
+    for &ix in &model.graph.order {
+        let n = model.graph.node(ix);
+        if reg.get(&n.domain, &n.op_type).is_none() {
+            let key = if n.domain.is_empty() {
+                n.op_type.clone()
+            } else {
+                format!("{}.{}", n.domain, n.op_type)
+            };
+            if !missing.iter().any(|(k, _)| *k == key) {
+                missing.push((key, n.name.clone()));
+            }
+        }
+    }
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Unsupported(missing))
+    }
+}
+
+/// Resolves the concrete shape of every graph input.
+/// Concrete input shapes, the batch in effect, and every named dim's value.
+type Bound = (Vec<Vec<usize>>, Option<u64>, BTreeMap<String, u64>);
+
+fn bind_inputs(model: &Model, b: &Bindings) -> Result<Bound> {
+    let g = &model.graph;
+    if let Some(n) = b.batch {
+        if n == 0 || n > MAX_BATCH {
+            return Err(Error::Binding(format!(
+                "--batch {n} is out of range (1..={MAX_BATCH})"
+            )));
+        }
+    }
+    let decls: Vec<&[DimDecl]> = g
+        .inputs
+        .iter()
+        .map(|&t| g.tensor(t).declared_shape.as_deref().unwrap_or(&[]))
+        .collect();
+    let named_batch = decls
+        .iter()
+        .flat_map(|d| d.iter())
+        .any(|d| matches!(d, DimDecl::Named(n) if looks_like_batch(n)));
+    let mut env: BTreeMap<String, u64> = b.dims.clone();
+    let mut batch = b.batch;
+    for (&t, d) in g.inputs.iter().zip(&decls) {
+        let info = g.tensor(t);
+        if info.declared_shape.is_none() {
+            return Err(Error::Binding(format!(
+                "graph input '{}' has no declared shape",
+                info.name
+            )));
+        }
+        for (i, dd) in d.iter().enumerate() {
+            let is_batch = match dd {
+                DimDecl::Named(n) if named_batch => looks_like_batch(n),
+                _ => !named_batch && i == 0,
+            };
+            match (dd, is_batch, b.batch) {
+                (DimDecl::Named(n), true, Some(v)) => {
+                    if let Some(&prev) = b.dims.get(n) {
+                        if prev != v {
+                            return Err(Error::Binding(format!(
+                                "--batch {v} contradicts --dim {n}={prev}"
+                            )));
+                        }
+                    }
+                    env.insert(n.clone(), v);
+                }
+                (DimDecl::Fixed(f), true, Some(v)) if *f != v as i64 => {
+                    return Err(Error::Binding(format!(
+                        "--batch {v} contradicts input '{}', whose batch dimension (dim {i}) is fixed to {f} in the model",
+                        info.name
+                    )));
+                }
+                (DimDecl::Fixed(f), true, None) => {
+                    batch = batch.or(u64::try_from(*f).ok());
+                }
+                _ => {}
+            }
+        }
+    }
+    for name in b.dims.keys() {
+        let used = decls
+            .iter()
+            .flat_map(|d| d.iter())
+            .any(|d| matches!(d, DimDecl::Named(n) if n == name));
+        if !used {
+            return Err(Error::Binding(format!(
+                "--dim {name}: no graph input has a dimension named '{name}'"
+            )));
+        }
+    }
+    let mut shapes = Vec::with_capacity(decls.len());
+    for (&t, d) in g.inputs.iter().zip(&decls) {
+        let name = &g.tensor(t).name;
+        let mut shape = Vec::with_capacity(d.len());
+        for (i, dd) in d.iter().enumerate() {
+            let v = match dd {
+                DimDecl::Fixed(f) => u64::try_from(*f).map_err(|_| {
+                    Error::Binding(format!("input '{name}' has negative dimension {f} at {i}"))
+                })?,
+                DimDecl::Named(n) => *env.get(n).ok_or_else(|| Error::UnboundDim {
+                    dim: n.clone(),
+                    input: name.clone(),
+                    hint: if looks_like_batch(n) || (!named_batch && i == 0) {
+                        "--batch N".into()
+                    } else {
+                        format!("--dim {n}=VALUE")
+                    },
+                })?,
+                DimDecl::Unknown if !named_batch && i == 0 => {
+                    b.batch.ok_or_else(|| Error::UnboundDim {
+                        dim: "dim 0 (unnamed)".into(),
+                        input: name.clone(),
+                        hint: "--batch N".into(),
+                    })?
+                }
+                DimDecl::Unknown => {
+                    return Err(Error::UnboundDim {
+                        dim: format!("dim {i} (unnamed)"),
+                        input: name.clone(),
+                        hint: "a model with that dimension named or fixed".into(),
+                    })
+                }
+            };
+            shape.push(usize::try_from(v).map_err(|_| {
+                Error::Binding(format!("input '{name}' dimension {i} = {v} is too large"))
+            })?);
+        }
+        shapes.push(shape);
+    }
+    Ok((shapes, batch, env))
+}
+
+/// Infers every tensor's dtype and shape for the given bindings.
+pub fn infer(model: &Model, b: &Bindings) -> Result<Inferred> {
+    check_supported(model)?;
+    let g = &model.graph;
+    let (input_shapes, batch, env) = bind_inputs(model, b)?;
+    let mut facts: Vec<Option<Fact>> = vec![None; g.tensors.len()];
+    for (&t, shape) in g.inputs.iter().zip(input_shapes) {
+        let info = g.tensor(t);
+        let dtype = info.declared_dtype.ok_or_else(|| {
+            Error::Binding(format!(
+                "graph input '{}' has no tensor element type",
+                info.name
+            ))
+        })?;
+        let fact = Fact::new(dtype, shape);
+        if fact.bytes().is_none() {
+            return Err(Error::Binding(format!(
+                "input '{}' of shape {:?} overflows a 64-bit byte count",
+                info.name, fact.shape
+            )));
+        }
+        facts[t] = Some(fact);
+    }
+    for (t, info) in g.tensors.iter().enumerate() {
+        if let Some(init) = &info.init {
+            facts[t] = Some(literal_fact(init));
+        }
+    }
+    let reg = registry();
+    let opset = model.opset();
+    let mut flops = Vec::with_capacity(g.order.len());
+    for &ix in &g.order {
+        let node = g.node(ix);
+        let err = |reason: String| Error::node(&node.name, &node.op_type, reason);
+        let op = reg
+            .get(&node.domain, &node.op_type)
+            .expect("checked by check_supported");
+        let ar = op.arity();
+        if node.inputs.len() < ar.min_in || node.inputs.len() > ar.max_in {
+            return Err(err(format!(
+                "has {} inputs, expected {}",
+                node.inputs.len(),
+                range_text(ar.min_in, ar.max_in)
+            )));
+        }
+        if node.outputs.len() < ar.min_out || node.outputs.len() > ar.max_out {
+            return Err(err(format!(
+                "has {} outputs, expected {}",
+                node.outputs.len(),
+                range_text(ar.min_out, ar.max_out)
+            )));
+        }
+        let inputs = node
+            .inputs
+            .iter()
+            .map(|t| t.and_then(|t| facts[t].as_ref()))
+            .collect();
+        let cx = Cx {
+            node,
+            inputs,
+            opset,
+        };
+        let out = op.infer(&cx).map_err(err)?;
+        if out.len() < node.outputs.len() {
+            return Err(err(format!(
+                "rule gave {} outputs for {} declared",
+                out.len(),
+                node.outputs.len()
+            )));
+        }
+        flops.push(op.flops(&cx, &out));
+        for (slot, (t, f)) in node.outputs.iter().zip(out).enumerate() {
+            let Some(t) = *t else { continue };
+            if f.bytes().is_none() {
+                return Err(err(format!(
+                    "output {slot} '{}' of shape {:?} overflows a 64-bit byte count",
+                    g.tensor(t).name,
+                    f.shape
+                )));
+            }
+            facts[t] = Some(f);
+        }
+    }
+    let facts: Vec<Fact> = facts
+        .into_iter()
+        .enumerate()
+        .map(|(t, f)| {
+            f.ok_or_else(|| {
+                Error::Graph(format!("tensor '{}' was never computed", g.tensor(t).name))
+            })
+        })
+        .collect::<Result<_>>()?;
+    check_outputs(model, b, &env, &facts)?;
+    Ok(Inferred {
+        facts,
+        flops,
+        batch,
+    })
+}
+
+fn range_text(lo: usize, hi: usize) -> String {
+    match (lo, hi) {
+        (l, h) if l == h => l.to_string(),
+        (l, usize::MAX) => format!("at least {l}"),
+        (l, h) => format!("{l} to {h}"),
+    }
+}
+
+/// Compares inferred graph outputs with the shapes the model declares: a fixed dim
+/// that differs, or a named dim that takes two values, means the bindings contradict
+/// something fixed inside the graph.
+fn check_outputs(
+    model: &Model,
+    b: &Bindings,
+    env: &BTreeMap<String, u64>,
+    facts: &[Fact],
+) -> Result<()> {
+    let g = &model.graph;
+    let mut seen: BTreeMap<&str, usize> =
+        env.iter().map(|(k, &v)| (k.as_str(), v as usize)).collect();
+    for &t in &g.outputs {
+        let info = g.tensor(t);
+        let f = &facts[t];
+        if let Some(dt) = info.declared_dtype {
+            if dt != f.dtype {
+                return Err(Error::Binding(format!(
+                    "output '{}' is declared {dt} but computes as {}",
+                    info.name, f.dtype
+                )));
+            }
+        }
+        let Some(decl) = &info.declared_shape else {
+            continue;
+        };
+        let mismatch = |why: String| {
+            Error::Binding(format!(
+                "output '{}' is inferred as {:?}, but the model declares {}: {why}{}",
+                info.name,
+                f.shape,
+                decl_text(decl),
+                if b.batch.is_some() {
+                    " (does the model fix the batch size internally?)"
+                } else {
+                    ""
+                }
+            ))
+        };
+        if decl.len() != f.rank() {
+            return Err(mismatch("ranks differ".into()));
+        }
+        for (i, (d, &v)) in decl.iter().zip(&f.shape).enumerate() {
+            match d {
+                DimDecl::Fixed(x) if *x != v as i64 => {
+                    return Err(mismatch(format!("dim {i} is fixed to {x}")))
+                }
+                DimDecl::Named(n) => {
+                    if let Some(&prev) = seen.get(n.as_str()) {
+                        if prev != v {
+                            return Err(mismatch(format!("'{n}' is both {prev} and {v}")));
+                        }
+                    } else {
+                        seen.insert(n, v);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+fn decl_text(d: &[DimDecl]) -> String {
+    let parts: Vec<String> = d
+        .iter()
+        .map(|x| match x {
+            DimDecl::Fixed(v) => v.to_string(),
+            DimDecl::Named(n) => n.clone(),
+            DimDecl::Unknown => "?".into(),
+        })
+        .collect();
+    format!("[{}]", parts.join(", "))
+}

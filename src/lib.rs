@@ -1,0 +1,17 @@
+//! memplan: predicts the memory of running and training an ONNX model.
+//!
+//! Pipeline: [`onnx::load_model`] maps and decodes the file into the [`ir`] graph;
+//! [`infer::infer`] binds symbolic dimensions and gives every tensor a concrete
+//! dtype and shape using the per-op rules in [`ops`]; [`memory::profile`] walks
+//! tensor lifetimes over the execution order to the peak; [`report`] prints it.
+#![warn(missing_docs)]
+
+pub mod error;
+pub mod infer;
+pub mod ir;
+pub mod memory;
+pub mod onnx;
+pub mod ops;
+pub mod report;
+
+pub use error::{Error, Result};

@@ -1,0 +1,103 @@
+//! The `memplan` command line.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+
+use memplan::infer::{infer, Bindings};
+use memplan::memory::profile_inference;
+use memplan::onnx::load_model;
+use memplan::report::ProfileReport;
+
+/// Predicts the memory of running and training an ONNX model.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Load a model, infer every shape for a batch size, and profile inference memory.
+    Profile {
+        /// The ONNX file.
+        model: PathBuf,
+        /// Batch size: binds input dims named like "batch", else dim 0 of every input.
+        #[arg(long)]
+        batch: Option<u64>,
+        /// Binds another named dimension, e.g. `--dim seq=128` (repeatable).
+        #[arg(long = "dim", value_name = "NAME=VALUE")]
+        dims: Vec<String>,
+        /// Print one JSON object instead of the table.
+        #[arg(long)]
+        json: bool,
+        /// Also list every tensor and every node (FLOPs, live bytes).
+        #[arg(long)]
+        detail: bool,
+    },
+}
+
+fn parse_dims(dims: &[String]) -> anyhow::Result<std::collections::BTreeMap<String, u64>> {
+    let mut out = std::collections::BTreeMap::new();
+    for d in dims {
+        let (k, v) = d
+            .split_once('=')
+            .with_context(|| format!("--dim '{d}' must be NAME=VALUE"))?;
+        let v: u64 = v
+            .trim()
+            .parse()
+            .with_context(|| format!("--dim '{d}': '{v}' is not a non-negative integer"))?;
+        if v == 0 || v > memplan::infer::MAX_BATCH {
+            bail!(
+                "--dim '{d}': value out of range (1..={})",
+                memplan::infer::MAX_BATCH
+            );
+        }
+        if out.insert(k.trim().to_string(), v).is_some() {
+            bail!("--dim {k} given twice");
+        }
+    }
+    Ok(out)
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Profile {
+            model,
+            batch,
+            dims,
+            json,
+            detail,
+        } => {
+            let bindings = Bindings {
+                batch,
+                dims: parse_dims(&dims)?,
+            };
+            let path = model.display().to_string();
+            let m = load_model(&model)?;
+            let inf = infer(&m, &bindings).with_context(|| path.clone())?;
+            let prof = profile_inference(&m.graph, &inf);
+            let report = ProfileReport::new(&path, &m, &inf, &prof, detail);
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", report.to_text());
+            }
+            Ok(())
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

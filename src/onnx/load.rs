@@ -1,0 +1,462 @@
+//! Memory-mapped, zero-copy loading of an ONNX file into the IR.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use bytes::Bytes;
+use petgraph::stable_graph::{NodeIndex, StableGraph};
+use prost::Message;
+
+use super::proto;
+use crate::error::{Error, Result};
+use crate::ir::{
+    Attr, Attrs, DType, Data, DimDecl, Edge, Graph, Model, Node, Payload, TensorData, TensorId,
+    TensorInfo, TensorKind,
+};
+
+/// Maps a file read-only and wraps the mapping in [`Bytes`] (no copy).
+pub fn map_file(path: &Path) -> Result<Bytes> {
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    if file.metadata().map_err(io)?.is_dir() {
+        return Err(io(std::io::Error::other("is a directory")));
+    }
+    // SAFETY: the map is read-only. A concurrent truncation of the file by another
+    // process could fault, as with any mmap-based reader; memplan never writes it.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+    Ok(Bytes::from_owner(map))
+}
+
+/// Decodes a `ModelProto` from bytes; `bytes` fields become slices of `buf`.
+pub fn decode_model(buf: Bytes) -> std::result::Result<proto::ModelProto, prost::DecodeError> {
+    proto::ModelProto::decode(buf)
+}
+
+/// Loads an ONNX file: map, decode, check, and build the IR graph.
+pub fn load_model(path: &Path) -> Result<Model> {
+    let buf = map_file(path)?;
+    let not_onnx = |reason: String| Error::NotOnnx {
+        path: path.to_path_buf(),
+        reason,
+    };
+    if buf.is_empty() {
+        return Err(not_onnx("file is empty".into()));
+    }
+    let proto = decode_model(buf).map_err(|e| not_onnx(format!("protobuf decode failed ({e})")))?;
+    from_proto(proto).map_err(|e| match e {
+        Error::NotOnnx { reason, .. } => not_onnx(reason),
+        other => other,
+    })
+}
+
+/// Builds the IR from a decoded model.
+pub fn from_proto(m: proto::ModelProto) -> Result<Model> {
+    let structural = |reason: &str| Error::NotOnnx {
+        path: Default::default(),
+        reason: reason.to_string(),
+    };
+    let ir_version = m
+        .ir_version
+        .ok_or_else(|| structural("no ir_version field"))?;
+    if !(1..=64).contains(&ir_version) {
+        return Err(structural(&format!(
+            "ir_version {ir_version} is out of range"
+        )));
+    }
+    let graph = m.graph.ok_or_else(|| structural("no graph"))?;
+    let mut opsets = BTreeMap::new();
+    for o in &m.opset_import {
+        let domain = match o.domain.as_deref().unwrap_or("") {
+            "ai.onnx" => "",
+            d => d,
+        };
+        opsets.insert(domain.to_string(), o.version.unwrap_or(0));
+    }
+    if ir_version >= 3 && !opsets.contains_key("") {
+        return Err(structural("no opset_import for the default ONNX domain"));
+    }
+    let producer = format!(
+        "{} {}",
+        m.producer_name.unwrap_or_default(),
+        m.producer_version.unwrap_or_default()
+    )
+    .trim()
+    .to_string();
+    Ok(Model {
+        ir_version,
+        opsets,
+        producer,
+        graph: build_graph(graph)?,
+    })
+}
+
+fn decl_type(vi: &proto::ValueInfoProto) -> (Option<DType>, Option<Vec<DimDecl>>) {
+    let Some(proto::type_proto::Value::TensorType(tt)) =
+        vi.r#type.as_ref().and_then(|t| t.value.as_ref())
+    else {
+        return (None, None);
+    };
+    let dtype = tt.elem_type.and_then(DType::from_onnx);
+    let shape = tt.shape.as_ref().map(|s| {
+        s.dim
+            .iter()
+            .map(|d| match &d.value {
+                Some(proto::tensor_shape_proto::dimension::Value::DimValue(v)) => {
+                    DimDecl::Fixed(*v)
+                }
+                Some(proto::tensor_shape_proto::dimension::Value::DimParam(p)) if !p.is_empty() => {
+                    DimDecl::Named(p.clone())
+                }
+                _ => DimDecl::Unknown,
+            })
+            .collect()
+    });
+    (dtype, shape)
+}
+
+/// Converts a `TensorProto` without copying `raw_data`.
+pub fn tensor_data(t: &proto::TensorProto) -> std::result::Result<TensorData, String> {
+    let code = t.data_type.unwrap_or(0);
+    let dtype = DType::from_onnx(code).ok_or_else(|| format!("unknown data_type {code}"))?;
+    let mut dims = Vec::with_capacity(t.dims.len());
+    for &d in &t.dims {
+        dims.push(usize::try_from(d).map_err(|_| format!("negative dimension {d}"))?);
+    }
+    let td = TensorData {
+        dtype,
+        dims,
+        payload: Payload::ShapeOnly,
+    };
+    let numel = td
+        .numel()
+        .ok_or_else(|| format!("shape {:?} overflows", td.dims))?;
+    let expected_bytes = dtype
+        .bytes_for(numel)
+        .ok_or_else(|| format!("shape {:?} overflows", td.dims))?;
+    let payload = if t.data_location == Some(proto::tensor_proto::DataLocation::External as i32) {
+        let get = |k: &str| {
+            t.external_data
+                .iter()
+                .find(|e| e.key.as_deref() == Some(k))
+                .and_then(|e| e.value.clone())
+        };
+        let location = get("location").ok_or("external data without a location")?;
+        let num = |k: &str| -> std::result::Result<Option<u64>, String> {
+            get(k)
+                .map(|v| {
+                    v.parse::<u64>()
+                        .map_err(|_| format!("external data {k} '{v}' is not a number"))
+                })
+                .transpose()
+        };
+        Payload::External {
+            location,
+            offset: num("offset")?.unwrap_or(0),
+            length: num("length")?,
+        }
+    } else if let Some(raw) = t.raw_data.as_ref().filter(|r| !r.is_empty()) {
+        if dtype != DType::String && raw.len() as u64 != expected_bytes {
+            return Err(format!(
+                "raw_data holds {} bytes, its shape {:?} of {dtype} needs {expected_bytes}",
+                raw.len(),
+                td.dims
+            ));
+        }
+        Payload::Raw(raw.clone())
+    } else {
+        let typed = if !t.int64_data.is_empty() {
+            Some(Data::Int(t.int64_data.clone()))
+        } else if !t.int32_data.is_empty() {
+            Some(match dtype {
+                DType::F16 | DType::BF16 => {
+                    // Half types store their bit patterns in int32_data; the values are
+                    // not needed for shapes, so keep only the count.
+                    Data::Float(vec![0.0; t.int32_data.len()])
+                }
+                _ => Data::Int(t.int32_data.iter().map(|&v| v as i64).collect()),
+            })
+        } else if !t.uint64_data.is_empty() {
+            Some(Data::Int(t.uint64_data.iter().map(|&v| v as i64).collect()))
+        } else if !t.float_data.is_empty() {
+            Some(Data::Float(
+                t.float_data.iter().map(|&v| v as f64).collect(),
+            ))
+        } else if !t.double_data.is_empty() {
+            Some(Data::Float(t.double_data.clone()))
+        } else {
+            None
+        };
+        match typed {
+            Some(d) => {
+                if d.len() as u64 != numel {
+                    return Err(format!(
+                        "holds {} elements, its shape {:?} needs {numel}",
+                        d.len(),
+                        td.dims
+                    ));
+                }
+                Payload::Typed(d)
+            }
+            None if !t.string_data.is_empty() => Payload::ShapeOnly,
+            None => Payload::ShapeOnly,
+        }
+    };
+    Ok(TensorData { payload, ..td })
+}
+
+fn attrs_of(node: &proto::NodeProto, node_name: &str) -> Result<Attrs> {
+    use proto::attribute_proto::AttributeType as T;
+    let mut out = BTreeMap::new();
+    for a in &node.attribute {
+        let name = a.name.clone().unwrap_or_default();
+        let s = |b: &Bytes| String::from_utf8_lossy(b).into_owned();
+        // Prefer the declared type; old exporters sometimes omit it, so fall back on
+        // whichever field is set.
+        let kind = a.r#type.and_then(|t| T::try_from(t).ok());
+        let v = match kind {
+            Some(T::Int) => Attr::Int(a.i.unwrap_or(0)),
+            Some(T::Float) => Attr::Float(a.f.unwrap_or(0.0)),
+            Some(T::String) => Attr::String(a.s.as_ref().map(s).unwrap_or_default()),
+            Some(T::Ints) => Attr::Ints(a.ints.clone()),
+            Some(T::Floats) => Attr::Floats(a.floats.clone()),
+            Some(T::Strings) => Attr::Strings(a.strings.iter().map(s).collect()),
+            Some(T::Tensor) => {
+                let t = a.t.as_ref().ok_or_else(|| {
+                    Error::node(
+                        node_name,
+                        node.op_type(),
+                        format!("attribute '{name}' has no tensor"),
+                    )
+                })?;
+                Attr::Tensor(tensor_data(t).map_err(|e| {
+                    Error::node(
+                        node_name,
+                        node.op_type(),
+                        format!("attribute '{name}': {e}"),
+                    )
+                })?)
+            }
+            Some(T::Graph) | Some(T::Graphs) => Attr::Other("graph"),
+            Some(other) => Attr::Other(other.as_str_name()),
+            None if a.i.is_some() => Attr::Int(a.i.unwrap_or(0)),
+            None if a.f.is_some() => Attr::Float(a.f.unwrap_or(0.0)),
+            None if a.s.is_some() => Attr::String(a.s.as_ref().map(s).unwrap_or_default()),
+            None if !a.ints.is_empty() => Attr::Ints(a.ints.clone()),
+            None if !a.floats.is_empty() => Attr::Floats(a.floats.clone()),
+            None => Attr::Other("undefined"),
+        };
+        out.insert(name, v);
+    }
+    Ok(Attrs(out))
+}
+
+struct Builder {
+    g: Graph,
+}
+
+impl Builder {
+    fn add_tensor(&mut self, info: TensorInfo) -> TensorId {
+        let id = self.g.tensors.len();
+        self.g.by_name.insert(info.name.clone(), id);
+        self.g.tensors.push(info);
+        id
+    }
+}
+
+fn build_graph(gp: proto::GraphProto) -> Result<Graph> {
+    let mut b = Builder {
+        g: Graph {
+            name: gp.name.clone().unwrap_or_default(),
+            nodes: StableGraph::new(),
+            ..Default::default()
+        },
+    };
+    let bad = |msg: String| Error::Graph(msg);
+
+    // Initializers: parameters (floating) or constants.
+    for t in &gp.initializer {
+        let name = t.name.clone().unwrap_or_default();
+        if name.is_empty() {
+            return Err(bad("an initializer has no name".into()));
+        }
+        if b.g.by_name.contains_key(&name) {
+            return Err(bad(format!("initializer '{name}' is defined twice")));
+        }
+        let data = tensor_data(t).map_err(|e| bad(format!("initializer '{name}': {e}")))?;
+        let kind = if data.dtype.is_float() {
+            TensorKind::Parameter
+        } else {
+            TensorKind::Constant
+        };
+        b.add_tensor(TensorInfo {
+            name,
+            kind,
+            declared_dtype: Some(data.dtype),
+            declared_shape: Some(
+                data.dims
+                    .iter()
+                    .map(|&d| DimDecl::Fixed(d as i64))
+                    .collect(),
+            ),
+            producer: None,
+            init: Some(data),
+        });
+    }
+    if !gp.sparse_initializer.is_empty() {
+        return Err(bad("sparse initializers are not supported".into()));
+    }
+
+    // Graph inputs that are not initializers are fed by the user.
+    for vi in &gp.input {
+        let name = vi.name.clone().unwrap_or_default();
+        let (dtype, shape) = decl_type(vi);
+        if let Some(&id) = b.g.by_name.get(&name) {
+            // An initializer listed as an input (older exporters): a default value.
+            if b.g.tensors[id].producer.is_none() && b.g.tensors[id].init.is_some() {
+                continue;
+            }
+            return Err(bad(format!("graph input '{name}' is declared twice")));
+        }
+        let id = b.add_tensor(TensorInfo {
+            name,
+            kind: TensorKind::Input,
+            declared_dtype: dtype,
+            declared_shape: shape,
+            producer: None,
+            init: None,
+        });
+        b.g.inputs.push(id);
+    }
+
+    // Nodes, first pass: create nodes and their outputs.
+    let mut node_ix = Vec::with_capacity(gp.node.len());
+    for (i, n) in gp.node.iter().enumerate() {
+        let op_type = n.op_type().to_string();
+        let name = match n.name() {
+            "" => format!("{op_type}_{i}"),
+            s => s.to_string(),
+        };
+        let domain = match n.domain() {
+            "ai.onnx" => "",
+            d => d,
+        }
+        .to_string();
+        let attrs = attrs_of(n, &name)?;
+        let ix = b.g.nodes.add_node(Node {
+            name: name.clone(),
+            op_type: op_type.clone(),
+            domain,
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            attrs,
+        });
+        let mut outputs = Vec::with_capacity(n.output.len());
+        for o in &n.output {
+            if o.is_empty() {
+                outputs.push(None);
+                continue;
+            }
+            if let Some(&prev) = b.g.by_name.get(o) {
+                let who = match b.g.tensors[prev].producer {
+                    Some(p) => format!("node '{}'", b.g.nodes[p].name),
+                    None => "a graph input or initializer".to_string(),
+                };
+                return Err(bad(format!(
+                    "node '{name}' ({op_type}) writes '{o}', already written by {who}"
+                )));
+            }
+            let (kind, init) = if op_type == "Constant" && n.domain().is_empty() {
+                (TensorKind::Constant, None)
+            } else {
+                (TensorKind::Activation, None)
+            };
+            outputs.push(Some(b.add_tensor(TensorInfo {
+                name: o.clone(),
+                kind,
+                declared_dtype: None,
+                declared_shape: None,
+                producer: Some(ix),
+                init,
+            })));
+        }
+        b.g.nodes[ix].outputs = outputs;
+        node_ix.push(ix);
+    }
+
+    // Second pass: resolve inputs, add edges.
+    for (n, &ix) in gp.node.iter().zip(&node_ix) {
+        let mut inputs = Vec::with_capacity(n.input.len());
+        for (slot, inp) in n.input.iter().enumerate() {
+            if inp.is_empty() {
+                inputs.push(None);
+                continue;
+            }
+            let Some(&t) = b.g.by_name.get(inp) else {
+                let node = &b.g.nodes[ix];
+                return Err(bad(format!(
+                    "node '{}' ({}) reads undefined tensor '{inp}'",
+                    node.name, node.op_type
+                )));
+            };
+            if let Some(p) = b.g.tensors[t].producer {
+                b.g.nodes.add_edge(p, ix, Edge { tensor: t, slot });
+            }
+            inputs.push(Some(t));
+        }
+        b.g.nodes[ix].inputs = inputs;
+    }
+
+    // Graph outputs.
+    for vi in &gp.output {
+        let name = vi.name.clone().unwrap_or_default();
+        let Some(&t) = b.g.by_name.get(&name) else {
+            return Err(bad(format!(
+                "graph output '{name}' is not produced by any node"
+            )));
+        };
+        let (dtype, shape) = decl_type(vi);
+        let info = &mut b.g.tensors[t];
+        if info.kind == TensorKind::Activation {
+            info.kind = TensorKind::Output;
+        }
+        info.declared_dtype = info.declared_dtype.or(dtype);
+        if info.declared_shape.is_none() {
+            info.declared_shape = shape;
+        }
+        b.g.outputs.push(t);
+    }
+    for vi in &gp.value_info {
+        if let Some(&t) = vi.name.as_ref().and_then(|n| b.g.by_name.get(n)) {
+            let (dtype, shape) = decl_type(vi);
+            let info = &mut b.g.tensors[t];
+            info.declared_dtype = info.declared_dtype.or(dtype);
+            if info.declared_shape.is_none() {
+                info.declared_shape = shape;
+            }
+        }
+    }
+
+    // Execution order: the model's, if it is topological.
+    let position: HashMap<NodeIndex, usize> =
+        node_ix.iter().enumerate().map(|(i, &ix)| (ix, i)).collect();
+    let topological = b.g.nodes.edge_indices().all(|e| {
+        let (src, dst) = b.g.nodes.edge_endpoints(e).expect("edge exists");
+        position[&src] < position[&dst]
+    });
+    b.g.order = if topological {
+        node_ix
+    } else {
+        petgraph::algo::toposort(&b.g.nodes, None).map_err(|cycle| {
+            let node = &b.g.nodes[cycle.node_id()];
+            bad(format!(
+                "the graph has a cycle through node '{}' ({})",
+                node.name, node.op_type
+            ))
+        })?
+    };
+    b.g.model_order_is_topological = topological;
+    Ok(b.g)
+}

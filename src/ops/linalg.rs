@@ -1,0 +1,130 @@
+//! Matrix products: MatMul (numpy semantics, batched, broadcast) and Gemm.
+
+use super::{broadcast, Arity, Cx, Fact, Op, Registry, RuleResult};
+
+/// `MatMul(A, B)`: numpy `matmul`, 1-D operands promoted and the added dim dropped.
+/// FLOPs: 2·M·K·N per broadcast batch element (a multiply-add counts 2).
+struct MatMul;
+
+/// Output shape and contraction size `K` of a numpy matmul.
+pub fn matmul_shape(a: &[usize], b: &[usize]) -> RuleResult<(Vec<usize>, usize)> {
+    if a.is_empty() || b.is_empty() {
+        return Err("MatMul operands must have rank >= 1".into());
+    }
+    let a2: Vec<usize> = if a.len() == 1 {
+        vec![1, a[0]]
+    } else {
+        a.to_vec()
+    };
+    let b2: Vec<usize> = if b.len() == 1 {
+        vec![b[0], 1]
+    } else {
+        b.to_vec()
+    };
+    let (m, k) = (a2[a2.len() - 2], a2[a2.len() - 1]);
+    let (k2, n) = (b2[b2.len() - 2], b2[b2.len() - 1]);
+    if k != k2 {
+        return Err(format!(
+            "inner dimensions differ: {a:?} × {b:?} ({k} vs {k2})"
+        ));
+    }
+    let mut out = broadcast(&[&a2[..a2.len() - 2], &b2[..b2.len() - 2]])?;
+    if a.len() > 1 {
+        out.push(m);
+    }
+    if b.len() > 1 {
+        out.push(n);
+    }
+    Ok((out, k))
+}
+
+impl Op for MatMul {
+    fn arity(&self) -> Arity {
+        Arity::new(2, 2, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let (a, b) = (cx.input(0)?, cx.input(1)?);
+        let (shape, _) = matmul_shape(&a.shape, &b.shape)?;
+        Ok(vec![Fact::new(a.dtype, shape)])
+    }
+    fn flops(&self, cx: &Cx, out: &[Fact]) -> u64 {
+        let k = cx.inputs[0].map_or(0, |a| *a.shape.last().unwrap_or(&0) as u64);
+        2 * k * out[0].numel()
+    }
+}
+
+/// `Gemm(A, B, C?) = alpha·A'·B' + beta·C`, A' = transA ? Aᵀ : A.
+/// FLOPs: 2·M·K·N, plus M·N for adding C, plus M·N when alpha ≠ 1.
+struct Gemm;
+
+impl Op for Gemm {
+    fn arity(&self) -> Arity {
+        Arity::new(2, 3, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let (a, b) = (cx.input(0)?, cx.input(1)?);
+        if a.rank() != 2 || b.rank() != 2 {
+            return Err(format!(
+                "A and B must be 2-D, got {:?} and {:?}",
+                a.shape, b.shape
+            ));
+        }
+        let ta = cx.attrs().int_or("transA", 0) != 0;
+        let tb = cx.attrs().int_or("transB", 0) != 0;
+        let (m, k) = if ta {
+            (a.shape[1], a.shape[0])
+        } else {
+            (a.shape[0], a.shape[1])
+        };
+        let (k2, n) = if tb {
+            (b.shape[1], b.shape[0])
+        } else {
+            (b.shape[0], b.shape[1])
+        };
+        if k != k2 {
+            return Err(format!(
+                "inner dimensions differ: A {:?} (transA={ta}) × B {:?} (transB={tb})",
+                a.shape, b.shape
+            ));
+        }
+        if let Some(c) = cx.opt(2) {
+            let bc = broadcast(&[&c.shape, &[m, n]])?;
+            if bc != [m, n] {
+                return Err(format!("C {:?} does not broadcast to [{m}, {n}]", c.shape));
+            }
+        }
+        Ok(vec![Fact::new(a.dtype, vec![m, n])])
+    }
+    fn flops(&self, cx: &Cx, out: &[Fact]) -> u64 {
+        let Some(a) = cx.inputs[0] else { return 0 };
+        let ta = cx.attrs().int_or("transA", 0) != 0;
+        let k = if ta { a.shape[0] } else { a.shape[1] } as u64;
+        let mn = out[0].numel();
+        let alpha = cx.attrs().float("alpha").unwrap_or(1.0);
+        2 * k * mn + if cx.opt(2).is_some() { mn } else { 0 } + if alpha != 1.0 { mn } else { 0 }
+    }
+}
+
+/// Registers MatMul and Gemm.
+pub fn register(r: &mut Registry) {
+    r.add("MatMul", MatMul);
+    r.add("Gemm", Gemm);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matmul_shapes() {
+        assert_eq!(matmul_shape(&[2, 3, 4], &[4, 5]).unwrap().0, vec![2, 3, 5]);
+        assert_eq!(matmul_shape(&[4], &[4, 5]).unwrap().0, vec![5]);
+        assert_eq!(matmul_shape(&[3, 4], &[4]).unwrap().0, vec![3]);
+        assert_eq!(matmul_shape(&[4], &[4]).unwrap().0, Vec::<usize>::new());
+        assert_eq!(
+            matmul_shape(&[8, 1, 3, 4], &[6, 4, 5]).unwrap().0,
+            vec![8, 6, 3, 5]
+        );
+        assert!(matmul_shape(&[2, 3], &[4, 5]).is_err());
+    }
+}

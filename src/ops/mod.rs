@@ -1,0 +1,283 @@
+//! Op rules: for every supported ONNX op, its arity, shape/type rule (with constant
+//! folding of small integer tensors) and FLOP count, in one [`Op`] impl.
+//!
+//! Ops are grouped by family, one file each; every family registers its ops in
+//! [`registry`] through its `register` function. See docs/ADDING_AN_OP.md.
+//!
+//! FLOP convention: a multiply-add counts 2; every other arithmetic or
+//! transcendental element operation counts 1; pure data movement (reshape, copy,
+//! gather, concat, cast) counts 0. Each op documents its own count.
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use crate::ir::{Attrs, DType, Node, Value};
+
+pub mod conv;
+pub mod elementwise;
+pub mod linalg;
+pub mod norm;
+pub mod reduce;
+pub mod shape;
+
+/// What shape inference knows about one tensor: type, concrete shape, and its value
+/// when it is a small constant (shape computations).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fact {
+    /// Element type.
+    pub dtype: DType,
+    /// Concrete shape.
+    pub shape: Vec<usize>,
+    /// Folded value, when known and small.
+    pub value: Option<Value>,
+}
+
+impl Fact {
+    /// A fact without a value.
+    pub fn new(dtype: DType, shape: Vec<usize>) -> Fact {
+        Fact {
+            dtype,
+            shape,
+            value: None,
+        }
+    }
+
+    /// A fact carrying a value (shape taken from it).
+    pub fn with_value(dtype: DType, value: Value) -> Fact {
+        Fact {
+            dtype,
+            shape: value.shape.clone(),
+            value: Some(value),
+        }
+    }
+
+    /// Element count, saturating (overflow is rejected when sizes are computed).
+    pub fn numel(&self) -> u64 {
+        numel(&self.shape)
+    }
+
+    /// Rank.
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+
+    /// Bytes of storage, `None` on overflow.
+    pub fn bytes(&self) -> Option<u64> {
+        let n = self
+            .shape
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d as u64))?;
+        self.dtype.bytes_for(n)
+    }
+}
+
+/// Element count of a shape, saturating at `u64::MAX`.
+pub fn numel(shape: &[usize]) -> u64 {
+    shape.iter().fold(1u64, |a, &d| a.saturating_mul(d as u64))
+}
+
+/// Allowed input and output counts of an op (inclusive bounds).
+#[derive(Debug, Clone, Copy)]
+pub struct Arity {
+    /// Minimum number of inputs.
+    pub min_in: usize,
+    /// Maximum number of inputs.
+    pub max_in: usize,
+    /// Minimum number of outputs.
+    pub min_out: usize,
+    /// Maximum number of outputs.
+    pub max_out: usize,
+}
+
+impl Arity {
+    /// `ins` inputs (a range), `outs` outputs (a range).
+    pub const fn new(min_in: usize, max_in: usize, min_out: usize, max_out: usize) -> Arity {
+        Arity {
+            min_in,
+            max_in,
+            min_out,
+            max_out,
+        }
+    }
+}
+
+/// Everything a rule sees of one node: attributes, input facts, the opset.
+pub struct Cx<'a> {
+    /// The node.
+    pub node: &'a Node,
+    /// Input facts in order; `None` for omitted optional inputs.
+    pub inputs: Vec<Option<&'a Fact>>,
+    /// Version of the default ONNX domain.
+    pub opset: i64,
+}
+
+/// Result of a rule: a message that the caller attaches the node name to.
+pub type RuleResult<T> = std::result::Result<T, String>;
+
+impl<'a> Cx<'a> {
+    /// The node's attributes.
+    pub fn attrs(&self) -> &Attrs {
+        &self.node.attrs
+    }
+
+    /// Required input `i`.
+    pub fn input(&self, i: usize) -> RuleResult<&'a Fact> {
+        self.inputs
+            .get(i)
+            .copied()
+            .flatten()
+            .ok_or_else(|| format!("required input {i} is missing"))
+    }
+
+    /// Optional input `i`.
+    pub fn opt(&self, i: usize) -> Option<&'a Fact> {
+        self.inputs.get(i).copied().flatten()
+    }
+
+    /// The constant value of input `i`, required for the shape to be known.
+    pub fn value(&self, i: usize) -> RuleResult<&'a Value> {
+        self.input(i)?.value.as_ref().ok_or_else(|| {
+            format!("input {i} must be a constant for its output shape to be known (data-dependent shapes are not supported)")
+        })
+    }
+
+    /// Optional constant integer list at input `i` (absent → `None`).
+    pub fn opt_ints(&self, i: usize) -> RuleResult<Option<Vec<i64>>> {
+        match self.opt(i) {
+            None => Ok(None),
+            Some(_) => Ok(Some(self.value(i)?.to_ints())),
+        }
+    }
+
+    /// Number of outputs the node declares.
+    pub fn n_outputs(&self) -> usize {
+        self.node.outputs.len()
+    }
+
+    /// Whether output `i` is present (declared and not omitted).
+    pub fn has_output(&self, i: usize) -> bool {
+        matches!(self.node.outputs.get(i), Some(Some(_)))
+    }
+}
+
+/// The rules every supported op must give. No defaults: an op cannot be half-written.
+pub trait Op: Send + Sync {
+    /// Input/output counts accepted.
+    fn arity(&self) -> Arity;
+    /// Output facts (one per declared output, omitted ones included) from input facts.
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>>;
+    /// Floating-point operations of one execution, given inputs and inferred outputs.
+    fn flops(&self, cx: &Cx, outputs: &[Fact]) -> u64;
+}
+
+/// Op table keyed by op type (default ONNX domain).
+pub struct Registry {
+    ops: HashMap<&'static str, Box<dyn Op>>,
+}
+
+impl Registry {
+    /// Adds an op; a name registered twice is a programming error caught by tests.
+    pub fn add(&mut self, name: &'static str, op: impl Op + 'static) {
+        let prev = self.ops.insert(name, Box::new(op));
+        debug_assert!(prev.is_none(), "op {name} registered twice");
+    }
+
+    /// The rule for `op_type` in `domain`, if supported.
+    pub fn get(&self, domain: &str, op_type: &str) -> Option<&dyn Op> {
+        if !domain.is_empty() {
+            return None;
+        }
+        self.ops.get(op_type).map(|b| b.as_ref())
+    }
+
+    /// Names of all supported ops, sorted.
+    pub fn names(&self) -> Vec<&'static str> {
+        let mut v: Vec<_> = self.ops.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+}
+
+/// The global op table.
+pub fn registry() -> &'static Registry {
+    static REG: OnceLock<Registry> = OnceLock::new();
+    REG.get_or_init(|| {
+        let mut r = Registry {
+            ops: HashMap::new(),
+        };
+        elementwise::register(&mut r);
+        linalg::register(&mut r);
+        conv::register(&mut r);
+        norm::register(&mut r);
+        reduce::register(&mut r);
+        shape::register(&mut r);
+        r
+    })
+}
+
+/// Normalizes a possibly negative axis against `rank`.
+pub fn axis(a: i64, rank: usize) -> RuleResult<usize> {
+    let r = rank as i64;
+    if a < -r || a >= r {
+        return Err(format!("axis {a} is out of range for rank {rank}"));
+    }
+    Ok(if a < 0 { (a + r) as usize } else { a as usize })
+}
+
+/// Multidirectional (numpy) broadcasting of several shapes.
+pub fn broadcast(shapes: &[&[usize]]) -> RuleResult<Vec<usize>> {
+    let rank = shapes.iter().map(|s| s.len()).max().unwrap_or(0);
+    let mut out = vec![1usize; rank];
+    for s in shapes {
+        let off = rank - s.len();
+        for (i, &d) in s.iter().enumerate() {
+            let o = &mut out[off + i];
+            if *o == 1 {
+                *o = d;
+            } else if d != 1 && d != *o {
+                return Err(format!(
+                    "shapes {} cannot be broadcast together",
+                    shapes
+                        .iter()
+                        .map(|s| format!("{s:?}"))
+                        .collect::<Vec<_>>()
+                        .join(" and ")
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Converts a non-negative i64 dimension to usize with a clear error.
+pub fn dim(v: i64, what: &str) -> RuleResult<usize> {
+    usize::try_from(v).map_err(|_| format!("{what} {v} is negative"))
+}
+
+/// Maps an ONNX dtype code attribute (`to`, `dtype`) to a [`DType`].
+pub fn dtype_attr(code: i64) -> RuleResult<DType> {
+    i32::try_from(code)
+        .ok()
+        .and_then(DType::from_onnx)
+        .ok_or_else(|| format!("unknown dtype code {code}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broadcasting() {
+        assert_eq!(broadcast(&[&[2, 1, 4], &[3, 1]]).unwrap(), vec![2, 3, 4]);
+        assert_eq!(broadcast(&[&[], &[5]]).unwrap(), vec![5]);
+        assert!(broadcast(&[&[2, 3], &[4, 3]]).is_err());
+    }
+
+    #[test]
+    fn axes() {
+        assert_eq!(axis(-1, 3).unwrap(), 2);
+        assert!(axis(0, 0).is_err());
+        assert!(axis(3, 3).is_err());
+        assert!(axis(-4, 3).is_err());
+    }
+}

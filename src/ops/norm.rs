@@ -1,0 +1,174 @@
+//! Normalizations: BatchNormalization, LayerNormalization, InstanceNormalization,
+//! GroupNormalization, and the softmax family (normalization along an axis).
+
+use super::{axis, Arity, Cx, Fact, Op, Registry, RuleResult};
+
+/// `BatchNormalization(X, scale, B, mean, var)`.
+/// Opset ≥ 14: optional outputs running_mean, running_var (`training_mode`=1);
+/// opset < 14: optional outputs mean, var, saved_mean, saved_var. All extra outputs are `[C]`.
+/// FLOPs: 4 per element to normalize and scale; training mode adds 4 per element
+/// for the batch mean (1) and variance (3).
+struct BatchNorm;
+
+impl BatchNorm {
+    fn training(cx: &Cx) -> bool {
+        if cx.opset >= 14 {
+            cx.attrs().int_or("training_mode", 0) != 0
+        } else {
+            cx.n_outputs() > 1
+        }
+    }
+}
+
+impl Op for BatchNorm {
+    fn arity(&self) -> Arity {
+        Arity::new(5, 5, 1, 5)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        if x.rank() < 2 {
+            return Err(format!("input must be [N, C, ...], got {:?}", x.shape));
+        }
+        let c = x.shape[1];
+        for (i, name) in [(1, "scale"), (2, "B"), (3, "mean"), (4, "var")] {
+            let f = cx.input(i)?;
+            if f.shape != [c] {
+                return Err(format!("{name} is {:?}, expected [{c}]", f.shape));
+            }
+        }
+        let stat = cx.input(3)?.dtype;
+        let mut out = vec![Fact::new(x.dtype, x.shape.clone())];
+        for _ in 1..cx.n_outputs() {
+            out.push(Fact::new(stat, vec![c]));
+        }
+        Ok(out)
+    }
+    fn flops(&self, cx: &Cx, out: &[Fact]) -> u64 {
+        let per = if Self::training(cx) { 8 } else { 4 };
+        per * out[0].numel()
+    }
+}
+
+/// `LayerNormalization(X, Scale, B?) -> (Y, Mean?, InvStdDev?)` over axes `axis..`.
+/// Mean and InvStdDev are `X.shape[..axis] + [1; rank-axis]`, of `stash_type` (float).
+/// FLOPs: 8 per element (mean, center, square, variance sum, scale by 1/σ, γ, β, and
+/// the reductions' adds).
+struct LayerNorm;
+
+impl Op for LayerNorm {
+    fn arity(&self) -> Arity {
+        Arity::new(2, 3, 1, 3)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let ax = axis(cx.attrs().int_or("axis", -1), x.rank())?;
+        let normalized = &x.shape[ax..];
+        for i in 1..cx.inputs.len() {
+            if let Some(f) = cx.opt(i) {
+                super::broadcast(&[&f.shape, normalized])
+                    .ok()
+                    .filter(|b| b == normalized)
+                    .ok_or_else(|| {
+                        format!(
+                            "input {i} {:?} does not broadcast to the normalized shape {normalized:?}",
+                            f.shape
+                        )
+                    })?;
+            }
+        }
+        let stash = super::dtype_attr(cx.attrs().int_or("stash_type", 1))?;
+        let mut stat = x.shape[..ax].to_vec();
+        stat.resize(x.rank(), 1);
+        let mut out = vec![Fact::new(x.dtype, x.shape.clone())];
+        for _ in 1..cx.n_outputs() {
+            out.push(Fact::new(stash, stat.clone()));
+        }
+        Ok(out)
+    }
+    fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {
+        8 * out[0].numel()
+    }
+}
+
+/// `InstanceNormalization(X, scale, B)` and `GroupNormalization(X, scale, B)`: Y like X.
+/// FLOPs: 8 per element, as LayerNormalization.
+struct SameShapeNorm {
+    arity: Arity,
+}
+
+impl Op for SameShapeNorm {
+    fn arity(&self) -> Arity {
+        self.arity
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        if x.rank() < 2 {
+            return Err(format!("input must be [N, C, ...], got {:?}", x.shape));
+        }
+        Ok(vec![Fact::new(x.dtype, x.shape.clone())])
+    }
+    fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {
+        8 * out[0].numel()
+    }
+}
+
+/// `Softmax` / `LogSoftmax` / `Hardmax` along `axis` (default -1 from opset 13, 1 before).
+/// FLOPs: 5 per element (max, subtract, exp, sum, divide or log-subtract).
+struct Softmax;
+
+impl Op for Softmax {
+    fn arity(&self) -> Arity {
+        Arity::new(1, 1, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let default = if cx.opset >= 13 { -1 } else { 1 };
+        axis(cx.attrs().int_or("axis", default), x.rank())?;
+        if !x.dtype.is_float() {
+            return Err(format!("input must be floating point, got {}", x.dtype));
+        }
+        Ok(vec![Fact::new(x.dtype, x.shape.clone())])
+    }
+    fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {
+        5 * out[0].numel()
+    }
+}
+
+/// `LpNormalization(X)` along `axis`: Y like X. FLOPs: 3 per element.
+struct LpNorm;
+
+impl Op for LpNorm {
+    fn arity(&self) -> Arity {
+        Arity::new(1, 1, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        axis(cx.attrs().int_or("axis", -1), x.rank())?;
+        Ok(vec![Fact::new(x.dtype, x.shape.clone())])
+    }
+    fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {
+        3 * out[0].numel()
+    }
+}
+
+/// Registers the normalization family.
+pub fn register(r: &mut Registry) {
+    r.add("BatchNormalization", BatchNorm);
+    r.add("LayerNormalization", LayerNorm);
+    r.add(
+        "InstanceNormalization",
+        SameShapeNorm {
+            arity: Arity::new(3, 3, 1, 1),
+        },
+    );
+    r.add(
+        "GroupNormalization",
+        SameShapeNorm {
+            arity: Arity::new(3, 3, 1, 1),
+        },
+    );
+    r.add("Softmax", Softmax);
+    r.add("LogSoftmax", Softmax);
+    r.add("Hardmax", Softmax);
+    r.add("LpNormalization", LpNorm);
+}

@@ -1,0 +1,230 @@
+//! Reductions along axes (ReduceSum, ReduceMean, ...), ArgMax/ArgMin, TopK, CumSum.
+
+use super::{axis, dim, Arity, Cx, Fact, Op, Registry, RuleResult};
+use crate::ir::value::MAX_FOLD_ELEMS;
+use crate::ir::{DType, Data, Value};
+
+/// Output shape and, per input element, whether each axis is reduced.
+fn reduced_shape(shape: &[usize], axes: &[usize], keep: bool) -> Vec<usize> {
+    let mut out = Vec::with_capacity(shape.len());
+    for (i, &d) in shape.iter().enumerate() {
+        if axes.contains(&i) {
+            if keep {
+                out.push(1);
+            }
+        } else {
+            out.push(d);
+        }
+    }
+    out
+}
+
+/// Folding of a reduction: the initial accumulator and the combining function.
+type Fold = (f64, fn(f64, f64) -> f64);
+
+/// `Reduce*(data, axes?)`: axes from the attribute (older opsets) or input 1
+/// (ReduceSum from opset 13, the others from 18); empty axes reduce all unless
+/// `noop_with_empty_axes`. FLOPs: `flops_per_elem` per input element.
+struct Reduce {
+    axes_input_from: i64,
+    flops_per_elem: u64,
+    fold: Option<Fold>,
+    mean: bool,
+}
+
+impl Reduce {
+    fn axes(&self, cx: &Cx, rank: usize) -> RuleResult<Vec<usize>> {
+        let raw = if cx.opset >= self.axes_input_from {
+            cx.opt_ints(1)?
+        } else {
+            cx.attrs().ints("axes").map(|v| v.to_vec())
+        };
+        match raw {
+            Some(a) if !a.is_empty() => a.iter().map(|&x| axis(x, rank)).collect(),
+            _ if cx.attrs().int_or("noop_with_empty_axes", 0) != 0 => Ok(Vec::new()),
+            _ => Ok((0..rank).collect()),
+        }
+    }
+}
+
+impl Op for Reduce {
+    fn arity(&self) -> Arity {
+        Arity::new(1, 2, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let axes = self.axes(cx, x.rank())?;
+        let keep = cx.attrs().int_or("keepdims", 1) != 0;
+        let shape = reduced_shape(&x.shape, &axes, keep);
+        let value = match (&x.value, self.fold) {
+            (Some(v), Some((init, f))) => {
+                let n_out: usize = shape.iter().product();
+                let mut acc = vec![init; n_out];
+                let rank = x.rank();
+                let mut coord = vec![0usize; rank];
+                for i in 0..v.data.len() {
+                    let mut o = 0;
+                    for (a, &c) in coord.iter().enumerate() {
+                        if !axes.contains(&a) {
+                            o = o * x.shape[a] + c;
+                        }
+                    }
+                    acc[o] = f(acc[o], v.data.float(i));
+                    for a in (0..rank).rev() {
+                        coord[a] += 1;
+                        if coord[a] < x.shape[a] {
+                            break;
+                        }
+                        coord[a] = 0;
+                    }
+                }
+                if self.mean {
+                    let count: usize = axes.iter().map(|&a| x.shape[a]).product();
+                    acc.iter_mut().for_each(|a| *a /= count.max(1) as f64);
+                }
+                let data = if x.dtype.is_float() {
+                    Data::Float(acc)
+                } else {
+                    Data::Int(acc.into_iter().map(|a| a as i64).collect())
+                };
+                Some(Value {
+                    shape: shape.clone(),
+                    data,
+                })
+            }
+            _ => None,
+        };
+        Ok(vec![Fact {
+            dtype: x.dtype,
+            shape,
+            value,
+        }])
+    }
+    fn flops(&self, cx: &Cx, _out: &[Fact]) -> u64 {
+        self.flops_per_elem * cx.inputs[0].map_or(0, Fact::numel)
+    }
+}
+
+/// `ArgMax` / `ArgMin` along `axis`: int64. FLOPs: 1 compare per input element.
+struct ArgReduce;
+
+impl Op for ArgReduce {
+    fn arity(&self) -> Arity {
+        Arity::new(1, 1, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let a = axis(cx.attrs().int_or("axis", 0), x.rank())?;
+        let keep = cx.attrs().int_or("keepdims", 1) != 0;
+        Ok(vec![Fact::new(
+            DType::I64,
+            reduced_shape(&x.shape, &[a], keep),
+        )])
+    }
+    fn flops(&self, cx: &Cx, _out: &[Fact]) -> u64 {
+        cx.inputs[0].map_or(0, Fact::numel)
+    }
+}
+
+/// `TopK(X, K) -> (values, indices)`; K must be a constant.
+/// FLOPs: about log2(K)+1 compares per input element (heap selection).
+struct TopK;
+
+impl Op for TopK {
+    fn arity(&self) -> Arity {
+        Arity::new(2, 2, 2, 2)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let a = axis(cx.attrs().int_or("axis", -1), x.rank())?;
+        let k = dim(cx.value(1)?.scalar_int().ok_or("K must be one value")?, "K")?;
+        if k > x.shape[a] {
+            return Err(format!("K = {k} exceeds axis size {}", x.shape[a]));
+        }
+        let mut shape = x.shape.clone();
+        shape[a] = k;
+        Ok(vec![
+            Fact::new(x.dtype, shape.clone()),
+            Fact::new(DType::I64, shape),
+        ])
+    }
+    fn flops(&self, cx: &Cx, out: &[Fact]) -> u64 {
+        let k = out[0].shape.iter().copied().max().unwrap_or(1).max(1) as u64;
+        (64 - k.leading_zeros() as u64 + 1) * cx.inputs[0].map_or(0, Fact::numel)
+    }
+}
+
+/// `CumSum(x, axis)`: same shape. FLOPs: 1 add per element.
+struct CumSum;
+
+impl Op for CumSum {
+    fn arity(&self) -> Arity {
+        Arity::new(2, 2, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let a = axis(
+            cx.value(1)?.scalar_int().ok_or("axis must be one value")?,
+            x.rank(),
+        )?;
+        let value = x
+            .value
+            .as_ref()
+            .filter(|v| v.data.len() <= MAX_FOLD_ELEMS && x.rank() == 1 && a == 0)
+            .map(|v| {
+                let mut acc = 0i64;
+                Value::ints(
+                    v.shape.clone(),
+                    (0..v.data.len())
+                        .map(|i| {
+                            acc += v.data.int(i);
+                            acc
+                        })
+                        .collect(),
+                )
+            });
+        let value = value.filter(|_| {
+            !x.dtype.is_float()
+                && cx.attrs().int_or("exclusive", 0) == 0
+                && cx.attrs().int_or("reverse", 0) == 0
+        });
+        Ok(vec![Fact {
+            dtype: x.dtype,
+            shape: x.shape.clone(),
+            value,
+        }])
+    }
+    fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {
+        out[0].numel()
+    }
+}
+
+/// Registers reductions.
+pub fn register(r: &mut Registry) {
+    let red = |from, flops, fold, mean| Reduce {
+        axes_input_from: from,
+        flops_per_elem: flops,
+        fold,
+        mean,
+    };
+    r.add("ReduceSum", red(13, 1, Some((0.0, |a, b| a + b)), false));
+    r.add("ReduceMean", red(18, 1, Some((0.0, |a, b| a + b)), true));
+    r.add(
+        "ReduceMax",
+        red(18, 1, Some((f64::NEG_INFINITY, f64::max)), false),
+    );
+    r.add(
+        "ReduceMin",
+        red(18, 1, Some((f64::INFINITY, f64::min)), false),
+    );
+    r.add("ReduceProd", red(18, 1, Some((1.0, |a, b| a * b)), false));
+    r.add("ReduceL1", red(18, 2, None, false));
+    r.add("ReduceL2", red(18, 2, None, false));
+    r.add("ReduceSumSquare", red(18, 2, None, false));
+    r.add("ReduceLogSum", red(18, 1, None, false));
+    r.add("ReduceLogSumExp", red(18, 3, None, false));
+    r.add("ArgMax", ArgReduce);
+    r.add("ArgMin", ArgReduce);
+    r.add("TopK", TopK);
+    r.add("CumSum", CumSum);
+}

@@ -1,0 +1,917 @@
+//! Shape and data-movement ops, including the shape-computation subgraphs exporters
+//! emit (Shape → Gather → Unsqueeze → Concat → Reshape, Range, ConstantOfShape,
+//! Expand ...). When inputs carry constant values these ops fold them, so later
+//! Reshape/Expand/Slice nodes see concrete shapes.
+//!
+//! FLOPs: all ops here move or select data and count 0.
+
+use super::{axis, broadcast, dim, dtype_attr, numel, Arity, Cx, Fact, Op, Registry, RuleResult};
+use crate::ir::value::MAX_FOLD_ELEMS;
+use crate::ir::{DType, Data, TensorData, Value};
+
+/// Row-major strides of a shape.
+fn strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1];
+    }
+    s
+}
+
+/// Builds the value of an output whose element `k` (row-major over `out_shape`) is
+/// element `src(coord)` of `v`. `None` when the output is too large to fold.
+fn remap(v: &Value, out_shape: &[usize], src: impl Fn(&[usize]) -> usize) -> Option<Value> {
+    let n: usize = out_shape.iter().product();
+    if n > MAX_FOLD_ELEMS {
+        return None;
+    }
+    let mut coord = vec![0usize; out_shape.len()];
+    let mut idx = Vec::with_capacity(n);
+    for _ in 0..n {
+        idx.push(src(&coord));
+        for i in (0..coord.len()).rev() {
+            coord[i] += 1;
+            if coord[i] < out_shape[i] {
+                break;
+            }
+            coord[i] = 0;
+        }
+    }
+    Some(Value {
+        shape: out_shape.to_vec(),
+        data: v.data.gather(idx.into_iter()),
+    })
+}
+
+fn with_shape(v: &Value, shape: Vec<usize>) -> Value {
+    Value {
+        shape,
+        data: v.data.clone(),
+    }
+}
+
+/// Every op here costs 0 FLOPs; this macro writes the `flops` method.
+macro_rules! no_flops {
+    () => {
+        fn flops(&self, _cx: &Cx, _out: &[Fact]) -> u64 {
+            0
+        }
+    };
+}
+
+/// `Constant`: from `value` (tensor), `value_float(s)` or `value_int(s)`.
+struct Constant;
+
+/// The fact for a literal tensor: its value when small and present in the file.
+pub fn literal_fact(t: &TensorData) -> Fact {
+    Fact {
+        dtype: t.dtype,
+        shape: t.dims.clone(),
+        value: t.value(),
+    }
+}
+
+impl Op for Constant {
+    fn arity(&self) -> Arity {
+        Arity::new(0, 0, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let a = cx.attrs();
+        let fact = if let Some(t) = a.tensor("value") {
+            literal_fact(t)
+        } else if let Some(f) = a.float("value_float") {
+            Fact::with_value(
+                DType::F32,
+                Value {
+                    shape: vec![],
+                    data: Data::Float(vec![f as f64]),
+                },
+            )
+        } else if let Some(i) = a.int("value_int") {
+            Fact::with_value(DType::I64, Value::ints(vec![], vec![i]))
+        } else if let Some(v) = a.ints("value_ints") {
+            Fact::with_value(DType::I64, Value::vec(v.to_vec()))
+        } else if let Some(crate::ir::Attr::Floats(v)) = a.0.get("value_floats") {
+            Fact::with_value(
+                DType::F32,
+                Value {
+                    shape: vec![v.len()],
+                    data: Data::Float(v.iter().map(|&x| x as f64).collect()),
+                },
+            )
+        } else {
+            return Err(
+                "no supported value attribute (value, value_float(s), value_int(s))".into(),
+            );
+        };
+        Ok(vec![fact])
+    }
+    no_flops!();
+}
+
+/// `Shape(x)` with optional `start`/`end` (opset 15): int64 vector, always folded.
+struct ShapeOp;
+
+impl Op for ShapeOp {
+    fn arity(&self) -> Arity {
+        Arity::new(1, 1, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let r = x.rank() as i64;
+        let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
+        let start = clamp(cx.attrs().int_or("start", 0));
+        let end = clamp(cx.attrs().int_or("end", r));
+        let dims = x.shape[start..end.max(start)]
+            .iter()
+            .map(|&d| d as i64)
+            .collect();
+        Ok(vec![Fact::with_value(DType::I64, Value::vec(dims))])
+    }
+    no_flops!();
+}
+
+/// `Size(x)`: int64 scalar, folded.
+struct Size;
+
+impl Op for Size {
+    fn arity(&self) -> Arity {
+        Arity::new(1, 1, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let n = cx.input(0)?.numel();
+        Ok(vec![Fact::with_value(
+            DType::I64,
+            Value::ints(vec![], vec![n as i64]),
+        )])
+    }
+    no_flops!();
+}
+
+/// `Reshape(data, shape)`: 0 copies the input dim (unless `allowzero`), -1 is inferred.
+struct Reshape;
+
+/// Resolves a Reshape target against the input shape.
+pub fn reshape_target(input: &[usize], target: &[i64], allowzero: bool) -> RuleResult<Vec<usize>> {
+    let mut out = Vec::with_capacity(target.len());
+    let mut infer_at = None;
+    for (i, &t) in target.iter().enumerate() {
+        match t {
+            -1 if infer_at.is_none() => {
+                infer_at = Some(i);
+                out.push(1);
+            }
+            -1 => return Err(format!("shape {target:?} has more than one -1")),
+            0 if !allowzero => out.push(*input.get(i).ok_or_else(|| {
+                format!(
+                    "shape {target:?} copies dim {i} of a rank-{} input",
+                    input.len()
+                )
+            })?),
+            t => out.push(dim(t, "target dimension")?),
+        }
+    }
+    let total = numel(input);
+    let known = numel(&out);
+    if let Some(i) = infer_at {
+        if known == 0 || total % known != 0 {
+            return Err(format!(
+                "cannot reshape {input:?} ({total} elements) to {target:?}"
+            ));
+        }
+        out[i] = (total / known) as usize;
+    } else if known != total {
+        return Err(format!(
+            "cannot reshape {input:?} ({total} elements) to {target:?} ({known} elements)"
+        ));
+    }
+    Ok(out)
+}
+
+impl Op for Reshape {
+    fn arity(&self) -> Arity {
+        Arity::new(2, 2, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let target = cx.value(1)?.to_ints();
+        let shape = reshape_target(&x.shape, &target, cx.attrs().int_or("allowzero", 0) != 0)?;
+        let value = x.value.as_ref().map(|v| with_shape(v, shape.clone()));
+        Ok(vec![Fact {
+            dtype: x.dtype,
+            shape,
+            value,
+        }])
+    }
+    no_flops!();
+}
+
+/// `Flatten(x)` to 2-D at `axis` (default 1).
+struct Flatten;
+
+impl Op for Flatten {
+    fn arity(&self) -> Arity {
+        Arity::new(1, 1, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let a = cx.attrs().int_or("axis", 1);
+        let a = if a == x.rank() as i64 {
+            x.rank()
+        } else {
+            axis(a, x.rank())?
+        };
+        let shape = vec![numel(&x.shape[..a]) as usize, numel(&x.shape[a..]) as usize];
+        let value = x.value.as_ref().map(|v| with_shape(v, shape.clone()));
+        Ok(vec![Fact {
+            dtype: x.dtype,
+            shape,
+            value,
+        }])
+    }
+    no_flops!();
+}
+
+/// `Transpose(x)` by `perm` (default: reverse).
+struct Transpose;
+
+impl Op for Transpose {
+    fn arity(&self) -> Arity {
+        Arity::new(1, 1, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let r = x.rank();
+        let perm: Vec<usize> = match cx.attrs().ints("perm") {
+            Some(p) => p.iter().map(|&a| axis(a, r)).collect::<RuleResult<_>>()?,
+            None => (0..r).rev().collect(),
+        };
+        let mut seen = vec![false; r];
+        if perm.len() != r || perm.iter().any(|&p| std::mem::replace(&mut seen[p], true)) {
+            return Err(format!("perm {perm:?} is not a permutation of rank {r}"));
+        }
+        let shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
+        let st = strides(&x.shape);
+        let value = x.value.as_ref().and_then(|v| {
+            remap(v, &shape, |c| {
+                c.iter().zip(&perm).map(|(&ci, &p)| ci * st[p]).sum()
+            })
+        });
+        Ok(vec![Fact {
+            dtype: x.dtype,
+            shape,
+            value,
+        }])
+    }
+    no_flops!();
+}
+
+/// Axes of Squeeze/Unsqueeze: attribute before opset 13, input 1 from 13.
+fn axes_arg(cx: &Cx) -> RuleResult<Option<Vec<i64>>> {
+    if cx.opset >= 13 {
+        cx.opt_ints(1)
+    } else {
+        Ok(cx.attrs().ints("axes").map(|v| v.to_vec()))
+    }
+}
+
+/// `Squeeze(x, axes?)`: drops the listed size-1 axes (all size-1 axes if none).
+struct Squeeze;
+
+impl Op for Squeeze {
+    fn arity(&self) -> Arity {
+        Arity::new(1, 2, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let axes: Vec<usize> = match axes_arg(cx)? {
+            Some(a) => a
+                .iter()
+                .map(|&a| axis(a, x.rank()))
+                .collect::<RuleResult<_>>()?,
+            None => (0..x.rank()).filter(|&i| x.shape[i] == 1).collect(),
+        };
+        if let Some(&a) = axes.iter().find(|&&a| x.shape[a] != 1) {
+            return Err(format!(
+                "cannot squeeze axis {a} of size {} in {:?}",
+                x.shape[a], x.shape
+            ));
+        }
+        let shape: Vec<usize> = (0..x.rank())
+            .filter(|i| !axes.contains(i))
+            .map(|i| x.shape[i])
+            .collect();
+        let value = x.value.as_ref().map(|v| with_shape(v, shape.clone()));
+        Ok(vec![Fact {
+            dtype: x.dtype,
+            shape,
+            value,
+        }])
+    }
+    no_flops!();
+}
+
+/// `Unsqueeze(x, axes)`: inserts size-1 axes at positions of the output.
+struct Unsqueeze;
+
+impl Op for Unsqueeze {
+    fn arity(&self) -> Arity {
+        Arity::new(1, 2, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let raw = axes_arg(cx)?.ok_or("missing axes")?;
+        let r = x.rank() + raw.len();
+        let mut axes: Vec<usize> = raw.iter().map(|&a| axis(a, r)).collect::<RuleResult<_>>()?;
+        axes.sort_unstable();
+        if axes.windows(2).any(|w| w[0] == w[1]) {
+            return Err(format!("repeated axes {raw:?}"));
+        }
+        let mut src = x.shape.iter();
+        let shape: Vec<usize> = (0..r)
+            .map(|i| {
+                if axes.contains(&i) {
+                    1
+                } else {
+                    *src.next().expect("rank matches")
+                }
+            })
+            .collect();
+        let value = x.value.as_ref().map(|v| with_shape(v, shape.clone()));
+        Ok(vec![Fact {
+            dtype: x.dtype,
+            shape,
+            value,
+        }])
+    }
+    no_flops!();
+}
+
+/// `Concat(inputs...)` along `axis`.
+struct Concat;
+
+impl Op for Concat {
+    fn arity(&self) -> Arity {
+        Arity::new(1, usize::MAX, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let ins = (0..cx.inputs.len())
+            .map(|i| cx.input(i))
+            .collect::<RuleResult<Vec<_>>>()?;
+        let first = ins[0];
+        let a = axis(
+            cx.attrs().int("axis").ok_or("missing attribute 'axis'")?,
+            first.rank(),
+        )?;
+        let mut shape = first.shape.clone();
+        shape[a] = 0;
+        for f in &ins {
+            if f.rank() != first.rank()
+                || f.shape
+                    .iter()
+                    .enumerate()
+                    .any(|(i, &d)| i != a && d != first.shape[i])
+            {
+                return Err(format!(
+                    "inputs {:?} and {:?} differ outside axis {a}",
+                    first.shape, f.shape
+                ));
+            }
+            shape[a] += f.shape[a];
+        }
+        let vals: Option<Vec<&Value>> = ins.iter().map(|f| f.value.as_ref()).collect();
+        let value = vals
+            .filter(|_| numel(&shape) as usize <= MAX_FOLD_ELEMS)
+            .map(|vals| {
+                let outer: usize = shape[..a].iter().product();
+                let float = first.dtype.is_float();
+                let mut ints = Vec::new();
+                let mut floats = Vec::new();
+                for o in 0..outer {
+                    for v in &vals {
+                        let chunk: usize = v.shape[a..].iter().product();
+                        for k in o * chunk..(o + 1) * chunk {
+                            if float {
+                                floats.push(v.data.float(k));
+                            } else {
+                                ints.push(v.data.int(k));
+                            }
+                        }
+                    }
+                }
+                Value {
+                    shape: shape.clone(),
+                    data: if float {
+                        Data::Float(floats)
+                    } else {
+                        Data::Int(ints)
+                    },
+                }
+            });
+        Ok(vec![Fact {
+            dtype: first.dtype,
+            shape,
+            value,
+        }])
+    }
+    no_flops!();
+}
+
+/// `Split(x, split?)` along `axis`: sizes from input 1 (opset 13+) or the `split`
+/// attribute, else `num_outputs` / the output count, ceil-divided (opset 18).
+struct Split;
+
+impl Op for Split {
+    fn arity(&self) -> Arity {
+        Arity::new(1, 2, 1, usize::MAX)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let a = axis(cx.attrs().int_or("axis", 0), x.rank())?;
+        let n = cx.n_outputs();
+        let total = x.shape[a];
+        let sizes: Vec<usize> = match if cx.opset >= 13 {
+            cx.opt_ints(1)?
+        } else {
+            cx.attrs().ints("split").map(|v| v.to_vec())
+        } {
+            Some(s) => s
+                .iter()
+                .map(|&v| dim(v, "split size"))
+                .collect::<RuleResult<_>>()?,
+            None => {
+                let chunk = total.div_ceil(n.max(1));
+                (0..n)
+                    .map(|i| chunk.min(total.saturating_sub(i * chunk)))
+                    .collect()
+            }
+        };
+        if sizes.len() != n || sizes.iter().sum::<usize>() != total {
+            return Err(format!(
+                "split sizes {sizes:?} do not cover axis {a} of size {total} with {n} outputs"
+            ));
+        }
+        Ok(sizes
+            .iter()
+            .map(|&s| {
+                let mut shape = x.shape.clone();
+                shape[a] = s;
+                Fact::new(x.dtype, shape)
+            })
+            .collect())
+    }
+    no_flops!();
+}
+
+/// `Slice(data, starts, ends, axes?, steps?)` (opset 10+; attributes before).
+struct Slice;
+
+impl Op for Slice {
+    fn arity(&self) -> Arity {
+        Arity::new(1, 5, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let r = x.rank();
+        let (starts, ends, axes, steps) = if cx.opset >= 10 {
+            (
+                cx.value(1)?.to_ints(),
+                cx.value(2)?.to_ints(),
+                cx.opt_ints(3)?,
+                cx.opt_ints(4)?,
+            )
+        } else {
+            let a = cx.attrs();
+            (
+                a.ints("starts").ok_or("missing starts")?.to_vec(),
+                a.ints("ends").ok_or("missing ends")?.to_vec(),
+                a.ints("axes").map(|v| v.to_vec()),
+                None,
+            )
+        };
+        let axes: Vec<usize> = match axes {
+            Some(a) => a.iter().map(|&v| axis(v, r)).collect::<RuleResult<_>>()?,
+            None => (0..starts.len()).collect(),
+        };
+        let steps = steps.unwrap_or_else(|| vec![1; starts.len()]);
+        if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
+            return Err("starts, ends, axes and steps differ in length".into());
+        }
+        let mut shape = x.shape.clone();
+        let mut begin = vec![0i64; r];
+        let mut step = vec![1i64; r];
+        for i in 0..starts.len() {
+            let (a, s) = (axes[i], steps[i]);
+            if s == 0 {
+                return Err("slice step 0".into());
+            }
+            let d = x.shape[a] as i64;
+            let norm = |v: i64| if v < 0 { v.saturating_add(d) } else { v };
+            let (b, e) = if s > 0 {
+                (norm(starts[i]).clamp(0, d), norm(ends[i]).clamp(0, d))
+            } else {
+                (
+                    norm(starts[i]).clamp(0, d - 1),
+                    norm(ends[i]).clamp(-1, d - 1),
+                )
+            };
+            let len = if s > 0 {
+                (e - b + s - 1) / s
+            } else {
+                (b - e + (-s) - 1) / (-s)
+            };
+            shape[a] = len.max(0) as usize;
+            begin[a] = b;
+            step[a] = s;
+        }
+        let st = strides(&x.shape);
+        let value = x.value.as_ref().and_then(|v| {
+            remap(v, &shape, |c| {
+                c.iter()
+                    .enumerate()
+                    .map(|(i, &ci)| (begin[i] + ci as i64 * step[i]) as usize * st[i])
+                    .sum()
+            })
+        });
+        Ok(vec![Fact {
+            dtype: x.dtype,
+            shape,
+            value,
+        }])
+    }
+    no_flops!();
+}
+
+/// `Gather(data, indices)` along `axis`: `data[:axis] + indices + data[axis+1:]`.
+struct Gather;
+
+impl Op for Gather {
+    fn arity(&self) -> Arity {
+        Arity::new(2, 2, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let (x, ind) = (cx.input(0)?, cx.input(1)?);
+        if !ind.dtype.is_int() {
+            return Err(format!("indices must be integers, got {}", ind.dtype));
+        }
+        let a = axis(cx.attrs().int_or("axis", 0), x.rank())?;
+        let mut shape = x.shape[..a].to_vec();
+        shape.extend(&ind.shape);
+        shape.extend(&x.shape[a + 1..]);
+        let d = x.shape[a] as i64;
+        let value = match (&x.value, &ind.value) {
+            (Some(v), Some(iv)) => {
+                let idx: Vec<i64> = iv.to_ints();
+                if let Some(bad) = idx.iter().find(|&&i| i < -d || i >= d) {
+                    return Err(format!("index {bad} out of range for axis of size {d}"));
+                }
+                let st = strides(&x.shape);
+                let ir = ind.rank();
+                remap(v, &shape, |c| {
+                    let mut flat_i = 0;
+                    for (k, &ck) in c[a..a + ir].iter().enumerate() {
+                        flat_i = flat_i * ind.shape[k] + ck;
+                    }
+                    let i = idx[flat_i];
+                    let i = if i < 0 { i + d } else { i } as usize;
+                    let mut off = i * st[a];
+                    for (k, &ck) in c[..a].iter().enumerate() {
+                        off += ck * st[k];
+                    }
+                    for (k, &ck) in c[a + ir..].iter().enumerate() {
+                        off += ck * st[a + 1 + k];
+                    }
+                    off
+                })
+            }
+            _ => None,
+        };
+        Ok(vec![Fact {
+            dtype: x.dtype,
+            shape,
+            value,
+        }])
+    }
+    no_flops!();
+}
+
+/// `GatherElements(data, indices)`: the shape of `indices`.
+struct GatherElements;
+
+impl Op for GatherElements {
+    fn arity(&self) -> Arity {
+        Arity::new(2, 2, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let (x, ind) = (cx.input(0)?, cx.input(1)?);
+        if x.rank() != ind.rank() {
+            return Err(format!(
+                "data {:?} and indices {:?} differ in rank",
+                x.shape, ind.shape
+            ));
+        }
+        Ok(vec![Fact::new(x.dtype, ind.shape.clone())])
+    }
+    no_flops!();
+}
+
+/// `ConstantOfShape(shape)`, filled with `value` (default float32 0).
+struct ConstantOfShape;
+
+impl Op for ConstantOfShape {
+    fn arity(&self) -> Arity {
+        Arity::new(1, 1, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let shape: Vec<usize> = cx
+            .value(0)?
+            .to_ints()
+            .iter()
+            .map(|&d| dim(d, "dimension"))
+            .collect::<RuleResult<_>>()?;
+        let fill = cx.attrs().tensor("value").map(literal_fact);
+        let dtype = fill.as_ref().map_or(DType::F32, |f| f.dtype);
+        let n = numel(&shape) as usize;
+        let value = (n <= MAX_FOLD_ELEMS).then_some(()).and_then(|_| {
+            let data = match fill.as_ref().map(|f| f.value.as_ref()) {
+                None => Data::Float(vec![0.0; n]),
+                Some(Some(v)) if v.data.len() == 1 => v.data.gather(std::iter::repeat_n(0, n)),
+                Some(_) => return None,
+            };
+            Some(Value {
+                shape: shape.clone(),
+                data,
+            })
+        });
+        Ok(vec![Fact {
+            dtype,
+            shape,
+            value,
+        }])
+    }
+    no_flops!();
+}
+
+/// `Range(start, limit, delta)`: 1-D of `max(ceil((limit-start)/delta), 0)` elements.
+struct Range;
+
+impl Op for Range {
+    fn arity(&self) -> Arity {
+        Arity::new(3, 3, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let dtype = cx.input(0)?.dtype;
+        let get = |i| -> RuleResult<f64> {
+            cx.value(i)?
+                .scalar_float()
+                .ok_or_else(|| format!("input {i} must be a scalar"))
+        };
+        let (s, l, d) = (get(0)?, get(1)?, get(2)?);
+        if d == 0.0 {
+            return Err("delta is 0".into());
+        }
+        let n = ((l - s) / d).ceil().max(0.0);
+        if n > u32::MAX as f64 {
+            return Err(format!("range of {n} elements is too large"));
+        }
+        let n = n as usize;
+        let value = (n <= MAX_FOLD_ELEMS).then(|| Value {
+            shape: vec![n],
+            data: if dtype.is_float() {
+                Data::Float((0..n).map(|i| s + i as f64 * d).collect())
+            } else {
+                Data::Int((0..n).map(|i| (s + i as f64 * d) as i64).collect())
+            },
+        });
+        Ok(vec![Fact {
+            dtype,
+            shape: vec![n],
+            value,
+        }])
+    }
+    no_flops!();
+}
+
+/// `Expand(x, shape)`: broadcast of `x` to `shape`.
+struct Expand;
+
+impl Op for Expand {
+    fn arity(&self) -> Arity {
+        Arity::new(2, 2, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let target: Vec<usize> = cx
+            .value(1)?
+            .to_ints()
+            .iter()
+            .map(|&d| dim(d, "dimension"))
+            .collect::<RuleResult<_>>()?;
+        let shape = broadcast(&[&x.shape, &target])?;
+        let value = x.value.as_ref().and_then(|v| {
+            let st = strides(&x.shape);
+            let off = shape.len() - x.rank();
+            remap(v, &shape, |c| {
+                (0..x.rank())
+                    .map(|i| {
+                        if x.shape[i] == 1 {
+                            0
+                        } else {
+                            c[off + i] * st[i]
+                        }
+                    })
+                    .sum()
+            })
+        });
+        Ok(vec![Fact {
+            dtype: x.dtype,
+            shape,
+            value,
+        }])
+    }
+    no_flops!();
+}
+
+/// `Tile(x, repeats)`.
+struct Tile;
+
+impl Op for Tile {
+    fn arity(&self) -> Arity {
+        Arity::new(2, 2, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let reps = cx.value(1)?.to_ints();
+        if reps.len() != x.rank() {
+            return Err(format!("repeats {reps:?} do not match rank {}", x.rank()));
+        }
+        let shape = x
+            .shape
+            .iter()
+            .zip(&reps)
+            .map(|(&d, &r)| Ok(d * dim(r, "repeat")?))
+            .collect::<RuleResult<Vec<_>>>()?;
+        let st = strides(&x.shape);
+        let value = x.value.as_ref().and_then(|v| {
+            remap(v, &shape, |c| {
+                c.iter()
+                    .enumerate()
+                    .map(|(i, &ci)| (ci % x.shape[i].max(1)) * st[i])
+                    .sum()
+            })
+        });
+        Ok(vec![Fact {
+            dtype: x.dtype,
+            shape,
+            value,
+        }])
+    }
+    no_flops!();
+}
+
+/// `Pad(x, pads, constant_value?, axes?)` (pads input from opset 11, attribute before).
+struct Pad;
+
+impl Op for Pad {
+    fn arity(&self) -> Arity {
+        Arity::new(1, 4, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let r = x.rank();
+        let pads = if cx.opset >= 11 {
+            cx.value(1)?.to_ints()
+        } else {
+            cx.attrs().ints("pads").ok_or("missing pads")?.to_vec()
+        };
+        let axes: Vec<usize> = match cx.opt_ints(3)? {
+            Some(a) => a.iter().map(|&v| axis(v, r)).collect::<RuleResult<_>>()?,
+            None => (0..r).collect(),
+        };
+        if pads.len() != 2 * axes.len() {
+            return Err(format!("pads {pads:?} do not match {} axes", axes.len()));
+        }
+        let mut shape = x.shape.clone();
+        for (k, &a) in axes.iter().enumerate() {
+            let d = shape[a] as i64 + pads[k] + pads[k + axes.len()];
+            shape[a] = dim(d, "padded size")?;
+        }
+        Ok(vec![Fact::new(x.dtype, shape)])
+    }
+    no_flops!();
+}
+
+/// Ops whose output is shaped like input 0: Trilu, ScatterND, ScatterElements, EyeLike.
+struct LikeInput {
+    arity: Arity,
+}
+
+impl Op for LikeInput {
+    fn arity(&self) -> Arity {
+        self.arity
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let dtype = match cx.attrs().int("dtype") {
+            Some(code) if cx.node.op_type == "EyeLike" => dtype_attr(code)?,
+            _ => x.dtype,
+        };
+        Ok(vec![Fact::new(dtype, x.shape.clone())])
+    }
+    no_flops!();
+}
+
+/// `NonZero(x)`: only when `x` is a known constant (its output shape depends on data).
+struct NonZero;
+
+impl Op for NonZero {
+    fn arity(&self) -> Arity {
+        Arity::new(1, 1, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let v = cx.value(0)?;
+        let st = strides(&x.shape);
+        let hits: Vec<usize> = (0..v.data.len())
+            .filter(|&i| v.data.float(i) != 0.0)
+            .collect();
+        let mut out = vec![0i64; x.rank() * hits.len()];
+        for (j, &h) in hits.iter().enumerate() {
+            for (d, &s) in st.iter().enumerate() {
+                out[d * hits.len() + j] = ((h / s) % x.shape[d]) as i64;
+            }
+        }
+        Ok(vec![Fact::with_value(
+            DType::I64,
+            Value::ints(vec![x.rank(), hits.len()], out),
+        )])
+    }
+    no_flops!();
+}
+
+/// Registers shape and data-movement ops.
+pub fn register(r: &mut Registry) {
+    r.add("Constant", Constant);
+    r.add("Shape", ShapeOp);
+    r.add("Size", Size);
+    r.add("Reshape", Reshape);
+    r.add("Flatten", Flatten);
+    r.add("Transpose", Transpose);
+    r.add("Squeeze", Squeeze);
+    r.add("Unsqueeze", Unsqueeze);
+    r.add("Concat", Concat);
+    r.add("Split", Split);
+    r.add("Slice", Slice);
+    r.add("Gather", Gather);
+    r.add("GatherElements", GatherElements);
+    r.add("ConstantOfShape", ConstantOfShape);
+    r.add("Range", Range);
+    r.add("Expand", Expand);
+    r.add("Tile", Tile);
+    r.add("Pad", Pad);
+    r.add("NonZero", NonZero);
+    r.add(
+        "Trilu",
+        LikeInput {
+            arity: Arity::new(1, 2, 1, 1),
+        },
+    );
+    r.add(
+        "ScatterND",
+        LikeInput {
+            arity: Arity::new(3, 3, 1, 1),
+        },
+    );
+    r.add(
+        "ScatterElements",
+        LikeInput {
+            arity: Arity::new(3, 3, 1, 1),
+        },
+    );
+    r.add(
+        "EyeLike",
+        LikeInput {
+            arity: Arity::new(1, 1, 1, 1),
+        },
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reshape_rules() {
+        assert_eq!(
+            reshape_target(&[2, 3, 4], &[0, -1], false).unwrap(),
+            vec![2, 12]
+        );
+        assert_eq!(
+            reshape_target(&[2, 3, 4], &[4, 0, 2], false).unwrap(),
+            vec![4, 3, 2]
+        );
+        assert!(reshape_target(&[2, 3, 4], &[5, -1], false).is_err());
+        assert!(reshape_target(&[2, 3, 4], &[-1, -1], false).is_err());
+        assert!(reshape_target(&[8, 768], &[1, 768], false).is_err());
+    }
+}
