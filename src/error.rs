@@ -1,6 +1,7 @@
 //! The library's error type. Every failure a user can cause (a bad file, an
 //! unsupported op, an impossible shape) is one of these, with the file, node or
-//! tensor named, and prints as one line.
+//! tensor named, and prints as one line. The file path is kept in the variants that
+//! have one but not printed: callers (the CLI) prefix every message with the path.
 
 use std::path::PathBuf;
 
@@ -11,7 +12,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The file could not be opened or mapped.
-    #[error("{path}: cannot read: {source}")]
+    #[error("cannot read: {source}")]
     Io {
         /// The file.
         path: PathBuf,
@@ -19,7 +20,7 @@ pub enum Error {
         source: std::io::Error,
     },
     /// The bytes are not a protobuf-encoded ONNX model (truncated, corrupt, or another format).
-    #[error("{path}: not a valid ONNX model: {reason}")]
+    #[error("not a valid ONNX model: {reason}")]
     NotOnnx {
         /// The file.
         path: PathBuf,

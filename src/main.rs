@@ -77,7 +77,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 dims: parse_dims(&dims)?,
             };
             let path = model.display().to_string();
-            let m = load_model(&model)?;
+            let m = load_model(&model).with_context(|| path.clone())?;
             let inf = infer(&m, &bindings).with_context(|| path.clone())?;
             let prof = profile_inference(&m.graph, &inf);
             let report = ProfileReport::new(&path, &m, &inf, &prof, detail);
@@ -92,7 +92,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            // --help, --version
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            // One line, like every other error; `--help` has the rest.
+            let text = e.render().to_string();
+            let first = text.lines().next().unwrap_or("invalid arguments");
+            eprintln!("{first} (see --help)");
+            return ExitCode::from(2);
+        }
+    };
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -1,0 +1,305 @@
+//! Every kind of bad input gets a one-line error naming the file (and node), a
+//! non-zero exit, and never a panic.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+
+/// Runs `memplan profile` and returns (exit success, stderr).
+fn profile(path: &Path, extra: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_memplan"))
+        .arg("profile")
+        .arg(path)
+        .args(extra)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Asserts a clean failure: non-zero exit, one `error:` line containing all `needles`.
+fn fails_with(path: &Path, extra: &[&str], needles: &[&str]) {
+    let (ok, _, err) = profile(path, extra);
+    assert!(!ok, "expected failure for {path:?} {extra:?}");
+    assert!(!err.contains("panicked"), "panic: {err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "expected one line, got: {err}");
+    assert!(lines[0].starts_with("error: "), "{err}");
+    for n in needles {
+        assert!(lines[0].contains(n), "'{n}' not in: {err}");
+    }
+}
+
+#[test]
+fn the_test_model_itself_profiles() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write_tmp(&dir, "mlp.onnx", &encode(&mlp()));
+    let (ok, out, err) = profile(&p, &["--batch", "4", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["params"]["count"], 8 * 4 + 8 + 3 * 8 + 3);
+    // x 64 B + h 128 B live while fc1 runs... peak is at relu: h + r = 256 B.
+    assert_eq!(v["inference"]["activation_peak_bytes"], 4 * 8 * 4 * 2);
+}
+
+#[test]
+fn truncated_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = encode(&mlp());
+    let p = write_tmp(&dir, "trunc.onnx", &bytes[..bytes.len() / 2]);
+    fails_with(
+        &p,
+        &["--batch", "2"],
+        &["trunc.onnx", "not a valid ONNX model"],
+    );
+}
+
+#[test]
+fn not_onnx_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write_tmp(&dir, "notes.txt", b"hello, this is not a model\n");
+    fails_with(&p, &[], &["notes.txt", "not a valid ONNX model"]);
+    let p = write_tmp(&dir, "empty.onnx", b"");
+    fails_with(&p, &[], &["empty.onnx", "empty"]);
+    let p = write_tmp(&dir, "png.onnx", b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR");
+    fails_with(&p, &[], &["png.onnx", "not a valid ONNX model"]);
+    fails_with(
+        Path::new("/nonexistent/model.onnx"),
+        &[],
+        &["/nonexistent/model.onnx", "cannot read"],
+    );
+    fails_with(dir.path(), &[], &["cannot read"]);
+}
+
+#[test]
+fn cycle() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(
+        vec![
+            node("Add", "a", &["x", "q"], &["p"]),
+            node("Relu", "b", &["p"], &["q"]),
+        ],
+        vec![],
+        vec![value_info("x", 1, &[D::N(2)])],
+        vec![value_info("q", 1, &[D::N(2)])],
+    );
+    let p = write_tmp(&dir, "cycle.onnx", &encode(&m));
+    fails_with(&p, &[], &["cycle.onnx", "cycle", "node '"]);
+}
+
+#[test]
+fn undefined_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(
+        vec![node("Add", "adder", &["x", "ghost"], &["y"])],
+        vec![],
+        vec![value_info("x", 1, &[D::N(2)])],
+        vec![value_info("y", 1, &[D::N(2)])],
+    );
+    let p = write_tmp(&dir, "undef.onnx", &encode(&m));
+    fails_with(&p, &[], &["undef.onnx", "adder", "ghost"]);
+}
+
+#[test]
+fn wrong_arity() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(
+        vec![node("Relu", "r2", &["x", "x"], &["y"])],
+        vec![],
+        vec![value_info("x", 1, &[D::N(2)])],
+        vec![value_info("y", 1, &[D::N(2)])],
+    );
+    let p = write_tmp(&dir, "arity.onnx", &encode(&m));
+    fails_with(&p, &[], &["arity.onnx", "r2", "Relu", "2 inputs"]);
+}
+
+#[test]
+fn negative_and_overflowing_dims() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(
+        vec![node("Relu", "r", &["x"], &["y"])],
+        vec![],
+        vec![value_info("x", 1, &[D::N(-3)])],
+        vec![],
+    );
+    let p = write_tmp(&dir, "neg.onnx", &encode(&m));
+    fails_with(&p, &[], &["neg.onnx", "negative"]);
+
+    let mut w = weight("w", &[1]);
+    w.dims = vec![-1, 4];
+    w.raw_data = None;
+    let m = model(vec![], vec![w], vec![], vec![]);
+    let p = write_tmp(&dir, "neginit.onnx", &encode(&m));
+    fails_with(&p, &[], &["neginit.onnx", "'w'", "negative"]);
+
+    let big = 1i64 << 40;
+    let m = model(
+        vec![node("Relu", "r", &["x"], &["y"])],
+        vec![],
+        vec![value_info("x", 1, &[D::N(big), D::N(big)])],
+        vec![],
+    );
+    let p = write_tmp(&dir, "huge.onnx", &encode(&m));
+    fails_with(&p, &[], &["huge.onnx", "overflow"]);
+
+    // Overflow produced inside the graph: Expand to a huge shape.
+    let m = model(
+        vec![node("Expand", "ex", &["x", "s"], &["y"])],
+        vec![ints("s", &[big, big, 16])],
+        vec![value_info("x", 1, &[D::N(1)])],
+        vec![],
+    );
+    let p = write_tmp(&dir, "expand.onnx", &encode(&m));
+    fails_with(&p, &[], &["expand.onnx", "ex", "overflow"]);
+}
+
+#[test]
+fn absurd_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write_tmp(&dir, "mlp.onnx", &encode(&mlp()));
+    fails_with(&p, &["--batch", "0"], &["mlp.onnx", "--batch 0"]);
+    fails_with(
+        &p,
+        &["--batch", "1099511627776"],
+        &["mlp.onnx", "out of range"],
+    );
+    fails_with(&p, &["--batch", "-4"], &[]);
+    fails_with(&p, &["--batch", "many"], &[]);
+}
+
+#[test]
+fn unsupported_ops_are_listed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut custom = node("FusedThing", "f1", &["x"], &["z"]);
+    custom.domain = Some("com.example".into());
+    let m = model(
+        vec![
+            node("Frobnicate", "frob_a", &["x"], &["y"]),
+            node("Frobnicate", "frob_b", &["y"], &["y2"]),
+            custom,
+        ],
+        vec![],
+        vec![value_info("x", 1, &[D::N(2)])],
+        vec![],
+    );
+    let p = write_tmp(&dir, "unsup.onnx", &encode(&m));
+    fails_with(
+        &p,
+        &[],
+        &[
+            "unsup.onnx",
+            "Frobnicate (node 'frob_a')",
+            "com.example.FusedThing (node 'f1')",
+        ],
+    );
+}
+
+#[test]
+fn batch_contradicting_the_graph() {
+    let dir = tempfile::tempdir().unwrap();
+    // Input batch fixed to 1.
+    let m = model(
+        vec![node("Relu", "r", &["x"], &["y"])],
+        vec![],
+        vec![value_info("x", 1, &[D::N(1), D::N(4)])],
+        vec![],
+    );
+    let p = write_tmp(&dir, "fixed.onnx", &encode(&m));
+    fails_with(
+        &p,
+        &["--batch", "8"],
+        &["fixed.onnx", "--batch 8", "fixed to 1"],
+    );
+    let (ok, out, _) = profile(&p, &["--json"]);
+    assert!(ok);
+    assert!(out.contains("\"batch\": 1"));
+
+    // Batch symbolic at the input, but a Reshape hard-codes batch 1 inside.
+    let m = model(
+        vec![node("Reshape", "flat", &["x", "shape"], &["y"])],
+        vec![ints("shape", &[1, 8])],
+        vec![value_info("x", 1, &[D::S("batch"), D::N(2), D::N(4)])],
+        vec![],
+    );
+    let p = write_tmp(&dir, "reshape.onnx", &encode(&m));
+    assert!(profile(&p, &["--batch", "1"]).0);
+    fails_with(
+        &p,
+        &["--batch", "8"],
+        &["reshape.onnx", "flat", "cannot reshape"],
+    );
+
+    // A graph output declares a fixed batch the binding contradicts.
+    let m = model(
+        vec![node("Relu", "r", &["x"], &["y"])],
+        vec![],
+        vec![value_info("x", 1, &[D::S("N"), D::N(4)])],
+        vec![value_info("y", 1, &[D::N(1), D::N(4)])],
+    );
+    let p = write_tmp(&dir, "outfixed.onnx", &encode(&m));
+    fails_with(
+        &p,
+        &["--batch", "8"],
+        &["outfixed.onnx", "output 'y'", "fixed to 1"],
+    );
+}
+
+#[test]
+fn unbound_dims_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(
+        vec![node("Relu", "r", &["x"], &["y"])],
+        vec![],
+        vec![value_info("x", 1, &[D::S("batch"), D::S("seq")])],
+        vec![],
+    );
+    let p = write_tmp(&dir, "seq.onnx", &encode(&m));
+    fails_with(&p, &["--batch", "2"], &["seq.onnx", "'seq'", "--dim seq="]);
+    fails_with(&p, &["--dim", "seq=4"], &["seq.onnx", "'batch'", "--batch"]);
+    assert!(profile(&p, &["--batch", "2", "--dim", "seq=4"]).0);
+    fails_with(
+        &p,
+        &["--batch", "2", "--dim", "seq=4", "--dim", "nope=3"],
+        &["nope"],
+    );
+    fails_with(&p, &["--batch", "2", "--dim", "seq"], &["NAME=VALUE"]);
+}
+
+#[test]
+fn shape_errors_name_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(
+        vec![node("MatMul", "mm", &["x", "w"], &["y"])],
+        vec![weight("w", &[5, 3])],
+        vec![value_info("x", 1, &[D::S("batch"), D::N(4)])],
+        vec![],
+    );
+    let p = write_tmp(&dir, "mm.onnx", &encode(&m));
+    fails_with(
+        &p,
+        &["--batch", "2"],
+        &["mm.onnx", "node 'mm' (MatMul)", "inner dimensions"],
+    );
+
+    // Corrupt weight payload: raw_data length does not match dims.
+    let mut w = weight("w", &[4, 3]);
+    w.raw_data = Some(vec![0u8; 7].into());
+    let m = model(
+        vec![node("MatMul", "mm", &["x", "w"], &["y"])],
+        vec![w],
+        vec![value_info("x", 1, &[D::S("batch"), D::N(4)])],
+        vec![],
+    );
+    let p = write_tmp(&dir, "rawlen.onnx", &encode(&m));
+    fails_with(
+        &p,
+        &["--batch", "2"],
+        &["rawlen.onnx", "'w'", "raw_data holds 7 bytes"],
+    );
+}

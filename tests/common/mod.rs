@@ -1,0 +1,159 @@
+//! Builds small ONNX models in Rust (no Python) for tests.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use memplan::onnx::proto::{
+    self, tensor_shape_proto::dimension::Value as DimValue, type_proto, AttributeProto, GraphProto,
+    ModelProto, NodeProto, OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto,
+    ValueInfoProto,
+};
+use prost::Message;
+
+/// A dimension in a declared shape.
+pub enum D {
+    /// dim_value
+    N(i64),
+    /// dim_param
+    S(&'static str),
+}
+
+pub fn value_info(name: &str, elem: i32, dims: &[D]) -> ValueInfoProto {
+    ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: Some(elem),
+                shape: Some(TensorShapeProto {
+                    dim: dims
+                        .iter()
+                        .map(|d| proto::tensor_shape_proto::Dimension {
+                            denotation: None,
+                            value: Some(match d {
+                                D::N(v) => DimValue::DimValue(*v),
+                                D::S(s) => DimValue::DimParam((*s).into()),
+                            }),
+                        })
+                        .collect(),
+                }),
+            })),
+            denotation: None,
+        }),
+        ..Default::default()
+    }
+}
+
+pub fn node(op: &str, name: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {
+    NodeProto {
+        op_type: Some(op.into()),
+        name: Some(name.into()),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: outputs.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+pub fn with_ints(mut n: NodeProto, attr: &str, v: &[i64]) -> NodeProto {
+    n.attribute.push(AttributeProto {
+        name: Some(attr.into()),
+        r#type: Some(proto::attribute_proto::AttributeType::Ints as i32),
+        ints: v.to_vec(),
+        ..Default::default()
+    });
+    n
+}
+
+pub fn with_int(mut n: NodeProto, attr: &str, v: i64) -> NodeProto {
+    n.attribute.push(AttributeProto {
+        name: Some(attr.into()),
+        r#type: Some(proto::attribute_proto::AttributeType::Int as i32),
+        i: Some(v),
+        ..Default::default()
+    });
+    n
+}
+
+/// A float32 initializer with zero-filled raw data.
+pub fn weight(name: &str, dims: &[i64]) -> TensorProto {
+    let n: i64 = dims.iter().product();
+    TensorProto {
+        name: Some(name.into()),
+        dims: dims.to_vec(),
+        data_type: Some(1),
+        raw_data: Some(vec![0u8; 4 * n as usize].into()),
+        ..Default::default()
+    }
+}
+
+/// An int64 initializer.
+pub fn ints(name: &str, v: &[i64]) -> TensorProto {
+    TensorProto {
+        name: Some(name.into()),
+        dims: vec![v.len() as i64],
+        data_type: Some(7),
+        int64_data: v.to_vec(),
+        ..Default::default()
+    }
+}
+
+pub fn model(
+    nodes: Vec<NodeProto>,
+    inits: Vec<TensorProto>,
+    inputs: Vec<ValueInfoProto>,
+    outputs: Vec<ValueInfoProto>,
+) -> ModelProto {
+    ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(17),
+        }],
+        producer_name: Some("memplan-tests".into()),
+        graph: Some(GraphProto {
+            name: Some("g".into()),
+            node: nodes,
+            initializer: inits,
+            input: inputs,
+            output: outputs,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// A 2-layer MLP: x[batch, 4] → Gemm(8) → Relu → Gemm(3) → y[batch, 3].
+pub fn mlp() -> ModelProto {
+    model(
+        vec![
+            with_int(node("Gemm", "fc1", &["x", "w1", "b1"], &["h"]), "transB", 1),
+            node("Relu", "relu", &["h"], &["r"]),
+            with_int(node("Gemm", "fc2", &["r", "w2", "b2"], &["y"]), "transB", 1),
+        ],
+        vec![
+            weight("w1", &[8, 4]),
+            weight("b1", &[8]),
+            weight("w2", &[3, 8]),
+            weight("b2", &[3]),
+        ],
+        vec![value_info("x", 1, &[D::S("batch"), D::N(4)])],
+        vec![value_info("y", 1, &[D::S("batch"), D::N(3)])],
+    )
+}
+
+/// Writes bytes to a fresh temporary file and returns its path (kept alive by the dir).
+pub fn write_tmp(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> PathBuf {
+    let p = dir.path().join(name);
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+pub fn encode(m: &ModelProto) -> Vec<u8> {
+    m.encode_to_vec()
+}
+
+/// Path of a shipped model.
+pub fn shipped(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("models")
+        .join(name)
+}
