@@ -1,2 +1,59 @@
-//! placeholder, replaced below
-fn main() {}
+//! Load + shape inference + inference profile, per model.
+//!
+//! `end_to_end/<model>`: map and decode the file, build the IR, infer every shape at
+//! batch 8, and compute the inference memory profile: the work `memplan profile`
+//! does minus printing. `load/<model>` and `infer_profile/<model>` split it in two.
+//! benches/compare.sh runs this beside Python onnx's `onnx.load` +
+//! `onnx.shape_inference.infer_shapes` on the same files and prints the ratio.
+
+use std::hint::black_box;
+use std::path::PathBuf;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use memplan::infer::{infer, Bindings};
+use memplan::memory::profile_inference;
+use memplan::onnx::load_model;
+
+fn model_path(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("models")
+        .join(format!("{name}.onnx"))
+}
+
+fn models() -> Vec<String> {
+    match std::env::var("MEMPLAN_BENCH_MODELS") {
+        Ok(list) => list.split(',').map(str::to_string).collect(),
+        Err(_) => vec!["resnet50".into(), "gpt2".into()],
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let bindings = Bindings {
+        batch: Some(8),
+        ..Default::default()
+    };
+    for name in models() {
+        let path = model_path(&name);
+        c.bench_function(&format!("end_to_end/{name}"), |b| {
+            b.iter(|| {
+                let m = load_model(black_box(&path)).unwrap();
+                let inf = infer(&m, &bindings).unwrap();
+                black_box(profile_inference(&m.graph, &inf).peak_bytes())
+            })
+        });
+        c.bench_function(&format!("load/{name}"), |b| {
+            b.iter(|| black_box(load_model(black_box(&path)).unwrap()))
+        });
+        let m = load_model(&path).unwrap();
+        c.bench_function(&format!("infer_profile/{name}"), |b| {
+            b.iter(|| {
+                let inf = infer(black_box(&m), &bindings).unwrap();
+                black_box(profile_inference(&m.graph, &inf).peak_bytes())
+            })
+        });
+    }
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,10 +1,10 @@
 //! Memory-mapped, zero-copy loading of an ONNX file into the IR.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use bytes::Bytes;
-use petgraph::stable_graph::{NodeIndex, StableGraph};
+use petgraph::stable_graph::StableGraph;
 use prost::Message;
 
 use super::proto;
@@ -440,11 +440,11 @@ fn build_graph(gp: proto::GraphProto) -> Result<Graph> {
     }
 
     // Execution order: the model's, if it is topological.
-    let position: HashMap<NodeIndex, usize> =
-        node_ix.iter().enumerate().map(|(i, &ix)| (ix, i)).collect();
+    // Nodes were added in model order and never removed, so a node's index is its
+    // position: an edge is forward iff its source index is below its target's.
     let topological = b.g.nodes.edge_indices().all(|e| {
         let (src, dst) = b.g.nodes.edge_endpoints(e).expect("edge exists");
-        position[&src] < position[&dst]
+        src.index() < dst.index()
     });
     b.g.order = if topological {
         node_ix
