@@ -71,8 +71,16 @@ fn every_shipped_model_matches_pytorch() {
             check_io(name, inputs, &io(&g.inputs));
             check_io(name, outputs, &io(&g.outputs));
             let prof = profile_inference(g, &inf);
-            assert_eq!(prof.params_count, r["params_count"].as_u64().unwrap(), "{name}");
-            assert_eq!(prof.params_bytes, r["params_bytes"].as_u64().unwrap(), "{name}");
+            assert_eq!(
+                prof.params_count,
+                r["params_count"].as_u64().unwrap(),
+                "{name}"
+            );
+            assert_eq!(
+                prof.params_bytes,
+                r["params_bytes"].as_u64().unwrap(),
+                "{name}"
+            );
             assert!(prof.activation_peak_bytes > 0, "{name}");
             assert!(prof.peak_node.is_some(), "{name}");
         }
@@ -96,7 +104,11 @@ fn memory_and_flops_are_affine_in_batch() {
         let (m1, f1) = at(8);
         let (m2, f2) = at(16);
         let (m4, f4) = at(32);
-        assert_eq!(m4 - m2, 2 * (m2 - m1), "{name}: activation peak not affine in batch");
+        assert_eq!(
+            m4 - m2,
+            2 * (m2 - m1),
+            "{name}: activation peak not affine in batch"
+        );
         assert_eq!(f4 - f2, 2 * (f2 - f1), "{name}: FLOPs not affine in batch");
         assert!(m2 > m1 && f2 > f1, "{name}");
     }
@@ -118,7 +130,10 @@ fn flops_match_published_counts() {
         .map(|(_, &f)| f)
         .sum();
     let gmacs = conv_gemm as f64 / 2e9;
-    assert!((4.0..4.2).contains(&gmacs), "resnet50 conv+gemm = {gmacs} GMACs");
+    assert!(
+        (4.0..4.2).contains(&gmacs),
+        "resnet50 conv+gemm = {gmacs} GMACs"
+    );
 
     let model = load_model(&common::shipped("gpt2.onnx")).unwrap();
     let inf = infer(&model, &batch(1)).unwrap();
@@ -132,10 +147,13 @@ fn flops_match_published_counts() {
         .sum();
     // Weights excluding the position embedding (not multiplied): 124,439,808 - 1024·768;
     // the token embedding is used as the LM head. Attention adds 2·(2·128·128·768)·12.
-    let expected = 2.0 * (124_439_808.0 - 1024.0 * 768.0) * 128.0
-        + 12.0 * 2.0 * 2.0 * 128.0 * 128.0 * 768.0;
+    let expected =
+        2.0 * (124_439_808.0 - 1024.0 * 768.0) * 128.0 + 12.0 * 2.0 * 2.0 * 128.0 * 128.0 * 768.0;
     let ratio = matmul as f64 / expected;
-    assert!((0.98..1.02).contains(&ratio), "gpt2 matmul flops ratio {ratio}");
+    assert!(
+        (0.98..1.02).contains(&ratio),
+        "gpt2 matmul flops ratio {ratio}"
+    );
 }
 
 #[test]
@@ -145,7 +163,12 @@ fn both_exporters_agree() {
             let m = load_model(&common::shipped(&format!("{name}.onnx"))).unwrap();
             let inf = infer(&m, &batch(4)).unwrap();
             let p = profile_inference(&m.graph, &inf);
-            let outs: Vec<Vec<usize>> = m.graph.outputs.iter().map(|&t| inf.facts[t].shape.clone()).collect();
+            let outs: Vec<Vec<usize>> = m
+                .graph
+                .outputs
+                .iter()
+                .map(|&t| inf.facts[t].shape.clone())
+                .collect();
             (p.params_count, outs)
         };
         assert_eq!(at(ts), at(dy), "{ts} vs {dy}");

@@ -157,3 +157,14 @@ pub fn shipped(name: &str) -> PathBuf {
         .join("models")
         .join(name)
 }
+
+/// An int64 scalar initializer.
+pub fn scalar_int(name: &str, v: i64) -> TensorProto {
+    TensorProto {
+        name: Some(name.into()),
+        dims: vec![],
+        data_type: Some(7),
+        int64_data: vec![v],
+        ..Default::default()
+    }
+}

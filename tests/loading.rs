@@ -1,0 +1,182 @@
+//! Loading: zero-copy weights, external data described without reading it,
+//! shape-only initializers, initializers listed as inputs, optional inputs.
+
+mod common;
+
+use common::*;
+use memplan::infer::{infer, Bindings};
+use memplan::ir::{Payload, TensorKind};
+use memplan::memory::profile_inference;
+use memplan::onnx::proto::StringStringEntryProto;
+use memplan::onnx::{decode_model, load_model, map_file};
+
+#[test]
+fn weights_are_slices_of_the_mapped_file() {
+    let path = shipped("mlp.onnx");
+    let buf = map_file(&path).unwrap();
+    let range = buf.as_ptr() as usize..buf.as_ptr() as usize + buf.len();
+    let m = decode_model(buf.clone()).unwrap();
+    let inits = &m.graph.as_ref().unwrap().initializer;
+    assert!(!inits.is_empty());
+    for t in inits {
+        let raw = t.raw_data.as_ref().expect("tiny models keep their weights");
+        assert!(
+            range.contains(&(raw.as_ptr() as usize)),
+            "{:?} was copied out of the map",
+            t.name
+        );
+    }
+    // And the IR keeps those same slices.
+    let model = load_model(&path).unwrap();
+    let raw = model
+        .graph
+        .tensors
+        .iter()
+        .filter_map(|t| match t.init.as_ref().map(|d| &d.payload) {
+            Some(Payload::Raw(b)) => Some(b.len()),
+            _ => None,
+        })
+        .sum::<usize>();
+    assert_eq!(raw as u64, 26122 * 4);
+}
+
+#[test]
+fn external_data_is_described_not_read() {
+    let mut w = weight("w", &[1024, 1024]);
+    w.raw_data = None;
+    w.data_location = Some(1);
+    w.external_data = vec![
+        StringStringEntryProto {
+            key: Some("location".into()),
+            value: Some("weights.bin".into()),
+        },
+        StringStringEntryProto {
+            key: Some("offset".into()),
+            value: Some("4096".into()),
+        },
+        StringStringEntryProto {
+            key: Some("length".into()),
+            value: Some("4194304".into()),
+        },
+    ];
+    let m = model(
+        vec![node("MatMul", "mm", &["x", "w"], &["y"])],
+        vec![w],
+        vec![value_info("x", 1, &[D::S("batch"), D::N(1024)])],
+        vec![value_info("y", 1, &[D::S("batch"), D::N(1024)])],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    // weights.bin does not exist: loading must not need it.
+    let p = write_tmp(&dir, "ext.onnx", &encode(&m));
+    let model = load_model(&p).unwrap();
+    let t = &model.graph.tensors[model.graph.by_name["w"]];
+    match &t.init.as_ref().unwrap().payload {
+        Payload::External {
+            location,
+            offset,
+            length,
+        } => {
+            assert_eq!(location, "weights.bin");
+            assert_eq!(*offset, 4096);
+            assert_eq!(*length, Some(4 << 20));
+        }
+        other => panic!("{other:?}"),
+    }
+    let inf = infer(
+        &model,
+        &Bindings {
+            batch: Some(2),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let p = profile_inference(&model.graph, &inf);
+    assert_eq!(p.params_bytes, 4 << 20);
+    assert_eq!(p.params_count, 1 << 20);
+}
+
+#[test]
+fn shape_only_and_inputs_listing_initializers() {
+    let mut w = weight("w", &[4, 3]);
+    w.raw_data = None; // shape-only
+    let mut inputs = vec![value_info("x", 1, &[D::S("batch"), D::N(4)])];
+    // Older exporters list initializers as graph inputs too.
+    inputs.push(value_info("w", 1, &[D::N(4), D::N(3)]));
+    let m = model(
+        vec![node("MatMul", "mm", &["x", "w"], &["y"])],
+        vec![w],
+        inputs,
+        vec![value_info("y", 1, &[D::S("batch"), D::N(3)])],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let p = write_tmp(&dir, "so.onnx", &encode(&m));
+    let model = load_model(&p).unwrap();
+    assert_eq!(model.graph.inputs.len(), 1);
+    let w = model.graph.by_name["w"];
+    assert_eq!(model.graph.tensors[w].kind, TensorKind::Parameter);
+    let inf = infer(
+        &model,
+        &Bindings {
+            batch: Some(5),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let y = model.graph.by_name["y"];
+    assert_eq!(inf.facts[y].shape, vec![5, 3]);
+}
+
+#[test]
+fn omitted_optional_inputs_and_outputs() {
+    // Clip with only max given (min omitted as ""), Dropout without its mask output.
+    let m = model(
+        vec![
+            node("Clip", "clip", &["x", "", "mx"], &["c"]),
+            node("Dropout", "drop", &["c"], &["y"]),
+        ],
+        vec![weight("mx", &[])],
+        vec![value_info("x", 1, &[D::S("batch"), D::N(4)])],
+        vec![value_info("y", 1, &[D::S("batch"), D::N(4)])],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let p = write_tmp(&dir, "opt.onnx", &encode(&m));
+    let model = load_model(&p).unwrap();
+    let clip = model.graph.order[0];
+    assert_eq!(model.graph.node(clip).inputs[1], None);
+    assert!(model.graph.node(clip).inputs[2].is_some());
+    let inf = infer(
+        &model,
+        &Bindings {
+            batch: Some(3),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(inf.facts[model.graph.by_name["y"]].shape, vec![3, 4]);
+}
+
+#[test]
+fn non_topological_order_is_sorted() {
+    // Nodes listed consumer-first: valid graph, order repaired by a topological sort.
+    let m = model(
+        vec![
+            node("Relu", "second", &["h"], &["y"]),
+            node("Neg", "first", &["x"], &["h"]),
+        ],
+        vec![],
+        vec![value_info("x", 1, &[D::N(2)])],
+        vec![value_info("y", 1, &[D::N(2)])],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let p = write_tmp(&dir, "order.onnx", &encode(&m));
+    let model = load_model(&p).unwrap();
+    assert!(!model.graph.model_order_is_topological);
+    let names: Vec<&str> = model
+        .graph
+        .order
+        .iter()
+        .map(|&i| model.graph.node(i).name.as_str())
+        .collect();
+    assert_eq!(names, ["first", "second"]);
+    assert!(infer(&model, &Bindings::default()).is_ok());
+}
