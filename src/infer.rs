@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use crate::error::{Error, Result};
-use crate::ir::{DimDecl, Model, TensorId};
+use crate::ir::{DimDecl, Model, TensorId, TensorKind};
 use crate::ops::{registry, shape::literal_fact, Cx, Fact};
 
 /// Largest accepted batch size: far beyond any real GPU step, small enough that
@@ -299,9 +299,11 @@ fn range_text(lo: usize, hi: usize) -> String {
     }
 }
 
-/// Compares inferred graph outputs with the shapes the model declares: a fixed dim
-/// that differs, or a named dim that takes two values, means the bindings contradict
-/// something fixed inside the graph.
+/// Compares inferred shapes with the shapes the model declares (graph outputs and
+/// `value_info`): a fixed dim that differs, or a bound name (such as the batch) that
+/// takes another value, means the bindings contradict something fixed inside the
+/// graph, or a rule is wrong; either way the answer would be wrong, so it is an error.
+/// For graph outputs, a named dim must also take one value everywhere it appears.
 fn check_outputs(
     model: &Model,
     b: &Bindings,
@@ -311,13 +313,18 @@ fn check_outputs(
     let g = &model.graph;
     let mut seen: BTreeMap<&str, usize> =
         env.iter().map(|(k, &v)| (k.as_str(), v as usize)).collect();
-    for &t in &g.outputs {
+    let declared_activations = (0..g.tensors.len()).filter(|&t| {
+        g.tensor(t).kind == TensorKind::Activation && g.tensor(t).declared_shape.is_some()
+    });
+    for t in g.outputs.iter().copied().chain(declared_activations) {
         let info = g.tensor(t);
+        let is_output = info.kind == TensorKind::Output || g.outputs.contains(&t);
+        let what = if is_output { "output" } else { "tensor" };
         let f = &facts[t];
         if let Some(dt) = info.declared_dtype {
             if dt != f.dtype {
                 return Err(Error::Binding(format!(
-                    "output '{}' is declared {dt} but computes as {}",
+                    "{what} '{}' is declared {dt} but computes as {}",
                     info.name, f.dtype
                 )));
             }
@@ -326,8 +333,12 @@ fn check_outputs(
             continue;
         };
         let mismatch = |why: String| {
+            let producer = info
+                .producer
+                .map(|p| format!(" (from node '{}')", g.node(p).name))
+                .unwrap_or_default();
             Error::Binding(format!(
-                "output '{}' is inferred as {:?}, but the model declares {}: {why}{}",
+                "{what} '{}'{producer} is inferred as {:?}, but the model declares {}: {why}{}",
                 info.name,
                 f.shape,
                 decl_text(decl),
@@ -346,15 +357,15 @@ fn check_outputs(
                 DimDecl::Fixed(x) if *x != v as i64 => {
                     return Err(mismatch(format!("dim {i} is fixed to {x}")))
                 }
-                DimDecl::Named(n) => {
-                    if let Some(&prev) = seen.get(n.as_str()) {
-                        if prev != v {
-                            return Err(mismatch(format!("'{n}' is both {prev} and {v}")));
-                        }
-                    } else {
+                DimDecl::Named(n) => match seen.get(n.as_str()) {
+                    Some(&prev) if prev != v => {
+                        return Err(mismatch(format!("'{n}' is both {prev} and {v}")))
+                    }
+                    None if is_output => {
                         seen.insert(n, v);
                     }
-                }
+                    _ => {}
+                },
                 _ => {}
             }
         }

@@ -174,3 +174,56 @@ fn both_exporters_agree() {
         assert_eq!(at(ts), at(dy), "{ts} vs {dy}");
     }
 }
+
+/// Every tensor (graph inputs and node outputs) gets the dtype and shape that
+/// onnxruntime produced when it executed the graph at batch 2
+/// (models/tensor_shapes.json, written by models/tensor_shapes.py).
+#[test]
+fn every_tensor_matches_onnxruntime_execution() {
+    let text = std::fs::read_to_string(common::shipped("tensor_shapes.json")).unwrap();
+    let all: Value = serde_json::from_str(&text).unwrap();
+    let mut models = 0;
+    let mut tensors = 0;
+    for (name, expected) in all.as_object().unwrap() {
+        let path = common::shipped(&format!("{name}.onnx"));
+        let model = load_model(&path).unwrap();
+        let inf = infer(&model, &batch(2)).unwrap();
+        let g = &model.graph;
+        let expected = expected.as_object().unwrap();
+        let mut ours = 0;
+        for (t, info) in g.tensors.iter().enumerate() {
+            if info.producer.is_none() && info.init.is_some() {
+                continue; // initializers
+            }
+            let want = expected
+                .get(&info.name)
+                .unwrap_or_else(|| panic!("{name}: '{}' not in the fixture", info.name));
+            let dtype = want[0].as_str().unwrap();
+            let shape: Vec<usize> = want[1]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| d.as_u64().unwrap() as usize)
+                .collect();
+            assert_eq!(
+                inf.facts[t].dtype.name(),
+                dtype,
+                "{name}: dtype of '{}'",
+                info.name
+            );
+            assert_eq!(
+                inf.facts[t].shape, shape,
+                "{name}: shape of '{}'",
+                info.name
+            );
+            ours += 1;
+        }
+        assert_eq!(ours, expected.len(), "{name}: tensor count");
+        tensors += ours;
+        models += 1;
+    }
+    assert!(
+        models >= 11 && tensors > 7000,
+        "{models} models, {tensors} tensors"
+    );
+}
