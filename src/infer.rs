@@ -261,7 +261,11 @@ pub fn infer(model: &Model, b: &Bindings) -> Result<Inferred> {
                 node.outputs.len()
             )));
         }
-        flops.push(op.flops(&cx, &out));
+        let f = op.flops(&cx, &out);
+        if f == u64::MAX {
+            return Err(err("its FLOP count overflows 64 bits".into()));
+        }
+        flops.push(f);
         for (slot, (t, f)) in node.outputs.iter().zip(out).enumerate() {
             let Some(t) = *t else { continue };
             if f.bytes().is_none() {
@@ -283,6 +287,16 @@ pub fn infer(model: &Model, b: &Bindings) -> Result<Inferred> {
             })
         })
         .collect::<Result<_>>()?;
+    // Every later sum of tensor sizes must fit in u64.
+    let total: u128 = facts
+        .iter()
+        .map(|f| f.bytes().unwrap_or(u64::MAX) as u128)
+        .sum();
+    if total > u64::MAX as u128 {
+        return Err(Error::Binding(format!(
+            "the tensors of this model at these sizes total {total} bytes, beyond 64 bits"
+        )));
+    }
     check_outputs(model, b, &env, &facts)?;
     Ok(Inferred {
         facts,

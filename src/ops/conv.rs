@@ -43,8 +43,10 @@ pub fn window_out(
     let auto = attrs.string("auto_pad").unwrap_or("NOTSET");
     let mut out = Vec::with_capacity(nd);
     for i in 0..nd {
-        let (x, s, d) = (input[i] as i64, strides[i], dil[i]);
-        let span = d * (kernel[i] as i64 - 1) + 1;
+        // i128: attribute values can be anything a file says; nothing here may overflow.
+        let (x, s, d) = (input[i] as i128, strides[i] as i128, dil[i] as i128);
+        let (pb, pe) = (pads[i] as i128, pads[i + nd] as i128);
+        let span = d * (kernel[i] as i128 - 1) + 1;
         let o = match auto {
             "SAME_UPPER" | "SAME_LOWER" => (x + s - 1) / s,
             "VALID" => {
@@ -55,7 +57,7 @@ pub fn window_out(
                 }
             }
             "NOTSET" | "" => {
-                let padded = x + pads[i] + pads[i + nd];
+                let padded = x + pb + pe;
                 if padded < span {
                     return Err(format!(
                         "window {span} is larger than padded input {padded} on spatial dim {i}"
@@ -64,7 +66,7 @@ pub fn window_out(
                 if ceil_mode {
                     let mut o = (padded - span + s - 1) / s + 1;
                     // The last window must start inside the input or left padding.
-                    if (o - 1) * s >= x + pads[i] {
+                    if (o - 1) * s >= x + pb {
                         o -= 1;
                     }
                     o
@@ -74,6 +76,7 @@ pub fn window_out(
             }
             other => return Err(format!("unknown auto_pad '{other}'")),
         };
+        let o = i64::try_from(o).map_err(|_| format!("output size {o} is too large"))?;
         out.push(dim(o, "output size")?);
     }
     Ok(out)
@@ -110,12 +113,12 @@ impl Op for Conv {
         if group < 1 || x.shape[1] as i64 % group != 0 || w.shape[0] as i64 % group != 0 {
             return Err(format!("group {group} does not divide the channels"));
         }
-        if w.shape[1] as i64 * group != x.shape[1] as i64 {
+        if w.shape[1] as i128 * group as i128 != x.shape[1] as i128 {
             return Err(format!(
                 "input has {} channels, weight {:?} with group {group} expects {}",
                 x.shape[1],
                 w.shape,
-                w.shape[1] as i64 * group
+                w.shape[1] as i128 * group as i128
             ));
         }
         if let Some(b) = cx.opt(2) {
@@ -138,9 +141,9 @@ impl Op for Conv {
     }
     fn flops(&self, cx: &Cx, out: &[Fact]) -> u64 {
         let Some(w) = cx.inputs[1] else { return 0 };
-        let per = 2 * numel(&w.shape[1..]);
+        let per = numel(&w.shape[1..]).saturating_mul(2);
         let bias = cx.opt(2).is_some() as u64;
-        (per + bias) * out[0].numel()
+        per.saturating_add(bias).saturating_mul(out[0].numel())
     }
 }
 
@@ -175,7 +178,11 @@ impl Op for ConvTranspose {
         if s.len() != nd || d.len() != nd || op.len() != nd || p.len() != 2 * nd {
             return Err("strides/dilations/pads do not match the spatial rank".into());
         }
-        let mut shape = vec![x.shape[0], w.shape[1] * group];
+        let w_shape = &w.shape;
+        let out_channels = w.shape[1]
+            .checked_mul(group)
+            .ok_or_else(|| format!("group {group} is out of range"))?;
+        let mut shape = vec![x.shape[0], out_channels];
         if let Some(os) = a.ints("output_shape") {
             let os = &os[os.len().saturating_sub(nd)..];
             for &v in os {
@@ -183,12 +190,14 @@ impl Op for ConvTranspose {
             }
         } else {
             for i in 0..nd {
-                let o = s[i] * (x.shape[2 + i] as i64 - 1)
-                    + op[i]
-                    + (w.shape[2 + i] as i64 - 1) * d[i]
+                let w = |v: i64| v as i128;
+                let o = w(s[i]) * (x.shape[2 + i] as i128 - 1)
+                    + w(op[i])
+                    + (w_shape[2 + i] as i128 - 1) * w(d[i])
                     + 1
-                    - p[i]
-                    - p[i + nd];
+                    - w(p[i])
+                    - w(p[i + nd]);
+                let o = i64::try_from(o).map_err(|_| format!("output size {o} is too large"))?;
                 shape.push(dim(o, "output size")?);
             }
         }
@@ -198,7 +207,10 @@ impl Op for ConvTranspose {
         let (Some(x), Some(w)) = (cx.inputs[0], cx.inputs[1]) else {
             return 0;
         };
-        2 * numel(&w.shape[1..]) * x.numel() + cx.opt(2).map_or(0, |_| out[0].numel())
+        numel(&w.shape[1..])
+            .saturating_mul(2)
+            .saturating_mul(x.numel())
+            .saturating_add(cx.opt(2).map_or(0, |_| out[0].numel()))
     }
 }
 
@@ -236,11 +248,11 @@ impl Op for Pool {
         Ok(out)
     }
     fn flops(&self, cx: &Cx, out: &[Fact]) -> u64 {
-        let k: u64 = cx
-            .attrs()
-            .ints("kernel_shape")
-            .map_or(1, |ks| ks.iter().map(|&k| k.max(0) as u64).product());
-        k * out[0].numel()
+        let k: u64 = cx.attrs().ints("kernel_shape").map_or(1, |ks| {
+            ks.iter()
+                .fold(1u64, |a, &k| a.saturating_mul(k.max(0) as u64))
+        });
+        k.saturating_mul(out[0].numel())
     }
 }
 

@@ -34,7 +34,7 @@ impl Op for Unary {
         }])
     }
     fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {
-        self.flops_per_elem * out[0].numel()
+        self.flops_per_elem.saturating_mul(out[0].numel())
     }
 }
 
@@ -156,7 +156,7 @@ impl Op for Binary {
         }])
     }
     fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {
-        self.flops_per_elem * out[0].numel()
+        self.flops_per_elem.saturating_mul(out[0].numel())
     }
 }
 
@@ -205,7 +205,7 @@ impl Op for Variadic {
     }
     fn flops(&self, cx: &Cx, out: &[Fact]) -> u64 {
         let extra = cx.inputs.len().saturating_sub(1) as u64 + self.mean as u64;
-        extra * out[0].numel()
+        extra.saturating_mul(out[0].numel())
     }
 }
 
@@ -313,7 +313,7 @@ impl Op for Clip {
         Ok(vec![Fact::new(x.dtype, x.shape.clone())])
     }
     fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {
-        2 * out[0].numel()
+        out[0].numel().saturating_mul(2)
     }
 }
 
@@ -350,7 +350,7 @@ impl Op for Dropout {
     }
     fn flops(&self, cx: &Cx, out: &[Fact]) -> u64 {
         if Self::training(cx) {
-            2 * out[0].numel()
+            out[0].numel().saturating_mul(2)
         } else {
             0
         }

@@ -49,7 +49,7 @@ impl Op for MatMul {
     }
     fn flops(&self, cx: &Cx, out: &[Fact]) -> u64 {
         let k = cx.inputs[0].map_or(0, |a| *a.shape.last().unwrap_or(&0) as u64);
-        2 * k * out[0].numel()
+        k.saturating_mul(2).saturating_mul(out[0].numel())
     }
 }
 
@@ -101,7 +101,8 @@ impl Op for Gemm {
         let k = if ta { a.shape[0] } else { a.shape[1] } as u64;
         let mn = out[0].numel();
         let alpha = cx.attrs().float("alpha").unwrap_or(1.0);
-        2 * k * mn + if cx.opt(2).is_some() { mn } else { 0 } + if alpha != 1.0 { mn } else { 0 }
+        let extra = (cx.opt(2).is_some() as u64 + (alpha != 1.0) as u64).saturating_mul(mn);
+        k.saturating_mul(2).saturating_mul(mn).saturating_add(extra)
     }
 }
 

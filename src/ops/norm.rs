@@ -44,8 +44,8 @@ impl Op for BatchNorm {
         Ok(out)
     }
     fn flops(&self, cx: &Cx, out: &[Fact]) -> u64 {
-        let per = if Self::training(cx) { 8 } else { 4 };
-        per * out[0].numel()
+        let per: u64 = if Self::training(cx) { 8 } else { 4 };
+        per.saturating_mul(out[0].numel())
     }
 }
 
@@ -86,7 +86,7 @@ impl Op for LayerNorm {
         Ok(out)
     }
     fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {
-        8 * out[0].numel()
+        out[0].numel().saturating_mul(8)
     }
 }
 
@@ -108,7 +108,7 @@ impl Op for SameShapeNorm {
         Ok(vec![Fact::new(x.dtype, x.shape.clone())])
     }
     fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {
-        8 * out[0].numel()
+        out[0].numel().saturating_mul(8)
     }
 }
 
@@ -130,7 +130,7 @@ impl Op for Softmax {
         Ok(vec![Fact::new(x.dtype, x.shape.clone())])
     }
     fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {
-        5 * out[0].numel()
+        out[0].numel().saturating_mul(5)
     }
 }
 
@@ -147,7 +147,7 @@ impl Op for LpNorm {
         Ok(vec![Fact::new(x.dtype, x.shape.clone())])
     }
     fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {
-        3 * out[0].numel()
+        out[0].numel().saturating_mul(3)
     }
 }
 

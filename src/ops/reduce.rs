@@ -101,7 +101,8 @@ impl Op for Reduce {
         }])
     }
     fn flops(&self, cx: &Cx, _out: &[Fact]) -> u64 {
-        self.flops_per_elem * cx.inputs[0].map_or(0, Fact::numel)
+        self.flops_per_elem
+            .saturating_mul(cx.inputs[0].map_or(0, Fact::numel))
     }
 }
 
@@ -150,7 +151,7 @@ impl Op for TopK {
     }
     fn flops(&self, cx: &Cx, out: &[Fact]) -> u64 {
         let k = out[0].shape.iter().copied().max().unwrap_or(1).max(1) as u64;
-        (64 - k.leading_zeros() as u64 + 1) * cx.inputs[0].map_or(0, Fact::numel)
+        (64 - k.leading_zeros() as u64 + 1).saturating_mul(cx.inputs[0].map_or(0, Fact::numel))
     }
 }
 

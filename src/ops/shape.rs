@@ -377,7 +377,9 @@ impl Op for Concat {
                     first.shape, f.shape
                 ));
             }
-            shape[a] += f.shape[a];
+            shape[a] = shape[a]
+                .checked_add(f.shape[a])
+                .ok_or("concatenated size overflows")?;
         }
         let vals: Option<Vec<&Value>> = ins.iter().map(|f| f.value.as_ref()).collect();
         let value = vals
@@ -446,7 +448,8 @@ impl Op for Split {
                     .collect()
             }
         };
-        if sizes.len() != n || sizes.iter().sum::<usize>() != total {
+        let covered = sizes.iter().try_fold(0usize, |a, &s| a.checked_add(s));
+        if sizes.len() != n || covered != Some(total) {
             return Err(format!(
                 "split sizes {sizes:?} do not cover axis {a} of size {total} with {n} outputs"
             ));
@@ -515,10 +518,11 @@ impl Op for Slice {
                     norm(ends[i]).clamp(-1, d - 1),
                 )
             };
+            let (b2, e2, s2) = (b as i128, e as i128, s as i128);
             let len = if s > 0 {
-                (e - b + s - 1) / s
+                (e2 - b2 + s2 - 1) / s2
             } else {
-                (b - e + (-s) - 1) / (-s)
+                (b2 - e2 - s2 - 1) / -s2
             };
             shape[a] = len.max(0) as usize;
             begin[a] = b;
@@ -749,7 +753,10 @@ impl Op for Tile {
             .shape
             .iter()
             .zip(&reps)
-            .map(|(&d, &r)| Ok(d * dim(r, "repeat")?))
+            .map(|(&d, &r)| {
+                d.checked_mul(dim(r, "repeat")?)
+                    .ok_or_else(|| format!("tiling {d} by {r} overflows"))
+            })
             .collect::<RuleResult<Vec<_>>>()?;
         let st = strides(&x.shape);
         let value = x.value.as_ref().and_then(|v| {
@@ -793,8 +800,9 @@ impl Op for Pad {
         }
         let mut shape = x.shape.clone();
         for (k, &a) in axes.iter().enumerate() {
-            let d = shape[a] as i64 + pads[k] + pads[k + axes.len()];
-            shape[a] = dim(d, "padded size")?;
+            let d = shape[a] as i128 + pads[k] as i128 + pads[k + axes.len()] as i128;
+            shape[a] =
+                usize::try_from(d).map_err(|_| format!("padded size {d} is out of range"))?;
         }
         Ok(vec![Fact::new(x.dtype, shape)])
     }
