@@ -1,6 +1,8 @@
 //! Convolutions and pooling over `[N, C, spatial...]` tensors.
 
-use super::{dim, numel, Arity, Cx, Fact, Op, Registry, RuleResult};
+use super::{
+    dim, numel, Arity, Backward, Cx, Fact, Grad, Op, Registry, RuleResult, Saved, Storage,
+};
 use crate::ir::{Attrs, DType};
 
 /// Output spatial size of a sliding window (Conv, MaxPool, AveragePool), following
@@ -145,6 +147,23 @@ impl Op for Conv {
         let bias = cx.opt(2).is_some() as u64;
         per.saturating_add(bias).saturating_mul(out[0].numel())
     }
+    /// ConvolutionBackward saves the input (for the weight's gradient) and the weight
+    /// (for the input's). Backward FLOPs: the forward's multiply-adds once per gradient.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        let macs = self.flops(cx, out);
+        Ok(Some(Backward {
+            grads: vec![
+                Grad { input: 0, needs: vec![Saved::Input(1)] },
+                Grad { input: 1, needs: vec![Saved::Input(0)] },
+                Grad { input: 2, needs: vec![] },
+            ],
+            extras: Vec::new(),
+            flops: macs.saturating_mul(2),
+        }))
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
 }
 
 /// `ConvTranspose(X, W, B?)`, W = `[C, M/group, k...]`.
@@ -212,6 +231,22 @@ impl Op for ConvTranspose {
             .saturating_mul(x.numel())
             .saturating_add(cx.opt(2).map_or(0, |_| out[0].numel()))
     }
+    /// As Conv: input for the weight's gradient, weight for the input's.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        let macs = self.flops(cx, out);
+        Ok(Some(Backward {
+            grads: vec![
+                Grad { input: 0, needs: vec![Saved::Input(1)] },
+                Grad { input: 1, needs: vec![Saved::Input(0)] },
+                Grad { input: 2, needs: vec![] },
+            ],
+            extras: Vec::new(),
+            flops: macs.saturating_mul(2),
+        }))
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
 }
 
 /// `MaxPool` / `AveragePool` / `LpPool`. MaxPool's optional second output is int64
@@ -254,6 +289,26 @@ impl Op for Pool {
         });
         k.saturating_mul(out[0].numel())
     }
+    /// MaxPool saves its input and the int64 argmax indices (shaped like the output);
+    /// average pooling needs only shapes. Backward FLOPs: one per input element.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        let n = cx.inputs[0].map_or(0, Fact::numel);
+        if self.max {
+            Ok(Some(Backward {
+                grads: vec![Grad {
+                    input: 0,
+                    needs: vec![Saved::Input(0), Saved::Extra(0)],
+                }],
+                extras: vec![Fact::new(DType::I64, out[0].shape.clone())],
+                flops: n,
+            }))
+        } else {
+            Ok(Some(Backward::each(&[0], &[], n)))
+        }
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
 }
 
 /// `GlobalAveragePool` / `GlobalMaxPool` / `GlobalLpPool`: `[N, C, 1, ...]`.
@@ -273,6 +328,25 @@ impl Op for GlobalPool {
     }
     fn flops(&self, cx: &Cx, _out: &[Fact]) -> u64 {
         cx.inputs[0].map_or(0, Fact::numel)
+    }
+    /// Global average pooling needs only shapes; global max pooling saves input and
+    /// indices (adaptive max pool). Backward FLOPs: one per input element.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        let n = cx.inputs[0].map_or(0, Fact::numel);
+        if cx.node.op_type == "GlobalMaxPool" {
+            return Ok(Some(Backward {
+                grads: vec![Grad {
+                    input: 0,
+                    needs: vec![Saved::Input(0), Saved::Extra(0)],
+                }],
+                extras: vec![Fact::new(DType::I64, out[0].shape.clone())],
+                flops: n,
+            }));
+        }
+        Ok(Some(Backward::each(&[0], &[], n)))
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
     }
 }
 

@@ -5,15 +5,31 @@
 //! (1 for arithmetic, comparisons and single transcendental functions; more for
 //! composite activations, e.g. Gelu 8 for its erf/tanh polynomial).
 
-use super::{broadcast, dtype_attr, Arity, Cx, Fact, Op, Registry, RuleResult};
+use super::{
+    broadcast, dtype_attr, Arity, Backward, Cx, Fact, Grad, Op, Registry, RuleResult, Saved, Storage,
+};
 use crate::ir::value::MAX_FOLD_ELEMS;
 use crate::ir::{DType, Data, Value};
+
+/// What a unary op's backward reads (PyTorch's saved tensor).
+#[derive(Clone, Copy)]
+enum Keeps {
+    /// Gradient needs nothing saved (Neg, Identity; zero gradients of Floor, Sign...).
+    Nothing,
+    /// `self`: the derivative is a function of the input (Erf, Log, Abs, Gelu...).
+    Input,
+    /// `result`: the derivative is cheapest from the output (Relu, Sigmoid, Tanh, Exp...).
+    Output,
+    /// Not differentiable (boolean results).
+    NonDiff,
+}
 
 /// A unary map `y = f(x)`, same shape; `bool_out` ops (IsNaN, Not...) yield bool.
 struct Unary {
     flops_per_elem: u64,
     bool_out: bool,
     fold: Option<fn(f64) -> f64>,
+    keeps: Keeps,
 }
 
 impl Op for Unary {
@@ -35,6 +51,24 @@ impl Op for Unary {
     }
     fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {
         self.flops_per_elem.saturating_mul(out[0].numel())
+    }
+    /// Backward FLOPs: one multiply by the derivative per element, plus computing it.
+    fn backward(&self, _cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        let needs: &[Saved] = match self.keeps {
+            Keeps::NonDiff => return Ok(None),
+            Keeps::Nothing => &[],
+            Keeps::Input => &[Saved::Input(0)],
+            Keeps::Output => &[Saved::Output(0)],
+        };
+        let flops = (self.flops_per_elem + 1).saturating_mul(out[0].numel());
+        Ok(Some(Backward::each(&[0], needs, flops)))
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        if self.flops_per_elem == 0 {
+            Storage::View
+        } else {
+            Storage::New
+        }
     }
 }
 
@@ -158,6 +192,35 @@ impl Op for Binary {
     fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {
         self.flops_per_elem.saturating_mul(out[0].numel())
     }
+    /// Add/Sub save nothing; Mul saves the other operand for each gradient; Div saves
+    /// the divisor (and the dividend for the divisor's gradient); Pow and PRelu save
+    /// both. Comparisons have no gradient. Backward FLOPs: 2 per element per gradient.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        let name = cx.node.op_type.as_str();
+        let (a, b): (Vec<Saved>, Vec<Saved>) = match (self.kind, name) {
+            (BinKind::Compare(_), _) | (_, "Mod" | "BitShift") => return Ok(None),
+            (_, "Add" | "Sub") => (vec![], vec![]),
+            (_, "Mul") => (vec![Saved::Input(1)], vec![Saved::Input(0)]),
+            (_, "Div") => (vec![Saved::Input(1)], vec![Saved::Input(0), Saved::Input(1)]),
+            // PowBackward: self and exponent (and the result for the exponent's gradient).
+            (_, "Pow") => (
+                vec![Saved::Input(0), Saved::Input(1)],
+                vec![Saved::Input(0), Saved::Output(0)],
+            ),
+            _ => (
+                vec![Saved::Input(0), Saved::Input(1)],
+                vec![Saved::Input(0), Saved::Input(1)],
+            ),
+        };
+        Ok(Some(Backward {
+            grads: vec![Grad { input: 0, needs: a }, Grad { input: 1, needs: b }],
+            extras: Vec::new(),
+            flops: out[0].numel().saturating_mul(4),
+        }))
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
 }
 
 /// Max, Min, Sum, Mean over 1+ broadcast inputs. FLOPs: one per output element per
@@ -207,6 +270,21 @@ impl Op for Variadic {
         let extra = cx.inputs.len().saturating_sub(1) as u64 + self.mean as u64;
         extra.saturating_mul(out[0].numel())
     }
+    /// Sum/Mean save nothing; Max/Min save their inputs (the gradient goes to the
+    /// selected one). Backward FLOPs: 1 per element per input.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        let n = cx.inputs.len();
+        let needs: Vec<Saved> = if matches!(cx.node.op_type.as_str(), "Max" | "Min") {
+            (0..n).map(Saved::Input).collect()
+        } else {
+            Vec::new()
+        };
+        let inputs: Vec<usize> = (0..n).collect();
+        Ok(Some(Backward::each(&inputs, &needs, out[0].numel().saturating_mul(n as u64))))
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
 }
 
 /// `Where(cond, x, y)`: broadcast of three. FLOPs: 1 select per output element.
@@ -253,6 +331,13 @@ impl Op for Where {
     fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {
         out[0].numel()
     }
+    /// Both branches' gradients are masked by the saved condition.
+    fn backward(&self, _cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        Ok(Some(Backward::each(&[1, 2], &[Saved::Input(0)], out[0].numel().saturating_mul(2))))
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
 }
 
 /// `Cast` (attribute `to`) and `CastLike` (type of input 1). Data movement: 0 FLOPs.
@@ -298,6 +383,23 @@ impl Op for Cast {
     fn flops(&self, _cx: &Cx, _out: &[Fact]) -> u64 {
         0
     }
+    /// Float-to-float casts pass the gradient back (cast again), saving nothing; casts
+    /// to or from integers have no gradient.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        let from_float = cx.inputs[0].is_some_and(|f| f.dtype.is_float());
+        if !(from_float && out[0].dtype.is_float()) {
+            return Ok(None);
+        }
+        Ok(Some(Backward::each(&[0], &[], out[0].numel())))
+    }
+    /// A cast to the same type is the input itself; otherwise a new tensor.
+    fn storage(&self, cx: &Cx) -> Storage {
+        let to = cx.attrs().int("to").and_then(|c| dtype_attr(c).ok());
+        match (cx.inputs[0], to) {
+            (Some(x), Some(t)) if !self.like && x.dtype == t => Storage::View,
+            _ => Storage::New,
+        }
+    }
 }
 
 /// `Clip(x, min?, max?)` (opset 11+ inputs; older `min`/`max` attributes).
@@ -314,6 +416,13 @@ impl Op for Clip {
     }
     fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {
         out[0].numel().saturating_mul(2)
+    }
+    /// clamp/hardtanh save their input to mask the gradient.
+    fn backward(&self, _cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        Ok(Some(Backward::each(&[0], &[Saved::Input(0)], out[0].numel().saturating_mul(2))))
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
     }
 }
 
@@ -333,6 +442,24 @@ impl Dropout {
         } else {
             cx.attrs().int("is_test").unwrap_or(0) == 0
         }
+    }
+
+    /// The drop ratio (default 0.5), when known.
+    fn ratio(cx: &Cx) -> f64 {
+        if cx.opset >= 12 {
+            cx.opt(1)
+                .and_then(|f| f.value.as_ref())
+                .and_then(|v| v.scalar_float())
+                .unwrap_or(0.5)
+        } else {
+            cx.attrs().float("ratio").map_or(0.5, f64::from)
+        }
+    }
+
+    /// True when it changes nothing: inference mode or ratio 0 (PyTorch returns the
+    /// input itself).
+    fn is_identity(cx: &Cx) -> bool {
+        !Self::training(cx) || Self::ratio(cx) == 0.0
     }
 }
 
@@ -355,6 +482,28 @@ impl Op for Dropout {
             0
         }
     }
+    /// Training: the gradient is masked by a 1-byte mask per element (CUDA's
+    /// native_dropout saves a bool mask). Identity dropout saves nothing.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        if Self::is_identity(cx) {
+            return Ok(Some(Backward::each(&[0], &[], 0)));
+        }
+        Ok(Some(Backward {
+            grads: vec![Grad {
+                input: 0,
+                needs: vec![Saved::Extra(0)],
+            }],
+            extras: vec![Fact::new(DType::Bool, out[0].shape.clone())],
+            flops: out[0].numel().saturating_mul(2),
+        }))
+    }
+    fn storage(&self, cx: &Cx) -> Storage {
+        if Self::is_identity(cx) {
+            Storage::View
+        } else {
+            Storage::New
+        }
+    }
 }
 
 fn erf(x: f64) -> f64 {
@@ -371,51 +520,54 @@ fn erf(x: f64) -> f64 {
 
 /// Registers the element-wise family.
 pub fn register(r: &mut Registry) {
-    let unary = |flops_per_elem, fold| Unary {
+    let unary = |flops_per_elem, fold, keeps| Unary {
         flops_per_elem,
         bool_out: false,
         fold,
+        keeps,
     };
+    use Keeps::{Input as In, Nothing as No, Output as Out};
     // Data movement.
-    r.add("Identity", unary(0, Some(|x| x)));
+    r.add("Identity", unary(0, Some(|x| x), No));
     // One arithmetic operation or one transcendental function per element.
-    r.add("Relu", unary(1, Some(|x: f64| x.max(0.0))));
-    r.add("Neg", unary(1, Some(|x: f64| -x)));
-    r.add("Abs", unary(1, Some(f64::abs)));
-    r.add("Floor", unary(1, Some(f64::floor)));
-    r.add("Ceil", unary(1, Some(f64::ceil)));
-    r.add("Round", unary(1, Some(f64::round_ties_even)));
+    r.add("Relu", unary(1, Some(|x: f64| x.max(0.0)), Out));
+    r.add("Neg", unary(1, Some(|x: f64| -x), No));
+    r.add("Abs", unary(1, Some(f64::abs), In));
+    r.add("Floor", unary(1, Some(f64::floor), No));
+    r.add("Ceil", unary(1, Some(f64::ceil), No));
+    r.add("Round", unary(1, Some(f64::round_ties_even), No));
     r.add(
         "Sign",
-        unary(1, Some(|x: f64| if x == 0.0 { 0.0 } else { x.signum() })),
+        unary(1, Some(|x: f64| if x == 0.0 { 0.0 } else { x.signum() }), No),
     );
-    r.add("Sqrt", unary(1, Some(f64::sqrt)));
-    r.add("Reciprocal", unary(1, Some(|x: f64| 1.0 / x)));
-    r.add("Exp", unary(1, Some(f64::exp)));
-    r.add("Log", unary(1, Some(f64::ln)));
-    r.add("Erf", unary(1, Some(erf)));
-    r.add("Sin", unary(1, Some(f64::sin)));
-    r.add("Cos", unary(1, Some(f64::cos)));
-    r.add("Tan", unary(1, Some(f64::tan)));
-    r.add("Tanh", unary(1, Some(f64::tanh)));
-    r.add("Atan", unary(1, Some(f64::atan)));
-    r.add("LeakyRelu", unary(1, None));
-    r.add("ThresholdedRelu", unary(1, None));
+    r.add("Sqrt", unary(1, Some(f64::sqrt), Out));
+    r.add("Reciprocal", unary(1, Some(|x: f64| 1.0 / x), Out));
+    r.add("Exp", unary(1, Some(f64::exp), Out));
+    r.add("Log", unary(1, Some(f64::ln), In));
+    r.add("Erf", unary(1, Some(erf), In));
+    r.add("Sin", unary(1, Some(f64::sin), In));
+    r.add("Cos", unary(1, Some(f64::cos), In));
+    r.add("Tan", unary(1, Some(f64::tan), Out));
+    r.add("Tanh", unary(1, Some(f64::tanh), Out));
+    r.add("Atan", unary(1, Some(f64::atan), In));
+    r.add("LeakyRelu", unary(1, None, In));
+    r.add("ThresholdedRelu", unary(1, None, In));
     // A few operations per element (exp + add + divide, or polynomial approximations).
-    r.add("Sigmoid", unary(3, None));
-    r.add("HardSigmoid", unary(3, None));
-    r.add("HardSwish", unary(4, None));
-    r.add("Softplus", unary(3, None));
-    r.add("Softsign", unary(3, None));
-    r.add("Elu", unary(3, None));
-    r.add("Selu", unary(4, None));
-    r.add("Celu", unary(4, None));
-    r.add("Mish", unary(6, None));
-    r.add("Gelu", unary(8, None));
+    r.add("Sigmoid", unary(3, None, Out));
+    r.add("HardSigmoid", unary(3, None, In));
+    r.add("HardSwish", unary(4, None, In));
+    r.add("Softplus", unary(3, None, In));
+    r.add("Softsign", unary(3, None, In));
+    r.add("Elu", unary(3, None, Out));
+    r.add("Selu", unary(4, None, Out));
+    r.add("Celu", unary(4, None, Out));
+    r.add("Mish", unary(6, None, In));
+    r.add("Gelu", unary(8, None, In));
     let pred = |fold| Unary {
         flops_per_elem: 1,
         bool_out: true,
         fold,
+        keeps: Keeps::NonDiff,
     };
     r.add("Not", pred(Some(|x: f64| (x == 0.0) as i64 as f64)));
     r.add("IsNaN", pred(Some(|x: f64| x.is_nan() as i64 as f64)));

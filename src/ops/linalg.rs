@@ -1,6 +1,6 @@
 //! Matrix products: MatMul (numpy semantics, batched, broadcast) and Gemm.
 
-use super::{broadcast, Arity, Cx, Fact, Op, Registry, RuleResult};
+use super::{broadcast, Arity, Backward, Cx, Fact, Grad, Op, Registry, RuleResult, Saved, Storage};
 
 /// `MatMul(A, B)`: numpy `matmul`, 1-D operands promoted and the added dim dropped.
 /// FLOPs: 2·M·K·N per broadcast batch element (a multiply-add counts 2).
@@ -50,6 +50,21 @@ impl Op for MatMul {
     fn flops(&self, cx: &Cx, out: &[Fact]) -> u64 {
         let k = cx.inputs[0].map_or(0, |a| *a.shape.last().unwrap_or(&0) as u64);
         k.saturating_mul(2).saturating_mul(out[0].numel())
+    }
+    /// MmBackward saves both operands: A for B's gradient, B for A's.
+    /// Backward FLOPs: the forward's once per gradient.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        Ok(Some(Backward {
+            grads: vec![
+                Grad { input: 0, needs: vec![Saved::Input(1)] },
+                Grad { input: 1, needs: vec![Saved::Input(0)] },
+            ],
+            extras: Vec::new(),
+            flops: self.flops(cx, out).saturating_mul(2),
+        }))
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
     }
 }
 
@@ -103,6 +118,21 @@ impl Op for Gemm {
         let alpha = cx.attrs().float("alpha").unwrap_or(1.0);
         let extra = (cx.opt(2).is_some() as u64 + (alpha != 1.0) as u64).saturating_mul(mn);
         k.saturating_mul(2).saturating_mul(mn).saturating_add(extra)
+    }
+    /// AddmmBackward saves A (for B's gradient) and B (for A's); C's gradient is a sum.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        Ok(Some(Backward {
+            grads: vec![
+                Grad { input: 0, needs: vec![Saved::Input(1)] },
+                Grad { input: 1, needs: vec![Saved::Input(0)] },
+                Grad { input: 2, needs: vec![] },
+            ],
+            extras: Vec::new(),
+            flops: self.flops(cx, out).saturating_mul(2),
+        }))
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
     }
 }
 

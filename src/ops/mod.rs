@@ -160,6 +160,56 @@ impl<'a> Cx<'a> {
     }
 }
 
+/// A forward tensor that an op's backward reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Saved {
+    /// Forward input `i`.
+    Input(usize),
+    /// Forward output `i`.
+    Output(usize),
+    /// Extra tensor `i` of [`Backward::extras`], made by the forward kernel only for
+    /// backward (BatchNorm's batch mean and inverse std, MaxPool's indices, Dropout's mask).
+    Extra(usize),
+}
+
+/// Gradient of one input and what computing it reads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Grad {
+    /// Input slot that receives the gradient (when it requires one).
+    pub input: usize,
+    /// Forward tensors needed for it.
+    pub needs: Vec<Saved>,
+}
+
+/// An op's backward rule, as PyTorch's autograd runs it on CUDA: a tensor is saved
+/// only when a gradient that needs it is required (autograd's rule too).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Backward {
+    /// Differentiable inputs and what each gradient reads.
+    pub grads: Vec<Grad>,
+    /// Tensors the forward kernel makes only for backward.
+    pub extras: Vec<Fact>,
+    /// FLOPs of the backward, for all gradients required (estimates documented per op).
+    pub flops: u64,
+}
+
+impl Backward {
+    /// Gradients for `inputs`, each needing `needs`; no extras.
+    pub fn each(inputs: &[usize], needs: &[Saved], flops: u64) -> Backward {
+        Backward {
+            grads: inputs
+                .iter()
+                .map(|&input| Grad {
+                    input,
+                    needs: needs.to_vec(),
+                })
+                .collect(),
+            extras: Vec::new(),
+            flops,
+        }
+    }
+}
+
 /// The rules every supported op must give. No defaults: an op cannot be half-written.
 pub trait Op: Send + Sync {
     /// Input/output counts accepted.
@@ -168,6 +218,28 @@ pub trait Op: Send + Sync {
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>>;
     /// Floating-point operations of one execution, given inputs and inferred outputs.
     fn flops(&self, cx: &Cx, outputs: &[Fact]) -> u64;
+    /// The backward rule. `Ok(None)`: no gradient flows through (integer, comparison
+    /// and shape-only results). `Err`: PyTorch differentiates it but memplan has no rule.
+    fn backward(&self, cx: &Cx, outputs: &[Fact]) -> RuleResult<Option<Backward>>;
+    /// How the output relates to input 0's storage in PyTorch: most ops write a new
+    /// tensor; view ops (reshape, transpose, slice...) alias their input.
+    fn storage(&self, cx: &Cx) -> Storage;
+}
+
+/// Output storage of an op in PyTorch (for memory of training steps, where views
+/// cost nothing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Storage {
+    /// Outputs are new tensors.
+    New,
+    /// Output 0 (and every output, for Split) is a view of input 0 that keeps its
+    /// memory layout contiguous when the input is.
+    View,
+    /// A view that is not contiguous (transpose, expand, inner slice): a later reshape
+    /// of it copies.
+    StridedView,
+    /// A reshape: a view of a contiguous input, a copy of a strided one.
+    Reshape,
 }
 
 /// Op table keyed by op type (default ONNX domain).

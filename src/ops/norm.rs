@@ -1,7 +1,8 @@
 //! Normalizations: BatchNormalization, LayerNormalization, InstanceNormalization,
 //! GroupNormalization, and the softmax family (normalization along an axis).
 
-use super::{axis, Arity, Cx, Fact, Op, Registry, RuleResult};
+use super::{axis, Arity, Backward, Cx, Fact, Grad, Op, Registry, RuleResult, Saved, Storage};
+use crate::ir::DType;
 
 /// `BatchNormalization(X, scale, B, mean, var)`.
 /// Opset ≥ 14: optional outputs running_mean, running_var (`training_mode`=1);
@@ -47,6 +48,27 @@ impl Op for BatchNorm {
         let per: u64 = if Self::training(cx) { 8 } else { 4 };
         per.saturating_mul(out[0].numel())
     }
+    /// Training BN (NativeBatchNormBackward) saves the input, scale, running stats
+    /// and the batch mean and inverse std it computed ([C] each, float32). Memplan's
+    /// training step always runs BN in training mode. Backward FLOPs: 8 per element.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        let c = out[0].shape[1];
+        let stat = Fact::new(DType::F32, vec![c]);
+        let needs = vec![Saved::Input(0), Saved::Input(1), Saved::Extra(0), Saved::Extra(1)];
+        let _ = cx;
+        Ok(Some(Backward {
+            grads: vec![
+                Grad { input: 0, needs: needs.clone() },
+                Grad { input: 1, needs },
+                Grad { input: 2, needs: vec![] },
+            ],
+            extras: vec![stat.clone(), stat],
+            flops: out[0].numel().saturating_mul(8),
+        }))
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
 }
 
 /// `LayerNormalization(X, Scale, B?) -> (Y, Mean?, InvStdDev?)` over axes `axis..`.
@@ -88,6 +110,28 @@ impl Op for LayerNorm {
     fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {
         out[0].numel().saturating_mul(8)
     }
+    /// NativeLayerNormBackward saves the input, γ, β, and the per-row mean and rstd
+    /// (float32, one per normalized row). Backward FLOPs: 8 per element.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        let x = cx.input(0)?;
+        let ax = axis(cx.attrs().int_or("axis", -1), x.rank())?;
+        let mut stat = x.shape[..ax].to_vec();
+        stat.resize(x.rank(), 1);
+        let stat = Fact::new(DType::F32, stat);
+        let needs = vec![Saved::Input(0), Saved::Input(1), Saved::Extra(0), Saved::Extra(1)];
+        Ok(Some(Backward {
+            grads: vec![
+                Grad { input: 0, needs: needs.clone() },
+                Grad { input: 1, needs },
+                Grad { input: 2, needs: vec![] },
+            ],
+            extras: vec![stat.clone(), stat],
+            flops: out[0].numel().saturating_mul(8),
+        }))
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
 }
 
 /// `InstanceNormalization(X, scale, B)` and `GroupNormalization(X, scale, B)`: Y like X.
@@ -109,6 +153,29 @@ impl Op for SameShapeNorm {
     }
     fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {
         out[0].numel().saturating_mul(8)
+    }
+    /// Instance/group norm save the input, scale and per-group mean and rstd.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        let x = cx.input(0)?;
+        let groups = if cx.node.op_type == "GroupNormalization" {
+            cx.attrs().int_or("num_groups", 1).max(1) as usize
+        } else {
+            x.shape[1]
+        };
+        let stat = Fact::new(DType::F32, vec![x.shape[0], groups]);
+        let needs = vec![Saved::Input(0), Saved::Input(1), Saved::Extra(0), Saved::Extra(1)];
+        Ok(Some(Backward {
+            grads: vec![
+                Grad { input: 0, needs: needs.clone() },
+                Grad { input: 1, needs },
+                Grad { input: 2, needs: vec![] },
+            ],
+            extras: vec![stat.clone(), stat],
+            flops: out[0].numel().saturating_mul(8),
+        }))
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
     }
 }
 
@@ -132,6 +199,16 @@ impl Op for Softmax {
     fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {
         out[0].numel().saturating_mul(5)
     }
+    /// SoftmaxBackward / LogSoftmaxBackward save the output. Hardmax has no gradient.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        if cx.node.op_type == "Hardmax" {
+            return Ok(None);
+        }
+        Ok(Some(Backward::each(&[0], &[Saved::Output(0)], out[0].numel().saturating_mul(3))))
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
 }
 
 /// `LpNormalization(X)` along `axis`: Y like X. FLOPs: 3 per element.
@@ -148,6 +225,17 @@ impl Op for LpNorm {
     }
     fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {
         out[0].numel().saturating_mul(3)
+    }
+    /// Normalizing by the norm needs the input and the output.
+    fn backward(&self, _cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        Ok(Some(Backward::each(
+            &[0],
+            &[Saved::Input(0), Saved::Output(0)],
+            out[0].numel().saturating_mul(4),
+        )))
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
     }
 }
 

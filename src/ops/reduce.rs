@@ -1,6 +1,6 @@
 //! Reductions along axes (ReduceSum, ReduceMean, ...), ArgMax/ArgMin, TopK, CumSum.
 
-use super::{axis, dim, Arity, Cx, Fact, Op, Registry, RuleResult};
+use super::{axis, dim, Arity, Backward, Cx, Fact, Op, Registry, RuleResult, Saved, Storage};
 use crate::ir::value::MAX_FOLD_ELEMS;
 use crate::ir::{DType, Data, Value};
 
@@ -104,6 +104,24 @@ impl Op for Reduce {
         self.flops_per_elem
             .saturating_mul(cx.inputs[0].map_or(0, Fact::numel))
     }
+    /// Sum and mean need only shapes; max/min/prod/L2/log-sum-exp save input and
+    /// output, L1 and sum-of-squares the input. Backward FLOPs: 2 per input element.
+    fn backward(&self, cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
+        let x = cx.input(0)?;
+        if !x.dtype.is_float() {
+            return Ok(None);
+        }
+        let needs: &[Saved] = match cx.node.op_type.as_str() {
+            "ReduceSum" | "ReduceMean" => &[],
+            "ReduceL1" | "ReduceSumSquare" => &[Saved::Input(0)],
+            "ReduceLogSum" => &[Saved::Output(0)],
+            _ => &[Saved::Input(0), Saved::Output(0)],
+        };
+        Ok(Some(Backward::each(&[0], needs, x.numel().saturating_mul(2))))
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
 }
 
 /// `ArgMax` / `ArgMin` along `axis`: int64. FLOPs: 1 compare per input element.
@@ -124,6 +142,13 @@ impl Op for ArgReduce {
     }
     fn flops(&self, cx: &Cx, _out: &[Fact]) -> u64 {
         cx.inputs[0].map_or(0, Fact::numel)
+    }
+    /// Indices have no gradient.
+    fn backward(&self, _cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
+        Ok(None)
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
     }
 }
 
@@ -152,6 +177,14 @@ impl Op for TopK {
     fn flops(&self, cx: &Cx, out: &[Fact]) -> u64 {
         let k = out[0].shape.iter().copied().max().unwrap_or(1).max(1) as u64;
         (64 - k.leading_zeros() as u64 + 1).saturating_mul(cx.inputs[0].map_or(0, Fact::numel))
+    }
+    /// TopkBackward scatters the gradient through the saved indices (output 1).
+    fn backward(&self, cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
+        let n = cx.inputs[0].map_or(0, Fact::numel);
+        Ok(Some(Backward::each(&[0], &[Saved::Output(1)], n)))
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
     }
 }
 
@@ -197,6 +230,16 @@ impl Op for CumSum {
     }
     fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {
         out[0].numel()
+    }
+    /// The gradient is a reversed cumulative sum: nothing saved.
+    fn backward(&self, _cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        if !out[0].dtype.is_float() {
+            return Ok(None);
+        }
+        Ok(Some(Backward::each(&[0], &[], out[0].numel())))
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
     }
 }
 

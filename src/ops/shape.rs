@@ -5,7 +5,10 @@
 //!
 //! FLOPs: all ops here move or select data and count 0.
 
-use super::{axis, broadcast, dim, dtype_attr, numel, Arity, Cx, Fact, Op, Registry, RuleResult};
+use super::{
+    axis, broadcast, dim, dtype_attr, numel, Arity, Backward, Cx, Fact, Op, Registry, RuleResult,
+    Saved, Storage,
+};
 use crate::ir::value::MAX_FOLD_ELEMS;
 use crate::ir::{DType, Data, TensorData, Value};
 
@@ -107,6 +110,13 @@ impl Op for Constant {
         Ok(vec![fact])
     }
     no_flops!();
+    /// Constant or shape-valued: no gradient.
+    fn backward(&self, _cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
+        Ok(None)
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
 }
 
 /// `Shape(x)` with optional `start`/`end` (opset 15): int64 vector, always folded.
@@ -129,6 +139,13 @@ impl Op for ShapeOp {
         Ok(vec![Fact::with_value(DType::I64, Value::vec(dims))])
     }
     no_flops!();
+    /// Constant or shape-valued: no gradient.
+    fn backward(&self, _cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
+        Ok(None)
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
 }
 
 /// `Size(x)`: int64 scalar, folded.
@@ -146,6 +163,13 @@ impl Op for Size {
         )])
     }
     no_flops!();
+    /// Constant or shape-valued: no gradient.
+    fn backward(&self, _cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
+        Ok(None)
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
 }
 
 /// `Reshape(data, shape)`: 0 copies the input dim (unless `allowzero`), -1 is inferred.
@@ -204,6 +228,18 @@ impl Op for Reshape {
         }])
     }
     no_flops!();
+    /// A view: the gradient is reshaped back; nothing saved.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        if !out[0].dtype.is_float() {
+            return Ok(None);
+        }
+        let _ = cx;
+        Ok(Some(Backward::each(&[0], &[], out[0].numel())))
+    }
+    fn storage(&self, cx: &Cx) -> Storage {
+        let _ = cx;
+        Storage::Reshape
+    }
 }
 
 /// `Flatten(x)` to 2-D at `axis` (default 1).
@@ -230,6 +266,18 @@ impl Op for Flatten {
         }])
     }
     no_flops!();
+    /// A view: the gradient is reshaped back; nothing saved.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        if !out[0].dtype.is_float() {
+            return Ok(None);
+        }
+        let _ = cx;
+        Ok(Some(Backward::each(&[0], &[], out[0].numel())))
+    }
+    fn storage(&self, cx: &Cx) -> Storage {
+        let _ = cx;
+        Storage::Reshape
+    }
 }
 
 /// `Transpose(x)` by `perm` (default: reverse).
@@ -264,6 +312,18 @@ impl Op for Transpose {
         }])
     }
     no_flops!();
+    /// A strided view: the gradient is transposed back; nothing saved.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        if !out[0].dtype.is_float() {
+            return Ok(None);
+        }
+        let _ = cx;
+        Ok(Some(Backward::each(&[0], &[], out[0].numel())))
+    }
+    fn storage(&self, cx: &Cx) -> Storage {
+        let _ = cx;
+        Storage::StridedView
+    }
 }
 
 /// Axes of Squeeze/Unsqueeze: attribute before opset 13, input 1 from 13.
@@ -309,6 +369,18 @@ impl Op for Squeeze {
         }])
     }
     no_flops!();
+    /// A view; nothing saved.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        if !out[0].dtype.is_float() {
+            return Ok(None);
+        }
+        let _ = cx;
+        Ok(Some(Backward::each(&[0], &[], out[0].numel())))
+    }
+    fn storage(&self, cx: &Cx) -> Storage {
+        let _ = cx;
+        Storage::View
+    }
 }
 
 /// `Unsqueeze(x, axes)`: inserts size-1 axes at positions of the output.
@@ -345,6 +417,18 @@ impl Op for Unsqueeze {
         }])
     }
     no_flops!();
+    /// A view; nothing saved.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        if !out[0].dtype.is_float() {
+            return Ok(None);
+        }
+        let _ = cx;
+        Ok(Some(Backward::each(&[0], &[], out[0].numel())))
+    }
+    fn storage(&self, cx: &Cx) -> Storage {
+        let _ = cx;
+        Storage::View
+    }
 }
 
 /// `Concat(inputs...)` along `axis`.
@@ -417,6 +501,18 @@ impl Op for Concat {
         }])
     }
     no_flops!();
+    /// The gradient is sliced back per input; nothing saved.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        if !out[0].dtype.is_float() {
+            return Ok(None);
+        }
+        let _ = cx;
+        Ok(Some(Backward::each(&(0..cx.inputs.len()).collect::<Vec<_>>(), &[], out[0].numel())))
+    }
+    fn storage(&self, cx: &Cx) -> Storage {
+        let _ = cx;
+        Storage::New
+    }
 }
 
 /// `Split(x, split?)` along `axis`: sizes from input 1 (opset 13+) or the `split`
@@ -464,6 +560,26 @@ impl Op for Split {
             .collect())
     }
     no_flops!();
+    /// Views (`split`/`chunk`); the gradient is concatenated back; nothing saved.
+    fn backward(&self, _cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        if !out[0].dtype.is_float() {
+            return Ok(None);
+        }
+        Ok(Some(Backward::each(&[0], &[], out.iter().map(Fact::numel).sum())))
+    }
+    /// Splitting the leading axis keeps each piece contiguous; any other axis does not.
+    fn storage(&self, cx: &Cx) -> Storage {
+        let leading = cx.inputs[0].is_some_and(|x| {
+            let a = cx.attrs().int_or("axis", 0);
+            let a = if a < 0 { a + x.rank() as i64 } else { a };
+            x.shape[..a.max(0) as usize].iter().all(|&d| d == 1)
+        });
+        if leading {
+            Storage::View
+        } else {
+            Storage::StridedView
+        }
+    }
 }
 
 /// `Slice(data, starts, ends, axes?, steps?)` (opset 10+; attributes before).
@@ -544,10 +660,29 @@ impl Op for Slice {
         }])
     }
     no_flops!();
+    /// A strided view (`narrow`/basic indexing); nothing saved.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        if !out[0].dtype.is_float() {
+            return Ok(None);
+        }
+        let _ = cx;
+        Ok(Some(Backward::each(&[0], &[], out[0].numel())))
+    }
+    fn storage(&self, cx: &Cx) -> Storage {
+        let _ = cx;
+        Storage::StridedView
+    }
 }
 
 /// `Gather(data, indices)` along `axis`: `data[:axis] + indices + data[axis+1:]`.
 struct Gather;
+
+impl Gather {
+    /// A scalar constant index: PyTorch's `x[:, i]`.
+    fn is_select(cx: &Cx) -> bool {
+        cx.opt(1).is_some_and(|i| i.rank() == 0 && i.value.is_some())
+    }
+}
 
 impl Op for Gather {
     fn arity(&self) -> Arity {
@@ -597,6 +732,22 @@ impl Op for Gather {
         }])
     }
     no_flops!();
+    /// A constant scalar index is `select` (a view, nothing saved); otherwise
+    /// index_select/embedding, which save the indices.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        if !out[0].dtype.is_float() {
+            return Ok(None);
+        }
+        let needs: &[Saved] = if Self::is_select(cx) { &[] } else { &[Saved::Input(1)] };
+        Ok(Some(Backward::each(&[0], needs, out[0].numel())))
+    }
+    fn storage(&self, cx: &Cx) -> Storage {
+        if Self::is_select(cx) {
+            Storage::StridedView
+        } else {
+            Storage::New
+        }
+    }
 }
 
 /// `GatherElements(data, indices)`: the shape of `indices`.
@@ -617,6 +768,18 @@ impl Op for GatherElements {
         Ok(vec![Fact::new(x.dtype, ind.shape.clone())])
     }
     no_flops!();
+    /// GatherBackward scatters through the saved indices.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        if !out[0].dtype.is_float() {
+            return Ok(None);
+        }
+        let _ = cx;
+        Ok(Some(Backward::each(&[0], &[Saved::Input(1)], out[0].numel())))
+    }
+    fn storage(&self, cx: &Cx) -> Storage {
+        let _ = cx;
+        Storage::New
+    }
 }
 
 /// `ConstantOfShape(shape)`, filled with `value` (default float32 0).
@@ -654,6 +817,13 @@ impl Op for ConstantOfShape {
         }])
     }
     no_flops!();
+    /// Constant or shape-valued: no gradient.
+    fn backward(&self, _cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
+        Ok(None)
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
 }
 
 /// `Range(start, limit, delta)`: 1-D of `max(ceil((limit-start)/delta), 0)` elements.
@@ -694,6 +864,13 @@ impl Op for Range {
         }])
     }
     no_flops!();
+    /// Constant or shape-valued: no gradient.
+    fn backward(&self, _cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
+        Ok(None)
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
 }
 
 /// `Expand(x, shape)`: broadcast of `x` to `shape`.
@@ -734,6 +911,18 @@ impl Op for Expand {
         }])
     }
     no_flops!();
+    /// A broadcast view; the gradient is summed back; nothing saved.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        if !out[0].dtype.is_float() {
+            return Ok(None);
+        }
+        let _ = cx;
+        Ok(Some(Backward::each(&[0], &[], out[0].numel())))
+    }
+    fn storage(&self, cx: &Cx) -> Storage {
+        let _ = cx;
+        Storage::StridedView
+    }
 }
 
 /// `Tile(x, repeats)`.
@@ -774,6 +963,18 @@ impl Op for Tile {
         }])
     }
     no_flops!();
+    /// The gradient is summed over the repeats; nothing saved.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        if !out[0].dtype.is_float() {
+            return Ok(None);
+        }
+        let _ = cx;
+        Ok(Some(Backward::each(&[0], &[], out[0].numel())))
+    }
+    fn storage(&self, cx: &Cx) -> Storage {
+        let _ = cx;
+        Storage::New
+    }
 }
 
 /// `Pad(x, pads, constant_value?, axes?)` (pads input from opset 11, attribute before).
@@ -807,6 +1008,18 @@ impl Op for Pad {
         Ok(vec![Fact::new(x.dtype, shape)])
     }
     no_flops!();
+    /// The gradient is the un-padded slice; nothing saved.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        if !out[0].dtype.is_float() {
+            return Ok(None);
+        }
+        let _ = cx;
+        Ok(Some(Backward::each(&[0], &[], out[0].numel())))
+    }
+    fn storage(&self, cx: &Cx) -> Storage {
+        let _ = cx;
+        Storage::New
+    }
 }
 
 /// Ops whose output is shaped like input 0: Trilu, ScatterND, ScatterElements, EyeLike.
@@ -827,6 +1040,22 @@ impl Op for LikeInput {
         Ok(vec![Fact::new(dtype, x.shape.clone())])
     }
     no_flops!();
+    /// Trilu masks by position (nothing saved); scatters save their indices and pass
+    /// gradients to data and updates; EyeLike is constant.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        if !out[0].dtype.is_float() {
+            return Ok(None);
+        }
+        let n = out[0].numel();
+        Ok(match cx.node.op_type.as_str() {
+            "EyeLike" => None,
+            "Trilu" => Some(Backward::each(&[0], &[], n)),
+            _ => Some(Backward::each(&[0, 2], &[Saved::Input(1)], n)),
+        })
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
 }
 
 /// `NonZero(x)`: only when `x` is a known constant (its output shape depends on data).
@@ -855,6 +1084,13 @@ impl Op for NonZero {
         )])
     }
     no_flops!();
+    /// Constant or shape-valued: no gradient.
+    fn backward(&self, _cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
+        Ok(None)
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
 }
 
 /// Registers shape and data-movement ops.
