@@ -13,5 +13,6 @@ pub mod memory;
 pub mod onnx;
 pub mod ops;
 pub mod report;
+pub mod train;
 
 pub use error::{Error, Result};

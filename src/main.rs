@@ -8,8 +8,11 @@ use clap::{Parser, Subcommand};
 
 use memplan::infer::{infer, Bindings};
 use memplan::memory::profile_inference;
+use memplan::memory::simulate;
 use memplan::onnx::load_model;
+use memplan::report::train::TrainingReport;
 use memplan::report::ProfileReport;
+use memplan::train::{build_schedule, Loss, Optimizer, Precision, TrainOptions};
 
 /// Predicts the memory of running and training an ONNX model.
 #[derive(Parser)]
@@ -37,7 +40,37 @@ enum Command {
         /// Also list every tensor and every node (FLOPs, live bytes).
         #[arg(long)]
         detail: bool,
+        /// Also profile one training step (forward, loss, backward, optimizer update).
+        #[arg(long)]
+        train: bool,
+        #[command(flatten)]
+        training: TrainArgs,
     },
+}
+
+/// Options of the training step.
+#[derive(clap::Args, Clone, Copy)]
+struct TrainArgs {
+    /// Optimizer (states per parameter: sgd 0, momentum 1, adam/adamw 2).
+    #[arg(long, value_enum, default_value_t = Optimizer::Adam)]
+    optimizer: Optimizer,
+    /// Precision policy.
+    #[arg(long, value_enum, default_value_t = Precision::Fp32)]
+    precision: Precision,
+    /// Loss over the first output.
+    #[arg(long, value_enum, default_value_t = Loss::Mean)]
+    loss: Loss,
+}
+
+impl TrainArgs {
+    fn options(self) -> TrainOptions {
+        TrainOptions {
+            optimizer: self.optimizer,
+            precision: self.precision,
+            loss: self.loss,
+            grads_resident: false,
+        }
+    }
 }
 
 fn parse_dims(dims: &[String]) -> anyhow::Result<std::collections::BTreeMap<String, u64>> {
@@ -71,6 +104,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             dims,
             json,
             detail,
+            train,
+            training,
         } => {
             let bindings = Bindings {
                 batch,
@@ -80,7 +115,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let m = load_model(&model).with_context(|| path.clone())?;
             let inf = infer(&m, &bindings).with_context(|| path.clone())?;
             let prof = profile_inference(&m.graph, &inf);
-            let report = ProfileReport::new(&path, &m, &inf, &prof, detail);
+            let mut report = ProfileReport::new(&path, &m, &inf, &prof, detail);
+            if train {
+                let opts = training.options();
+                let sched = build_schedule(&m, &inf, &opts).with_context(|| path.clone())?;
+                let replay = simulate(&sched);
+                report.training = Some(TrainingReport::new(&opts, &sched, &replay));
+            }
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {

@@ -1,5 +1,7 @@
 //! Memory accounting: tensor lifetimes over an execution order and the peak.
 
 pub mod profile;
+pub mod simulate;
 
 pub use profile::{profile_inference, InferenceProfile, LiveTensor};
+pub use simulate::{simulate, Breakdown, Category, Replay};

@@ -153,9 +153,18 @@ impl Op for Conv {
         let macs = self.flops(cx, out);
         Ok(Some(Backward {
             grads: vec![
-                Grad { input: 0, needs: vec![Saved::Input(1)] },
-                Grad { input: 1, needs: vec![Saved::Input(0)] },
-                Grad { input: 2, needs: vec![] },
+                Grad {
+                    input: 0,
+                    needs: vec![Saved::Input(1)],
+                },
+                Grad {
+                    input: 1,
+                    needs: vec![Saved::Input(0)],
+                },
+                Grad {
+                    input: 2,
+                    needs: vec![],
+                },
             ],
             extras: Vec::new(),
             flops: macs.saturating_mul(2),
@@ -236,9 +245,18 @@ impl Op for ConvTranspose {
         let macs = self.flops(cx, out);
         Ok(Some(Backward {
             grads: vec![
-                Grad { input: 0, needs: vec![Saved::Input(1)] },
-                Grad { input: 1, needs: vec![Saved::Input(0)] },
-                Grad { input: 2, needs: vec![] },
+                Grad {
+                    input: 0,
+                    needs: vec![Saved::Input(1)],
+                },
+                Grad {
+                    input: 1,
+                    needs: vec![Saved::Input(0)],
+                },
+                Grad {
+                    input: 2,
+                    needs: vec![],
+                },
             ],
             extras: Vec::new(),
             flops: macs.saturating_mul(2),

@@ -6,7 +6,8 @@
 //! composite activations, e.g. Gelu 8 for its erf/tanh polynomial).
 
 use super::{
-    broadcast, dtype_attr, Arity, Backward, Cx, Fact, Grad, Op, Registry, RuleResult, Saved, Storage,
+    broadcast, dtype_attr, Arity, Backward, Cx, Fact, Grad, Op, Registry, RuleResult, Saved,
+    Storage,
 };
 use crate::ir::value::MAX_FOLD_ELEMS;
 use crate::ir::{DType, Data, Value};
@@ -201,7 +202,10 @@ impl Op for Binary {
             (BinKind::Compare(_), _) | (_, "Mod" | "BitShift") => return Ok(None),
             (_, "Add" | "Sub") => (vec![], vec![]),
             (_, "Mul") => (vec![Saved::Input(1)], vec![Saved::Input(0)]),
-            (_, "Div") => (vec![Saved::Input(1)], vec![Saved::Input(0), Saved::Input(1)]),
+            (_, "Div") => (
+                vec![Saved::Input(1)],
+                vec![Saved::Input(0), Saved::Input(1)],
+            ),
             // PowBackward: self and exponent (and the result for the exponent's gradient).
             (_, "Pow") => (
                 vec![Saved::Input(0), Saved::Input(1)],
@@ -280,7 +284,11 @@ impl Op for Variadic {
             Vec::new()
         };
         let inputs: Vec<usize> = (0..n).collect();
-        Ok(Some(Backward::each(&inputs, &needs, out[0].numel().saturating_mul(n as u64))))
+        Ok(Some(Backward::each(
+            &inputs,
+            &needs,
+            out[0].numel().saturating_mul(n as u64),
+        )))
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
@@ -333,7 +341,11 @@ impl Op for Where {
     }
     /// Both branches' gradients are masked by the saved condition.
     fn backward(&self, _cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
-        Ok(Some(Backward::each(&[1, 2], &[Saved::Input(0)], out[0].numel().saturating_mul(2))))
+        Ok(Some(Backward::each(
+            &[1, 2],
+            &[Saved::Input(0)],
+            out[0].numel().saturating_mul(2),
+        )))
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
@@ -419,7 +431,11 @@ impl Op for Clip {
     }
     /// clamp/hardtanh save their input to mask the gradient.
     fn backward(&self, _cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
-        Ok(Some(Backward::each(&[0], &[Saved::Input(0)], out[0].numel().saturating_mul(2))))
+        Ok(Some(Backward::each(
+            &[0],
+            &[Saved::Input(0)],
+            out[0].numel().saturating_mul(2),
+        )))
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
@@ -538,7 +554,11 @@ pub fn register(r: &mut Registry) {
     r.add("Round", unary(1, Some(f64::round_ties_even), No));
     r.add(
         "Sign",
-        unary(1, Some(|x: f64| if x == 0.0 { 0.0 } else { x.signum() }), No),
+        unary(
+            1,
+            Some(|x: f64| if x == 0.0 { 0.0 } else { x.signum() }),
+            No,
+        ),
     );
     r.add("Sqrt", unary(1, Some(f64::sqrt), Out));
     r.add("Reciprocal", unary(1, Some(|x: f64| 1.0 / x), Out));

@@ -56,8 +56,14 @@ impl Op for MatMul {
     fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
         Ok(Some(Backward {
             grads: vec![
-                Grad { input: 0, needs: vec![Saved::Input(1)] },
-                Grad { input: 1, needs: vec![Saved::Input(0)] },
+                Grad {
+                    input: 0,
+                    needs: vec![Saved::Input(1)],
+                },
+                Grad {
+                    input: 1,
+                    needs: vec![Saved::Input(0)],
+                },
             ],
             extras: Vec::new(),
             flops: self.flops(cx, out).saturating_mul(2),
@@ -123,9 +129,18 @@ impl Op for Gemm {
     fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
         Ok(Some(Backward {
             grads: vec![
-                Grad { input: 0, needs: vec![Saved::Input(1)] },
-                Grad { input: 1, needs: vec![Saved::Input(0)] },
-                Grad { input: 2, needs: vec![] },
+                Grad {
+                    input: 0,
+                    needs: vec![Saved::Input(1)],
+                },
+                Grad {
+                    input: 1,
+                    needs: vec![Saved::Input(0)],
+                },
+                Grad {
+                    input: 2,
+                    needs: vec![],
+                },
             ],
             extras: Vec::new(),
             flops: self.flops(cx, out).saturating_mul(2),

@@ -54,13 +54,24 @@ impl Op for BatchNorm {
     fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
         let c = out[0].shape[1];
         let stat = Fact::new(DType::F32, vec![c]);
-        let needs = vec![Saved::Input(0), Saved::Input(1), Saved::Extra(0), Saved::Extra(1)];
+        let needs = vec![
+            Saved::Input(0),
+            Saved::Input(1),
+            Saved::Extra(0),
+            Saved::Extra(1),
+        ];
         let _ = cx;
         Ok(Some(Backward {
             grads: vec![
-                Grad { input: 0, needs: needs.clone() },
+                Grad {
+                    input: 0,
+                    needs: needs.clone(),
+                },
                 Grad { input: 1, needs },
-                Grad { input: 2, needs: vec![] },
+                Grad {
+                    input: 2,
+                    needs: vec![],
+                },
             ],
             extras: vec![stat.clone(), stat],
             flops: out[0].numel().saturating_mul(8),
@@ -118,12 +129,23 @@ impl Op for LayerNorm {
         let mut stat = x.shape[..ax].to_vec();
         stat.resize(x.rank(), 1);
         let stat = Fact::new(DType::F32, stat);
-        let needs = vec![Saved::Input(0), Saved::Input(1), Saved::Extra(0), Saved::Extra(1)];
+        let needs = vec![
+            Saved::Input(0),
+            Saved::Input(1),
+            Saved::Extra(0),
+            Saved::Extra(1),
+        ];
         Ok(Some(Backward {
             grads: vec![
-                Grad { input: 0, needs: needs.clone() },
+                Grad {
+                    input: 0,
+                    needs: needs.clone(),
+                },
                 Grad { input: 1, needs },
-                Grad { input: 2, needs: vec![] },
+                Grad {
+                    input: 2,
+                    needs: vec![],
+                },
             ],
             extras: vec![stat.clone(), stat],
             flops: out[0].numel().saturating_mul(8),
@@ -163,12 +185,23 @@ impl Op for SameShapeNorm {
             x.shape[1]
         };
         let stat = Fact::new(DType::F32, vec![x.shape[0], groups]);
-        let needs = vec![Saved::Input(0), Saved::Input(1), Saved::Extra(0), Saved::Extra(1)];
+        let needs = vec![
+            Saved::Input(0),
+            Saved::Input(1),
+            Saved::Extra(0),
+            Saved::Extra(1),
+        ];
         Ok(Some(Backward {
             grads: vec![
-                Grad { input: 0, needs: needs.clone() },
+                Grad {
+                    input: 0,
+                    needs: needs.clone(),
+                },
                 Grad { input: 1, needs },
-                Grad { input: 2, needs: vec![] },
+                Grad {
+                    input: 2,
+                    needs: vec![],
+                },
             ],
             extras: vec![stat.clone(), stat],
             flops: out[0].numel().saturating_mul(8),
@@ -204,7 +237,11 @@ impl Op for Softmax {
         if cx.node.op_type == "Hardmax" {
             return Ok(None);
         }
-        Ok(Some(Backward::each(&[0], &[Saved::Output(0)], out[0].numel().saturating_mul(3))))
+        Ok(Some(Backward::each(
+            &[0],
+            &[Saved::Output(0)],
+            out[0].numel().saturating_mul(3),
+        )))
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New

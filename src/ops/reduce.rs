@@ -117,7 +117,11 @@ impl Op for Reduce {
             "ReduceLogSum" => &[Saved::Output(0)],
             _ => &[Saved::Input(0), Saved::Output(0)],
         };
-        Ok(Some(Backward::each(&[0], needs, x.numel().saturating_mul(2))))
+        Ok(Some(Backward::each(
+            &[0],
+            needs,
+            x.numel().saturating_mul(2),
+        )))
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New

@@ -507,7 +507,11 @@ impl Op for Concat {
             return Ok(None);
         }
         let _ = cx;
-        Ok(Some(Backward::each(&(0..cx.inputs.len()).collect::<Vec<_>>(), &[], out[0].numel())))
+        Ok(Some(Backward::each(
+            &(0..cx.inputs.len()).collect::<Vec<_>>(),
+            &[],
+            out[0].numel(),
+        )))
     }
     fn storage(&self, cx: &Cx) -> Storage {
         let _ = cx;
@@ -565,7 +569,11 @@ impl Op for Split {
         if !out[0].dtype.is_float() {
             return Ok(None);
         }
-        Ok(Some(Backward::each(&[0], &[], out.iter().map(Fact::numel).sum())))
+        Ok(Some(Backward::each(
+            &[0],
+            &[],
+            out.iter().map(Fact::numel).sum(),
+        )))
     }
     /// Splitting the leading axis keeps each piece contiguous; any other axis does not.
     fn storage(&self, cx: &Cx) -> Storage {
@@ -680,7 +688,8 @@ struct Gather;
 impl Gather {
     /// A scalar constant index: PyTorch's `x[:, i]`.
     fn is_select(cx: &Cx) -> bool {
-        cx.opt(1).is_some_and(|i| i.rank() == 0 && i.value.is_some())
+        cx.opt(1)
+            .is_some_and(|i| i.rank() == 0 && i.value.is_some())
     }
 }
 
@@ -738,7 +747,11 @@ impl Op for Gather {
         if !out[0].dtype.is_float() {
             return Ok(None);
         }
-        let needs: &[Saved] = if Self::is_select(cx) { &[] } else { &[Saved::Input(1)] };
+        let needs: &[Saved] = if Self::is_select(cx) {
+            &[]
+        } else {
+            &[Saved::Input(1)]
+        };
         Ok(Some(Backward::each(&[0], needs, out[0].numel())))
     }
     fn storage(&self, cx: &Cx) -> Storage {
@@ -774,7 +787,11 @@ impl Op for GatherElements {
             return Ok(None);
         }
         let _ = cx;
-        Ok(Some(Backward::each(&[0], &[Saved::Input(1)], out[0].numel())))
+        Ok(Some(Backward::each(
+            &[0],
+            &[Saved::Input(1)],
+            out[0].numel(),
+        )))
     }
     fn storage(&self, cx: &Cx) -> Storage {
         let _ = cx;

@@ -3,6 +3,8 @@
 
 use std::fmt::Write as _;
 
+pub mod train;
+
 use serde::Serialize;
 
 use crate::infer::Inferred;
@@ -148,6 +150,9 @@ pub struct ProfileReport {
     pub flops: FlopsJson,
     /// Inference memory.
     pub inference: InferenceJson,
+    /// The training step (only with `--train`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub training: Option<train::TrainingReport>,
     /// Every tensor (only with `--detail`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tensor_table: Option<Vec<TensorRow>>,
@@ -228,6 +233,7 @@ impl ProfileReport {
                 peak_step: prof.peak_step,
                 largest_live: prof.live_at_peak.iter().take(10).cloned().collect(),
             },
+            training: None,
             tensor_table,
             node_table,
         }
@@ -323,6 +329,9 @@ impl ProfileReport {
                     t.name
                 );
             }
+        }
+        if let Some(t) = &self.training {
+            s.push_str(&t.to_text());
         }
         if let Some(nodes) = &self.node_table {
             let _ = writeln!(

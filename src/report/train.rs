@@ -1,0 +1,197 @@
+//! The `training` object of `profile --train` and its text rendering.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::{human_bytes, human_flops};
+use crate::memory::{Breakdown, Replay};
+use crate::train::{Schedule, StepKind, StorageKind, TrainOptions};
+
+/// One timeline entry: bytes by category live during a step.
+#[derive(Debug, Clone, Serialize)]
+pub struct TimelinePoint {
+    /// Step name.
+    pub node: String,
+    /// Phase.
+    pub phase: StepKind,
+    /// Bytes by category.
+    #[serde(flatten)]
+    pub bytes: Breakdown,
+    /// Their sum.
+    pub total: u64,
+}
+
+/// `training` in the profile JSON (keys are stable).
+#[derive(Debug, Clone, Serialize)]
+pub struct TrainingReport {
+    /// Optimizer.
+    pub optimizer: String,
+    /// Precision policy.
+    pub precision: String,
+    /// Loss.
+    pub loss: String,
+    /// Peak bytes of the step.
+    pub peak_bytes: u64,
+    /// Step at the peak.
+    pub peak_node: String,
+    /// Its phase.
+    pub peak_phase: StepKind,
+    /// Trainable parameters' bytes.
+    pub params_bytes: u64,
+    /// Non-trainable floating initializers and constants.
+    pub buffers_bytes: u64,
+    /// Parameter gradients' bytes.
+    pub grads_bytes: u64,
+    /// Optimizer state bytes.
+    pub optimizer_bytes: u64,
+    /// Distinct non-parameter tensors backward reads (model inputs included).
+    pub saved_activation_bytes: u64,
+    /// FLOPs of forward + backward + update.
+    pub flops_per_step: u64,
+    /// Forward FLOPs alone.
+    pub flops_forward: u64,
+    /// Bytes by category at the peak.
+    pub breakdown: Breakdown,
+    /// Bytes by category during each step.
+    pub timeline: Vec<TimelinePoint>,
+}
+
+impl TrainingReport {
+    /// Assembles the report from a schedule and its replay.
+    pub fn new(opts: &TrainOptions, s: &Schedule, r: &Replay) -> TrainingReport {
+        let by = |k: StorageKind| s.bytes_where(|st| st.kind == k);
+        let peak = &s.steps[r.peak_step];
+        let flops_forward = s
+            .steps
+            .iter()
+            .filter(|st| st.kind == StepKind::Forward)
+            .fold(0u64, |a, st| a.saturating_add(st.flops));
+        TrainingReport {
+            optimizer: opts.optimizer.to_string(),
+            precision: opts.precision.to_string(),
+            loss: format!("{:?}", opts.loss).to_lowercase(),
+            peak_bytes: r.peak().total(),
+            peak_node: peak.name.clone(),
+            peak_phase: peak.kind,
+            params_bytes: by(StorageKind::Parameter),
+            buffers_bytes: by(StorageKind::Buffer) + by(StorageKind::Constant),
+            grads_bytes: by(StorageKind::ParamGrad),
+            optimizer_bytes: by(StorageKind::OptimizerState),
+            saved_activation_bytes: s.saved_activation_bytes(),
+            flops_per_step: s.flops(),
+            flops_forward,
+            breakdown: r.peak(),
+            timeline: s
+                .steps
+                .iter()
+                .zip(&r.timeline)
+                .map(|(st, b)| TimelinePoint {
+                    node: st.name.clone(),
+                    phase: st.kind,
+                    bytes: *b,
+                    total: b.total(),
+                })
+                .collect(),
+        }
+    }
+
+    /// Text: the breakdown at the peak and a chart of the timeline.
+    pub fn to_text(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "\ntraining step ({} optimizer, {}, loss = {} of the first output)",
+            self.optimizer, self.precision, self.loss
+        );
+        let _ = writeln!(
+            s,
+            "  peak {} during '{}' ({:?})",
+            human_bytes(self.peak_bytes),
+            self.peak_node,
+            self.peak_phase
+        );
+        let b = &self.breakdown;
+        for (name, v) in [
+            ("parameters", b.parameters),
+            ("buffers", b.buffers),
+            ("gradients", b.gradients),
+            ("optimizer state", b.optimizer),
+            ("saved activations", b.saved_activations),
+            ("temporaries", b.temporaries),
+        ] {
+            let pct = if self.peak_bytes > 0 {
+                v as f64 * 100.0 / self.peak_bytes as f64
+            } else {
+                0.0
+            };
+            let _ = writeln!(s, "    {name:<18} {:>12}  {pct:5.1}%", human_bytes(v));
+        }
+        let _ = writeln!(
+            s,
+            "  saved for backward {} (distinct non-parameter tensors backward reads)",
+            human_bytes(self.saved_activation_bytes)
+        );
+        let _ = writeln!(
+            s,
+            "  compute {} per step ({} forward)",
+            human_flops(self.flops_per_step),
+            human_flops(self.flops_forward)
+        );
+        s.push_str(&self.chart(64, 8));
+        s
+    }
+
+    /// A compact chart: total bytes over the steps, `rows` high, `cols` wide, with a
+    /// phase ruler (f forward, b backward, o optimizer) underneath.
+    pub fn chart(&self, cols: usize, rows: usize) -> String {
+        let n = self.timeline.len();
+        if n == 0 {
+            return String::new();
+        }
+        let cols = cols.min(n);
+        let buckets: Vec<(u64, StepKind)> = (0..cols)
+            .map(|c| {
+                let (a, z) = (c * n / cols, ((c + 1) * n / cols).max(c * n / cols + 1));
+                let slice = &self.timeline[a..z];
+                let max = slice.iter().map(|p| p.total).max().unwrap_or(0);
+                (max, slice[slice.len() / 2].phase)
+            })
+            .collect();
+        let top = buckets.iter().map(|b| b.0).max().unwrap_or(1).max(1);
+        let mut s = String::from("\n  memory over the step:\n");
+        for r in (0..rows).rev() {
+            let label = if r == rows - 1 {
+                human_bytes(top)
+            } else if r == 0 {
+                "0".to_string()
+            } else {
+                String::new()
+            };
+            let _ = write!(s, "  {label:>11} |");
+            for &(v, _) in &buckets {
+                let h = v as f64 / top as f64 * rows as f64;
+                s.push(if h >= r as f64 + 1.0 {
+                    '#'
+                } else if h > r as f64 + 0.5 {
+                    '+'
+                } else {
+                    ' '
+                });
+            }
+            s.push('\n');
+        }
+        let ruler: String = buckets
+            .iter()
+            .map(|&(_, k)| match k {
+                StepKind::Forward => 'f',
+                StepKind::Loss => 'l',
+                StepKind::Backward => 'b',
+                StepKind::Optimizer => 'o',
+            })
+            .collect();
+        let _ = writeln!(s, "  {:>11} +{}", "", "-".repeat(cols));
+        let _ = writeln!(s, "  {:>11}  {ruler}", "phase");
+        s
+    }
+}

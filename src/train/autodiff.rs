@@ -1,0 +1,816 @@
+//! Autodiff: turns the forward graph into the schedule of one training step:
+//! forward, loss, backward in reverse order, optimizer update.
+//!
+//! Each op's backward rule (`Op::backward`, beside the op) says which inputs get
+//! gradients and which forward tensors each gradient reads: the tensors PyTorch's
+//! autograd saves on CUDA. Memory is tracked per *storage*, as PyTorch allocates it:
+//! view ops (reshape of a contiguous tensor, transpose, slice, unsqueeze, expand,
+//! identity dropout...) alias their input's storage and cost nothing; a reshape of a
+//! strided view copies. A gradient flowing back through a view op is a view of the
+//! incoming gradient.
+//!
+//! Recognised fusions: the exact GELU that exporters write as
+//! `x · (erf(x/√2) + 1) · 0.5` runs fused in PyTorch (`F.gelu`), whose backward saves
+//! only `x`; memplan models the pattern that way. The tanh form is left as written,
+//! since models that use it (GPT-2's `NewGELUActivation`) run it op by op.
+
+use petgraph::stable_graph::NodeIndex;
+
+use super::{Loss, TrainOptions};
+use crate::error::{Error, Result};
+use crate::infer::Inferred;
+use crate::ir::{DType, Model, TensorId, TensorKind};
+use crate::ops::{self, registry, Backward, Cx, Fact, Saved};
+
+/// Index of a [`Storage`] in [`Schedule::storages`].
+pub type StorageId = usize;
+
+/// What a storage holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StorageKind {
+    /// A trainable parameter.
+    Parameter,
+    /// A floating initializer that receives no gradient (BatchNorm running stats).
+    Buffer,
+    /// Integer initializers and `Constant` outputs.
+    Constant,
+    /// A graph input fed by the user (the batch).
+    Input,
+    /// A forward activation.
+    Activation,
+    /// A tensor a forward kernel makes only for backward (BN stats, indices, masks).
+    Extra,
+    /// A reduced-precision copy (autocast casts of activations and cached weights).
+    Cast,
+    /// The scalar loss.
+    Loss,
+    /// The gradient of an activation.
+    ActivationGrad,
+    /// The gradient of a parameter (`.grad`).
+    ParamGrad,
+    /// A partial gradient added into an existing gradient, freed at once.
+    GradTemp,
+    /// Optimizer state (momentum, Adam moments).
+    OptimizerState,
+    /// Temporaries of the optimizer update.
+    OptimizerTemp,
+}
+
+/// One allocation.
+#[derive(Debug, Clone)]
+pub struct Storage {
+    /// Name (the tensor it was first made for).
+    pub name: String,
+    /// Bytes.
+    pub bytes: u64,
+    /// Element type.
+    pub dtype: DType,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// What it holds.
+    pub kind: StorageKind,
+    /// Allocated before the step and kept after it (parameters, buffers, optimizer
+    /// state, the input batch; gradients under accumulation).
+    pub persistent: bool,
+    /// Kept until the end of the step once made (the model outputs and the loss, held
+    /// by the training loop; parameter gradients, read by the optimizer).
+    pub held: bool,
+    /// Read by some backward step: a saved activation.
+    pub saved: bool,
+}
+
+/// Phase of a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepKind {
+    /// A forward op.
+    Forward,
+    /// The loss.
+    Loss,
+    /// A backward op (or the loss's backward).
+    Backward,
+    /// The optimizer update.
+    Optimizer,
+}
+
+/// One step of the schedule.
+#[derive(Debug, Clone)]
+pub struct Step {
+    /// Node name (backward steps: `<node>/grad`).
+    pub name: String,
+    /// Op type.
+    pub op: String,
+    /// Phase.
+    pub kind: StepKind,
+    /// The forward node it comes from.
+    pub node: Option<NodeIndex>,
+    /// Storages read.
+    pub reads: Vec<StorageId>,
+    /// Storages allocated by this step.
+    pub writes: Vec<StorageId>,
+    /// Live storages updated in place (gradient accumulation).
+    pub updates: Vec<StorageId>,
+    /// FLOPs.
+    pub flops: u64,
+}
+
+/// The training step: storages and ordered steps.
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    /// Every allocation.
+    pub storages: Vec<Storage>,
+    /// Forward, loss, backward, optimizer.
+    pub steps: Vec<Step>,
+    /// Storage of each forward tensor (views share their base's).
+    pub tensor_storage: Vec<StorageId>,
+    /// Trainable parameters (forward tensor ids).
+    pub trainable: Vec<TensorId>,
+    /// Parameters that receive a gradient from this loss.
+    pub with_grad: Vec<TensorId>,
+}
+
+impl Schedule {
+    /// Sum of bytes of the storages matching `f`.
+    pub fn bytes_where(&self, f: impl Fn(&Storage) -> bool) -> u64 {
+        self.storages.iter().filter(|s| f(s)).map(|s| s.bytes).sum()
+    }
+
+    /// Bytes of the distinct non-parameter storages that backward reads, as they stand
+    /// when the forward pass ends (model inputs included).
+    pub fn saved_activation_bytes(&self) -> u64 {
+        self.bytes_where(|s| {
+            s.saved
+                && !matches!(
+                    s.kind,
+                    StorageKind::Parameter | StorageKind::Buffer | StorageKind::Constant
+                )
+        })
+    }
+
+    /// FLOPs of the whole step.
+    pub fn flops(&self) -> u64 {
+        self.steps
+            .iter()
+            .fold(0u64, |a, s| a.saturating_add(s.flops))
+    }
+}
+
+/// Per-node facts the builder needs.
+struct NodeRule {
+    backward: std::result::Result<Option<Backward>, String>,
+    storage: ops::Storage,
+}
+
+struct Builder<'a> {
+    inf: &'a Inferred,
+    opts: &'a TrainOptions,
+    storages: Vec<Storage>,
+    steps: Vec<Step>,
+}
+
+impl Builder<'_> {
+    fn new_storage(
+        &mut self,
+        name: &str,
+        fact: &Fact,
+        dtype: DType,
+        kind: StorageKind,
+    ) -> StorageId {
+        let bytes = dtype.bytes_for(fact.numel()).unwrap_or(u64::MAX);
+        self.storages.push(Storage {
+            name: name.to_string(),
+            bytes,
+            dtype,
+            shape: fact.shape.clone(),
+            kind,
+            persistent: false,
+            held: false,
+            saved: false,
+        });
+        self.storages.len() - 1
+    }
+
+    /// Element type of a forward float tensor under the precision policy.
+    fn dtype_of(&self, t: TensorId, float_dtypes: &[Option<DType>]) -> DType {
+        float_dtypes[t].unwrap_or(self.inf.facts[t].dtype)
+    }
+}
+
+/// Builds the training-step schedule for inferred shapes and options.
+pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Result<Schedule> {
+    let g = &model.graph;
+    let reg = registry();
+    let opset = model.opset();
+    let n_t = g.tensors.len();
+    let is_float = |t: TensorId| inf.facts[t].dtype.is_float();
+
+    // 1. Rules per node, in execution order.
+    let mut rules = Vec::with_capacity(g.order.len());
+    for &ix in &g.order {
+        let node = g.node(ix);
+        let op = reg
+            .get(&node.domain, &node.op_type)
+            .expect("inferred model");
+        let cx = Cx {
+            node,
+            inputs: node
+                .inputs
+                .iter()
+                .map(|t| t.map(|t| &inf.facts[t]))
+                .collect(),
+            opset,
+        };
+        let outs: Vec<Fact> = node
+            .outputs
+            .iter()
+            .map(|t| match t {
+                Some(t) => inf.facts[*t].clone(),
+                None => Fact::new(DType::F32, vec![]),
+            })
+            .collect();
+        rules.push(NodeRule {
+            backward: op.backward(&cx, &outs),
+            storage: op.storage(&cx),
+        });
+    }
+    let fused_gelu = find_erf_gelu(model, inf);
+
+    // 2. Trainable parameters: floating initializers read at a differentiable slot.
+    let mut trainable = vec![false; n_t];
+    for (step, &ix) in g.order.iter().enumerate() {
+        if let Ok(Some(bw)) = &rules[step].backward {
+            for gr in &bw.grads {
+                if let Some(Some(t)) = g.node(ix).inputs.get(gr.input) {
+                    if g.tensor(*t).kind == TensorKind::Parameter {
+                        trainable[*t] = true;
+                    }
+                }
+            }
+        }
+    }
+
+    // 3. requires_grad, forward.
+    let mut requires = trainable.clone();
+    for (step, &ix) in g.order.iter().enumerate() {
+        let node = g.node(ix);
+        let any_float_req = node
+            .inputs
+            .iter()
+            .flatten()
+            .any(|&t| requires[t] && is_float(t));
+        if !any_float_req {
+            continue;
+        }
+        match &rules[step].backward {
+            Ok(None) => {}
+            Ok(Some(bw)) => {
+                let grad_req = bw
+                    .grads
+                    .iter()
+                    .any(|gr| matches!(node.inputs.get(gr.input), Some(Some(t)) if requires[*t]));
+                if grad_req {
+                    for t in node.outputs.iter().flatten() {
+                        requires[*t] = is_float(*t);
+                    }
+                }
+            }
+            Err(why) => {
+                return Err(Error::node(
+                    &node.name,
+                    &node.op_type,
+                    format!("no backward rule: {why}"),
+                ))
+            }
+        }
+    }
+
+    // 4. Which tensors get a gradient (requires grad and the loss depends on them).
+    let out0 = *g
+        .outputs
+        .first()
+        .ok_or_else(|| Error::Graph("the model has no outputs to take a loss of".into()))?;
+    if !is_float(out0) {
+        return Err(Error::Graph(format!(
+            "the first output '{}' is {}, not floating point: no loss to differentiate",
+            g.tensor(out0).name,
+            inf.facts[out0].dtype
+        )));
+    }
+    let mut has_grad = vec![false; n_t];
+    has_grad[out0] = requires[out0];
+    if !has_grad[out0] {
+        return Err(Error::Graph(format!(
+            "the first output '{}' does not depend on any trainable parameter",
+            g.tensor(out0).name
+        )));
+    }
+    for (step, &ix) in g.order.iter().enumerate().rev() {
+        let node = g.node(ix);
+        if !node.outputs.iter().flatten().any(|&t| has_grad[t]) {
+            continue;
+        }
+        if let Ok(Some(bw)) = &rules[step].backward {
+            for gr in &bw.grads {
+                if let Some(Some(t)) = node.inputs.get(gr.input) {
+                    if requires[*t] {
+                        has_grad[*t] = true;
+                    }
+                }
+            }
+        }
+    }
+
+    // 5. Precision: the float type of every forward tensor.
+    let prec = opts.precision;
+    let mut float_dtype: Vec<Option<DType>> = vec![None; n_t];
+    for (t, info) in g.tensors.iter().enumerate() {
+        if is_float(t) {
+            float_dtype[t] = Some(match info.kind {
+                TensorKind::Parameter => prec.master(),
+                _ if prec == super::Precision::Bf16 => DType::BF16,
+                _ => inf.facts[t].dtype,
+            });
+        }
+    }
+    // Under AMP, which inputs of each node are cast (to half for Half ops, to fp32 for
+    // Full ops).
+    let mut b = Builder {
+        inf,
+        opts,
+        storages: Vec::new(),
+        steps: Vec::new(),
+    };
+    let mut tstore: Vec<Option<StorageId>> = vec![None; n_t];
+    let mut contiguous = vec![true; n_t];
+    // Persistent storages.
+    for (t, info) in g.tensors.iter().enumerate() {
+        let kind = match info.kind {
+            TensorKind::Parameter if trainable[t] => StorageKind::Parameter,
+            TensorKind::Parameter => StorageKind::Buffer,
+            TensorKind::Constant if info.producer.is_none() => StorageKind::Constant,
+            TensorKind::Input => StorageKind::Input,
+            _ => continue,
+        };
+        let dt = b.dtype_of(t, &float_dtype);
+        let s = b.new_storage(&info.name, &inf.facts[t], dt, kind);
+        b.storages[s].persistent = true;
+        tstore[t] = Some(s);
+    }
+    // Autocast weight cache: one half copy per parameter, made at its first use.
+    let mut weight_cast: std::collections::HashMap<TensorId, StorageId> = Default::default();
+
+    // 6. Forward steps.
+    // Per node: the storage each input slot is read from (after casts), for backward.
+    let mut read_as: Vec<Vec<Option<StorageId>>> = Vec::with_capacity(g.order.len());
+    let mut extras_of: Vec<Vec<StorageId>> = Vec::with_capacity(g.order.len());
+    for (step, &ix) in g.order.iter().enumerate() {
+        let node = g.node(ix);
+        let mut writes = Vec::new();
+        let mut reads = Vec::new();
+        let mut slots = Vec::with_capacity(node.inputs.len());
+        // Casts under AMP.
+        let class = super::policy::op_class(&node.op_type);
+        let target = if prec.is_amp() {
+            match class {
+                super::policy::OpClass::Half => prec.half(),
+                super::policy::OpClass::Full => Some(DType::F32),
+                super::policy::OpClass::Promote => None,
+            }
+        } else {
+            None
+        };
+        for t in &node.inputs {
+            let Some(t) = *t else {
+                slots.push(None);
+                continue;
+            };
+            let src = tstore[t].expect("inputs are stored before use");
+            let cur = b.dtype_of(t, &float_dtype);
+            let s = match target {
+                Some(want) if is_float(t) && cur != want => {
+                    let is_weight = g.tensor(t).kind == TensorKind::Parameter;
+                    if let Some(&c) = weight_cast.get(&t).filter(|_| is_weight) {
+                        c
+                    } else {
+                        let c = b.new_storage(
+                            &format!("{}@{}", g.tensor(t).name, want),
+                            &inf.facts[t],
+                            want,
+                            StorageKind::Cast,
+                        );
+                        reads.push(src);
+                        writes.push(c);
+                        if is_weight {
+                            weight_cast.insert(t, c);
+                        }
+                        c
+                    }
+                }
+                _ => src,
+            };
+            reads.push(s);
+            slots.push(Some(s));
+        }
+        // Output dtypes.
+        let widest = slots
+            .iter()
+            .zip(&node.inputs)
+            .filter_map(|(s, t)| s.zip(*t))
+            .filter(|&(_, t)| is_float(t))
+            .map(|(s, _)| b.storages[s].dtype)
+            .max_by_key(|d| d.bits());
+        for t in node.outputs.iter().flatten() {
+            if is_float(*t) {
+                float_dtype[*t] = Some(prec.output_dtype(&node.op_type, widest));
+            }
+        }
+        // Output storages.
+        let rule = &rules[step];
+        let in0 = node.inputs.first().copied().flatten();
+        for (k, t) in node.outputs.iter().enumerate() {
+            let Some(t) = *t else { continue };
+            let view_of = |b: &Builder| {
+                in0.filter(|&i| {
+                    slots[0].is_some() && b.dtype_of(i, &float_dtype) == b.dtype_of(t, &float_dtype)
+                })
+            };
+            let alias = match (rule.storage, view_of(&b)) {
+                (ops::Storage::View, Some(i)) => Some((slots[0].unwrap(), contiguous[i])),
+                (ops::Storage::StridedView, Some(_)) => Some((slots[0].unwrap(), false)),
+                (ops::Storage::Reshape, Some(i)) if contiguous[i] => {
+                    Some((slots[0].unwrap(), true))
+                }
+                _ => None,
+            };
+            let kind = if node.op_type == "Constant" {
+                StorageKind::Constant
+            } else {
+                StorageKind::Activation
+            };
+            let s = match alias {
+                Some((s, c)) if kind == StorageKind::Activation => {
+                    contiguous[t] = c;
+                    s
+                }
+                _ => {
+                    let dt = b.dtype_of(t, &float_dtype);
+                    let s = b.new_storage(&g.tensor(t).name, &inf.facts[t], dt, kind);
+                    if kind == StorageKind::Constant {
+                        b.storages[s].persistent = true;
+                    } else {
+                        writes.push(s);
+                    }
+                    s
+                }
+            };
+            if g.outputs.contains(&t) {
+                b.storages[s].held = true;
+            }
+            let _ = k;
+            tstore[t] = Some(s);
+        }
+        // Extras, when this node's backward will run.
+        let mut extras = Vec::new();
+        if let Ok(Some(bw)) = &rule.backward {
+            if node.outputs.iter().flatten().any(|&t| has_grad[t]) {
+                for (k, f) in bw.extras.iter().enumerate() {
+                    let s = b.new_storage(
+                        &format!("{}/saved{k}", node.name),
+                        f,
+                        f.dtype,
+                        StorageKind::Extra,
+                    );
+                    writes.push(s);
+                    extras.push(s);
+                }
+            }
+        }
+        b.steps.push(Step {
+            name: node.name.clone(),
+            op: node.op_type.clone(),
+            kind: StepKind::Forward,
+            node: Some(ix),
+            reads,
+            writes,
+            updates: Vec::new(),
+            flops: inf.flops[step],
+        });
+        read_as.push(slots);
+        extras_of.push(extras);
+    }
+
+    // 7. Loss.
+    let out0_s = tstore[out0].expect("stored");
+    let loss = b.new_storage(
+        "loss",
+        &Fact::new(DType::F32, vec![]),
+        DType::F32,
+        StorageKind::Loss,
+    );
+    b.storages[loss].held = true;
+    let n_out = inf.facts[out0].numel();
+    b.steps.push(Step {
+        name: "loss".into(),
+        op: match b.opts.loss {
+            Loss::Mean => "ReduceMean",
+            Loss::Sum => "ReduceSum",
+        }
+        .into(),
+        kind: StepKind::Loss,
+        node: None,
+        reads: vec![out0_s],
+        writes: vec![loss],
+        updates: Vec::new(),
+        flops: n_out,
+    });
+    let mut grad: Vec<Option<StorageId>> = vec![None; n_t];
+    let g0_fact = match b.opts.loss {
+        Loss::Mean => inf.facts[out0].clone(),
+        // SumBackward expands the scalar gradient: a view, one element of storage.
+        Loss::Sum => Fact::new(inf.facts[out0].dtype, vec![]),
+    };
+    let g0_dtype = b.dtype_of(out0, &float_dtype);
+    let g0 = b.new_storage(
+        &format!("{}/grad", g.tensor(out0).name),
+        &g0_fact,
+        g0_dtype,
+        StorageKind::ActivationGrad,
+    );
+    grad[out0] = Some(g0);
+    b.steps.push(Step {
+        name: "loss/grad".into(),
+        op: "LossGrad".into(),
+        kind: StepKind::Backward,
+        node: None,
+        reads: vec![loss],
+        writes: vec![g0],
+        updates: Vec::new(),
+        flops: n_out,
+    });
+
+    // 8. Backward, in reverse order.
+    let grads_resident = b.opts.grads_resident;
+    for (step, &ix) in g.order.iter().enumerate().rev() {
+        let node = g.node(ix);
+        let out_grads: Vec<StorageId> = node
+            .outputs
+            .iter()
+            .flatten()
+            .filter(|&&t| has_grad[t])
+            .filter_map(|&t| grad[t])
+            .collect();
+        if out_grads.is_empty() {
+            continue;
+        }
+        let Ok(Some(bw)) = &rules[step].backward else {
+            continue;
+        };
+        let mut reads = out_grads.clone();
+        let mut writes = Vec::new();
+        let mut updates = Vec::new();
+        let is_view = matches!(
+            rules[step].storage,
+            ops::Storage::View | ops::Storage::StridedView | ops::Storage::Reshape
+        );
+        let gelu_input = fused_gelu.get(&ix).copied();
+        for gr in &bw.grads {
+            let Some(Some(t)) = node.inputs.get(gr.input) else {
+                continue;
+            };
+            let t = *t;
+            if !has_grad[t] {
+                continue;
+            }
+            // Saved tensors this gradient reads.
+            let needs: Vec<Saved> = match gelu_input {
+                // Fused GELU: its backward reads only the GELU input.
+                Some(_) => Vec::new(),
+                None => gr.needs.clone(),
+            };
+            for sv in needs {
+                let s = match sv {
+                    Saved::Input(i) => read_as[step].get(i).copied().flatten(),
+                    Saved::Output(i) => node
+                        .outputs
+                        .get(i)
+                        .copied()
+                        .flatten()
+                        .and_then(|o| tstore[o]),
+                    Saved::Extra(i) => extras_of[step].get(i).copied(),
+                };
+                if let Some(s) = s {
+                    if !reads.contains(&s) {
+                        reads.push(s);
+                    }
+                }
+            }
+            if let Some(x) = gelu_input.filter(|&x| x != usize::MAX) {
+                let s = tstore[x].expect("stored");
+                if !reads.contains(&s) {
+                    reads.push(s);
+                }
+            }
+            // The gradient: a view of the incoming one through view ops, else new.
+            let param = g.tensor(t).kind == TensorKind::Parameter;
+            match grad[t] {
+                None if is_view && !param && out_grads.len() == 1 => grad[t] = Some(out_grads[0]),
+                None => {
+                    let kind = if param {
+                        StorageKind::ParamGrad
+                    } else {
+                        StorageKind::ActivationGrad
+                    };
+                    let dt = if param {
+                        prec.master()
+                    } else {
+                        b.dtype_of(t, &float_dtype)
+                    };
+                    let name = format!("{}/grad", g.tensor(t).name);
+                    let s = b.new_storage(&name, &inf.facts[t], dt, kind);
+                    if param {
+                        b.storages[s].held = true;
+                        b.storages[s].persistent = grads_resident;
+                    }
+                    if !b.storages[s].persistent {
+                        writes.push(s);
+                    }
+                    grad[t] = Some(s);
+                }
+                Some(existing) => {
+                    // Accumulate: the partial gradient is a temporary added in place.
+                    let dt = b.storages[existing].dtype;
+                    let tmp = b.new_storage(
+                        &format!("{}/grad+", g.tensor(t).name),
+                        &inf.facts[t],
+                        dt,
+                        StorageKind::GradTemp,
+                    );
+                    writes.push(tmp);
+                    reads.push(tmp);
+                    updates.push(existing);
+                }
+            }
+        }
+        for &s in &reads {
+            let k = b.storages[s].kind;
+            if !matches!(
+                k,
+                StorageKind::ActivationGrad | StorageKind::GradTemp | StorageKind::ParamGrad
+            ) {
+                b.storages[s].saved = true;
+            }
+        }
+        b.steps.push(Step {
+            name: format!("{}/grad", node.name),
+            op: format!("{}Grad", node.op_type),
+            kind: StepKind::Backward,
+            node: Some(ix),
+            reads,
+            writes,
+            updates,
+            flops: bw.flops,
+        });
+    }
+
+    // 9. Optimizer.
+    let with_grad: Vec<TensorId> = (0..n_t).filter(|&t| trainable[t] && has_grad[t]).collect();
+    let trainable_ids: Vec<TensorId> = (0..n_t).filter(|&t| trainable[t]).collect();
+    let master = prec.master();
+    let grad_bytes: u64 = with_grad
+        .iter()
+        .map(|&t| master.bytes_for(inf.facts[t].numel()).unwrap_or(u64::MAX))
+        .sum();
+    let mut reads: Vec<StorageId> = with_grad.iter().filter_map(|&t| grad[t]).collect();
+    reads.extend(with_grad.iter().filter_map(|&t| tstore[t]));
+    let mut writes = Vec::new();
+    let states = b.opts.optimizer.states();
+    if states > 0 && grad_bytes > 0 {
+        let s = b.new_storage(
+            "optimizer state",
+            &Fact::new(master, vec![]),
+            master,
+            StorageKind::OptimizerState,
+        );
+        b.storages[s].bytes = grad_bytes * states;
+        b.storages[s].shape = Vec::new();
+        b.storages[s].persistent = true;
+        reads.push(s);
+    }
+    let temp = b.opts.optimizer.temp_factor() * grad_bytes;
+    if temp > 0 {
+        let s = b.new_storage(
+            "optimizer temporaries",
+            &Fact::new(master, vec![]),
+            master,
+            StorageKind::OptimizerTemp,
+        );
+        b.storages[s].bytes = temp;
+        writes.push(s);
+        reads.push(s);
+    }
+    let n_params: u64 = with_grad.iter().map(|&t| inf.facts[t].numel()).sum();
+    let per_elem = match b.opts.optimizer {
+        super::Optimizer::Sgd => 2,
+        super::Optimizer::Momentum => 4,
+        super::Optimizer::Adam | super::Optimizer::Adamw => 12,
+    };
+    b.steps.push(Step {
+        name: "optimizer".into(),
+        op: b.opts.optimizer.to_string(),
+        kind: StepKind::Optimizer,
+        node: None,
+        reads,
+        writes,
+        updates: Vec::new(),
+        flops: n_params.saturating_mul(per_elem),
+    });
+
+    let tensor_storage = tstore
+        .into_iter()
+        .map(|s| s.unwrap_or(usize::MAX))
+        .collect();
+    Ok(Schedule {
+        storages: b.storages,
+        steps: b.steps,
+        tensor_storage,
+        trainable: trainable_ids,
+        with_grad,
+    })
+}
+
+/// Finds exact-GELU subgraphs `Mul(Mul(x, Add(Erf(Div(x, √2)), 1)), 0.5)` (in any
+/// operand order, with the 0.5 multiply first or last) and maps their final node to `x`.
+/// The inner nodes keep their forward storage (PyTorch's fused kernel writes only the
+/// result) but save nothing.
+fn find_erf_gelu(model: &Model, inf: &Inferred) -> std::collections::HashMap<NodeIndex, TensorId> {
+    let g = &model.graph;
+    let mut out = std::collections::HashMap::new();
+    let producer = |t: TensorId| g.tensor(t).producer.map(|p| (p, g.node(p)));
+    let is_const = |t: TensorId| inf.facts[t].value.is_some() || g.tensor(t).init.is_some();
+    for &ix in &g.order {
+        let n = g.node(ix);
+        if n.op_type != "Erf" {
+            continue;
+        }
+        let Some(Some(div_out)) = n.inputs.first() else {
+            continue;
+        };
+        let Some((_, div)) = producer(*div_out) else {
+            continue;
+        };
+        if !matches!(div.op_type.as_str(), "Div" | "Mul") {
+            continue;
+        }
+        let Some(x) = div.inputs.iter().flatten().copied().find(|&t| !is_const(t)) else {
+            continue;
+        };
+        // Follow erf → add(1) → mul(x) [→ mul(0.5)], or the 0.5 applied to x first.
+        let Some(erf_out) = n.outputs.first().copied().flatten() else {
+            continue;
+        };
+        let consumers = |t: TensorId| {
+            g.order
+                .iter()
+                .copied()
+                .filter(move |&c| g.node(c).inputs.contains(&Some(t)))
+                .collect::<Vec<_>>()
+        };
+        let adds = consumers(erf_out);
+        let [add] = adds.as_slice() else { continue };
+        if g.node(*add).op_type != "Add" {
+            continue;
+        }
+        let Some(add_out) = g.node(*add).outputs.first().copied().flatten() else {
+            continue;
+        };
+        let muls = consumers(add_out);
+        let [mul] = muls.as_slice() else { continue };
+        if g.node(*mul).op_type != "Mul" {
+            continue;
+        }
+        let Some(mul_out) = g.node(*mul).outputs.first().copied().flatten() else {
+            continue;
+        };
+        let mut last = *mul;
+        let after = consumers(mul_out);
+        if let [m2] = after.as_slice() {
+            let m2n = g.node(*m2);
+            if m2n.op_type == "Mul" && m2n.inputs.iter().flatten().any(|&t| is_const(t)) {
+                last = *m2;
+            }
+        }
+        // Every node of the pattern saves nothing; the last one reads x.
+        for node in [*div_out].iter().filter_map(|&t| g.tensor(t).producer) {
+            out.insert(node, usize::MAX);
+        }
+        out.insert(ix, usize::MAX);
+        out.insert(*add, usize::MAX);
+        if last != *mul {
+            out.insert(*mul, usize::MAX);
+        }
+        out.insert(last, x);
+    }
+    // usize::MAX marks "part of a fused GELU, reads nothing".
+    out
+}

@@ -1,0 +1,92 @@
+//! The training step: autodiff over the forward graph, a loss, the optimizer
+//! update, and the precision policy, producing a [`Schedule`] whose memory
+//! [`crate::memory::simulate`] replays.
+
+pub mod autodiff;
+pub mod policy;
+
+pub use autodiff::{build_schedule, Schedule, Step, StepKind, Storage, StorageKind};
+pub use policy::Precision;
+
+use std::fmt;
+
+/// The optimizer, by how many fp32 states it keeps per trainable parameter element.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Optimizer {
+    /// Plain SGD: no state.
+    Sgd,
+    /// SGD with momentum: one buffer.
+    Momentum,
+    /// Adam: exp_avg and exp_avg_sq.
+    Adam,
+    /// AdamW: as Adam (decoupled weight decay needs no extra state).
+    Adamw,
+}
+
+impl Optimizer {
+    /// States per parameter.
+    pub fn states(self) -> u64 {
+        match self {
+            Optimizer::Sgd => 0,
+            Optimizer::Momentum => 1,
+            Optimizer::Adam | Optimizer::Adamw => 2,
+        }
+    }
+
+    /// Temporary bytes of one update, as a multiple of the parameters' bytes:
+    /// PyTorch's multi-tensor (foreach, the CUDA default) Adam computes
+    /// `sqrt(exp_avg_sq)` for all parameters at once; SGD updates in place.
+    pub fn temp_factor(self) -> u64 {
+        match self {
+            Optimizer::Adam | Optimizer::Adamw => 1,
+            Optimizer::Sgd | Optimizer::Momentum => 0,
+        }
+    }
+}
+
+impl fmt::Display for Optimizer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Optimizer::Sgd => "sgd",
+            Optimizer::Momentum => "momentum",
+            Optimizer::Adam => "adam",
+            Optimizer::Adamw => "adamw",
+        })
+    }
+}
+
+/// How the first graph output becomes a scalar loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Loss {
+    /// `out.mean()`: its backward writes a full-size gradient.
+    Mean,
+    /// `out.sum()`: its backward is a broadcast view of the scalar gradient.
+    Sum,
+}
+
+/// Options of one training step.
+#[derive(Debug, Clone, Copy)]
+pub struct TrainOptions {
+    /// Optimizer.
+    pub optimizer: Optimizer,
+    /// Precision policy.
+    pub precision: Precision,
+    /// Loss.
+    pub loss: Loss,
+    /// Gradients stay allocated for the whole step (gradient accumulation across
+    /// micro-batches) instead of being set to None before the forward pass.
+    pub grads_resident: bool,
+}
+
+impl Default for TrainOptions {
+    fn default() -> Self {
+        TrainOptions {
+            optimizer: Optimizer::Adam,
+            precision: Precision::Fp32,
+            loss: Loss::Mean,
+            grads_resident: false,
+        }
+    }
+}
