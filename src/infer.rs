@@ -53,6 +53,24 @@ fn looks_like_batch(name: &str) -> bool {
     name.to_ascii_lowercase().contains("batch")
 }
 
+/// Whether the model has a batch dimension to bind (see the module docs' rule).
+pub fn has_batch_dim(model: &Model) -> bool {
+    let g = &model.graph;
+    let decls: Vec<&[DimDecl]> = g
+        .inputs
+        .iter()
+        .map(|&t| g.tensor(t).declared_shape.as_deref().unwrap_or(&[]))
+        .collect();
+    let named = decls
+        .iter()
+        .flat_map(|d| d.iter())
+        .any(|d| matches!(d, DimDecl::Named(n) if looks_like_batch(n)));
+    named
+        || decls
+            .iter()
+            .any(|d| matches!(d.first(), Some(DimDecl::Named(_) | DimDecl::Unknown)))
+}
+
 /// Checks that every op is supported; lists each unsupported op type once with a node.
 pub fn check_supported(model: &Model) -> Result<()> {
     let reg = registry();

@@ -7,11 +7,13 @@
 #![warn(missing_docs)]
 
 pub mod error;
+pub mod fit;
 pub mod infer;
 pub mod ir;
 pub mod memory;
 pub mod onnx;
 pub mod ops;
+pub mod remat;
 pub mod report;
 pub mod train;
 

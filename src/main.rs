@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 
+use memplan::fit::{fit, FitOptions, FitReport};
 use memplan::infer::{infer, Bindings};
 use memplan::memory::profile_inference;
 use memplan::memory::simulate;
@@ -43,6 +44,29 @@ enum Command {
         /// Also profile one training step (forward, loss, backward, optimizer update).
         #[arg(long)]
         train: bool,
+        #[command(flatten)]
+        training: TrainArgs,
+    },
+    /// The largest batch that fits a memory budget, per strategy (mixed precision,
+    /// checkpointing, gradient accumulation, data parallel, ZeRO).
+    Fit {
+        /// The ONNX file.
+        model: PathBuf,
+        /// Memory per GPU, e.g. `16GiB`, `80GB`, `24G` (GiB).
+        #[arg(long, value_parser = memplan::fit::parse_memory)]
+        memory: u64,
+        /// GPUs for data parallel and ZeRO.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=65536))]
+        gpus: u64,
+        /// Samples per optimizer step wanted (sizes gradient accumulation).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        target_batch: Option<u64>,
+        /// Binds another named dimension, e.g. `--dim seq=128` (repeatable).
+        #[arg(long = "dim", value_name = "NAME=VALUE")]
+        dims: Vec<String>,
+        /// Print one JSON object instead of the table.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         training: TrainArgs,
     },
@@ -129,7 +153,67 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Fit {
+            model,
+            memory,
+            gpus,
+            target_batch,
+            dims,
+            json,
+            training,
+        } => {
+            let path = model.display().to_string();
+            let m = load_model(&model).with_context(|| path.clone())?;
+            let opts = FitOptions {
+                memory,
+                train: training.options(),
+                gpus,
+                target_batch,
+                dims: parse_dims(&dims)?,
+            };
+            let r = fit(&m, &path, &opts).with_context(|| path.clone())?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                print!("{}", fit_text(&r));
+            }
+            Ok(())
+        }
     }
+}
+
+fn fit_text(r: &FitReport) -> String {
+    use memplan::report::human_bytes;
+    let mut s = format!(
+        "model        {}\nbudget       {} per GPU ({} optimizer, {}, {} GPU{})\nbatch 1 needs {} as exported\n\n",
+        r.model,
+        human_bytes(r.memory_bytes),
+        r.optimizer,
+        r.precision,
+        r.gpus,
+        if r.gpus == 1 { "" } else { "s" },
+        human_bytes(r.batch1_bytes)
+    );
+    s.push_str(&format!(
+        "  {:<20} {:>9} {:>12} {:>9}  notes\n",
+        "strategy", "max batch", "peak", "overhead"
+    ));
+    for st in &r.strategies {
+        let batch = match (st.max_batch, st.global_batch) {
+            (0, _) => "none".to_string(),
+            (b, Some(gb)) if gb != b => format!("{b} ({gb})"),
+            (b, _) => b.to_string(),
+        };
+        s.push_str(&format!(
+            "  {:<20} {:>9} {:>12} {:>8.1}%  {}\n",
+            st.name,
+            batch,
+            human_bytes(st.peak_bytes),
+            st.overhead * 100.0,
+            st.note
+        ));
+    }
+    s
 }
 
 fn main() -> ExitCode {

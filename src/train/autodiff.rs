@@ -412,12 +412,14 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
             reads.push(s);
             slots.push(Some(s));
         }
-        // Output dtypes.
+        // Output dtypes: the widest float input that is not a parameter (a module's
+        // weights and biases follow its input under autocast, e.g. BatchNorm on half
+        // input, or a Linear's bias add).
         let widest = slots
             .iter()
             .zip(&node.inputs)
             .filter_map(|(s, t)| s.zip(*t))
-            .filter(|&(_, t)| is_float(t))
+            .filter(|&(_, t)| is_float(t) && g.tensor(t).kind != TensorKind::Parameter)
             .map(|(s, _)| b.storages[s].dtype)
             .max_by_key(|d| d.bits());
         for t in node.outputs.iter().flatten() {
