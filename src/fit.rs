@@ -201,9 +201,8 @@ fn max_batch(model: &Model, o: &FitOptions, st: Strategy) -> Result<(u64, u64, f
     if t1.len() == t2.len() {
         for (&a, &b2) in t1.iter().zip(&t2) {
             let c = b2.saturating_sub(a);
-            if c > 0 {
-                let b = 1 + (o.memory - a.min(o.memory)) / c;
-                best = best.min(b);
+            if let Some(more) = (o.memory - a.min(o.memory)).checked_div(c) {
+                best = best.min(1 + more);
             }
         }
     } else {
@@ -350,7 +349,7 @@ pub fn parse_memory(text: &str) -> std::result::Result<u64, String> {
         u => return Err(format!("--memory '{text}': unknown unit '{u}'")),
     };
     let bytes = v * mult;
-    if !(bytes >= 1.0) || bytes > 1e18 {
+    if bytes.is_nan() || bytes < 1.0 || bytes > 1e18 {
         return Err(format!("--memory '{text}' must be between 1 byte and 1 EB"));
     }
     Ok(bytes as u64)
