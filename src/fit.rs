@@ -349,7 +349,7 @@ pub fn parse_memory(text: &str) -> std::result::Result<u64, String> {
         u => return Err(format!("--memory '{text}': unknown unit '{u}'")),
     };
     let bytes = v * mult;
-    if bytes.is_nan() || bytes < 1.0 || bytes > 1e18 {
+    if bytes.is_nan() || !(1.0..=1e18).contains(&bytes) {
         return Err(format!("--memory '{text}' must be between 1 byte and 1 EB"));
     }
     Ok(bytes as u64)
