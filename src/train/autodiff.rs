@@ -9,10 +9,15 @@
 //! strided view copies. A gradient flowing back through a view op is a view of the
 //! incoming gradient.
 //!
-//! Recognised fusions: the exact GELU that exporters write as
-//! `x · (erf(x/√2) + 1) · 0.5` runs fused in PyTorch (`F.gelu`), whose backward saves
-//! only `x`; memplan models the pattern that way. The tanh form is left as written,
-//! since models that use it (GPT-2's `NewGELUActivation`) run it op by op.
+//! Recognised fusions (PyTorch runs these as one kernel; memplan models what that
+//! kernel saves): the exact GELU exporters write as `x · (erf(x/√2) + 1) · 0.5`
+//! (`F.gelu` saves only `x`), and the exporter's decomposition of
+//! `scaled_dot_product_attention` (flash attention saves q, k, v, the output and a
+//! logsumexp). The tanh GELU and eager attention are left as written, since the
+//! models that use them (GPT-2's `NewGELUActivation`, HF eager attention) run them op
+//! by op.
+
+use std::collections::HashMap;
 
 use petgraph::stable_graph::NodeIndex;
 
@@ -234,7 +239,8 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
             storage: op.storage(&cx),
         });
     }
-    let fused_gelu = find_erf_gelu(model, inf);
+    let mut fusions = find_erf_gelu(model, inf);
+    fusions.extend(find_sdpa(model, inf));
 
     // 2. Trainable parameters: floating initializers read at a differentiable slot.
     let mut trainable = vec![false; n_t];
@@ -342,7 +348,17 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         steps: Vec::new(),
     };
     let mut tstore: Vec<Option<StorageId>> = vec![None; n_t];
-    let mut contiguous = vec![true; n_t];
+    // Physical dim order of each forward tensor (identity: contiguous; None: strided in
+    // a way a reshape must copy).
+    let mut layout: Vec<Option<Vec<usize>>> = inf
+        .facts
+        .iter()
+        .map(|f| Some((0..f.rank()).collect()))
+        .collect();
+    let contiguous = |l: &Option<Vec<usize>>| {
+        l.as_ref()
+            .is_some_and(|p| p.iter().enumerate().all(|(i, &d)| i == d))
+    };
     // Persistent storages.
     for (t, info) in g.tensors.iter().enumerate() {
         let kind = match info.kind {
@@ -437,11 +453,31 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
                     slots[0].is_some() && b.dtype_of(i, &float_dtype) == b.dtype_of(t, &float_dtype)
                 })
             };
+            let rank = inf.facts[t].rank();
+            let identity: Vec<usize> = (0..rank).collect();
             let alias = match (rule.storage, view_of(&b)) {
-                (ops::Storage::View, Some(i)) => Some((slots[0].unwrap(), contiguous[i])),
-                (ops::Storage::StridedView, Some(_)) => Some((slots[0].unwrap(), false)),
-                (ops::Storage::Reshape, Some(i)) if contiguous[i] => {
-                    Some((slots[0].unwrap(), true))
+                (ops::Storage::View, Some(i)) => Some((
+                    slots[0].expect("read"),
+                    contiguous(&layout[i]).then(|| identity.clone()),
+                )),
+                (ops::Storage::StridedView, Some(i)) if node.op_type == "Transpose" => {
+                    // Output dim j is input dim perm[j]: permute the physical order.
+                    let perm: Vec<usize> = match node.attrs.ints("perm") {
+                        Some(p) => p.iter().map(|&d| d as usize).collect(),
+                        None => (0..rank).rev().collect(),
+                    };
+                    let l = layout[i].as_ref().map(|phys| {
+                        let mut inv = vec![0; rank];
+                        for (j, &p) in perm.iter().enumerate() {
+                            inv[p] = j;
+                        }
+                        phys.iter().map(|&d| inv[d]).collect()
+                    });
+                    Some((slots[0].expect("read"), l))
+                }
+                (ops::Storage::StridedView, Some(_)) => Some((slots[0].expect("read"), None)),
+                (ops::Storage::Reshape, Some(i)) if contiguous(&layout[i]) => {
+                    Some((slots[0].expect("read"), Some(identity.clone())))
                 }
                 _ => None,
             };
@@ -451,8 +487,8 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
                 StorageKind::Activation
             };
             let s = match alias {
-                Some((s, c)) if kind == StorageKind::Activation => {
-                    contiguous[t] = c;
+                Some((s, l)) if kind == StorageKind::Activation => {
+                    layout[t] = l;
                     s
                 }
                 _ => {
@@ -469,14 +505,22 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
             if g.outputs.contains(&t) {
                 b.storages[s].held = true;
             }
-            let _ = k;
+            if let Some(l) = fusions.get(&ix).and_then(|f| f.out_layout.clone()) {
+                if k == 0 && l.len() == rank {
+                    layout[t] = Some(l);
+                }
+            }
             tstore[t] = Some(s);
         }
         // Extras, when this node's backward will run.
         let mut extras = Vec::new();
         if let Ok(Some(bw)) = &rule.backward {
             if node.outputs.iter().flatten().any(|&t| has_grad[t]) {
-                for (k, f) in bw.extras.iter().enumerate() {
+                let made = match fusions.get(&ix) {
+                    Some(f) => &f.extras,
+                    None => &bw.extras,
+                };
+                for (k, f) in made.iter().enumerate() {
                     let s = b.new_storage(
                         &format!("{}/saved{k}", node.name),
                         f,
@@ -575,7 +619,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
             rules[step].storage,
             ops::Storage::View | ops::Storage::StridedView | ops::Storage::Reshape
         );
-        let gelu_input = fused_gelu.get(&ix).copied();
+        let fusion = fusions.get(&ix);
         for gr in &bw.grads {
             let Some(Some(t)) = node.inputs.get(gr.input) else {
                 continue;
@@ -584,10 +628,10 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
             if !has_grad[t] {
                 continue;
             }
-            // Saved tensors this gradient reads.
-            let needs: Vec<Saved> = match gelu_input {
-                // Fused GELU: its backward reads only the GELU input.
-                Some(_) => Vec::new(),
+            // Saved tensors this gradient reads (a fused pattern reads what the fused
+            // kernel saves instead).
+            let needs: Vec<Saved> = match fusion {
+                Some(f) => (0..f.extras.len()).map(Saved::Extra).collect(),
                 None => gr.needs.clone(),
             };
             for sv in needs {
@@ -607,7 +651,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
                     }
                 }
             }
-            if let Some(x) = gelu_input.filter(|&x| x != usize::MAX) {
+            for &x in fusion.map(|f| f.reads.as_slice()).unwrap_or(&[]) {
                 let s = tstore[x].expect("stored");
                 if !reads.contains(&s) {
                     reads.push(s);
@@ -741,78 +785,200 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
     })
 }
 
-/// Finds exact-GELU subgraphs `Mul(Mul(x, Add(Erf(Div(x, √2)), 1)), 0.5)` (in any
-/// operand order, with the 0.5 multiply first or last) and maps their final node to `x`.
-/// The inner nodes keep their forward storage (PyTorch's fused kernel writes only the
-/// result) but save nothing.
-fn find_erf_gelu(model: &Model, inf: &Inferred) -> std::collections::HashMap<NodeIndex, TensorId> {
+/// What a recognised fused pattern saves, per node of the pattern: the inner nodes
+/// read nothing; the last one reads what PyTorch's fused kernel saves.
+#[derive(Debug, Clone, Default)]
+struct Fusion {
+    /// Forward tensors the backward reads.
+    reads: Vec<TensorId>,
+    /// Extra tensors the fused forward makes for backward.
+    extras: Vec<Fact>,
+    /// Physical dim order of the node's output, when not contiguous-as-shaped.
+    out_layout: Option<Vec<usize>>,
+}
+
+/// Consumers of a tensor, in execution order.
+fn consumers(model: &Model, t: TensorId) -> Vec<NodeIndex> {
     let g = &model.graph;
-    let mut out = std::collections::HashMap::new();
-    let producer = |t: TensorId| g.tensor(t).producer.map(|p| (p, g.node(p)));
+    g.order
+        .iter()
+        .copied()
+        .filter(|&c| g.node(c).inputs.contains(&Some(t)))
+        .collect()
+}
+
+/// Finds exact-GELU subgraphs `Mul(Mul(x, Add(Erf(Div(x, √2)), 1)), 0.5)` (the 0.5
+/// multiply last or absent): PyTorch runs `F.gelu` fused and saves only `x`.
+fn find_erf_gelu(model: &Model, inf: &Inferred) -> HashMap<NodeIndex, Fusion> {
+    let g = &model.graph;
+    let mut out = HashMap::new();
     let is_const = |t: TensorId| inf.facts[t].value.is_some() || g.tensor(t).init.is_some();
+    let single = |t: TensorId, op: &str| match consumers(model, t).as_slice() {
+        [c] if g.node(*c).op_type == op => Some(*c),
+        _ => None,
+    };
+    let out0 = |n: NodeIndex| g.node(n).outputs.first().copied().flatten();
     for &ix in &g.order {
         let n = g.node(ix);
         if n.op_type != "Erf" {
             continue;
         }
-        let Some(Some(div_out)) = n.inputs.first() else {
+        let Some(div_out) = n.inputs.first().copied().flatten() else {
             continue;
         };
-        let Some((_, div)) = producer(*div_out) else {
+        let Some(div) = g.tensor(div_out).producer else {
             continue;
         };
-        if !matches!(div.op_type.as_str(), "Div" | "Mul") {
+        if !matches!(g.node(div).op_type.as_str(), "Div" | "Mul") {
             continue;
         }
-        let Some(x) = div.inputs.iter().flatten().copied().find(|&t| !is_const(t)) else {
+        let Some(x) = g
+            .node(div)
+            .inputs
+            .iter()
+            .flatten()
+            .copied()
+            .find(|&t| !is_const(t))
+        else {
             continue;
         };
-        // Follow erf → add(1) → mul(x) [→ mul(0.5)], or the 0.5 applied to x first.
-        let Some(erf_out) = n.outputs.first().copied().flatten() else {
+        let Some(add) = out0(ix).and_then(|t| single(t, "Add")) else {
             continue;
         };
-        let consumers = |t: TensorId| {
-            g.order
+        let Some(mul) = out0(add).and_then(|t| single(t, "Mul")) else {
+            continue;
+        };
+        if !g.node(mul).inputs.contains(&Some(x)) {
+            continue;
+        }
+        let last = out0(mul)
+            .and_then(|t| single(t, "Mul"))
+            .filter(|&m| g.node(m).inputs.iter().flatten().any(|&t| is_const(t)))
+            .unwrap_or(mul);
+        for node in [div, ix, add, mul, last] {
+            out.insert(node, Fusion::default());
+        }
+        out.insert(
+            last,
+            Fusion {
+                reads: vec![x],
+                ..Default::default()
+            },
+        );
+    }
+    out
+}
+
+/// Finds attention written out by the TorchScript exporter's decomposition of
+/// `scaled_dot_product_attention`: `MatMul(Mul(q, √s), Mul(kᵀ, √s))` → [Add mask] →
+/// Softmax → [Dropout] → `MatMul(·, v)`. PyTorch runs it as one fused kernel
+/// (flash attention) that saves q, k, v, the output and the per-row logsumexp
+/// (float32, `[batch, heads, queries]`), and writes its output in `[B, S, H, D]`
+/// order. Eager attention (HF BERT/GPT-2: `q @ kᵀ` then a division) does not match
+/// and is differentiated op by op, as PyTorch does.
+fn find_sdpa(model: &Model, inf: &Inferred) -> HashMap<NodeIndex, Fusion> {
+    let g = &model.graph;
+    let mut out = HashMap::new();
+    let is_const = |t: TensorId| inf.facts[t].value.is_some() || g.tensor(t).init.is_some();
+    let producer = |t: TensorId| g.tensor(t).producer;
+    let out0 = |n: NodeIndex| g.node(n).outputs.first().copied().flatten();
+    for &sm in &g.order {
+        if g.node(sm).op_type != "Softmax" {
+            continue;
+        }
+        let mut pattern = vec![sm];
+        let Some(mut src) = g
+            .node(sm)
+            .inputs
+            .first()
+            .copied()
+            .flatten()
+            .and_then(producer)
+        else {
+            continue;
+        };
+        if g.node(src).op_type == "Add" {
+            pattern.push(src);
+            let next = g
+                .node(src)
+                .inputs
                 .iter()
-                .copied()
-                .filter(move |&c| g.node(c).inputs.contains(&Some(t)))
-                .collect::<Vec<_>>()
-        };
-        let adds = consumers(erf_out);
-        let [add] = adds.as_slice() else { continue };
-        if g.node(*add).op_type != "Add" {
+                .flatten()
+                .find_map(|&t| producer(t).filter(|&p| g.node(p).op_type == "MatMul"));
+            let Some(p) = next else { continue };
+            src = p;
+        }
+        if g.node(src).op_type != "MatMul" {
             continue;
         }
-        let Some(add_out) = g.node(*add).outputs.first().copied().flatten() else {
-            continue;
-        };
-        let muls = consumers(add_out);
-        let [mul] = muls.as_slice() else { continue };
-        if g.node(*mul).op_type != "Mul" {
-            continue;
-        }
-        let Some(mul_out) = g.node(*mul).outputs.first().copied().flatten() else {
-            continue;
-        };
-        let mut last = *mul;
-        let after = consumers(mul_out);
-        if let [m2] = after.as_slice() {
-            let m2n = g.node(*m2);
-            if m2n.op_type == "Mul" && m2n.inputs.iter().flatten().any(|&t| is_const(t)) {
-                last = *m2;
+        let m1 = src;
+        // Both operands scaled by a constant: the exporter's SDPA signature.
+        let scaled: Option<Vec<TensorId>> = g
+            .node(m1)
+            .inputs
+            .iter()
+            .map(|t| {
+                let p = producer((*t)?)?;
+                let n = g.node(p);
+                if n.op_type != "Mul" {
+                    return None;
+                }
+                let ins: Vec<TensorId> = n.inputs.iter().flatten().copied().collect();
+                let var: Vec<TensorId> = ins.iter().copied().filter(|&t| !is_const(t)).collect();
+                (ins.len() == 2 && var.len() == 1).then(|| {
+                    pattern.push(p);
+                    var[0]
+                })
+            })
+            .collect();
+        let Some(qk) = scaled else { continue };
+        let Some(mut probs) = out0(sm) else { continue };
+        let mut uses = consumers(model, probs);
+        if let [d] = uses.as_slice() {
+            if g.node(*d).op_type == "Dropout" {
+                pattern.push(*d);
+                let Some(p) = out0(*d) else { continue };
+                probs = p;
+                uses = consumers(model, probs);
             }
         }
-        // Every node of the pattern saves nothing; the last one reads x.
-        for node in [*div_out].iter().filter_map(|&t| g.tensor(t).producer) {
-            out.insert(node, usize::MAX);
+        let [m2] = uses.as_slice() else { continue };
+        let m2n = g.node(*m2);
+        if m2n.op_type != "MatMul" || m2n.inputs.first() != Some(&Some(probs)) {
+            continue;
         }
-        out.insert(ix, usize::MAX);
-        out.insert(*add, usize::MAX);
-        if last != *mul {
-            out.insert(*mul, usize::MAX);
+        let (Some(v), Some(o)) = (m2n.inputs.get(1).copied().flatten(), out0(*m2)) else {
+            continue;
+        };
+        let shape = &inf.facts[o].shape;
+        if shape.len() != 4 {
+            continue;
         }
-        out.insert(last, x);
+        pattern.push(m1);
+        for n in pattern {
+            out.insert(n, Fusion::default());
+        }
+        let lse = Fact::new(DType::F32, shape[..3].to_vec());
+        // The kernel writes its output in its query's memory layout, which is the
+        // layout the model's following transpose (back to tokens × features) restores:
+        // that transpose and reshape are then views, as in PyTorch.
+        let out_layout = match consumers(model, o).as_slice() {
+            [t] if g.node(*t).op_type == "Transpose" => g
+                .node(*t)
+                .attrs
+                .ints("perm")
+                .filter(|p| p.len() == 4)
+                .map(|p| p.iter().map(|&d| d as usize).collect()),
+            _ => None,
+        };
+        out.insert(
+            *m2,
+            Fusion {
+                reads: vec![qk[0], qk[1], v, o],
+                extras: vec![lse],
+                out_layout,
+            },
+        );
     }
-    // usize::MAX marks "part of a fused GELU, reads nothing".
     out
 }
