@@ -1,5 +1,7 @@
 //! Load + shape inference + inference profile, per model.
 //!
+//! `fit/<model>`: `memplan fit` at 16 GiB over 8 GPUs (all 8 strategies, each solved
+//! from two schedules and confirmed at its answer and the next batch), model loaded.
 //! `end_to_end/<model>`: map and decode the file, build the IR, infer every shape at
 //! batch 8, and compute the inference memory profile: the work `memplan profile`
 //! does minus printing. `load/<model>` and `infer_profile/<model>` split it in two.
@@ -46,6 +48,23 @@ fn bench(c: &mut Criterion) {
             b.iter(|| black_box(load_model(black_box(&path)).unwrap()))
         });
         let m = load_model(&path).unwrap();
+        let fit_opts = memplan::fit::FitOptions {
+            memory: 16 << 30,
+            train: memplan::train::TrainOptions::default(),
+            gpus: 8,
+            target_batch: Some(1024),
+            dims: Default::default(),
+        };
+        c.bench_function(&format!("fit/{name}"), |b| {
+            b.iter(|| {
+                black_box(
+                    memplan::fit::fit(&m, &name, &fit_opts)
+                        .unwrap()
+                        .strategies
+                        .len(),
+                )
+            })
+        });
         c.bench_function(&format!("infer_profile/{name}"), |b| {
             b.iter(|| {
                 let inf = infer(black_box(&m), &bindings).unwrap();

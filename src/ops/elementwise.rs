@@ -199,7 +199,11 @@ impl Op for Binary {
     fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
         let name = cx.node.op_type.as_str();
         let (a, b): (Vec<Saved>, Vec<Saved>) = match (self.kind, name) {
-            (BinKind::Compare(_), _) | (_, "Mod" | "BitShift") => return Ok(None),
+            (BinKind::Compare(_), _) | (_, "BitShift") => return Ok(None),
+            (_, "Mod") if out[0].dtype.is_float() => {
+                return Err("the gradient of a floating-point Mod is not modelled".into())
+            }
+            (_, "Mod") => return Ok(None),
             (_, "Add" | "Sub") => (vec![], vec![]),
             (_, "Mul") => (vec![Saved::Input(1)], vec![Saved::Input(0)]),
             (_, "Div") => (

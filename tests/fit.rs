@@ -1,0 +1,178 @@
+//! `fit` agrees with the training profile: at each strategy's max_batch the step
+//! fits, at max_batch + 1 it does not. Bad budgets and models fail cleanly.
+
+mod common;
+
+use std::process::Command;
+
+use memplan::fit::{fit, parse_memory, FitOptions};
+use memplan::infer::{infer, Bindings};
+use memplan::memory::simulate;
+use memplan::onnx::load_model;
+use memplan::train::{build_schedule, TrainOptions};
+
+fn peak(model: &memplan::ir::Model, b: u64, opts: &TrainOptions) -> u64 {
+    let inf = infer(
+        model,
+        &Bindings {
+            batch: Some(b),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    simulate(&build_schedule(model, &inf, opts).unwrap())
+        .peak()
+        .total()
+}
+
+#[test]
+fn max_batch_agrees_with_profile() {
+    for (name, mem) in [
+        ("resnet50", 8u64 << 30),
+        ("gpt2", 12 << 30),
+        ("bert_base", 6 << 30),
+        ("cnn", 64 << 20),
+    ] {
+        let model = load_model(&common::shipped(&format!("{name}.onnx"))).unwrap();
+        let o = FitOptions {
+            memory: mem,
+            train: TrainOptions::default(),
+            gpus: 4,
+            target_batch: Some(512),
+            dims: Default::default(),
+        };
+        let r = fit(&model, name, &o).unwrap();
+        assert_eq!(r.strategies.len(), 8);
+        let base = &r.strategies[0];
+        assert_eq!(base.name, "as-exported");
+        assert!(base.max_batch > 0, "{name}");
+        // The as-exported answer is exactly what `profile --train` says.
+        let at = peak(&model, base.max_batch, &o.train);
+        let next = peak(&model, base.max_batch + 1, &o.train);
+        assert_eq!(at, base.peak_bytes, "{name}");
+        assert!(at <= mem && next > mem, "{name}: {at} / {next} vs {mem}");
+        // Every strategy fits at its answer (peak_bytes <= budget) and the memory-saving
+        // ones fit at least as much.
+        for st in &r.strategies {
+            assert!(st.peak_bytes <= mem, "{name} {}", st.name);
+        }
+        let by = |n: &str| r.strategies.iter().find(|s| s.name == n).unwrap().max_batch;
+        assert!(by("mixed-precision") > base.max_batch, "{name}");
+        assert!(by("checkpointing-sqrt") > base.max_batch, "{name}");
+        assert!(
+            by("zero-3") >= by("zero-2") && by("zero-2") >= by("zero-1"),
+            "{name}"
+        );
+        assert!(
+            by("zero-1") >= base.max_batch && by("data-parallel") <= base.max_batch,
+            "{name}"
+        );
+        let ga = r
+            .strategies
+            .iter()
+            .find(|s| s.name == "grad-accumulation")
+            .unwrap();
+        let steps = ga.accumulation_steps.unwrap();
+        assert!(
+            ga.global_batch.unwrap() >= 512 && (512u64).div_ceil(steps) <= ga.max_batch,
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn memory_sizes_parse() {
+    assert_eq!(parse_memory("16GiB").unwrap(), 16 << 30);
+    assert_eq!(parse_memory("16G").unwrap(), 16 << 30);
+    assert_eq!(parse_memory("80GB").unwrap(), 80_000_000_000);
+    assert_eq!(parse_memory("1.5 TiB").unwrap(), 3 << 39);
+    assert_eq!(parse_memory("512").unwrap(), 512);
+    for bad in ["0", "0GiB", "-4GiB", "lots", "12 parsecs", "", "GiB"] {
+        assert!(parse_memory(bad).is_err(), "{bad}");
+    }
+}
+
+fn fit_cli(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_memplan"))
+        .arg("fit")
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn fails(args: &[&str], needles: &[&str]) {
+    let (ok, _, err) = fit_cli(args);
+    assert!(!ok, "{args:?} should fail");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    for n in needles {
+        assert!(err.contains(n), "'{n}' not in {err}");
+    }
+}
+
+#[test]
+fn bad_fit_input() {
+    let cnn = common::shipped("cnn.onnx");
+    let cnn = cnn.to_str().unwrap();
+    fails(&[cnn, "--memory", "0"], &["--memory"]);
+    fails(&[cnn, "--memory", "-1GiB"], &[]);
+    fails(&[cnn, "--memory", "plenty"], &["--memory"]);
+    fails(&[cnn, "--memory", "16GiB", "--gpus", "0"], &["--gpus"]);
+    // Too small for batch 1: say what batch 1 needs.
+    fails(&[cnn, "--memory", "1KiB"], &["cnn.onnx", "batch 1 needs"]);
+    // A model with a fixed batch.
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = common::mlp();
+    let g = m.graph.as_mut().unwrap();
+    g.input[0] = common::value_info("x", 1, &[common::D::N(1), common::D::N(4)]);
+    g.output.clear();
+    g.output.push(common::value_info(
+        "y",
+        1,
+        &[common::D::N(1), common::D::N(3)],
+    ));
+    let p = common::write_tmp(&dir, "fixed.onnx", &common::encode(&m));
+    fails(
+        &[p.to_str().unwrap(), "--memory", "1GiB"],
+        &["fixed.onnx", "no batch dimension"],
+    );
+    let (ok, out, err) = fit_cli(&[cnn, "--memory", "64MiB", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["memory_bytes"], 64 << 20);
+    assert!(v["strategies"][0]["max_batch"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn op_without_backward_rule_is_named() {
+    // A float Mod on the gradient path: PyTorch differentiates it, memplan has no rule.
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = common::mlp();
+    let g = m.graph.as_mut().unwrap();
+    g.node.last_mut().unwrap().output[0] = "pre".into();
+    let mut modn = common::node("Mod", "wrap_mod", &["pre", "b2"], &["y"]);
+    modn = common::with_int(modn, "fmod", 1);
+    g.node.push(modn);
+    let p = common::write_tmp(&dir, "mod.onnx", &common::encode(&m));
+    let path = p.to_str().unwrap();
+    fails(
+        &[path, "--memory", "1GiB"],
+        &["mod.onnx", "wrap_mod", "Mod", "no backward rule"],
+    );
+    // Inference profiling of the same model is fine.
+    let out = Command::new(env!("CARGO_BIN_EXE_memplan"))
+        .args(["profile", path, "--batch", "2"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let out = Command::new(env!("CARGO_BIN_EXE_memplan"))
+        .args(["profile", path, "--batch", "2", "--train"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}
