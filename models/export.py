@@ -7,6 +7,9 @@ Usage:
     python models/export.py --big PATH [--gb 1.0]
                                              # write a ~1 GB ONNX MLP with inline weights to PATH
                                              # (for memory measurements; never commit it)
+    python models/export.py --training [--only a,b] [--device cpu|cuda] [--out PATH]
+                                             # measure one PyTorch training step (saved tensors,
+                                             # peak memory) -> models/training_reference.json
 
 Requirements: torch, torchvision, transformers, onnx, onnxscript (dynamo exporter);
 onnxruntime is optional (used only to check that the exported graphs run at batch 2 and 3).
@@ -720,6 +723,768 @@ def write_big(path, gb):
           f"{n_layers * (hidden * hidden + hidden)} params")
 
 
+# --------------------------------------------------------------------------------------
+# Training-step memory reference (--training)
+# --------------------------------------------------------------------------------------
+
+TRAIN_BATCHES = (2, 4)
+TRAIN_SEED = 1234  # torch.manual_seed(TRAIN_SEED) before every step / analysis forward
+TRAIN_OPTIMIZERS = ("sgd", "adam")
+# the *_dynamo files come from the very same PyTorch model as their TorchScript twin
+TRAIN_TWINS = {"resnet18_dynamo": "resnet18", "gpt2_dynamo": "gpt2"}
+# models whose per-tensor saved list is written to the JSON ("saved_detail")
+TRAIN_DETAIL_MODELS = ("mlp", "cnn", "transformer")
+PHASES = ("zero_grad", "forward", "backward", "optimizer")
+
+TRAINING_DEFINITIONS = {
+    "step": (
+        "model.train(); model, parameters and inputs float32 (input_ids int64) on the device; inputs "
+        "made before measuring. One step = opt.zero_grad(set_to_none=True); out = model(x) "
+        "(the whole output tuple stays referenced until the end of the step); first = first output "
+        "(= first ONNX graph output: logits for gpt2, last_hidden_state for bert_base); "
+        "loss = first.mean(); loss.backward(); opt.step(); then out/first/loss are released. "
+        "One warm-up step, then the measured step. torch.manual_seed(%d) before each step. "
+        "Fresh model (build() of export.py: seed 0, same construction as the ONNX export) and "
+        "fresh optimizer per optimizer." % TRAIN_SEED
+    ),
+    "optimizers": {
+        "sgd": "torch.optim.SGD(params, lr=1e-3) (no momentum: no state)",
+        "adam": "torch.optim.Adam(params, lr=1e-3, foreach=True) (multi-tensor path)",
+    },
+    "saved_bytes": (
+        "bytes autograd saves during forward+loss: torch.autograd.graph.saved_tensors_hooks pack hook "
+        "records every packed tensor's untyped storage (data_ptr -> storage nbytes), deduplicated by "
+        "storage data_ptr, storages of parameters and buffers excluded, the model input included. "
+        "Measured in a separate forward+loss after the SGD measured step (same seed; the pack hook "
+        "keeps a reference so no storage address can be reused during the pass)"
+    ),
+    "saved_tensors": "number of distinct storages counted in saved_bytes",
+    "saved_bytes_by_view": (
+        "sum over saved tensors of numel*element_size, deduplicated by (data_ptr, shape, stride, dtype); "
+        "differs from saved_bytes where a saved tensor is a view of a bigger storage (or several "
+        "views of one storage are saved); see view_vs_storage"
+    ),
+    "saved_by_grad_fn": (
+        "graph walk from loss.grad_fn (then from the other outputs' grad_fns) over next_functions, "
+        "reading every '_saved_*' attribute; each storage attributed to the first grad_fn (BFS order) "
+        "that saves it; same dedup/exclusion as saved_bytes"
+    ),
+    "dropout": (
+        "dropout calls with p > 0 in training mode during forward: counted by a TorchFunctionMode "
+        "(catches nn.Dropout and functional F.dropout / torch.dropout, e.g. the HF eager attention "
+        "dropout); module_calls = forward hooks on nn.Dropout modules with p > 0; numel = total mask "
+        "elements. On CPU dropout saves a float32 noise tensor (4 B/element), on CUDA native_dropout "
+        "saves a bool mask (1 B/element)"
+    ),
+    "saved_bytes_cuda_equivalent": "CPU: saved_bytes - 3 * dropout.numel; on cuda: saved_bytes",
+    "resident_bytes_before_step": (
+        "distinct storages of parameters + all buffers + optimizer state + inputs, after the warm-up "
+        "step (gradients of the warm-up step are not included: zero_grad(set_to_none=True) frees them "
+        "first thing in the step)"
+    ),
+    "step_peak_delta_bytes": (
+        "peak allocated bytes during the measured step minus allocated bytes right after its "
+        "zero_grad. CPU: torch.profiler (profile_memory=True) allocation/free events, ordered by time, "
+        "running sum; cuda: torch.cuda.max_memory_allocated() per phase (reset_peak_memory_stats at "
+        "each phase start) minus memory_allocated() after zero_grad"
+    ),
+    "step_peak_bytes": (
+        "CPU: resident_bytes_before_step + step_peak_delta_bytes; cuda: torch.cuda.max_memory_allocated() "
+        "over the step (absolute; includes e.g. cuBLAS workspaces kept by the caching allocator, see "
+        "other_allocated_bytes)"
+    ),
+    "phase_peak_delta_bytes": "max over each phase of allocated bytes, relative to after zero_grad",
+    "peak_phase": "phase (zero_grad/forward/backward/optimizer/release) where step_peak_delta_bytes is reached",
+    "forward_end_delta_bytes": "allocated bytes after loss = out.mean() (end of forward), relative to after zero_grad",
+    "end_delta_bytes": "allocated bytes at the end of the step relative to after zero_grad (should equal grads_bytes)",
+    "grads_bytes": "distinct storages of p.grad after the measured step",
+    "params_bytes": "trainable parameters (distinct storages; gpt2's tied wte/lm_head counted once)",
+    "buffers_bytes": "all buffers incl. integer ones; buffers_float_bytes: floating-point buffers only",
+    "optimizer_state_bytes": "distinct tensor storages in opt.state after the measured step (Adam: exp_avg, exp_avg_sq, step)",
+}
+
+
+def _storage_id(t):
+    st = t.untyped_storage()
+    return st.data_ptr(), st.nbytes()
+
+
+def _sum_storages(tensors, seen=None):
+    """Sum of distinct untyped storages (by data_ptr). Updates `seen` if given."""
+    seen = set() if seen is None else seen
+    total = 0
+    for t in tensors:
+        if t is None:
+            continue
+        p, nb = _storage_id(t)
+        if nb == 0 or p in seen:
+            continue
+        seen.add(p)
+        total += nb
+    return total
+
+
+def _opt_state_tensors(opt):
+    import torch
+
+    res = []
+    for st in opt.state.values():
+        for v in st.values():
+            if isinstance(v, torch.Tensor):
+                res.append(v)
+    return res
+
+
+def _train_step(model, opt, inputs, phase):
+    """The measured training step. `phase(name)` is a context manager marking phases."""
+    with phase("zero_grad"):
+        opt.zero_grad(set_to_none=True)
+    with phase("forward"):
+        out = model(*inputs)
+        first = out[0] if isinstance(out, (tuple, list)) else out
+        loss = first.mean()
+    with phase("backward"):
+        loss.backward()
+    with phase("optimizer"):
+        opt.step()
+    del out, first, loss
+
+
+class _NullPhase:
+    def __call__(self, name):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+
+class _ProfilerPhase:
+    def __call__(self, name):
+        from torch.profiler import record_function
+
+        return record_function("memplan::" + name)
+
+
+class _CudaPhase:
+    """Per-phase peak via reset_peak_memory_stats / max_memory_allocated."""
+
+    def __init__(self):
+        self.peak, self.end, self.start = {}, {}, {}
+
+    def __call__(self, name):
+        import contextlib
+        import torch
+        from torch.profiler import record_function
+
+        @contextlib.contextmanager
+        def cm():
+            torch.cuda.reset_peak_memory_stats()
+            self.start[name] = torch.cuda.memory_allocated()
+            with record_function("memplan::" + name):  # for the profiler cross-check
+                yield
+            self.peak[name] = torch.cuda.max_memory_allocated()
+            self.end[name] = torch.cuda.memory_allocated()
+
+        return cm()
+
+
+def _make_optimizer(kind, model):
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=1e-3)
+    return torch.optim.Adam(params, lr=1e-3, foreach=True)
+
+
+def _collect_profile(prof, device_type="cpu"):
+    """Allocation events (time-ordered) and memplan:: ranges from a finished torch.profiler run."""
+    from torch._C._profiler import _EventType
+
+    tree = prof.profiler.kineto_results.experimental_event_tree()
+    allocs, ranges = [], {}
+    stack = list(reversed(tree))
+    seq = 0
+    while stack:
+        e = stack.pop()
+        tag, f = e.typed
+        if tag == _EventType.Allocation:
+            if f.device.type == device_type:
+                allocs.append((e.start_time_ns, seq, f.ptr, f.alloc_size, f.total_allocated))
+                seq += 1
+        elif e.name.startswith("memplan::"):
+            ranges[e.name[len("memplan::"):]] = (e.start_time_ns, e.end_time_ns)
+        stack.extend(reversed(e.children))
+    allocs.sort(key=lambda a: (a[0], a[1]))
+    return allocs, ranges
+
+
+def _analyse_timeline(allocs, ranges):
+    """Running allocated bytes over the measured step (range 'step').
+
+    Returns (result dict, check dict). Values are relative to the allocated bytes right after the
+    step's zero_grad."""
+    t0, t1 = ranges["step"]
+    live = {}  # ptr -> size, over the whole session (to pair frees with their allocation)
+    unmatched = {"count": 0, "bytes": 0}
+    order_violations = 0
+    prev_total = None
+    run = 0
+    window = []  # (t, running value after event)
+    for t, _, ptr, size, total in allocs:
+        if prev_total is not None and total != prev_total + size:
+            order_violations += 1
+        prev_total = total
+        in_win = t0 <= t <= t1
+        if size > 0:
+            live[ptr] = size
+        else:
+            if live.get(ptr) == -size:
+                del live[ptr]
+            elif in_win:
+                unmatched["count"] += 1
+                unmatched["bytes"] += -size
+        if in_win:
+            run += size
+            window.append((t, run))
+
+    def level_at(t):  # running value after the last event at or before t
+        v = 0
+        for tt, r in window:
+            if tt > t:
+                break
+            v = r
+        return v
+
+    z = level_at(ranges["zero_grad"][1]) if "zero_grad" in ranges else 0
+    phase_peak = {}
+    for ph in PHASES:
+        if ph not in ranges:
+            continue
+        a, b = ranges[ph]
+        vals = [level_at(a)] + [r for tt, r in window if a <= tt <= b]
+        phase_peak[ph] = max(vals) - z
+    last_phase_end = max(ranges[p][1] for p in PHASES if p in ranges)
+    rel = [r for tt, r in window if tt > last_phase_end]
+    if rel:
+        phase_peak["release"] = max(rel) - z
+    peak = max([0] + [r for _, r in window]) - z
+    peak_phase = max(phase_peak, key=lambda k: phase_peak[k]) if phase_peak else None
+    res = {
+        "step_peak_delta_bytes": peak,
+        "phase_peak_delta_bytes": phase_peak,
+        "peak_phase": peak_phase,
+        "forward_end_delta_bytes": level_at(ranges["forward"][1]) - z if "forward" in ranges else None,
+        "end_delta_bytes": (window[-1][1] if window else 0) - z,
+        "freed_in_zero_grad_bytes": -z,
+    }
+    check = {
+        "alloc_events_in_step": len(window),
+        "unmatched_frees_in_step": unmatched,
+        "total_allocated_order_violations": order_violations,
+    }
+    return res, check
+
+
+def profiler_selfcheck():
+    """Validate the CPU profiler-based peak on known allocation patterns."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    MB = 1 << 20
+    out = {}
+    # 1) raw allocations: 1 MiB, 2 MiB, free 1, 3 MiB, free all -> peak 5 MiB, end 0
+    pre = torch.empty(7 * MB, dtype=torch.uint8)  # allocated before profiling, freed inside
+    phase = _ProfilerPhase()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with phase("step"):
+            with phase("zero_grad"):
+                pass
+            with phase("forward"):
+                a = torch.empty(MB, dtype=torch.uint8)
+                b = torch.empty(2 * MB, dtype=torch.uint8)
+                del a
+                c = torch.empty(3 * MB, dtype=torch.uint8)
+                del b, c, pre
+    res, chk = _analyse_timeline(*_collect_profile(prof))
+    out["raw_alloc"] = {
+        "expected_peak": 5 * MB,
+        "measured_peak": res["step_peak_delta_bytes"],
+        "measured_end": res["end_delta_bytes"],
+        "unmatched_frees": chk["unmatched_frees_in_step"],
+        "ok": res["step_peak_delta_bytes"] == 5 * MB and res["end_delta_bytes"] == 0,
+        "note": "a 7 MiB tensor allocated before profiling and freed inside is not reported by the "
+        "profiler (shows up as nothing); memplan sessions therefore cover model construction too",
+    }
+    # 2) real ops: A(4 MiB); B=A@A; C=B@B; del B; D=C+1 -> peak A+B+C = 12 MiB (+ a few scalar bytes)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with phase("step"):
+            with phase("zero_grad"):
+                pass
+            with phase("forward"):
+                A = torch.randn(1024, 1024)
+                B = A @ A
+                C = B @ B
+                del B
+                D = C + 1
+                del A, C, D
+    res, chk = _analyse_timeline(*_collect_profile(prof))
+    out["matmul"] = {
+        "expected_peak": 12 * MB,
+        "measured_peak": res["step_peak_delta_bytes"],
+        "measured_end": res["end_delta_bytes"],
+        "ok": 0 <= res["step_peak_delta_bytes"] - 12 * MB < 1024 and res["end_delta_bytes"] == 0,
+    }
+    return out
+
+
+def _saved_analysis(model, inputs, detail=False):
+    """Forward+loss with saved_tensors_hooks + dropout tracking; graph walk for attribution."""
+    import torch
+    import torch.nn as nn
+    from torch.overrides import TorchFunctionMode
+
+    excl = {_storage_id(t)[0] for t in list(model.parameters()) + list(model.buffers())}
+    stor = collections.OrderedDict()  # storage ptr -> nbytes
+    views = {}  # (data_ptr, shape, stride, dtype) -> bytes
+    view_storage = {}  # same key -> storage ptr
+    keep = []
+
+    def pack(t):
+        p, nb = _storage_id(t)
+        if nb and p not in excl:
+            stor[p] = max(stor.get(p, 0), nb)
+            k = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), str(t.dtype))
+            views[k] = t.numel() * t.element_size()
+            view_storage[k] = p
+        keep.append(t)
+        return t
+
+    def unpack(t):
+        return t
+
+    drop_names = {
+        "dropout", "dropout_", "feature_dropout", "feature_dropout_", "alpha_dropout", "alpha_dropout_",
+        "feature_alpha_dropout", "dropout1d", "dropout2d", "dropout3d", "native_dropout",
+    }
+
+    class DropoutMode(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+            self.attention = collections.Counter()
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            name = getattr(func, "__name__", "")
+            if name in drop_names:
+                p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
+                tr = kwargs.get("training", kwargs.get("train", args[2] if len(args) > 2 else True))
+                if tr and p and p > 0:
+                    self.calls.append((name, float(p), args[0].numel()))
+            elif name == "scaled_dot_product_attention":
+                dp = kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0)
+                self.attention["sdpa dropout_p=%g" % dp] += 1
+            elif name == "multi_head_attention_forward":
+                dp = kwargs.get("dropout_p", args[10] if len(args) > 10 else None)
+                tr = kwargs.get("training", args[13] if len(args) > 13 else True)
+                self.attention["multi_head_attention_forward dropout_p=%s training=%s" % (dp, tr)] += 1
+            return func(*args, **kwargs)
+
+    mod_calls = []
+    handles = []
+    n_dropout_modules = collections.Counter()
+    for m in model.modules():
+        if isinstance(m, nn.modules.dropout._DropoutNd):
+            n_dropout_modules["p>0" if m.p > 0 else "p=0"] += 1
+            if m.p > 0:
+                handles.append(m.register_forward_hook(lambda mod, i, o: mod_calls.append(o.numel())))
+
+    torch.manual_seed(TRAIN_SEED)
+    dm = DropoutMode()
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        with dm:
+            out = model(*inputs)
+            outs = list(out) if isinstance(out, (tuple, list)) else [out]
+            loss = outs[0].mean()
+    for h in handles:
+        h.remove()
+
+    # graph walk: loss first, then the other outputs
+    owner = collections.OrderedDict()  # storage ptr -> (grad_fn, attr, shape, dtype, storage bytes, view bytes)
+    errors = []
+    seen = set()
+    reachable_from_loss = None
+    roots = [loss.grad_fn] + [o.grad_fn for o in outs[1:] if isinstance(o, torch.Tensor)]
+    for ri, root in enumerate(roots):
+        queue = collections.deque([root] if root is not None else [])
+        while queue:
+            node = queue.popleft()
+            if node in seen:
+                continue
+            seen.add(node)
+            cls = type(node).__name__
+            attrs = sorted(a for a in dir(node) if a.startswith("_saved_"))
+            if hasattr(node, "saved_tensors") and not attrs:
+                attrs = ["saved_tensors"]
+            for a in attrs:
+                try:
+                    v = getattr(node, a)
+                except Exception as e:  # noqa: BLE001
+                    errors.append("%s.%s: %s" % (cls, a, str(e).splitlines()[0][:120]))
+                    continue
+                ts = [v] if isinstance(v, torch.Tensor) else [x for x in v if isinstance(x, torch.Tensor)] if isinstance(v, (list, tuple)) else []
+                for t in ts:
+                    p, nb = _storage_id(t)
+                    if nb == 0 or p in excl or p in owner:
+                        continue
+                    owner[p] = (cls, a, list(t.shape), str(t.dtype).replace("torch.", ""), nb, t.numel() * t.element_size())
+            for nxt, _ in node.next_functions:
+                if nxt is not None and nxt not in seen:
+                    queue.append(nxt)
+        if ri == 0:
+            reachable_from_loss = sum(v[4] for v in owner.values())
+
+    saved_bytes = sum(stor.values())
+    walk_bytes = sum(v[4] for v in owner.values())
+    by_fn = collections.Counter()
+    by_fn_attr = collections.Counter()
+    for cls, a, shape, dt, nb, vb in owner.values():
+        by_fn[cls] += nb
+        by_fn_attr["%s.%s" % (cls, a)] += nb
+    # view vs storage, per storage
+    vsum = collections.Counter()
+    for k, b in views.items():
+        vsum[view_storage[k]] += b
+    vdiff = collections.OrderedDict()
+    for p, nb in stor.items():
+        if vsum[p] != nb:
+            who = owner.get(p)
+            key = "%s.%s" % (who[0], who[1]) if who else "(not in graph walk)"
+            d = vdiff.setdefault(key, {"storages": 0, "storage_bytes": 0, "view_bytes": 0, "example": None})
+            d["storages"] += 1
+            d["storage_bytes"] += nb
+            d["view_bytes"] += vsum[p]
+            if d["example"] is None:
+                shapes = sorted({str(list(k[1])) for k in views if view_storage[k] == p})
+                d["example"] = "storage %d B, saved views %s" % (nb, ", ".join(shapes))
+    drop_numel = sum(c[2] for c in dm.calls)
+    res = {
+        "saved_bytes": saved_bytes,
+        "saved_tensors": len(stor),
+        "saved_bytes_by_view": sum(views.values()),
+        "saved_bytes_graph_walk": walk_bytes,
+        "saved_bytes_reachable_from_loss": reachable_from_loss,
+        "saved_hook_minus_walk_bytes": saved_bytes - walk_bytes,
+        "saved_by_grad_fn": dict(sorted(by_fn.items(), key=lambda kv: -kv[1])),
+        "saved_by_grad_fn_attr": dict(sorted(by_fn_attr.items(), key=lambda kv: -kv[1])),
+        "view_vs_storage": vdiff,
+        "dropout": {
+            "count": len(dm.calls),
+            "numel": drop_numel,
+            "module_calls": len(mod_calls),
+            "module_numel": sum(mod_calls),
+            "functional_calls": len(dm.calls) - len(mod_calls),
+            "functional_numel": drop_numel - sum(mod_calls),
+            "p_values": sorted({c[1] for c in dm.calls}),
+            "dropout_modules": dict(n_dropout_modules),
+            "attention_calls": dict(dm.attention),
+        },
+        "first_output": {"shape": list(outs[0].shape), "bytes": outs[0].numel() * outs[0].element_size()},
+    }
+    if errors:
+        res["graph_walk_errors"] = errors[:20]
+    missing = set(stor) - set(owner)
+    extra = set(owner) - set(stor)
+    if missing or extra:
+        res["walk_mismatch"] = {
+            "hook_only_storages": len(missing),
+            "hook_only_bytes": sum(stor[p] for p in missing),
+            "walk_only_storages": len(extra),
+            "walk_only_bytes": sum(owner[p][4] for p in extra),
+        }
+    if detail:
+        res["saved_detail"] = [
+            [cls, a, shape, dt, nb] + ([vb] if vb != nb else []) for cls, a, shape, dt, nb, vb in owner.values()
+        ]
+    del keep, out, outs, loss
+    return res
+
+
+def _measure_one_optimizer(name, batch, kind, device, analyse):
+    """Build, warm up and measure one step. Returns (opt entry, common facts, analysis or None)."""
+    import gc
+    import torch
+
+    gc.collect()
+    on_cpu = device == "cpu"
+    prof = None
+    if on_cpu:
+        from torch.profiler import ProfilerActivity, profile
+
+        prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        prof.__enter__()  # session covers construction too: every freed block was allocated inside it
+    try:
+        model, make_inputs, spec, _ = build(name)
+        model.to(device)
+        model.train()
+        inputs = tuple(t.to(device) for t in make_inputs(batch))
+        opt = _make_optimizer(kind, model)
+        torch.manual_seed(TRAIN_SEED)
+        _train_step(model, opt, inputs, _NullPhase())  # warm-up
+        if not on_cpu:
+            torch.cuda.synchronize()
+
+        params = [p for p in model.parameters()]
+        buffers = list(model.buffers())
+        seen = set()
+        params_bytes = _sum_storages(params, seen)
+        buffers_bytes = _sum_storages(buffers, seen)
+        state_before = _opt_state_tensors(opt)
+        opt_state_bytes_before = _sum_storages(state_before, seen)
+        input_bytes = _sum_storages(inputs, seen)
+        resident = params_bytes + buffers_bytes + opt_state_bytes_before + input_bytes
+        old_grads = _sum_storages([p.grad for p in params])
+
+        torch.manual_seed(TRAIN_SEED)
+        if on_cpu:
+            ph = _ProfilerPhase()
+            with ph("step"):
+                _train_step(model, opt, inputs, ph)
+        else:
+            from torch.profiler import ProfilerActivity, profile, record_function
+
+            torch.cuda.synchronize()
+            ph = _CudaPhase()
+            alloc_before = torch.cuda.memory_allocated()
+            # the profiler also records the caching allocator's events: the CPU timeline analysis
+            # run on them must reproduce max_memory_allocated (cross-check of the CPU method)
+            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as cprof:
+                with record_function("memplan::step"):
+                    _train_step(model, opt, inputs, ph)
+            torch.cuda.synchronize()
+            alloc_end = torch.cuda.memory_allocated()
+    finally:
+        if prof is not None:
+            prof.__exit__(None, None, None)
+
+    grads = [p.grad for p in params if p.grad is not None]
+    grads_bytes = _sum_storages(grads)
+    grads_numel_bytes = sum(g.numel() * g.element_size() for g in grads)
+    state = _opt_state_tensors(opt)
+    opt_state_bytes = _sum_storages(state)
+    scalar_state = _sum_storages([t for t in state if t.numel() == 1])
+    entry = {
+        "resident_bytes_before_step": resident,
+        "optimizer_state_bytes": opt_state_bytes,
+        "optimizer_state_scalar_bytes": scalar_state,
+    }
+    if on_cpu:
+        res, chk = _analyse_timeline(*_collect_profile(prof))
+        entry["step_peak_bytes"] = resident + res["step_peak_delta_bytes"]
+        entry.update(res)
+        chk["end_delta_equals_grads_bytes"] = res["end_delta_bytes"] == grads_bytes
+        chk["freed_in_zero_grad_equals_old_grads"] = res["freed_in_zero_grad_bytes"] == old_grads
+        entry["check"] = chk
+    else:
+        state_dev = _sum_storages([t for t in state if t.device.type == "cuda"])
+        entry["optimizer_state_cpu_bytes"] = opt_state_bytes - state_dev
+        entry["optimizer_state_bytes"] = state_dev
+        entry["resident_bytes_before_step"] = resident - (opt_state_bytes - state_dev)
+        base = ph.end["zero_grad"]
+        entry["step_peak_bytes"] = max(ph.peak.values())
+        entry["step_peak_delta_bytes"] = entry["step_peak_bytes"] - base
+        entry["phase_peak_delta_bytes"] = {k: v - base for k, v in ph.peak.items()}
+        entry["peak_phase"] = max(ph.peak, key=lambda k: ph.peak[k])
+        entry["forward_end_delta_bytes"] = ph.end["forward"] - base
+        entry["end_delta_bytes"] = alloc_end - base
+        entry["memory_allocated_before_step"] = alloc_before
+        entry["memory_allocated_after_zero_grad"] = base
+        entry["other_allocated_bytes"] = base - entry["resident_bytes_before_step"]
+        # memory_allocated() counts the caching allocator's rounded blocks (multiples of 512 B)
+        entry["check"] = {"end_delta_minus_grads_bytes": alloc_end - base - grads_bytes}
+        try:
+            res, chk = _analyse_timeline(*_collect_profile(cprof, "cuda"))
+            entry["check"]["profiler_events"] = {
+                "step_peak_delta_bytes": res["step_peak_delta_bytes"],
+                "peak_phase": res["peak_phase"],
+                "equals_cuda_stats": res["step_peak_delta_bytes"] == entry["step_peak_delta_bytes"],
+                "order_violations": chk["total_allocated_order_violations"],
+                "events": chk["alloc_events_in_step"],
+            }
+        except Exception as e:  # noqa: BLE001
+            entry["check"]["profiler_events"] = "failed: %s" % e
+    common = {
+        "inputs": [{"name": s[0], "shape": list(t.shape), "dtype": torch_dtype_str(t)} for s, t in zip(spec, inputs)],
+        "input_bytes": input_bytes,
+        "params_count": sum(p.numel() for p in params),
+        "params_bytes": params_bytes,
+        "buffers_bytes": buffers_bytes,
+        "buffers_float_bytes": _sum_storages([b for b in buffers if b.is_floating_point()]),
+        "grads_bytes": grads_bytes,
+    }
+    if grads_numel_bytes != grads_bytes:
+        common["grads_bytes_by_numel"] = grads_numel_bytes
+    analysis = None
+    if analyse:
+        opt.zero_grad(set_to_none=True)
+        analysis = _saved_analysis(model, inputs, detail=name in TRAIN_DETAIL_MODELS)
+    del model, opt, inputs, params, buffers, grads, state, state_before
+    gc.collect()
+    if not on_cpu:
+        torch.cuda.empty_cache()
+    return entry, common, analysis
+
+
+def measure_training(name, batch, device, log):
+    t0 = time.time()
+    opt_entries = {}
+    common = analysis = None
+    for kind in TRAIN_OPTIMIZERS:
+        e, c, a = _measure_one_optimizer(name, batch, kind, device, analyse=(kind == "sgd"))
+        opt_entries[kind] = e
+        common = common or c
+        analysis = analysis or a
+    d = analysis["dropout"]["numel"]
+    entry = dict(common)
+    entry["saved_bytes"] = analysis.pop("saved_bytes")
+    entry["saved_tensors"] = analysis.pop("saved_tensors")
+    entry["saved_bytes_by_view"] = analysis.pop("saved_bytes_by_view")
+    entry["saved_bytes_cuda_equivalent"] = entry["saved_bytes"] - 3 * d if device == "cpu" else entry["saved_bytes"]
+    entry.update(analysis)
+    entry.update(opt_entries)
+    log(
+        "%s batch %d: saved %d B (%d storages, by view %d, walk diff %d, cuda-eq %d), dropout %d/%d el; "
+        "sgd peak %d (+%d, %s); adam peak %d (+%d, %s); %.1fs"
+        % (
+            name, batch, entry["saved_bytes"], entry["saved_tensors"], entry["saved_bytes_by_view"],
+            entry["saved_hook_minus_walk_bytes"], entry["saved_bytes_cuda_equivalent"], entry["dropout"]["count"],
+            d, opt_entries["sgd"]["step_peak_bytes"], opt_entries["sgd"]["step_peak_delta_bytes"],
+            opt_entries["sgd"]["peak_phase"], opt_entries["adam"]["step_peak_bytes"],
+            opt_entries["adam"]["step_peak_delta_bytes"], opt_entries["adam"]["peak_phase"], time.time() - t0,
+        )
+    )
+    for kind in TRAIN_OPTIMIZERS:
+        chk = opt_entries[kind].get("check", {})
+        if device == "cpu" and (
+            chk.get("unmatched_frees_in_step", {}).get("count") or not chk.get("end_delta_equals_grads_bytes")
+        ):
+            log("  WARNING %s %s: profiler check %s" % (name, kind, chk))
+    return entry
+
+
+def _json_compact(obj, indent=1, level=0):
+    """json.dumps(indent=...) but lists that hold only scalars / scalar lists stay on one line."""
+
+    def flat(o):
+        return not isinstance(o, dict) and (
+            not isinstance(o, list) or all(not isinstance(x, (dict, list)) or (isinstance(x, list) and flat(x)) for x in o)
+        )
+
+    if flat(obj):
+        return json.dumps(obj)
+    pad, pad1 = " " * (indent * level), " " * (indent * (level + 1))
+    if isinstance(obj, dict):
+        items = ["%s%s: %s" % (pad1, json.dumps(k), _json_compact(v, indent, level + 1)) for k, v in obj.items()]
+        return "{\n" + ",\n".join(items) + "\n" + pad + "}" if items else "{}"
+    items = ["%s%s" % (pad1, _json_compact(v, indent, level + 1)) for v in obj]
+    return "[\n" + ",\n".join(items) + "\n" + pad + "]" if items else "[]"
+
+
+def _train_versions():
+    v = {"python": sys.version.split()[0]}
+    for mod in ("torch", "torchvision", "transformers"):
+        try:
+            v[mod] = __import__(mod).__version__
+        except ImportError:
+            v[mod] = None
+    return v
+
+
+def main_training(a):
+    import warnings
+
+    import torch
+
+    warnings.filterwarnings("ignore")
+    device = a.device
+    if device == "cpu":
+        torch.set_num_threads(2)
+    if device == "cuda" and not torch.cuda.is_available():
+        sys.exit("--device cuda: torch.cuda.is_available() is False")
+    default_out = "training_reference.json" if device == "cpu" else "training_reference_%s.json" % device
+    out_path = a.out or os.path.join(HERE, default_out)
+    names = list(MODELS) if not a.only else a.only.split(",")
+    for n in names:
+        if n not in MODELS:
+            sys.exit("unknown model %r (known: %s)" % (n, ",".join(MODELS)))
+    ref = {}
+    if a.only and os.path.exists(out_path):
+        with open(out_path) as f:
+            ref = json.load(f)
+
+    def log(msg):
+        print(msg, flush=True)
+
+    meta = {
+        "generated_by": "python models/export.py --training --device %s" % device,
+        "versions": _train_versions(),
+        "device": device if device == "cpu" else "%s (%s)" % (device, torch.cuda.get_device_name()),
+        "torch_num_threads": torch.get_num_threads(),
+        "batches": list(TRAIN_BATCHES),
+        "seed": TRAIN_SEED,
+        "definitions": TRAINING_DEFINITIONS,
+    }
+    if device == "cpu":
+        meta["profiler_selfcheck"] = profiler_selfcheck()
+        log("profiler self-check: %s" % {k: v["ok"] for k, v in meta["profiler_selfcheck"].items()})
+    skipped = dict(ref.get("_meta", {}).get("skipped", {}))
+    failed = {}
+    done = {}
+    for name in names:
+        base = TRAIN_TWINS.get(name, name)
+        entry = {}
+        try:
+            for b in TRAIN_BATCHES:
+                if base in done and ("batch_%d" % b) in done[base]:
+                    entry["batch_%d" % b] = done[base]["batch_%d" % b]
+                else:
+                    entry["batch_%d" % b] = measure_training(base, b, device, log)
+        except ImportError as e:
+            log("SKIP %s: %s" % (name, e))
+            skipped[name] = "ImportError: %s" % e
+            continue
+        except Exception as e:  # noqa: BLE001  (keep going; reported in _meta.failed, exit code 1)
+            import traceback
+
+            traceback.print_exc()
+            log("FAILED %s: %s: %s" % (name, type(e).__name__, str(e).splitlines()[0][:300] if str(e) else ""))
+            failed[name] = "%s: %s" % (type(e).__name__, str(e)[:300])
+            continue
+        skipped.pop(name, None)
+        done[base] = entry
+        if base != name:
+            entry = {"same_pytorch_model_as": base, **entry}
+            log("%s: same PyTorch model as %s (entry copied)" % (name, base))
+        ref[name] = entry
+        meta["skipped"] = skipped
+        if failed:
+            meta["failed"] = failed
+        ordered = {"_meta": meta}
+        ordered.update({n: ref[n] for n in MODELS if n in ref})
+        with open(out_path, "w") as f:
+            f.write(_json_compact(ordered) + "\n")
+    meta["skipped"] = skipped
+    if failed:
+        meta["failed"] = failed
+    ordered = {"_meta": meta}
+    ordered.update({n: ref[n] for n in MODELS if n in ref})
+    with open(out_path, "w") as f:
+        f.write(_json_compact(ordered) + "\n")
+    log("wrote %s" % out_path)
+    if failed:
+        sys.exit("failed: %s" % ", ".join(failed))
+
+
 def versions():
     import onnx
     import torch
@@ -739,7 +1504,17 @@ def main():
     ap.add_argument("--gb", type=float, default=1.0, help="size of --big model in GiB (default 1.0, max ~1.9)")
     ap.add_argument("--only", help="comma-separated subset of: " + ",".join(MODELS))
     ap.add_argument("--optypes", default="/tmp/optypes.txt", help="where to write the op-type report")
+    ap.add_argument("--training", action="store_true",
+                    help="measure one PyTorch training step per model (batches 2 and 4, SGD and Adam) and "
+                    "write models/training_reference.json (no ONNX export)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="--training: device (default cpu)")
+    ap.add_argument("--out", help="--training: output path (default models/training_reference.json, "
+                    "models/training_reference_cuda.json with --device cuda)")
     a = ap.parse_args()
+
+    if a.training:
+        main_training(a)
+        return
 
     if a.big:
         if a.gb > 1.9:
