@@ -719,6 +719,57 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         });
     }
 
+    // 8b. Branches that require grad but that the loss does not depend on (e.g. BERT's
+    // pooler when the loss is on the hidden states): autograd decides what to save at
+    // forward time, from requires_grad alone, so those ops save their tensors anyway,
+    // and the graph keeps them for as long as an output it hangs from is held.
+    let mut reaches_held = vec![false; n_t];
+    for &t in g.outputs.iter().skip(1) {
+        reaches_held[t] = requires[t] && !has_grad[t];
+    }
+    for (step, &ix) in g.order.iter().enumerate().rev() {
+        let node = g.node(ix);
+        if !node.outputs.iter().flatten().any(|&t| reaches_held[t]) {
+            continue;
+        }
+        let Ok(Some(bw)) = &rules[step].backward else {
+            continue;
+        };
+        for gr in &bw.grads {
+            let Some(Some(t)) = node.inputs.get(gr.input) else {
+                continue;
+            };
+            if !requires[*t] {
+                continue;
+            }
+            if !has_grad[*t] {
+                reaches_held[*t] = true;
+            }
+            for sv in &gr.needs {
+                let s = match *sv {
+                    Saved::Input(i) => read_as[step].get(i).copied().flatten(),
+                    Saved::Output(i) => node
+                        .outputs
+                        .get(i)
+                        .copied()
+                        .flatten()
+                        .and_then(|o| tstore[o]),
+                    Saved::Extra(_) => None,
+                };
+                if let Some(s) = s {
+                    let st = &mut b.storages[s];
+                    if !matches!(
+                        st.kind,
+                        StorageKind::Parameter | StorageKind::Buffer | StorageKind::Constant
+                    ) {
+                        st.saved = true;
+                        st.held = true;
+                    }
+                }
+            }
+        }
+    }
+
     // 9. Optimizer.
     let with_grad: Vec<TensorId> = (0..n_t).filter(|&t| trainable[t] && has_grad[t]).collect();
     let trainable_ids: Vec<TensorId> = (0..n_t).filter(|&t| trainable[t]).collect();
