@@ -94,3 +94,159 @@ fn saved_activations_and_peak_match_pytorch() {
     println!("{}", report.join("\n"));
     assert!(checked >= 44, "{checked} cases");
 }
+
+fn schedule(name: &str, b: u64, opts: TrainOptions) -> memplan::train::Schedule {
+    let model = load_model(&common::shipped(&format!("{name}.onnx"))).unwrap();
+    let inf = infer(
+        &model,
+        &Bindings {
+            batch: Some(b),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    build_schedule(&model, &inf, &opts).unwrap()
+}
+
+#[test]
+fn precision_policies() {
+    use memplan::train::{Precision, StorageKind};
+    let fp32 = schedule("resnet50", 32, TrainOptions::default());
+    let amp = schedule(
+        "resnet50",
+        32,
+        TrainOptions {
+            precision: Precision::AmpFp16,
+            ..Default::default()
+        },
+    );
+    let bf16 = schedule(
+        "resnet50",
+        32,
+        TrainOptions {
+            precision: Precision::Bf16,
+            ..Default::default()
+        },
+    );
+    let by = |s: &memplan::train::Schedule, k: StorageKind| s.bytes_where(|x| x.kind == k);
+    // AMP: fp32 master weights, gradients and states; half copies of conv weights.
+    assert_eq!(
+        by(&amp, StorageKind::Parameter),
+        by(&fp32, StorageKind::Parameter)
+    );
+    assert_eq!(
+        by(&amp, StorageKind::ParamGrad),
+        by(&fp32, StorageKind::ParamGrad)
+    );
+    assert_eq!(
+        by(&amp, StorageKind::OptimizerState),
+        by(&fp32, StorageKind::OptimizerState)
+    );
+    assert!(by(&amp, StorageKind::Cast) > 0);
+    // Conv outputs (most of ResNet's saved tensors) are half; the half weight copies
+    // convolutions save are a fixed 49 MiB: at batch 32, well under 60 %.
+    let ratio = amp.saved_activation_bytes() as f64 / fp32.saved_activation_bytes() as f64;
+    assert!((0.45..0.6).contains(&ratio), "amp/fp32 saved = {ratio}");
+    // Pure bf16 halves everything.
+    assert_eq!(
+        2 * by(&bf16, StorageKind::Parameter),
+        by(&fp32, StorageKind::Parameter)
+    );
+    assert_eq!(
+        2 * by(&bf16, StorageKind::OptimizerState),
+        by(&fp32, StorageKind::OptimizerState)
+    );
+    // Activations halve; MaxPool's int64 indices and BatchNorm's fp32 statistics don't.
+    let ratio = bf16.saved_activation_bytes() as f64 / fp32.saved_activation_bytes() as f64;
+    assert!((0.5..0.55).contains(&ratio), "bf16/fp32 saved = {ratio}");
+    // Memory ordering of the peaks.
+    let peak = |s: &memplan::train::Schedule| simulate(s).peak().total();
+    assert!(peak(&bf16) < peak(&amp) && peak(&amp) < peak(&fp32));
+}
+
+#[test]
+fn optimizers_and_losses() {
+    use memplan::train::{Loss, StorageKind};
+    let params = |s: &memplan::train::Schedule| s.bytes_where(|x| x.kind == StorageKind::Parameter);
+    let state =
+        |s: &memplan::train::Schedule| s.bytes_where(|x| x.kind == StorageKind::OptimizerState);
+    for (opt, k) in [
+        (Optimizer::Sgd, 0),
+        (Optimizer::Momentum, 1),
+        (Optimizer::Adam, 2),
+        (Optimizer::Adamw, 2),
+    ] {
+        let s = schedule(
+            "cnn",
+            2,
+            TrainOptions {
+                optimizer: opt,
+                ..Default::default()
+            },
+        );
+        assert_eq!(state(&s), k * params(&s), "{opt}");
+    }
+    // BatchNorm running statistics are buffers, not trainable.
+    let s = schedule("cnn", 2, TrainOptions::default());
+    assert_eq!(
+        s.bytes_where(|x| x.kind == StorageKind::Buffer),
+        (16 + 16 + 32 + 32) * 4
+    );
+    // sum's gradient is a broadcast view of a scalar; mean's is full size.
+    let g0 = |s: &memplan::train::Schedule| {
+        s.storages
+            .iter()
+            .find(|x| x.name == "output/grad")
+            .unwrap()
+            .bytes
+    };
+    let mean = schedule(
+        "cnn",
+        2,
+        TrainOptions {
+            loss: Loss::Mean,
+            ..Default::default()
+        },
+    );
+    let sum = schedule(
+        "cnn",
+        2,
+        TrainOptions {
+            loss: Loss::Sum,
+            ..Default::default()
+        },
+    );
+    assert_eq!(g0(&mean), 2 * 10 * 4);
+    assert_eq!(g0(&sum), 4);
+}
+
+#[test]
+fn sqrt_checkpointing_saves_memory_at_one_extra_forward() {
+    use memplan::remat::checkpoint_sqrt;
+    let s = schedule("resnet50", 8, TrainOptions::default());
+    let base = simulate(&s).peak().total();
+    let r = checkpoint_sqrt(&s, 0);
+    let ck = simulate(&r.schedule).peak().total();
+    assert!(ck < base, "{ck} vs {base}");
+    let fwd: u64 = s
+        .steps
+        .iter()
+        .filter(|x| x.kind == memplan::train::StepKind::Forward)
+        .map(|x| x.flops)
+        .sum();
+    // Every forward step is recomputed at most once.
+    assert!(
+        r.recompute_flops <= fwd && r.recompute_flops > fwd / 2,
+        "{} vs {fwd}",
+        r.recompute_flops
+    );
+    assert_eq!(
+        r.segments,
+        ((s.steps
+            .iter()
+            .filter(|x| x.kind == memplan::train::StepKind::Forward)
+            .count() as f64)
+            .sqrt()
+            .ceil()) as usize
+    );
+}
