@@ -18,3 +18,14 @@ pub mod report;
 pub mod train;
 
 pub use error::{Error, Result};
+
+// The COIN-OR `*-src` crates carry no Rust items anyone uses, only the static
+// libraries of CBC built from source; naming them keeps those libraries in the
+// link (otherwise it fails on undefined C++ symbols). `link_cplusplus` brings
+// libstdc++. See ../shared/notes/cbc-from-source.md.
+extern crate cbc_src;
+extern crate cgl_src;
+extern crate clp_src;
+extern crate coinutils_src;
+extern crate link_cplusplus;
+extern crate osi_src;

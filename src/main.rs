@@ -11,6 +11,10 @@ use memplan::infer::{infer, Bindings};
 use memplan::memory::profile_inference;
 use memplan::memory::simulate;
 use memplan::onnx::load_model;
+use memplan::remat::bench::{load_graph, run_bench};
+use memplan::remat::dag::load_dag;
+use memplan::remat::from_schedule::from_schedule;
+use memplan::remat::plan::{plan, recomputed_modules, Solver};
 use memplan::report::train::TrainingReport;
 use memplan::report::ProfileReport;
 use memplan::train::{build_schedule, Loss, Optimizer, Precision, TrainOptions};
@@ -69,6 +73,62 @@ enum Command {
         json: bool,
         #[command(flatten)]
         training: TrainArgs,
+    },
+    /// Choose activations to recompute so one training step fits a memory budget.
+    Plan {
+        /// The ONNX file (or use --dag).
+        #[arg(required_unless_present = "dag")]
+        model: Option<PathBuf>,
+        /// A rematerialization benchmark graph (node-link JSON) instead of a model.
+        #[arg(long, conflicts_with = "model")]
+        dag: Option<PathBuf>,
+        /// Batch size (ONNX models).
+        #[arg(long)]
+        batch: Option<u64>,
+        /// Binds another named dimension (repeatable).
+        #[arg(long = "dim", value_name = "NAME=VALUE")]
+        dims: Vec<String>,
+        /// Budget: a size (`8GiB`) or, below 1, a fraction of the no-recompute peak.
+        #[arg(long)]
+        budget: String,
+        /// Planner.
+        #[arg(long, value_enum, default_value_t = Solver::Greedy)]
+        solver: Solver,
+        /// Solver time limit in seconds (MILP solvers).
+        #[arg(long, default_value_t = 60.0)]
+        time_limit: f64,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+        /// Write the whole plan (versioned JSON, docs/PLAN_FORMAT.md) to this file.
+        #[arg(short = 'o', long = "output")]
+        output: Option<PathBuf>,
+        #[command(flatten)]
+        training: TrainArgs,
+    },
+    /// Compare planners: one row per graph, budget and solver.
+    Bench {
+        /// ONNX models (training step at --batch) and/or benchmark DAGs (.json).
+        #[arg(required = true)]
+        graphs: Vec<PathBuf>,
+        /// Budgets as fractions of each graph's no-recompute peak.
+        #[arg(long, value_delimiter = ',', default_value = "0.9,0.7,0.5")]
+        budgets: Vec<f64>,
+        /// Solvers to run.
+        #[arg(long, value_delimiter = ',', value_enum, default_value = "sqrt,greedy")]
+        solvers: Vec<Solver>,
+        /// Batch size for ONNX models.
+        #[arg(long, default_value_t = 8)]
+        batch: u64,
+        /// Time limit per MILP solve, seconds.
+        #[arg(long, default_value_t = 60.0)]
+        time_limit: f64,
+        /// Print JSON rows.
+        #[arg(long, conflicts_with = "csv")]
+        json: bool,
+        /// Print CSV.
+        #[arg(long)]
+        csv: bool,
     },
 }
 
@@ -179,7 +239,200 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Plan {
+            model,
+            dag,
+            batch,
+            dims,
+            budget,
+            solver,
+            time_limit,
+            json,
+            output,
+            training,
+        } => run_plan(
+            model, dag, batch, &dims, &budget, solver, time_limit, json, output, training,
+        ),
+        Command::Bench {
+            graphs,
+            budgets,
+            solvers,
+            batch,
+            time_limit,
+            json,
+            csv,
+        } => {
+            if let Some(b) = budgets.iter().find(|&&b| !(b > 0.0 && b <= 1.0)) {
+                bail!("--budgets: {b} is not a fraction in (0, 1]");
+            }
+            let mut gs = Vec::new();
+            for p in &graphs {
+                gs.push(load_graph(p, batch).with_context(|| p.display().to_string())?);
+            }
+            let rows = run_bench(&gs, &budgets, &solvers, time_limit)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+            } else if csv {
+                println!("graph,nodes,budget,solver,feasible,peak_fraction,overhead,lower_bound,solve_seconds");
+                for r in &rows {
+                    println!(
+                        "{},{},{},{:?},{},{:.4},{:.4},{:.4},{:.3}",
+                        r.graph,
+                        r.nodes,
+                        r.budget,
+                        r.solver,
+                        r.feasible,
+                        r.peak_fraction,
+                        r.overhead,
+                        r.lower_bound,
+                        r.solve_seconds
+                    );
+                }
+            } else {
+                println!(
+                    "{:<22} {:>6} {:>6} {:<10} {:>9} {:>6} {:>9} {:>9} {:>8}",
+                    "graph",
+                    "nodes",
+                    "budget",
+                    "solver",
+                    "feasible",
+                    "peak",
+                    "overhead",
+                    "bound",
+                    "seconds"
+                );
+                for r in &rows {
+                    println!(
+                        "{:<22} {:>6} {:>5.0}% {:<10} {:>9} {:>5.1}% {:>9.4} {:>9.4} {:>8.3}",
+                        r.graph,
+                        r.nodes,
+                        r.budget * 100.0,
+                        format!("{:?}", r.solver).to_lowercase(),
+                        if r.feasible { "yes" } else { "no" },
+                        r.peak_fraction * 100.0,
+                        r.overhead,
+                        r.lower_bound,
+                        r.solve_seconds
+                    );
+                }
+            }
+            Ok(())
+        }
     }
+}
+
+fn parse_budget(text: &str, baseline: u64) -> anyhow::Result<u64> {
+    let t = text.trim();
+    if let Ok(f) = t.parse::<f64>() {
+        if f > 0.0 && f < 1.0 {
+            return Ok((baseline as f64 * f) as u64);
+        }
+    }
+    memplan::fit::parse_memory(t).map_err(|e| anyhow::anyhow!(e.replace("--memory", "--budget")))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_plan(
+    model: Option<PathBuf>,
+    dag: Option<PathBuf>,
+    batch: Option<u64>,
+    dims: &[String],
+    budget: &str,
+    solver: Solver,
+    time_limit: f64,
+    json: bool,
+    output: Option<PathBuf>,
+    training: TrainArgs,
+) -> anyhow::Result<()> {
+    use memplan::remat::graph::replay;
+    let (g, path) = match (model, dag) {
+        (_, Some(d)) => {
+            let path = d.display().to_string();
+            (load_dag(&d).with_context(|| path.clone())?, path)
+        }
+        (Some(m), None) => {
+            let path = m.display().to_string();
+            let model = load_model(&m).with_context(|| path.clone())?;
+            let inf = infer(
+                &model,
+                &Bindings {
+                    batch,
+                    dims: parse_dims(dims)?,
+                },
+            )
+            .with_context(|| path.clone())?;
+            let sched =
+                build_schedule(&model, &inf, &training.options()).with_context(|| path.clone())?;
+            (from_schedule(&sched, &path), path)
+        }
+        (None, None) => bail!("give a MODEL or --dag FILE"),
+    };
+    if !(time_limit > 0.0 && time_limit <= 86400.0) {
+        bail!("--time-limit must be between 0 and 86400 seconds");
+    }
+    let baseline = replay(&g, &g.no_recompute_plan())
+        .map_err(|e| anyhow::anyhow!("{path}: {e}"))?
+        .peak_bytes;
+    let budget_bytes = parse_budget(budget, baseline)?;
+    let r = plan(&g, budget_bytes, solver, time_limit).with_context(|| path.clone())?;
+    let modules = recomputed_modules(&g, &r.plan);
+    if let Some(out) = output {
+        let doc = serde_json::json!({
+            "format": "memplan-plan",
+            "version": 1,
+            "graph": g,
+            "budget_bytes": r.budget_bytes,
+            "predicted_peak_bytes": r.peak_bytes,
+            "solver": r.solver,
+            "plan": r.plan,
+        });
+        std::fs::write(&out, serde_json::to_vec(&doc)?)
+            .with_context(|| format!("cannot write {}", out.display()))?;
+    }
+    if json {
+        let mut v = serde_json::to_value(&r)?;
+        v["graph"] = serde_json::json!(path);
+        v["recomputed_modules"] = serde_json::json!(modules);
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    use memplan::report::human_bytes;
+    println!(
+        "graph        {path} ({} nodes, {} values)",
+        g.nodes.len(),
+        g.values.len()
+    );
+    println!("solver       {:?}", r.solver);
+    println!(
+        "budget       {}  -> {}",
+        human_bytes(r.budget_bytes),
+        if r.feasible { "feasible" } else { "INFEASIBLE" }
+    );
+    println!(
+        "peak         {} (no recompute: {})",
+        human_bytes(r.peak_bytes),
+        human_bytes(r.baseline_peak_bytes)
+    );
+    println!(
+        "lowest       {} reachable; op-local bound {}",
+        human_bytes(r.min_feasible_bytes),
+        human_bytes(r.op_local_bound_bytes)
+    );
+    println!(
+        "overhead     {:.2}% extra compute (lower bound {:.2}%)",
+        r.overhead * 100.0,
+        r.lower_bound_overhead * 100.0
+    );
+    println!(
+        "recomputed   {} tensors; {} instructions; solved in {:.3} s",
+        r.recomputed.len(),
+        r.schedule_len,
+        r.solve_seconds
+    );
+    if !modules.is_empty() {
+        println!("modules to checkpoint: {}", modules.join(", "));
+    }
+    Ok(())
 }
 
 fn fit_text(r: &FitReport) -> String {

@@ -1,6 +1,13 @@
 //! Activation recomputation: rewriting a training schedule so that fewer
 //! activations are kept for backward, at the cost of recomputing them.
 
+pub mod bench;
+pub mod dag;
+pub mod from_schedule;
+pub mod graph;
+pub mod heuristics;
+pub mod ilp;
+pub mod plan;
 pub mod sqrt;
 
 pub use sqrt::checkpoint_sqrt;

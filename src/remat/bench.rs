@@ -1,0 +1,95 @@
+//! `memplan bench`: one table of plans per graph, budget and solver.
+
+use std::path::Path;
+
+use serde::Serialize;
+
+use super::dag::load_dag;
+use super::from_schedule::from_schedule;
+use super::graph::{replay, RematGraph};
+use super::plan::{plan, Solver};
+use crate::error::{Error, Result};
+use crate::infer::{infer, Bindings};
+use crate::onnx::load_model;
+use crate::train::{build_schedule, TrainOptions};
+
+/// One row.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchRow {
+    /// Graph name (file stem).
+    pub graph: String,
+    /// Nodes in the graph.
+    pub nodes: usize,
+    /// Budget as a fraction of the no-recompute peak.
+    pub budget: f64,
+    /// Solver.
+    pub solver: Solver,
+    /// Plan fits.
+    pub feasible: bool,
+    /// Plan peak over the no-recompute peak.
+    pub peak_fraction: f64,
+    /// Total cost over the no-recompute cost (1.0 = no recomputation), the unit the
+    /// published anchors use.
+    pub overhead: f64,
+    /// Lower bound on `overhead` (1.0 when only trivial).
+    pub lower_bound: f64,
+    /// Solver wall time.
+    pub solve_seconds: f64,
+}
+
+/// Loads a model (`.onnx`, training step at `batch`) or a benchmark DAG (`.json`).
+pub fn load_graph(path: &Path, batch: u64) -> Result<RematGraph> {
+    let name = path
+        .file_stem()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into_owned();
+    if path.extension().is_some_and(|e| e == "json") {
+        let mut g = load_dag(path)?;
+        g.name = name;
+        return Ok(g);
+    }
+    let model = load_model(path)?;
+    let inf = infer(
+        &model,
+        &Bindings {
+            batch: Some(batch),
+            ..Default::default()
+        },
+    )?;
+    let s = build_schedule(&model, &inf, &TrainOptions::default())?;
+    Ok(from_schedule(&s, &name))
+}
+
+/// Plans every graph at every budget with every solver.
+pub fn run_bench(
+    graphs: &[RematGraph],
+    budgets: &[f64],
+    solvers: &[Solver],
+    time_limit_s: f64,
+) -> Result<Vec<BenchRow>> {
+    let mut rows = Vec::new();
+    for g in graphs {
+        let base = replay(g, &g.no_recompute_plan())
+            .map_err(Error::Graph)?
+            .peak_bytes;
+        for &b in budgets {
+            let budget = (base as f64 * b) as u64;
+            for &s in solvers {
+                let r = plan(g, budget, s, time_limit_s)?;
+                rows.push(BenchRow {
+                    graph: g.name.clone(),
+                    nodes: g.nodes.len(),
+                    budget: b,
+                    solver: s,
+                    feasible: r.feasible,
+                    peak_fraction: r.peak_bytes as f64 / base.max(1) as f64,
+                    overhead: 1.0 + r.overhead,
+                    lower_bound: 1.0 + r.lower_bound_overhead,
+                    solve_seconds: r.solve_seconds,
+                });
+            }
+        }
+    }
+    Ok(rows)
+}

@@ -1,0 +1,198 @@
+//! Choosing a plan under a memory budget, and what is reported about it.
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::graph::{replay, Op, RematGraph};
+use super::heuristics::{candidates, greedy, plan_with_drops, sqrt_drops};
+use crate::error::{Error, Result};
+
+/// Planner selection (`--solver`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Solver {
+    /// Keep every activation (the no-recompute schedule).
+    None,
+    /// √n equal segments (Chen et al. 2016).
+    Sqrt,
+    /// Drop the cheapest activations per byte until the peak fits.
+    Greedy,
+    /// The full Checkmate MILP (small graphs; CBC built from source).
+    Checkmate,
+}
+
+/// A plan and its figures (the `plan --json` object; keys are stable).
+#[derive(Debug, Clone, Serialize)]
+pub struct PlanReport {
+    /// Solver used.
+    pub solver: Solver,
+    /// Whether the plan's peak is within the budget.
+    pub feasible: bool,
+    /// The budget.
+    pub budget_bytes: u64,
+    /// Peak of the returned plan (replayed).
+    pub peak_bytes: u64,
+    /// Peak without recomputation.
+    pub baseline_peak_bytes: u64,
+    /// Lowest peak memplan found (this plan, or every droppable activation dropped).
+    pub min_feasible_bytes: u64,
+    /// Largest single node's inputs and outputs plus fixed memory: no plan goes below.
+    pub op_local_bound_bytes: u64,
+    /// Cost of recomputation (FLOPs for ONNX models).
+    pub recompute_flops: f64,
+    /// Cost of the step without recomputation.
+    pub baseline_flops: f64,
+    /// `recompute_flops / baseline_flops`.
+    pub overhead: f64,
+    /// A proven lower bound on `overhead` for this budget (0 when only the trivial
+    /// bound is known).
+    pub lower_bound_overhead: f64,
+    /// Wall time of the solver.
+    pub solve_seconds: f64,
+    /// Values recomputed at least once.
+    pub recomputed: Vec<String>,
+    /// Instructions in the plan.
+    pub schedule_len: usize,
+    /// The plan itself (written by `-o`, not printed).
+    #[serde(skip)]
+    pub plan: Vec<Op>,
+}
+
+/// Plans `g` under `budget` bytes.
+pub fn plan(g: &RematGraph, budget: u64, solver: Solver, time_limit_s: f64) -> Result<PlanReport> {
+    let t0 = Instant::now();
+    let base_plan = g.no_recompute_plan();
+    let base = replay(g, &base_plan).map_err(Error::Graph)?;
+    let mut all = vec![false; g.values.len()];
+    for v in candidates(g) {
+        all[v] = true;
+    }
+    let lowest = replay(g, &plan_with_drops(g, &all))
+        .map_err(Error::Graph)?
+        .peak_bytes
+        .min(base.peak_bytes);
+    let mut lower_bound = 0.0;
+    let chosen = match solver {
+        Solver::None => base_plan,
+        Solver::Sqrt => plan_with_drops(g, &sqrt_drops(g)),
+        Solver::Greedy => {
+            if base.peak_bytes <= budget {
+                base_plan
+            } else {
+                greedy(g, budget).0
+            }
+        }
+        Solver::Checkmate => {
+            let o = super::ilp::IlpOptions {
+                time_limit: std::time::Duration::from_secs_f64(time_limit_s),
+                lp_bound: true,
+            };
+            let r = super::ilp::solve_checkmate(g, budget, &o)?;
+            if let Some(lb) = r.lower_bound {
+                lower_bound =
+                    ((lb - g.base_cost()) / g.base_cost().max(f64::MIN_POSITIVE)).max(0.0);
+            }
+            match r.plan {
+                Some(p) => p,
+                None => greedy(g, budget).0,
+            }
+        }
+    };
+    let r = replay(g, &chosen).map_err(Error::Graph)?;
+    let mut count = vec![0u32; g.nodes.len()];
+    for op in &chosen {
+        if let Op::Compute(i) = op {
+            count[*i] += 1;
+        }
+    }
+    let recomputed = g
+        .nodes
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| count[*i] > 1)
+        .flat_map(|(_, n)| n.outputs.iter().map(|&v| g.values[v].name.clone()))
+        .collect();
+    let base_cost = g.base_cost();
+    Ok(PlanReport {
+        solver,
+        feasible: r.peak_bytes <= budget,
+        budget_bytes: budget,
+        peak_bytes: r.peak_bytes,
+        baseline_peak_bytes: base.peak_bytes,
+        min_feasible_bytes: lowest.min(r.peak_bytes),
+        op_local_bound_bytes: g.op_local_bound(),
+        recompute_flops: r.recompute_cost,
+        baseline_flops: base_cost,
+        overhead: if base_cost > 0.0 {
+            r.recompute_cost / base_cost
+        } else {
+            0.0
+        },
+        lower_bound_overhead: lower_bound,
+        solve_seconds: t0.elapsed().as_secs_f64(),
+        recomputed,
+        schedule_len: chosen.len(),
+        plan: chosen,
+    })
+}
+
+/// PyTorch module paths of recomputed forward nodes, from TorchScript-style node
+/// names (`/layer1/layer1.0/conv1/Conv` → `layer1.0.conv1`), deduplicated in order:
+/// the modules to wrap in `torch.utils.checkpoint` or to mark recompute in a
+/// selective-checkpoint policy.
+pub fn recomputed_modules(g: &RematGraph, plan: &[Op]) -> Vec<String> {
+    let mut count = vec![0u32; g.nodes.len()];
+    for op in plan {
+        if let Op::Compute(i) = op {
+            count[*i] += 1;
+        }
+    }
+    let mut out: Vec<String> = Vec::new();
+    for (i, n) in g.nodes.iter().enumerate() {
+        if count[i] < 2 {
+            continue;
+        }
+        if let Some(m) = module_path(&n.name) {
+            if !out.contains(&m) {
+                out.push(m);
+            }
+        }
+    }
+    out
+}
+
+/// `/a/a.b/c/Op` → `a.b.c`; `None` for names without a scope.
+pub fn module_path(node: &str) -> Option<String> {
+    let parts: Vec<&str> = node.trim_start_matches('/').split('/').collect();
+    if parts.len() < 2 {
+        return None;
+    }
+    let mut q = String::new();
+    for c in &parts[..parts.len() - 1] {
+        if q.is_empty() || c.starts_with(&format!("{q}.")) {
+            q = c.to_string();
+        } else {
+            q = format!("{q}.{c}");
+        }
+    }
+    (!q.is_empty()).then_some(q)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::module_path;
+
+    #[test]
+    fn module_paths() {
+        assert_eq!(
+            module_path("/layer1/layer1.0/conv1/Conv").as_deref(),
+            Some("layer1.0.conv1")
+        );
+        assert_eq!(
+            module_path("/transformer/h.0/attn/c_attn/Gemm").as_deref(),
+            Some("transformer.h.0.attn.c_attn")
+        );
+        assert_eq!(module_path("Relu_3"), None);
+    }
+}
