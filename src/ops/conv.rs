@@ -94,6 +94,29 @@ fn check_nc(x: &Fact, what: &str) -> RuleResult<()> {
     Ok(())
 }
 
+/// Backward of Conv and ConvTranspose: the weight for the input's gradient, the
+/// input for the weight's, nothing for the bias's; the forward's FLOPs per gradient.
+fn conv_backward(forward_flops: u64) -> Backward {
+    Backward {
+        grads: vec![
+            Grad {
+                input: 0,
+                needs: vec![Saved::Input(1)],
+            },
+            Grad {
+                input: 1,
+                needs: vec![Saved::Input(0)],
+            },
+            Grad {
+                input: 2,
+                needs: vec![],
+            },
+        ],
+        extras: Vec::new(),
+        flops: forward_flops.saturating_mul(2),
+    }
+}
+
 /// `Conv(X, W, B?)`, W = `[M, C/group, k...]`.
 /// FLOPs: 2·(C/group)·prod(k) per output element (multiply-adds), + 1 per element for bias.
 struct Conv;
@@ -150,25 +173,7 @@ impl Op for Conv {
     /// ConvolutionBackward saves the input (for the weight's gradient) and the weight
     /// (for the input's). Backward FLOPs: the forward's multiply-adds once per gradient.
     fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
-        let macs = self.flops(cx, out);
-        Ok(Some(Backward {
-            grads: vec![
-                Grad {
-                    input: 0,
-                    needs: vec![Saved::Input(1)],
-                },
-                Grad {
-                    input: 1,
-                    needs: vec![Saved::Input(0)],
-                },
-                Grad {
-                    input: 2,
-                    needs: vec![],
-                },
-            ],
-            extras: Vec::new(),
-            flops: macs.saturating_mul(2),
-        }))
+        Ok(Some(conv_backward(self.flops(cx, out))))
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
@@ -242,25 +247,7 @@ impl Op for ConvTranspose {
     }
     /// As Conv: input for the weight's gradient, weight for the input's.
     fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
-        let macs = self.flops(cx, out);
-        Ok(Some(Backward {
-            grads: vec![
-                Grad {
-                    input: 0,
-                    needs: vec![Saved::Input(1)],
-                },
-                Grad {
-                    input: 1,
-                    needs: vec![Saved::Input(0)],
-                },
-                Grad {
-                    input: 2,
-                    needs: vec![],
-                },
-            ],
-            extras: Vec::new(),
-            flops: macs.saturating_mul(2),
-        }))
+        Ok(Some(conv_backward(self.flops(cx, out))))
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New

@@ -596,6 +596,20 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
     });
 
     // 8. Backward, in reverse order.
+    // The storage a backward rule's saved tensor refers to, for the node at `step`.
+    let saved_storage = |step: usize, sv: Saved| -> Option<StorageId> {
+        match sv {
+            Saved::Input(i) => read_as[step].get(i).copied().flatten(),
+            Saved::Output(i) => g
+                .node(g.order[step])
+                .outputs
+                .get(i)
+                .copied()
+                .flatten()
+                .and_then(|o| tstore[o]),
+            Saved::Extra(i) => extras_of[step].get(i).copied(),
+        }
+    };
     let grads_resident = b.opts.grads_resident;
     for (step, &ix) in g.order.iter().enumerate().rev() {
         let node = g.node(ix);
@@ -635,16 +649,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
                 None => gr.needs.clone(),
             };
             for sv in needs {
-                let s = match sv {
-                    Saved::Input(i) => read_as[step].get(i).copied().flatten(),
-                    Saved::Output(i) => node
-                        .outputs
-                        .get(i)
-                        .copied()
-                        .flatten()
-                        .and_then(|o| tstore[o]),
-                    Saved::Extra(i) => extras_of[step].get(i).copied(),
-                };
+                let s = saved_storage(step, sv);
                 if let Some(s) = s {
                     if !reads.contains(&s) {
                         reads.push(s);
@@ -746,16 +751,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
                 reaches_held[*t] = true;
             }
             for sv in &gr.needs {
-                let s = match *sv {
-                    Saved::Input(i) => read_as[step].get(i).copied().flatten(),
-                    Saved::Output(i) => node
-                        .outputs
-                        .get(i)
-                        .copied()
-                        .flatten()
-                        .and_then(|o| tstore[o]),
-                    Saved::Extra(_) => None,
-                };
+                let s = saved_storage(step, *sv);
                 if let Some(s) = s {
                     let st = &mut b.storages[s];
                     if !matches!(
