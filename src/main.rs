@@ -92,7 +92,7 @@ enum Command {
         #[arg(long)]
         budget: String,
         /// Planner.
-        #[arg(long, value_enum, default_value_t = Solver::Greedy)]
+        #[arg(long, value_enum, default_value_t = Solver::Ilp)]
         solver: Solver,
         /// Solver time limit in seconds (MILP solvers).
         #[arg(long, default_value_t = 60.0)]

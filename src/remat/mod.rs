@@ -8,6 +8,7 @@ pub mod graph;
 pub mod heuristics;
 pub mod ilp;
 pub mod plan;
+pub mod scale;
 pub mod sqrt;
 
 pub use sqrt::checkpoint_sqrt;

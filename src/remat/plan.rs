@@ -12,6 +12,10 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Solver {
+    /// Scalable optimisation (default): exact Checkmate MILP on small graphs, a
+    /// drop-set MILP checked by replay on large ones, the best of every candidate
+    /// plan, and a proven lower bound (see `remat::scale`).
+    Ilp,
     /// Keep every activation (the no-recompute schedule).
     None,
     /// √n equal segments (Chen et al. 2016).
@@ -82,6 +86,11 @@ pub fn plan(g: &RematGraph, budget: u64, solver: Solver, time_limit_s: f64) -> R
             } else {
                 greedy(g, budget).0
             }
+        }
+        Solver::Ilp => {
+            let r = super::scale::solve(g, budget, time_limit_s)?;
+            lower_bound = r.lower_bound_overhead;
+            r.plan
         }
         Solver::Checkmate => {
             let o = super::ilp::IlpOptions {
