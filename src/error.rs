@@ -56,6 +56,10 @@ pub enum Error {
     /// A dimension binding from the user contradicts the model.
     #[error("{0}")]
     Binding(String),
+    /// A training step written by `plan --rewrite`: where a model is expected, or one
+    /// that cannot be read back.
+    #[error("memplan rewrite: {0}")]
+    Rewrite(String),
 }
 
 impl Error {

@@ -103,6 +103,10 @@ enum Command {
         /// Write the whole plan (versioned JSON, docs/PLAN_FORMAT.md) to this file.
         #[arg(short = 'o', long = "output")]
         output: Option<PathBuf>,
+        /// Write the planned training step as ONNX (recomputations inserted, backward
+        /// ops in domain ai.memplan; docs/PLAN_FORMAT.md). ONNX models only.
+        #[arg(long, value_name = "OUT.onnx", conflicts_with = "dag")]
+        rewrite: Option<PathBuf>,
         #[command(flatten)]
         training: TrainArgs,
     },
@@ -249,9 +253,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             time_limit,
             json,
             output,
+            rewrite,
             training,
         } => run_plan(
-            model, dag, batch, &dims, &budget, solver, time_limit, json, output, training,
+            model, dag, batch, &dims, &budget, solver, time_limit, json, output, rewrite, training,
         ),
         Command::Bench {
             graphs,
@@ -342,9 +347,14 @@ fn run_plan(
     time_limit: f64,
     json: bool,
     output: Option<PathBuf>,
+    rewrite: Option<PathBuf>,
     training: TrainArgs,
 ) -> anyhow::Result<()> {
     use memplan::remat::graph::replay;
+    if rewrite.is_some() && dag.is_some() {
+        bail!("--rewrite writes ONNX: it needs an ONNX model, not --dag");
+    }
+    let model_path = model.clone();
     let (g, path) = match (model, dag) {
         (_, Some(d)) => {
             let path = d.display().to_string();
@@ -388,6 +398,14 @@ fn run_plan(
         });
         std::fs::write(&out, serde_json::to_vec(&doc)?)
             .with_context(|| format!("cannot write {}", out.display()))?;
+    }
+    if let (Some(out), Some(m)) = (&rewrite, &model_path) {
+        let bindings = Bindings {
+            batch,
+            dims: parse_dims(dims)?,
+        };
+        memplan::remat::rewrite::write_rewrite(m, &bindings, &training.options(), &g, &r, out)
+            .with_context(|| format!("--rewrite {}", out.display()))?;
     }
     if json {
         let mut v = serde_json::to_value(&r)?;

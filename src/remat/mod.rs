@@ -8,6 +8,7 @@ pub mod graph;
 pub mod heuristics;
 pub mod ilp;
 pub mod plan;
+pub mod rewrite;
 pub mod scale;
 pub mod sqrt;
 

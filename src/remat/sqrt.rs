@@ -73,6 +73,7 @@ pub fn checkpoint_sqrt(s: &Schedule, segments: usize) -> Rewritten {
                             reads: f.reads.clone(),
                             writes,
                             updates: Vec::new(),
+                            grad_inputs: Vec::new(),
                             flops: f.flops,
                         });
                     }

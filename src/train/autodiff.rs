@@ -116,6 +116,10 @@ pub struct Step {
     pub writes: Vec<StorageId>,
     /// Live storages updated in place (gradient accumulation).
     pub updates: Vec<StorageId>,
+    /// Backward steps of a forward node: that node's input slots whose gradient this
+    /// step produces (written, accumulated, or a view of the incoming gradient).
+    /// Empty for every other step.
+    pub grad_inputs: Vec<usize>,
     /// FLOPs.
     pub flops: u64,
 }
@@ -540,6 +544,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
             reads,
             writes,
             updates: Vec::new(),
+            grad_inputs: Vec::new(),
             flops: inf.flops[step],
         });
         read_as.push(slots);
@@ -568,6 +573,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         reads: vec![out0_s],
         writes: vec![loss],
         updates: Vec::new(),
+        grad_inputs: Vec::new(),
         flops: n_out,
     });
     let mut grad: Vec<Option<StorageId>> = vec![None; n_t];
@@ -592,6 +598,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         reads: vec![loss],
         writes: vec![g0],
         updates: Vec::new(),
+        grad_inputs: Vec::new(),
         flops: n_out,
     });
 
@@ -634,6 +641,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
             ops::Storage::View | ops::Storage::StridedView | ops::Storage::Reshape
         );
         let fusion = fusions.get(&ix);
+        let mut grad_inputs = Vec::new();
         for gr in &bw.grads {
             let Some(Some(t)) = node.inputs.get(gr.input) else {
                 continue;
@@ -641,6 +649,9 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
             let t = *t;
             if !has_grad[t] {
                 continue;
+            }
+            if !grad_inputs.contains(&gr.input) {
+                grad_inputs.push(gr.input);
             }
             // Saved tensors this gradient reads (a fused pattern reads what the fused
             // kernel saves instead).
@@ -720,6 +731,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
             reads,
             writes,
             updates,
+            grad_inputs,
             flops: bw.flops,
         });
     }
@@ -816,6 +828,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         reads,
         writes,
         updates: Vec::new(),
+        grad_inputs: Vec::new(),
         flops: n_params.saturating_mul(per_elem),
     });
 
