@@ -153,6 +153,14 @@ pub fn greedy_order(g: &RematGraph) -> Vec<ValueId> {
 /// checked by replaying the plan. Returns the plan and whether it fits; when the budget
 /// is out of reach, the lowest-peak plan found.
 pub fn greedy(g: &RematGraph, budget: u64) -> (Vec<Op>, bool) {
+    let d = greedy_drops(g, budget);
+    let plan = plan_with_drops(g, &d);
+    let fits = replay(g, &plan).is_ok_and(|r| r.peak_bytes <= budget);
+    (plan, fits)
+}
+
+/// The values [`greedy`] drops.
+pub fn greedy_drops(g: &RematGraph, budget: u64) -> Vec<bool> {
     let order = greedy_order(g);
     let peak = |d: &[bool]| {
         replay(g, &plan_with_drops(g, d))
@@ -183,7 +191,5 @@ pub fn greedy(g: &RematGraph, budget: u64) -> (Vec<Op>, bool) {
             }
         }
     }
-    let plan = plan_with_drops(g, &d);
-    let fits = replay(g, &plan).is_ok_and(|r| r.peak_bytes <= budget);
-    (plan, fits)
+    d
 }

@@ -240,14 +240,14 @@ pub fn solve_checkmate(g: &RematGraph, budget_bytes: u64, o: &IlpOptions) -> Res
 }
 
 /// What a CBC run reported.
-struct Cbc {
-    proven_optimal: bool,
-    proven_infeasible: bool,
-    objective: f64,
+pub(crate) struct Cbc {
+    pub(crate) proven_optimal: bool,
+    pub(crate) proven_infeasible: bool,
+    pub(crate) objective: f64,
     /// CBC's bound, when it is one (see [`run_cbc`]).
-    bound: Option<f64>,
-    columns: Vec<f64>,
-    status: String,
+    pub(crate) bound: Option<f64>,
+    pub(crate) columns: Vec<f64>,
+    pub(crate) status: String,
 }
 
 impl Cbc {
@@ -275,7 +275,7 @@ static CBC_SLOT: Mutex<()> = Mutex::new(());
 /// worker is left to finish alone. `max_iterations` caps the simplex iterations
 /// of that root LP (CBC's `maxIt`, which branch and bound ignores), so that a
 /// worker left alone stops too.
-fn run_cbc(mut problem: CoinCbcProblem, limit: Duration, max_iterations: u64) -> Cbc {
+pub(crate) fn run_cbc(mut problem: CoinCbcProblem, limit: Duration, max_iterations: u64) -> Cbc {
     problem.set_parameter("seconds", &format!("{:.3}", limit.as_secs_f64()));
     problem.set_parameter("timeMode", "elapsed");
     problem.set_parameter("maxIt", &max_iterations.to_string());

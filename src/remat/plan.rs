@@ -41,7 +41,8 @@ pub struct PlanReport {
     pub baseline_peak_bytes: u64,
     /// Lowest peak memplan found (this plan, or every droppable activation dropped).
     pub min_feasible_bytes: u64,
-    /// Largest single node's inputs and outputs plus fixed memory: no plan goes below.
+    /// No plan goes below: the largest over nodes of the node's inputs and outputs,
+    /// plus fixed memory and the held values (gradients) written before it.
     pub op_local_bound_bytes: u64,
     /// Cost of recomputation (FLOPs for ONNX models).
     pub recompute_flops: f64,
@@ -58,6 +59,9 @@ pub struct PlanReport {
     pub recomputed: Vec<String>,
     /// Instructions in the plan.
     pub schedule_len: usize,
+    /// The candidate that produced the plan (for `ilp`: `ilp:gap-milp`,
+    /// `ilp:checkmate`, `ilp:greedy`...).
+    pub method: String,
     /// The plan itself (written by `-o`, not printed).
     #[serde(skip)]
     pub plan: Vec<Op>,
@@ -77,6 +81,8 @@ pub fn plan(g: &RematGraph, budget: u64, solver: Solver, time_limit_s: f64) -> R
         .peak_bytes
         .min(base.peak_bytes);
     let mut lower_bound = 0.0;
+    let mut source = format!("{solver:?}").to_lowercase();
+    let mut lowest = lowest;
     let chosen = match solver {
         Solver::None => base_plan,
         Solver::Sqrt => plan_with_drops(g, &sqrt_drops(g)),
@@ -90,6 +96,8 @@ pub fn plan(g: &RematGraph, budget: u64, solver: Solver, time_limit_s: f64) -> R
         Solver::Ilp => {
             let r = super::scale::solve(g, budget, time_limit_s)?;
             lower_bound = r.lower_bound_overhead;
+            lowest = lowest.min(r.min_peak);
+            source = format!("ilp:{}", r.source);
             r.plan
         }
         Solver::Checkmate => {
@@ -130,7 +138,7 @@ pub fn plan(g: &RematGraph, budget: u64, solver: Solver, time_limit_s: f64) -> R
         peak_bytes: r.peak_bytes,
         baseline_peak_bytes: base.peak_bytes,
         min_feasible_bytes: lowest.min(r.peak_bytes),
-        op_local_bound_bytes: g.op_local_bound(),
+        op_local_bound_bytes: g.op_local_bound().max(super::scale::memory_floor(g)),
         recompute_flops: r.recompute_cost,
         baseline_flops: base_cost,
         overhead: if base_cost > 0.0 {
@@ -142,6 +150,7 @@ pub fn plan(g: &RematGraph, budget: u64, solver: Solver, time_limit_s: f64) -> R
         solve_seconds: t0.elapsed().as_secs_f64(),
         recomputed,
         schedule_len: chosen.len(),
+        method: source,
         plan: chosen,
     })
 }
