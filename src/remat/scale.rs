@@ -33,6 +33,9 @@
 //!   gives a valid bound per node, and the largest over nodes bounds the whole
 //!   plan. Checkmate's LP relaxation and CBC's bound replace it when larger.
 
+// Node indices address several per-node tables at once.
+#![allow(clippy::needless_range_loop)]
+
 use std::time::{Duration, Instant};
 
 use good_lp::{coin_cbc, variable, Expression, ProblemVariables, SolverModel, Variable};
