@@ -161,6 +161,16 @@ pub fn greedy(g: &RematGraph, budget: u64) -> (Vec<Op>, bool) {
 
 /// The values [`greedy`] drops.
 pub fn greedy_drops(g: &RematGraph, budget: u64) -> Vec<bool> {
+    greedy_drops_until(g, budget, None)
+}
+
+/// [`greedy_drops`], stopping its walks at `deadline` (what it has by then).
+pub fn greedy_drops_until(
+    g: &RematGraph,
+    budget: u64,
+    deadline: Option<std::time::Instant>,
+) -> Vec<bool> {
+    let late = || deadline.is_some_and(|d| std::time::Instant::now() >= d);
     let order = greedy_order(g);
     let peak = |d: &[bool]| {
         replay(g, &plan_with_drops(g, d))
@@ -171,7 +181,7 @@ pub fn greedy_drops(g: &RematGraph, budget: u64) -> Vec<bool> {
     let mut cur = peak(&d);
     let mut taken = Vec::new();
     for &v in &order {
-        if cur <= budget {
+        if cur <= budget || late() {
             break;
         }
         d[v] = true;
@@ -185,6 +195,9 @@ pub fn greedy_drops(g: &RematGraph, budget: u64) -> Vec<bool> {
     }
     if cur <= budget {
         for &v in taken.iter().rev() {
+            if late() {
+                break;
+            }
             d[v] = false;
             if peak(&d) > budget {
                 d[v] = true;

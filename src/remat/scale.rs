@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 use good_lp::{coin_cbc, variable, Expression, ProblemVariables, SolverModel, Variable};
 
 use super::graph::{replay, NodeId, Op, RematGraph, ValueId};
-use super::heuristics::{greedy_drops, plan_with_drops, sqrt_drops};
+use super::heuristics::{greedy_drops_until, plan_with_drops, sqrt_drops};
 use super::ilp::{run_cbc, solve_checkmate, IlpOptions};
 use crate::error::Result;
 
@@ -472,7 +472,7 @@ pub fn solve(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ScaleResu
     };
 
     // Baselines first: cheap, and the floor the optimisers must beat.
-    let gd = greedy_drops(g, budget);
+    let gd = greedy_drops_until(g, budget, Some(start + limit.mul_f64(0.35)));
     push(measure(g, plan_with_drops(g, &gd), "greedy"), &mut cands);
     push(
         measure(g, plan_with_drops(g, &sqrt_drops(g)), "sqrt"),
@@ -481,15 +481,52 @@ pub fn solve(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ScaleResu
     let all_on = vec![true; gaps.list.len()];
     push(measure(g, gaps.plan(g, &all_on), "all-gaps"), &mut cands);
 
-    // Exact on small graphs.
-    if g.nodes.len() <= EXACT_NODES && stage_lower_bound(g, budget).is_some() {
-        let share = limit.mul_f64(0.45);
+    // The gap MILP, tightened until its plan replays within the budget.
+    if stage_lower_bound(g, budget).is_some() && !gaps.list.is_empty() {
+        let end = if g.nodes.len() <= EXACT_NODES {
+            deadline.min(start + limit.mul_f64(0.3))
+        } else {
+            deadline
+        };
+        if let Some(on) = gap_milp(g, &gaps, budget, false, end) {
+            let on = repair_and_prune(g, &gaps, on, budget, end);
+            push(measure(g, gaps.plan(g, &on), "gap-milp"), &mut cands);
+        }
+    }
+
+    // Gap-level greedy from nothing dropped, aimed at the peak each time.
+    if Instant::now() < deadline {
+        let end = Instant::now() + deadline.saturating_duration_since(Instant::now()) / 2;
+        let on = repair_and_prune(g, &gaps, vec![false; gaps.list.len()], budget, end);
+        push(measure(g, gaps.plan(g, &on), "gap-greedy"), &mut cands);
+    }
+
+    // The greedy drops as gaps, pruned: never worse than greedy.
+    let end = if g.nodes.len() <= EXACT_NODES {
+        deadline.min(start + limit.mul_f64(0.4))
+    } else {
+        deadline
+    };
+    if Instant::now() < end {
+        let on = gaps.gaps_of_drops(g, &gd);
+        let on = repair_and_prune(g, &gaps, on, budget, end);
+        push(measure(g, gaps.plan(g, &on), "greedy-pruned"), &mut cands);
+    }
+
+    // Exact on small graphs: Checkmate's MILP gets most of the time left (it
+    // stops as soon as it proves optimality; CBC's bound is the lower bound).
+    let proven = cands
+        .iter()
+        .filter(|c| c.peak <= budget)
+        .any(|c| c.cost / base_cost <= lower + 1e-12);
+    if g.nodes.len() <= EXACT_NODES && !proven && stage_lower_bound(g, budget).is_some() {
+        let left = (start + limit.mul_f64(0.75)).saturating_duration_since(Instant::now());
         let r = solve_checkmate(
             g,
             budget,
             &IlpOptions {
-                time_limit: share,
-                lp_bound: true,
+                time_limit: left.max(Duration::from_millis(100)),
+                lp_bound: false,
             },
         )?;
         if let Some(lb) = r.lower_bound {
@@ -500,24 +537,9 @@ pub fn solve(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ScaleResu
         }
     }
 
-    // The gap MILP, tightened until its plan replays within the budget.
-    if stage_lower_bound(g, budget).is_some() && !gaps.list.is_empty() {
-        if let Some(on) = gap_milp(g, &gaps, budget, false, deadline) {
-            let on = repair_and_prune(g, &gaps, on, budget, deadline);
-            push(measure(g, gaps.plan(g, &on), "gap-milp"), &mut cands);
-        }
-    }
-
-    // The greedy drops as gaps, pruned: never worse than greedy.
-    if Instant::now() < deadline {
-        let on = gaps.gaps_of_drops(g, &gd);
-        let on = repair_and_prune(g, &gaps, on, budget, deadline);
-        push(measure(g, gaps.plan(g, &on), "greedy-pruned"), &mut cands);
-    }
-
     // Nothing fits: the lowest peak the gap model can reach, for the report.
     if !cands.iter().any(|c| c.peak <= budget) && !gaps.list.is_empty() {
-        let end = deadline.max(Instant::now() + limit.mul_f64(0.2));
+        let end = Instant::now() + limit.mul_f64(0.15);
         if let Some(on) = gap_milp(g, &gaps, budget, true, end) {
             let lowest = replay(g, &gaps.plan(g, &on)).map(|r| r.peak_bytes);
             let on = match lowest {
@@ -767,26 +789,8 @@ fn repair_and_prune(
             .map(|r| r.peak_bytes)
             .unwrap_or(u64::MAX)
     };
-    let mut cur = peak(&on);
-    if cur > budget {
-        let mut order: Vec<usize> = (0..gaps.list.len()).filter(|&k| !on[k]).collect();
-        order.sort_by(|&a, &b| {
-            let r = |k: usize| gaps.list[k].cost / g.values[gaps.list[k].v].bytes.max(1) as f64;
-            r(a).total_cmp(&r(b))
-        });
-        for k in order {
-            if cur <= budget || Instant::now() >= deadline {
-                break;
-            }
-            on[k] = true;
-            let p = peak(&on);
-            if p < cur {
-                cur = p;
-            } else {
-                on[k] = false;
-            }
-        }
-    }
+    on = targeted_repair(g, gaps, on, budget, deadline);
+    let cur = peak(&on);
     if cur <= budget {
         let mut order: Vec<usize> = (0..gaps.list.len()).filter(|&k| on[k]).collect();
         order.sort_by(|&a, &b| gaps.list[b].cost.total_cmp(&gaps.list[a].cost));
@@ -798,6 +802,67 @@ fn repair_and_prune(
             if peak(&on) > budget {
                 on[k] = true;
             }
+        }
+    }
+    on
+}
+
+/// Until the plan fits: replays it, finds the node where the peak is, and drops
+/// the gap spanning that node that lowers the peak at the least cost per byte
+/// (trying a few in that order). Stops when no such gap lowers the peak.
+fn targeted_repair(
+    g: &RematGraph,
+    gaps: &Gaps,
+    mut on: Vec<bool>,
+    budget: u64,
+    deadline: Instant,
+) -> Vec<bool> {
+    const TRIES: usize = 24;
+    let measure = |on: &[bool]| -> Option<(u64, NodeId)> {
+        let plan = gaps.plan(g, on);
+        let r = replay(g, &plan).ok()?;
+        // The stage: the frontier of first computations at the peak.
+        let mut frontier = 0;
+        let mut stage = 0;
+        for (k, op) in plan.iter().enumerate() {
+            if let Op::Compute(i) = *op {
+                if i >= frontier {
+                    frontier = i;
+                    stage = i;
+                } else {
+                    stage = frontier + 1;
+                }
+            }
+            if k == r.peak_at {
+                break;
+            }
+        }
+        Some((r.peak_bytes, stage.min(g.nodes.len().saturating_sub(1))))
+    };
+    let Some((mut cur, mut at)) = measure(&on) else {
+        return on;
+    };
+    let ratio = |k: usize| gaps.list[k].cost / g.values[gaps.list[k].v].bytes.max(1) as f64;
+    while cur > budget && Instant::now() < deadline {
+        let mut cands: Vec<usize> = (0..gaps.list.len())
+            .filter(|&k| !on[k] && gaps.list[k].a < at && at < gaps.list[k].b)
+            .collect();
+        cands.sort_by(|&a, &b| ratio(a).total_cmp(&ratio(b)));
+        let mut moved = false;
+        for &k in cands.iter().take(TRIES) {
+            on[k] = true;
+            match measure(&on) {
+                Some((p, t)) if p < cur => {
+                    cur = p;
+                    at = t;
+                    moved = true;
+                    break;
+                }
+                _ => on[k] = false,
+            }
+        }
+        if !moved {
+            break;
         }
     }
     on
