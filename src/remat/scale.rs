@@ -254,6 +254,9 @@ impl Gaps {
             for &u in &node.inputs {
                 ensure(g, u, &mut live, &mut plan, 0);
             }
+            if plan.len() > before + 1 {
+                self.free_early(g, i, before, &mut plan, &mut live);
+            }
             plan.push(Op::Compute(i));
             for &o in &node.outputs {
                 live[o] = true;
@@ -287,6 +290,60 @@ impl Gaps {
             }
         }
         plan
+    }
+}
+
+impl Gaps {
+    /// Within the recomputations run before node `i` (`plan[from..]`), frees each
+    /// value nothing needs after node `i` (not `i`'s input, no later reader) right
+    /// after its last use there, instead of after node `i`.
+    fn free_early(
+        &self,
+        g: &RematGraph,
+        i: NodeId,
+        from: usize,
+        plan: &mut Vec<Op>,
+        live: &mut [bool],
+    ) {
+        let seg: Vec<NodeId> = plan[from..]
+            .iter()
+            .filter_map(|op| match *op {
+                Op::Compute(p) => Some(p),
+                Op::Free(_) => None,
+            })
+            .collect();
+        let dead = |v: ValueId| {
+            let val = &g.values[v];
+            !val.fixed
+                && !val.held
+                && !g.nodes[i].inputs.contains(&v)
+                && self.readers[v].last().is_none_or(|&r| r <= i)
+        };
+        // Last position in the segment that touches each dead value.
+        let mut last: Vec<(ValueId, usize)> = Vec::new();
+        for (k, &p) in seg.iter().enumerate() {
+            for &v in g.nodes[p].inputs.iter().chain(&g.nodes[p].outputs) {
+                if dead(v) {
+                    match last.iter_mut().find(|(u, _)| *u == v) {
+                        Some(e) => e.1 = k,
+                        None => last.push((v, k)),
+                    }
+                }
+            }
+        }
+        if last.is_empty() {
+            return;
+        }
+        plan.truncate(from);
+        for (k, &p) in seg.iter().enumerate() {
+            plan.push(Op::Compute(p));
+            for &(v, at) in &last {
+                if at == k && live[v] {
+                    live[v] = false;
+                    plan.push(Op::Free(v));
+                }
+            }
+        }
     }
 }
 
@@ -538,8 +595,9 @@ pub fn solve(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ScaleResu
     }
 
     // Nothing fits: the lowest peak the gap model can reach, for the report.
-    if !cands.iter().any(|c| c.peak <= budget) && !gaps.list.is_empty() {
-        let end = Instant::now() + limit.mul_f64(0.15);
+    let hard = start + limit.mul_f64(0.85);
+    if !cands.iter().any(|c| c.peak <= budget) && !gaps.list.is_empty() && Instant::now() < hard {
+        let end = hard.min(Instant::now() + limit.mul_f64(0.15));
         if let Some(on) = gap_milp(g, &gaps, budget, true, end) {
             let lowest = replay(g, &gaps.plan(g, &on)).map(|r| r.peak_bytes);
             let on = match lowest {
@@ -754,7 +812,7 @@ fn gap_milp(
             problem.add_constraint(c);
         }
         let left = deadline.saturating_duration_since(now);
-        let r = run_cbc(problem, left.mul_f64(0.6), 50_000_000);
+        let r = run_cbc(problem, left.mul_f64(0.5), 50_000_000);
         if r.columns.len() < gaps.list.len() || !r.objective.is_finite() {
             break;
         }
