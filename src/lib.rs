@@ -3,10 +3,12 @@
 //! Pipeline: [`onnx::load_model`] maps and decodes the file into the [`ir`] graph;
 //! [`infer::infer`] binds symbolic dimensions and gives every tensor a concrete
 //! dtype and shape using the per-op rules in [`ops`]; [`memory::profile`] walks
-//! tensor lifetimes over the execution order to the peak; [`report`] prints it.
+//! tensor lifetimes over the execution order to the peak; [`report`] prints it;
+//! [`exec`] runs the graph on the CPU with each op's kernel.
 #![warn(missing_docs)]
 
 pub mod error;
+pub mod exec;
 pub mod fit;
 pub mod infer;
 pub mod ir;

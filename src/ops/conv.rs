@@ -1,8 +1,13 @@
 //! Convolutions and pooling over `[N, C, spatial...]` tensors.
 
+use rayon::prelude::*;
+
 use super::{
-    dim, numel, Arity, Backward, Cx, Fact, Grad, Op, Registry, RuleResult, Saved, Storage,
+    dim, no_kernel, numel, Arity, Backward, Cx, Fact, Grad, KernelCx, Op, Registry, RuleResult,
+    Saved, Storage,
 };
+use crate::exec::gemm::{sgemm, Mat};
+use crate::exec::Tensor;
 use crate::ir::{Attrs, DType};
 
 /// Output spatial size of a sliding window (Conv, MaxPool, AveragePool), following
@@ -178,6 +183,11 @@ impl Op for Conv {
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
     }
+    /// 1-D and 2-D, f32: im2col then one GEMM per (image, group), images and groups
+    /// in parallel; a 1×1, stride-1, unpadded convolution multiplies the input directly.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        conv_kernel(cx)
+    }
 }
 
 /// `ConvTranspose(X, W, B?)`, W = `[C, M/group, k...]`.
@@ -252,6 +262,10 @@ impl Op for ConvTranspose {
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
     }
+    /// No model in models/ uses it yet.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        no_kernel(cx)
+    }
 }
 
 /// `MaxPool` / `AveragePool` / `LpPool`. MaxPool's optional second output is int64
@@ -314,6 +328,13 @@ impl Op for Pool {
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
     }
+    /// 1-D and 2-D windows, one (image, channel) plane per task. MaxPool's indices
+    /// are flat offsets into the input (`storage_order` 0); AveragePool divides by
+    /// the window positions inside the input (`count_include_pad` 0) or inside the
+    /// padded input (1); LpPool is `(Σ|x|^p)^(1/p)`.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        pool_kernel(cx)
+    }
 }
 
 /// `GlobalAveragePool` / `GlobalMaxPool` / `GlobalLpPool`: `[N, C, 1, ...]`.
@@ -353,6 +374,290 @@ impl Op for GlobalPool {
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
     }
+    /// Mean, max or L2 (`p`) over each (image, channel) plane.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let x = cx.input(0)?;
+        let xs = x.to_f32()?;
+        let plane: usize = x.shape[2..].iter().product();
+        let op = cx.node.op_type.as_str();
+        let p = cx.attrs().int_or("p", 2) as i32;
+        let v: Vec<f32> = xs
+            .chunks(plane.max(1))
+            .map(|c| match op {
+                "GlobalMaxPool" => c.iter().copied().fold(f32::NEG_INFINITY, f32::max),
+                "GlobalLpPool" => c
+                    .iter()
+                    .map(|v| (v.abs() as f64).powi(p))
+                    .sum::<f64>()
+                    .powf(1.0 / p as f64) as f32,
+                _ => (c.iter().map(|&v| v as f64).sum::<f64>() / plane as f64) as f32,
+            })
+            .collect();
+        Ok(vec![Tensor::from_f32(
+            x.dtype(),
+            cx.out(0)?.shape.clone(),
+            v,
+        )?])
+    }
+}
+
+/// A 1-D or 2-D sliding window as 2-D: sizes, kernel, strides, dilations and the
+/// leading pads (top, left), the 1-D case as height 1.
+struct Window {
+    input: [usize; 2],
+    output: [usize; 2],
+    kernel: [usize; 2],
+    strides: [usize; 2],
+    dilations: [usize; 2],
+    pads: [usize; 2],
+    /// Input size plus both pads (AveragePool's `count_include_pad`).
+    padded: [usize; 2],
+}
+
+/// The window of a Conv or pool from its attributes; `output` is the inferred
+/// spatial output shape (which fixes the SAME padding).
+fn window(
+    attrs: &Attrs,
+    input: &[usize],
+    kernel: &[usize],
+    output: &[usize],
+) -> RuleResult<Window> {
+    let nd = input.len();
+    if nd == 0 || nd > 2 {
+        return Err(format!(
+            "the CPU kernel handles 1-D and 2-D windows, not {nd}-D"
+        ));
+    }
+    let list = |name: &str| -> Vec<usize> {
+        attrs.ints(name).map_or(vec![1; nd], |v| {
+            v.iter().map(|&x| x.max(1) as usize).collect()
+        })
+    };
+    let (strides, dil) = (list("strides"), list("dilations"));
+    let mut begin = vec![0usize; nd];
+    let mut end = vec![0usize; nd];
+    match attrs.string("auto_pad").unwrap_or("NOTSET") {
+        "SAME_UPPER" | "SAME_LOWER" => {
+            let upper = attrs.string("auto_pad") == Some("SAME_UPPER");
+            for i in 0..nd {
+                let need =
+                    (output[i].saturating_sub(1)) * strides[i] + (kernel[i] - 1) * dil[i] + 1;
+                let total = need.saturating_sub(input[i]);
+                let small = total / 2;
+                (begin[i], end[i]) = if upper {
+                    (small, total - small)
+                } else {
+                    (total - small, small)
+                };
+            }
+        }
+        "VALID" => {}
+        _ => {
+            if let Some(p) = attrs.ints("pads") {
+                for i in 0..nd {
+                    begin[i] = p[i].max(0) as usize;
+                    end[i] = p[i + nd].max(0) as usize;
+                }
+            }
+        }
+    }
+    let two = |v: &[usize], fill: usize| -> [usize; 2] {
+        if nd == 1 {
+            [fill, v[0]]
+        } else {
+            [v[0], v[1]]
+        }
+    };
+    let padded: Vec<usize> = (0..nd).map(|i| input[i] + begin[i] + end[i]).collect();
+    Ok(Window {
+        input: two(input, 1),
+        output: two(output, 1),
+        kernel: two(kernel, 1),
+        strides: two(&strides, 1),
+        dilations: two(&dil, 1),
+        pads: two(&begin, 0),
+        padded: two(&padded, 1),
+    })
+}
+
+/// Fills `col` (`[c·kh·kw, oh·ow]`) from one image's `c` channels (`[c, h, w]`).
+fn im2col(x: &[f32], c: usize, w: &Window, col: &mut [f32]) {
+    let [h, wd] = w.input;
+    let [oh, ow] = w.output;
+    let [kh, kw] = w.kernel;
+    let [sh, sw] = w.strides;
+    let [dh, dw] = w.dilations;
+    let [ph, pw] = w.pads;
+    let mut row = 0;
+    for ch in 0..c {
+        let plane = &x[ch * h * wd..(ch + 1) * h * wd];
+        for ki in 0..kh {
+            for kj in 0..kw {
+                let dst = &mut col[row * oh * ow..(row + 1) * oh * ow];
+                row += 1;
+                for y in 0..oh {
+                    let d = &mut dst[y * ow..(y + 1) * ow];
+                    let ih = (y * sh + ki * dh) as isize - ph as isize;
+                    if ih < 0 || ih >= h as isize {
+                        d.fill(0.0);
+                        continue;
+                    }
+                    let src = &plane[ih as usize * wd..(ih as usize + 1) * wd];
+                    let off = (kj * dw) as isize - pw as isize;
+                    for (xo, v) in d.iter_mut().enumerate() {
+                        let iw = (xo * sw) as isize + off;
+                        *v = if iw < 0 || iw >= wd as isize {
+                            0.0
+                        } else {
+                            src[iw as usize]
+                        };
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `Conv` on the CPU; see [`Conv`]'s `forward_cpu`.
+fn conv_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+    let (x, wt) = (cx.input(0)?, cx.input(1)?);
+    let out = cx.out(0)?.shape.clone();
+    let group = cx.attrs().int_or("group", 1).max(1) as usize;
+    let (n, c, m) = (x.shape[0], x.shape[1], wt.shape[0]);
+    let (cg, mg) = (c / group, m / group);
+    let win = window(cx.attrs(), &x.shape[2..], &wt.shape[2..], &out[2..])?;
+    let [h, wd] = win.input;
+    let [oh, ow] = win.output;
+    let [kh, kw] = win.kernel;
+    let kk = cg * kh * kw;
+    let direct = kh == 1
+        && kw == 1
+        && win.strides == [1, 1]
+        && win.pads == [0, 0]
+        && win.padded == win.input;
+    let (xs, ws) = (x.to_f32()?, wt.to_f32()?);
+    let bias = cx.opt(2).map(|b| b.to_f32()).transpose()?;
+    let mut y = vec![0f32; n * m * oh * ow];
+    let plane = oh * ow;
+    if plane > 0 {
+        y.par_chunks_mut(mg * plane)
+            .enumerate()
+            .for_each(|(job, yg)| {
+                let (img, g) = (job / group, job % group);
+                let xg = &xs[(img * c + g * cg) * h * wd..(img * c + (g + 1) * cg) * h * wd];
+                let wg = &ws[g * mg * kk..(g + 1) * mg * kk];
+                let col_buf;
+                let col: &[f32] = if direct {
+                    xg
+                } else {
+                    let mut b = vec![0f32; kk * plane];
+                    im2col(xg, cg, &win, &mut b);
+                    col_buf = b;
+                    &col_buf
+                };
+                sgemm(
+                    1.0,
+                    Mat::new(wg, mg, kk, false),
+                    Mat::new(col, kk, plane, false),
+                    0.0,
+                    yg,
+                );
+                if let Some(b) = &bias {
+                    for (o, row) in yg.chunks_mut(plane).enumerate() {
+                        let bv = b[g * mg + o];
+                        row.iter_mut().for_each(|v| *v += bv);
+                    }
+                }
+            });
+    }
+    Ok(vec![Tensor::from_f32(x.dtype(), out, y)?])
+}
+
+/// Pooling on the CPU; see [`Pool`]'s `forward_cpu`.
+fn pool_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+    let x = cx.input(0)?;
+    let out = cx.out(0)?.shape.clone();
+    let ks: Vec<usize> = cx
+        .attrs()
+        .ints("kernel_shape")
+        .ok_or("missing attribute 'kernel_shape'")?
+        .iter()
+        .map(|&k| k.max(1) as usize)
+        .collect();
+    let win = window(cx.attrs(), &x.shape[2..], &ks, &out[2..])?;
+    let op = cx.node.op_type.as_str();
+    let include_pad = cx.attrs().int_or("count_include_pad", 0) != 0;
+    let p = cx.attrs().int_or("p", 2) as i32;
+    let [h, wd] = win.input;
+    let [oh, ow] = win.output;
+    let [kh, kw] = win.kernel;
+    let [sh, sw] = win.strides;
+    let [dh, dw] = win.dilations;
+    let [ph, pw] = win.pads;
+    let xs = x.to_f32()?;
+    let planes = x.shape[0] * x.shape[1];
+    let res: Vec<(Vec<f32>, Vec<i64>)> = (0..planes)
+        .into_par_iter()
+        .map(|pl| {
+            let src = &xs[pl * h * wd..(pl + 1) * h * wd];
+            let mut vals = Vec::with_capacity(oh * ow);
+            let mut idx = Vec::new();
+            for y in 0..oh {
+                for xo in 0..ow {
+                    let (mut best, mut arg) = (f32::NEG_INFINITY, 0usize);
+                    let (mut sum, mut count, mut in_pad) = (0f64, 0usize, 0usize);
+                    for ki in 0..kh {
+                        let ih = (y * sh + ki * dh) as isize - ph as isize;
+                        for kj in 0..kw {
+                            let iw = (xo * sw + kj * dw) as isize - pw as isize;
+                            let (ihp, iwp) = (ih + ph as isize, iw + pw as isize);
+                            if ihp < win.padded[0] as isize && iwp < win.padded[1] as isize {
+                                in_pad += 1;
+                            }
+                            if ih < 0 || iw < 0 || ih >= h as isize || iw >= wd as isize {
+                                continue;
+                            }
+                            let off = ih as usize * wd + iw as usize;
+                            let v = src[off];
+                            count += 1;
+                            match op {
+                                "MaxPool" => {
+                                    if v > best || best.is_nan() {
+                                        (best, arg) = (v, off);
+                                    }
+                                }
+                                "LpPool" => sum += (v.abs() as f64).powi(p),
+                                _ => sum += v as f64,
+                            }
+                        }
+                    }
+                    match op {
+                        "MaxPool" => {
+                            vals.push(best);
+                            idx.push((pl * h * wd + arg) as i64);
+                        }
+                        "LpPool" => vals.push(sum.powf(1.0 / p as f64) as f32),
+                        _ => {
+                            let d = if include_pad { in_pad } else { count };
+                            vals.push((sum / d.max(1) as f64) as f32);
+                        }
+                    }
+                }
+            }
+            (vals, idx)
+        })
+        .collect();
+    let mut vals = Vec::with_capacity(planes * oh * ow);
+    let mut idx = Vec::new();
+    for (v, i) in res {
+        vals.extend(v);
+        idx.extend(i);
+    }
+    let mut outs = vec![Tensor::from_f32(x.dtype(), out.clone(), vals)?];
+    if cx.n_outputs() > 1 {
+        outs.push(Tensor::i64(out, idx));
+    }
+    Ok(outs)
 }
 
 /// Registers convolution and pooling ops.

@@ -5,12 +5,16 @@
 //! (1 for arithmetic, comparisons and single transcendental functions; more for
 //! composite activations, e.g. Gelu 8 for its erf/tanh polynomial).
 
+use rayon::prelude::*;
+
 use super::{
-    broadcast, dtype_attr, Arity, Backward, Cx, Fact, Grad, Op, Registry, RuleResult, Saved,
-    Storage,
+    broadcast, dtype_attr, Arity, Backward, Cx, Fact, Grad, KernelCx, Op, Registry, RuleResult,
+    Saved, Storage,
 };
+use crate::exec::broadcast::{for_each, zip2};
+use crate::exec::{rng, Elems, Tensor};
 use crate::ir::value::MAX_FOLD_ELEMS;
-use crate::ir::{DType, Data, Value};
+use crate::ir::{Attrs, DType, Data, Value};
 
 /// What a unary op's backward reads (PyTorch's saved tensor).
 #[derive(Clone, Copy)]
@@ -70,6 +74,9 @@ impl Op for Unary {
         } else {
             Storage::New
         }
+    }
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        unary_kernel(cx, self.bool_out)
     }
 }
 
@@ -229,6 +236,9 @@ impl Op for Binary {
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
     }
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        binary_kernel(cx, matches!(self.kind, BinKind::Compare(_)))
+    }
 }
 
 /// Max, Min, Sum, Mean over 1+ broadcast inputs. FLOPs: one per output element per
@@ -297,6 +307,9 @@ impl Op for Variadic {
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
     }
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        variadic_kernel(cx, self.mean)
+    }
 }
 
 /// `Where(cond, x, y)`: broadcast of three. FLOPs: 1 select per output element.
@@ -353,6 +366,9 @@ impl Op for Where {
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
+    }
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        where_kernel(cx)
     }
 }
 
@@ -416,6 +432,9 @@ impl Op for Cast {
             _ => Storage::New,
         }
     }
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        Ok(vec![cx.input(0)?.cast(cx.out(0)?.dtype)?])
+    }
 }
 
 /// `Clip(x, min?, max?)` (opset 11+ inputs; older `min`/`max` attributes).
@@ -443,6 +462,9 @@ impl Op for Clip {
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
+    }
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        clip_kernel(cx)
     }
 }
 
@@ -524,6 +546,433 @@ impl Op for Dropout {
             Storage::New
         }
     }
+    /// Training mode (read from the runtime `training_mode` input) with
+    /// [`KernelCx::dropout`] set: keep each element with probability `1 - ratio`
+    /// (mask from the node's SplitMix64 stream) and scale kept ones by `1/(1-ratio)`.
+    /// Otherwise the identity with an all-true mask.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        dropout_kernel(cx)
+    }
+}
+
+/// Element count above which element-wise kernels run in parallel.
+const PAR_ELEMS: usize = 1 << 15;
+
+/// `f` over every element, in parallel for large tensors.
+pub(crate) fn map_f32(x: &[f32], f: impl Fn(f32) -> f32 + Sync + Send) -> Vec<f32> {
+    if x.len() >= PAR_ELEMS {
+        x.par_iter().map(|&v| f(v)).collect()
+    } else {
+        x.iter().map(|&v| f(v)).collect()
+    }
+}
+
+/// A unary op's f32 function, with its attributes (defaults from the ONNX spec).
+fn unary_fn(op: &str, a: &Attrs) -> RuleResult<Box<dyn Fn(f32) -> f32 + Sync + Send>> {
+    let alpha = |d: f32| a.float("alpha").unwrap_or(d);
+    Ok(match op {
+        "Relu" => Box::new(|x: f32| x.max(0.0)),
+        "Neg" => Box::new(|x: f32| -x),
+        "Abs" => Box::new(f32::abs),
+        "Floor" => Box::new(f32::floor),
+        "Ceil" => Box::new(f32::ceil),
+        "Round" => Box::new(f32::round_ties_even),
+        "Sign" => Box::new(|x: f32| if x == 0.0 { 0.0 } else { x.signum() }),
+        "Sqrt" => Box::new(f32::sqrt),
+        "Reciprocal" => Box::new(|x: f32| 1.0 / x),
+        "Exp" => Box::new(f32::exp),
+        "Log" => Box::new(f32::ln),
+        "Erf" => Box::new(libm::erff),
+        "Sin" => Box::new(f32::sin),
+        "Cos" => Box::new(f32::cos),
+        "Tan" => Box::new(f32::tan),
+        "Tanh" => Box::new(f32::tanh),
+        "Atan" => Box::new(f32::atan),
+        "LeakyRelu" => {
+            let al = alpha(0.01);
+            Box::new(move |x: f32| if x < 0.0 { al * x } else { x })
+        }
+        "ThresholdedRelu" => {
+            let al = alpha(1.0);
+            Box::new(move |x: f32| if x > al { x } else { 0.0 })
+        }
+        "Sigmoid" => Box::new(sigmoid),
+        "HardSigmoid" => {
+            let (al, be) = (alpha(0.2), a.float("beta").unwrap_or(0.5));
+            Box::new(move |x: f32| (al * x + be).clamp(0.0, 1.0))
+        }
+        "HardSwish" => Box::new(|x: f32| x * (x / 6.0 + 0.5).clamp(0.0, 1.0)),
+        "Softplus" => Box::new(softplus),
+        "Softsign" => Box::new(|x: f32| x / (1.0 + x.abs())),
+        "Elu" => {
+            let al = alpha(1.0);
+            Box::new(move |x: f32| if x < 0.0 { al * x.exp_m1() } else { x })
+        }
+        "Selu" => {
+            let al = alpha(1.673_263_2);
+            let g = a.float("gamma").unwrap_or(1.050_701);
+            Box::new(move |x: f32| g * if x > 0.0 { x } else { al * x.exp_m1() })
+        }
+        "Celu" => {
+            let al = alpha(1.0);
+            Box::new(move |x: f32| x.max(0.0) + (al * (x / al).exp_m1()).min(0.0))
+        }
+        "Mish" => Box::new(|x: f32| x * softplus(x).tanh()),
+        "Gelu" => match a.string("approximate").unwrap_or("none") {
+            "none" => {
+                Box::new(|x: f32| 0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2)))
+            }
+            "tanh" => Box::new(|x: f32| {
+                let c = (2.0 / std::f32::consts::PI).sqrt();
+                0.5 * x * (1.0 + (c * (x + 0.044_715 * x * x * x)).tanh())
+            }),
+            other => return Err(format!("unknown approximate '{other}'")),
+        },
+        other => return Err(format!("no f32 kernel for {other}")),
+    })
+}
+
+fn sigmoid(x: f32) -> f32 {
+    if x >= 0.0 {
+        1.0 / (1.0 + (-x).exp())
+    } else {
+        let e = x.exp();
+        e / (1.0 + e)
+    }
+}
+
+fn softplus(x: f32) -> f32 {
+    // log(1 + e^x) without overflow.
+    x.max(0.0) + (-x.abs()).exp().ln_1p()
+}
+
+/// Unary ops: floats computed in f32 (half types widened and rounded back);
+/// Identity on any type; Neg/Abs/Sign/Relu on integers; Not/IsNaN/IsInf to bool.
+fn unary_kernel(cx: &KernelCx, bool_out: bool) -> RuleResult<Vec<Tensor>> {
+    let x = cx.input(0)?;
+    let op = cx.node.op_type.as_str();
+    let shape = x.shape.clone();
+    if op == "Identity" {
+        return Ok(vec![x.clone()]);
+    }
+    if bool_out {
+        let v: Vec<bool> = match op {
+            "Not" => match &x.elems {
+                Elems::Bool(b) => b.iter().map(|&b| !b).collect(),
+                e => return Err(format!("Not takes bool, got {}", e.dtype())),
+            },
+            "IsNaN" => x.to_f32()?.iter().map(|v| v.is_nan()).collect(),
+            "IsInf" => {
+                let (pos, neg) = (
+                    cx.attrs().int_or("detect_positive", 1) != 0,
+                    cx.attrs().int_or("detect_negative", 1) != 0,
+                );
+                x.to_f32()?
+                    .iter()
+                    .map(|&v| v.is_infinite() && ((v > 0.0 && pos) || (v < 0.0 && neg)))
+                    .collect()
+            }
+            other => return Err(format!("no kernel for {other}")),
+        };
+        return Ok(vec![Tensor::bool(shape, v)]);
+    }
+    if !x.dtype().is_float() {
+        let f: fn(i64) -> i64 = match op {
+            "Neg" => i64::wrapping_neg,
+            "Abs" => i64::wrapping_abs,
+            "Sign" => i64::signum,
+            "Relu" => |v| v.max(0),
+            other => return Err(format!("{other} on {} is not supported", x.dtype())),
+        };
+        let v = x.to_i64s().into_iter().map(f).collect();
+        return Ok(vec![Tensor::from_i64(x.dtype(), shape, v)?]);
+    }
+    let f = unary_fn(op, cx.attrs())?;
+    let v = map_f32(&x.to_f32()?, f);
+    Ok(vec![Tensor::from_f32(x.dtype(), shape, v)?])
+}
+
+/// Python's `%` (the result has the sign of the divisor): ONNX `Mod` with `fmod = 0`.
+fn py_mod(a: i64, b: i64) -> i64 {
+    if b == 0 {
+        return 0;
+    }
+    let r = a.wrapping_rem(b);
+    if r != 0 && ((r < 0) != (b < 0)) {
+        r + b
+    } else {
+        r
+    }
+}
+
+/// Broadcasting binary ops. Arithmetic keeps input 0's type (floats in f32,
+/// integers in wrapping i64, integer Div truncating); comparisons yield bool
+/// (integers compared exactly, floats in f32, bools logically).
+fn binary_kernel(cx: &KernelCx, compare: bool) -> RuleResult<Vec<Tensor>> {
+    let (a, b) = (cx.input(0)?, cx.input(1)?);
+    let op = cx.node.op_type.as_str();
+    let out = cx.out(0)?.shape.clone();
+    let (sa, sb) = (&a.shape[..], &b.shape[..]);
+    if compare {
+        let v: Vec<bool> = match (&a.elems, &b.elems) {
+            (Elems::Bool(x), Elems::Bool(y)) => {
+                let f: fn(bool, bool) -> bool = match op {
+                    "And" => |x, y| x && y,
+                    "Or" => |x, y| x || y,
+                    "Xor" => |x, y| x != y,
+                    "Equal" => |x, y| x == y,
+                    other => return Err(format!("{other} on bool is not supported")),
+                };
+                zip2(&out, (x, sa), (y, sb), f)
+            }
+            _ if !a.dtype().is_float() && !b.dtype().is_float() => {
+                let f: fn(i64, i64) -> bool = match op {
+                    "Equal" => |x, y| x == y,
+                    "Less" => |x, y| x < y,
+                    "LessOrEqual" => |x, y| x <= y,
+                    "Greater" => |x, y| x > y,
+                    "GreaterOrEqual" => |x, y| x >= y,
+                    other => return Err(format!("{other} on integers is not supported")),
+                };
+                zip2(&out, (&a.to_i64s(), sa), (&b.to_i64s(), sb), f)
+            }
+            _ => {
+                let f: fn(f32, f32) -> bool = match op {
+                    "Equal" => |x, y| x == y,
+                    "Less" => |x, y| x < y,
+                    "LessOrEqual" => |x, y| x <= y,
+                    "Greater" => |x, y| x > y,
+                    "GreaterOrEqual" => |x, y| x >= y,
+                    other => return Err(format!("{other} on floats is not supported")),
+                };
+                zip2(&out, (&float_operand(a)?, sa), (&float_operand(b)?, sb), f)
+            }
+        };
+        return Ok(vec![Tensor::bool(out, v)]);
+    }
+    let dtype = a.dtype();
+    if dtype.is_float() {
+        let fmod = cx.attrs().int_or("fmod", 0) != 0;
+        let f: fn(f32, f32) -> f32 = match op {
+            "Add" => |x, y| x + y,
+            "Sub" => |x, y| x - y,
+            "Mul" => |x, y| x * y,
+            "Div" => |x, y| x / y,
+            "Pow" => pow_f32,
+            "PRelu" => |x, s| if x < 0.0 { x * s } else { x },
+            "Mod" if fmod => |x, y| x % y,
+            "Mod" => return Err("Mod on floats needs fmod = 1".into()),
+            other => return Err(format!("{other} on floats is not supported")),
+        };
+        let (x, y) = (a.to_f32()?, float_operand(b)?);
+        let v = if sa == out.as_slice() && sb == out.as_slice() && x.len() >= PAR_ELEMS {
+            x.par_iter()
+                .zip(y.par_iter())
+                .map(|(&p, &q)| f(p, q))
+                .collect()
+        } else {
+            zip2(&out, (&x, sa), (&y, sb), f)
+        };
+        return Ok(vec![Tensor::from_f32(dtype, out, v)?]);
+    }
+    let f: fn(i64, i64) -> i64 = match op {
+        "Add" => i64::wrapping_add,
+        "Sub" => i64::wrapping_sub,
+        "Mul" => i64::wrapping_mul,
+        "Div" => |x, y| if y == 0 { 0 } else { x.wrapping_div(y) },
+        "Mod" if cx.attrs().int_or("fmod", 0) != 0 => {
+            |x, y| if y == 0 { 0 } else { x.wrapping_rem(y) }
+        }
+        "Mod" => py_mod,
+        "Pow" => |x, y| x.wrapping_pow(y.clamp(0, u32::MAX as i64) as u32),
+        "BitShift" => {
+            if cx.attrs().string("direction") == Some("LEFT") {
+                |x, y| ((x as u64) << (y & 63)) as i64
+            } else {
+                |x, y| ((x as u64) >> (y & 63)) as i64
+            }
+        }
+        other => return Err(format!("{other} on {dtype} is not supported")),
+    };
+    let v = zip2(&out, (&a.to_i64s(), sa), (&b.to_i64s(), sb), f);
+    Ok(vec![Tensor::from_i64(dtype, out, v)?])
+}
+
+/// `x^y` in f32, with integer exponents exact for small powers (ONNX Pow of a float
+/// by 2 or 3 is common in GELU approximations).
+fn pow_f32(x: f32, y: f32) -> f32 {
+    if y == 2.0 {
+        x * x
+    } else if y == 3.0 {
+        x * x * x
+    } else {
+        x.powf(y)
+    }
+}
+
+/// A float operand, any numeric type converted (Pow's exponent may be an integer).
+fn float_operand(t: &Tensor) -> RuleResult<std::borrow::Cow<'_, [f32]>> {
+    if t.dtype().is_float() {
+        t.to_f32()
+    } else {
+        Ok(std::borrow::Cow::Owned(
+            t.to_f64s().into_iter().map(|v| v as f32).collect(),
+        ))
+    }
+}
+
+/// Max/Min/Sum/Mean over broadcast inputs, folded left to right.
+fn variadic_kernel(cx: &KernelCx, mean: bool) -> RuleResult<Vec<Tensor>> {
+    let op = cx.node.op_type.as_str();
+    let first = cx.input(0)?;
+    let dtype = first.dtype();
+    let out = cx.out(0)?.shape.clone();
+    let n = cx.inputs.len();
+    if dtype.is_float() {
+        let f: fn(f32, f32) -> f32 = match op {
+            "Max" => |x: f32, y: f32| if x.is_nan() || x >= y { x } else { y },
+            "Min" => |x: f32, y: f32| if x.is_nan() || x <= y { x } else { y },
+            _ => |x, y| x + y,
+        };
+        let (mut acc, mut shape) = (first.to_f32()?.into_owned(), first.shape.clone());
+        for i in 1..n {
+            let t = cx.input(i)?;
+            let s = broadcast(&[&shape, &t.shape])?;
+            acc = zip2(&s, (&acc, &shape), (&t.to_f32()?, &t.shape), f);
+            shape = s;
+        }
+        if shape != out {
+            acc = zip2(&out, (&acc, &shape), (&[0.0f32][..], &[]), |x, _| x);
+        }
+        if mean {
+            let k = n as f32;
+            acc.iter_mut().for_each(|v| *v /= k);
+        }
+        return Ok(vec![Tensor::from_f32(dtype, out, acc)?]);
+    }
+    let f: fn(i64, i64) -> i64 = match op {
+        "Max" => i64::max,
+        "Min" => i64::min,
+        _ => i64::wrapping_add,
+    };
+    let (mut acc, mut shape) = (first.to_i64s(), first.shape.clone());
+    for i in 1..n {
+        let t = cx.input(i)?;
+        let s = broadcast(&[&shape, &t.shape])?;
+        acc = zip2(&s, (&acc, &shape), (&t.to_i64s(), &t.shape), f);
+        shape = s;
+    }
+    if shape != out {
+        acc = zip2(&out, (&acc, &shape), (&[0i64][..], &[]), |x, _| x);
+    }
+    if mean {
+        acc.iter_mut().for_each(|v| *v /= n as i64);
+    }
+    Ok(vec![Tensor::from_i64(dtype, out, acc)?])
+}
+
+/// `Where(c, x, y)` on any element type.
+fn where_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+    let (c, x, y) = (cx.input(0)?, cx.input(1)?, cx.input(2)?);
+    let out = cx.out(0)?.shape.clone();
+    let cond: Vec<bool> = match &c.elems {
+        Elems::Bool(b) => b.clone(),
+        _ => c.to_i64s().iter().map(|&v| v != 0).collect(),
+    };
+    let mut picks = Vec::with_capacity(out.iter().product());
+    for_each(&out, [&c.shape[..], &x.shape, &y.shape], |_, [i, j, k]| {
+        picks.push((cond[i], j, k));
+    });
+    macro_rules! pick {
+        ($($var:ident),*) => {
+            match (&x.elems, &y.elems) {
+                $((Elems::$var(a), Elems::$var(b)) => Elems::$var(
+                    picks.iter().map(|&(c, j, k)| if c { a[j] } else { b[k] }).collect(),
+                ),)*
+                _ => return Err(format!("X is {} but Y is {}", x.dtype(), y.dtype())),
+            }
+        };
+    }
+    let elems = pick!(F32, F16, BF16, I64, I32, Bool);
+    Ok(vec![Tensor::new(out, elems)])
+}
+
+/// `Clip(x, min?, max?)`: bounds from inputs (opset 11+) or attributes.
+fn clip_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+    let x = cx.input(0)?;
+    let bound = |i: usize, attr: &str| -> RuleResult<Option<f64>> {
+        if cx.opset >= 11 {
+            match cx.opt(i) {
+                None => Ok(None),
+                Some(t) if t.numel() == 1 => Ok(Some(t.to_f64s()[0])),
+                Some(t) => Err(format!("input {i} must be a scalar, got {:?}", t.shape)),
+            }
+        } else {
+            Ok(cx.attrs().float(attr).map(f64::from))
+        }
+    };
+    let (lo, hi) = (bound(1, "min")?, bound(2, "max")?);
+    if x.dtype().is_float() {
+        let (lo, hi) = (
+            lo.map_or(f32::NEG_INFINITY, |v| v as f32),
+            hi.map_or(f32::INFINITY, |v| v as f32),
+        );
+        let v = map_f32(&x.to_f32()?, move |v| v.max(lo).min(hi));
+        return Ok(vec![Tensor::from_f32(x.dtype(), x.shape.clone(), v)?]);
+    }
+    let (lo, hi) = (
+        lo.map_or(i64::MIN, |v| v as i64),
+        hi.map_or(i64::MAX, |v| v as i64),
+    );
+    let v = x.to_i64s().into_iter().map(|v| v.max(lo).min(hi)).collect();
+    Ok(vec![Tensor::from_i64(x.dtype(), x.shape.clone(), v)?])
+}
+
+/// Dropout; see [`Dropout`]'s `forward_cpu`.
+fn dropout_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+    let x = cx.input(0)?;
+    let (training, ratio) = if cx.opset >= 12 {
+        let t = cx
+            .opt(2)
+            .is_some_and(|t| t.to_i64s().first().is_some_and(|&v| v != 0));
+        let r = cx
+            .opt(1)
+            .map_or(0.5, |t| t.to_f64s().first().copied().unwrap_or(0.5));
+        (t, r)
+    } else {
+        (
+            cx.attrs().int_or("is_test", 0) == 0,
+            cx.attrs().float("ratio").map_or(0.5, f64::from),
+        )
+    };
+    if !(0.0..=1.0).contains(&ratio) {
+        return Err(format!("ratio {ratio} is outside [0, 1]"));
+    }
+    let n = x.numel();
+    let shape = x.shape.clone();
+    if !training || ratio == 0.0 || !cx.dropout {
+        return Ok(vec![x.clone(), Tensor::bool(shape, vec![true; n])]);
+    }
+    let seed = cx.seed;
+    let keep: Vec<bool> = (0..n as u64)
+        .into_par_iter()
+        .map(|i| rng::unit_f32(seed, i) as f64 >= ratio)
+        .collect();
+    let scale = if ratio < 1.0 {
+        (1.0 / (1.0 - ratio)) as f32
+    } else {
+        0.0
+    };
+    let xs = x.to_f32()?;
+    let y: Vec<f32> = xs
+        .iter()
+        .zip(&keep)
+        .map(|(&v, &k)| if k { v * scale } else { 0.0 })
+        .collect();
+    Ok(vec![
+        Tensor::from_f32(x.dtype(), shape.clone(), y)?,
+        Tensor::bool(shape, keep),
+    ])
 }
 
 fn erf(x: f64) -> f64 {

@@ -1,6 +1,13 @@
 //! Matrix products: MatMul (numpy semantics, batched, broadcast) and Gemm.
 
-use super::{broadcast, Arity, Backward, Cx, Fact, Grad, Op, Registry, RuleResult, Saved, Storage};
+use rayon::prelude::*;
+
+use super::{
+    broadcast, Arity, Backward, Cx, Fact, Grad, KernelCx, Op, Registry, RuleResult, Saved, Storage,
+};
+use crate::exec::broadcast::for_each;
+use crate::exec::gemm::{sgemm, Mat};
+use crate::exec::Tensor;
 
 /// `MatMul(A, B)`: numpy `matmul`, 1-D operands promoted and the added dim dropped.
 /// FLOPs: 2·M·K·N per broadcast batch element (a multiply-add counts 2).
@@ -71,6 +78,52 @@ impl Op for MatMul {
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
+    }
+    /// f32 (half types widened, result rounded back); each broadcast batch element
+    /// is one GEMM, run in parallel.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let (a, b) = (cx.input(0)?, cx.input(1)?);
+        let out = cx.out(0)?.shape.clone();
+        let a2: Vec<usize> = if a.rank() == 1 {
+            vec![1, a.shape[0]]
+        } else {
+            a.shape.clone()
+        };
+        let b2: Vec<usize> = if b.rank() == 1 {
+            vec![b.shape[0], 1]
+        } else {
+            b.shape.clone()
+        };
+        let (ra, rb) = (a2.len(), b2.len());
+        let (m, k, n) = (a2[ra - 2], a2[ra - 1], b2[rb - 1]);
+        if b2[rb - 2] != k {
+            return Err(format!(
+                "inner dimensions differ: {:?} × {:?}",
+                a.shape, b.shape
+            ));
+        }
+        let batch = broadcast(&[&a2[..ra - 2], &b2[..rb - 2]])?;
+        let mut pairs = Vec::new();
+        for_each(&batch, [&a2[..ra - 2], &b2[..rb - 2]], |_, [i, j]| {
+            pairs.push((i, j))
+        });
+        let (av, bv) = (a.to_f32()?, b.to_f32()?);
+        let mut c = vec![0f32; pairs.len() * m * n];
+        let one = |(i, j): (usize, usize), cm: &mut [f32]| {
+            let am = Mat::new(&av[i * m * k..(i + 1) * m * k], m, k, false);
+            let bm = Mat::new(&bv[j * k * n..(j + 1) * k * n], k, n, false);
+            sgemm(1.0, am, bm, 0.0, cm);
+        };
+        if m * n > 0 {
+            if pairs.len() == 1 {
+                one(pairs[0], &mut c);
+            } else {
+                c.par_chunks_mut(m * n)
+                    .zip(pairs.par_iter())
+                    .for_each(|(cm, &p)| one(p, cm));
+            }
+        }
+        Ok(vec![Tensor::from_f32(a.dtype(), out, c)?])
     }
 }
 
@@ -148,6 +201,36 @@ impl Op for Gemm {
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
+    }
+    /// f32: the output starts as `beta·C` broadcast, then one strided GEMM adds
+    /// `alpha·A'·B'` (transposes are strides, never copies).
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let (a, b) = (cx.input(0)?, cx.input(1)?);
+        let out = cx.out(0)?.shape.clone();
+        let (m, n) = (out[0], out[1]);
+        let ta = cx.attrs().int_or("transA", 0) != 0;
+        let tb = cx.attrs().int_or("transB", 0) != 0;
+        let k = if ta { a.shape[0] } else { a.shape[1] };
+        let alpha = cx.attrs().float("alpha").unwrap_or(1.0);
+        let beta = cx.attrs().float("beta").unwrap_or(1.0);
+        let (mut c, beta_in) = match cx.opt(2) {
+            Some(ct) if beta != 0.0 => {
+                let cv = ct.to_f32()?;
+                let mut c = Vec::with_capacity(m * n);
+                for_each(&out, [&ct.shape[..]], |_, [i]| c.push(beta * cv[i]));
+                (c, 1.0)
+            }
+            _ => (vec![0f32; m * n], 0.0),
+        };
+        let (av, bv) = (a.to_f32()?, b.to_f32()?);
+        sgemm(
+            alpha,
+            Mat::new(&av, m, k, ta),
+            Mat::new(&bv, k, n, tb),
+            beta_in,
+            &mut c,
+        );
+        Ok(vec![Tensor::from_f32(a.dtype(), out, c)?])
     }
 }
 

@@ -1,5 +1,6 @@
 //! Op rules: for every supported ONNX op, its arity, shape/type rule (with constant
-//! folding of small integer tensors) and FLOP count, in one [`Op`] impl.
+//! folding of small integer tensors), FLOP count, backward rule, storage behaviour
+//! and CPU kernel, in one [`Op`] impl.
 //!
 //! Ops are grouped by family, one file each; every family registers its ops in
 //! [`registry`] through its `register` function. See docs/ADDING_AN_OP.md.
@@ -11,6 +12,7 @@
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
+use crate::exec::Tensor;
 use crate::ir::{Attrs, DType, Node, Value};
 
 pub mod conv;
@@ -224,6 +226,72 @@ pub trait Op: Send + Sync {
     /// How the output relates to input 0's storage in PyTorch: most ops write a new
     /// tensor; view ops (reshape, transpose, slice...) alias their input.
     fn storage(&self, cx: &Cx) -> Storage;
+    /// The CPU forward kernel: one output tensor per declared output, in order
+    /// (omitted optional outputs may be computed anyway; the executor drops them),
+    /// each of the dtype and shape that [`Op::infer`] gave. An op without a kernel
+    /// says so with [`no_kernel`].
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>>;
+}
+
+/// Everything a CPU kernel sees of one node: attributes, input values, the output
+/// facts that inference gave, the opset and the run's options.
+pub struct KernelCx<'a> {
+    /// The node.
+    pub node: &'a Node,
+    /// Input values in order; `None` for omitted optional inputs.
+    pub inputs: Vec<Option<&'a Tensor>>,
+    /// Inferred output facts, one per declared output; `None` where omitted.
+    pub outputs: Vec<Option<&'a Fact>>,
+    /// Version of the default ONNX domain.
+    pub opset: i64,
+    /// Seed of this node's random stream (Dropout's mask).
+    pub seed: u64,
+    /// Whether a Dropout in training mode drops (`false`: every Dropout is the
+    /// identity, for comparing with a deterministic reference).
+    pub dropout: bool,
+}
+
+impl<'a> KernelCx<'a> {
+    /// The node's attributes.
+    pub fn attrs(&self) -> &Attrs {
+        &self.node.attrs
+    }
+
+    /// Required input `i`.
+    pub fn input(&self, i: usize) -> RuleResult<&'a Tensor> {
+        self.inputs
+            .get(i)
+            .copied()
+            .flatten()
+            .ok_or_else(|| format!("required input {i} is missing"))
+    }
+
+    /// Optional input `i`.
+    pub fn opt(&self, i: usize) -> Option<&'a Tensor> {
+        self.inputs.get(i).copied().flatten()
+    }
+
+    /// The inferred fact of output `i` (shape and dtype the kernel must produce).
+    pub fn out(&self, i: usize) -> RuleResult<&'a Fact> {
+        self.outputs
+            .get(i)
+            .copied()
+            .flatten()
+            .ok_or_else(|| format!("output {i} is not declared"))
+    }
+
+    /// Number of declared outputs (omitted ones included).
+    pub fn n_outputs(&self) -> usize {
+        self.outputs.len()
+    }
+}
+
+/// The kernel of an op that has none yet: an error naming the op type.
+pub fn no_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+    Err(format!(
+        "the CPU executor has no kernel for {} yet",
+        cx.node.op_type
+    ))
 }
 
 /// Output storage of an op in PyTorch (for memory of training steps, where views

@@ -1,7 +1,14 @@
 //! Normalizations: BatchNormalization, LayerNormalization, InstanceNormalization,
 //! GroupNormalization, and the softmax family (normalization along an axis).
 
-use super::{axis, Arity, Backward, Cx, Fact, Grad, Op, Registry, RuleResult, Saved, Storage};
+use rayon::prelude::*;
+
+use super::{
+    axis, no_kernel, Arity, Backward, Cx, Fact, Grad, KernelCx, Op, Registry, RuleResult, Saved,
+    Storage,
+};
+use crate::exec::broadcast::for_each;
+use crate::exec::Tensor;
 use crate::ir::DType;
 
 /// `BatchNormalization(X, scale, B, mean, var)`.
@@ -80,6 +87,15 @@ impl Op for BatchNorm {
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
     }
+    /// Inference: `scale·(x − mean)/√(var + ε) + B` with the running statistics.
+    /// Training mode (attribute `training_mode`, or extra outputs before opset 14):
+    /// the batch mean and biased variance per channel normalize, and the running
+    /// statistics come out updated as `stat·momentum + batch_stat·(1 − momentum)`
+    /// (the ONNX reference; opset < 14 adds the batch mean and variance as outputs
+    /// 3 and 4). Statistics are accumulated in f64.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        batch_norm_kernel(cx)
+    }
 }
 
 /// `LayerNormalization(X, Scale, B?) -> (Y, Mean?, InvStdDev?)` over axes `axis..`.
@@ -154,6 +170,11 @@ impl Op for LayerNorm {
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
     }
+    /// Per row of the normalized axes: mean and biased variance (f64 accumulation),
+    /// `(x − mean)·InvStdDev·Scale + B`; Mean and InvStdDev outputs when declared.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        layer_norm_kernel(cx)
+    }
 }
 
 /// `InstanceNormalization(X, scale, B)` and `GroupNormalization(X, scale, B)`: Y like X.
@@ -210,6 +231,10 @@ impl Op for SameShapeNorm {
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
     }
+    /// No model in models/ uses them yet.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        no_kernel(cx)
+    }
 }
 
 /// `Softmax` / `LogSoftmax` / `Hardmax` along `axis` (default -1 from opset 13, 1 before).
@@ -246,6 +271,12 @@ impl Op for Softmax {
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
     }
+    /// Along one axis (opset 13+) or over the axes from `axis` on, flattened (before
+    /// 13): subtract the maximum, exponentiate, normalize (LogSoftmax: `x − max −
+    /// ln Σ`); Hardmax marks the first maximum.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        softmax_kernel(cx)
+    }
 }
 
 /// `LpNormalization(X)` along `axis`: Y like X. FLOPs: 3 per element.
@@ -274,6 +305,240 @@ impl Op for LpNorm {
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
     }
+    /// `x / ‖x‖_p` along `axis` (`p` 1 or 2; a zero norm gives 0).
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let x = cx.input(0)?;
+        let a = axis(cx.attrs().int_or("axis", -1), x.rank())?;
+        let p = cx.attrs().int_or("p", 2);
+        if p != 1 && p != 2 {
+            return Err(format!("p must be 1 or 2, got {p}"));
+        }
+        let (outer, n, inner) = split_axis(&x.shape, a);
+        let xs = x.to_f32()?;
+        let mut y = xs.to_vec();
+        for o in 0..outer {
+            for i in 0..inner {
+                let at = |k: usize| (o * n + k) * inner + i;
+                let norm = if p == 1 {
+                    (0..n).map(|k| xs[at(k)].abs() as f64).sum::<f64>()
+                } else {
+                    (0..n)
+                        .map(|k| (xs[at(k)] as f64).powi(2))
+                        .sum::<f64>()
+                        .sqrt()
+                };
+                for k in 0..n {
+                    y[at(k)] = if norm == 0.0 {
+                        0.0
+                    } else {
+                        (xs[at(k)] as f64 / norm) as f32
+                    };
+                }
+            }
+        }
+        Ok(vec![Tensor::from_f32(x.dtype(), x.shape.clone(), y)?])
+    }
+}
+
+/// `(outer, n, inner)`: the sizes before, at and after axis `a`.
+fn split_axis(shape: &[usize], a: usize) -> (usize, usize, usize) {
+    (
+        shape[..a].iter().product(),
+        shape[a],
+        shape[a + 1..].iter().product(),
+    )
+}
+
+/// BatchNormalization on the CPU; see [`BatchNorm`]'s `forward_cpu`.
+fn batch_norm_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+    let x = cx.input(0)?;
+    let (n, c) = (x.shape[0], x.shape[1]);
+    let plane: usize = x.shape[2..].iter().product();
+    let eps = cx.attrs().float("epsilon").unwrap_or(1e-5) as f64;
+    let momentum = cx.attrs().float("momentum").unwrap_or(0.9) as f64;
+    let training = if cx.opset >= 14 {
+        cx.attrs().int_or("training_mode", 0) != 0
+    } else {
+        cx.n_outputs() > 1
+    };
+    let xs = x.to_f32()?;
+    let [scale, bias, mean, var] = [1, 2, 3, 4].map(|i| cx.input(i).and_then(|t| t.to_f32()));
+    let (scale, bias, mean, var) = (scale?, bias?, mean?, var?);
+    // Per channel: the mean and variance that normalize.
+    let stats: Vec<(f64, f64)> = if training {
+        (0..c)
+            .into_par_iter()
+            .map(|ch| {
+                let vals =
+                    || (0..n).flat_map(|i| &xs[(i * c + ch) * plane..(i * c + ch + 1) * plane]);
+                let count = (n * plane).max(1) as f64;
+                let mu = vals().map(|&v| v as f64).sum::<f64>() / count;
+                let var = vals().map(|&v| (v as f64 - mu).powi(2)).sum::<f64>() / count;
+                (mu, var)
+            })
+            .collect()
+    } else {
+        (0..c).map(|ch| (mean[ch] as f64, var[ch] as f64)).collect()
+    };
+    let mut y = vec![0f32; xs.len()];
+    if plane > 0 {
+        y.par_chunks_mut(plane).enumerate().for_each(|(job, yp)| {
+            let ch = job % c;
+            let (mu, v) = stats[ch];
+            let k = scale[ch] as f64 / (v + eps).sqrt();
+            let b = bias[ch] as f64 - mu * k;
+            let (k, b) = (k as f32, b as f32);
+            for (o, &xi) in yp.iter_mut().zip(&xs[job * plane..(job + 1) * plane]) {
+                *o = xi * k + b;
+            }
+        });
+    }
+    let dt = x.dtype();
+    let mut outs = vec![Tensor::from_f32(dt, x.shape.clone(), y)?];
+    if training {
+        let stat_dt = cx.input(3)?.dtype();
+        let run = |old: &[f32], pick: fn(&(f64, f64)) -> f64| -> Vec<f32> {
+            old.iter()
+                .zip(&stats)
+                .map(|(&o, s)| (o as f64 * momentum + pick(s) * (1.0 - momentum)) as f32)
+                .collect()
+        };
+        outs.push(Tensor::from_f32(stat_dt, vec![c], run(&mean, |s| s.0))?);
+        outs.push(Tensor::from_f32(stat_dt, vec![c], run(&var, |s| s.1))?);
+        if cx.opset < 14 {
+            outs.push(Tensor::from_f32(
+                stat_dt,
+                vec![c],
+                stats.iter().map(|s| s.0 as f32).collect(),
+            )?);
+            outs.push(Tensor::from_f32(
+                stat_dt,
+                vec![c],
+                stats.iter().map(|s| s.1 as f32).collect(),
+            )?);
+        }
+    } else {
+        // Inference mode with the statistics outputs declared: they pass unchanged.
+        for i in 1..cx.n_outputs() {
+            let src = cx.input(if i % 2 == 1 { 3 } else { 4 })?;
+            outs.push(src.clone());
+        }
+    }
+    outs.truncate(cx.n_outputs().max(1));
+    Ok(outs)
+}
+
+/// LayerNormalization on the CPU; see [`LayerNorm`]'s `forward_cpu`.
+fn layer_norm_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+    let x = cx.input(0)?;
+    let a = axis(cx.attrs().int_or("axis", -1), x.rank())?;
+    let eps = cx.attrs().float("epsilon").unwrap_or(1e-5) as f64;
+    let norm_shape = &x.shape[a..];
+    let cols: usize = norm_shape.iter().product();
+    let rows: usize = x.shape[..a].iter().product();
+    // Scale and B broadcast to the normalized shape.
+    let full = |t: Option<&Tensor>, default: f32| -> RuleResult<Vec<f32>> {
+        match t {
+            None => Ok(vec![default; cols]),
+            Some(t) => {
+                let v = t.to_f32()?;
+                let mut out = Vec::with_capacity(cols);
+                for_each(norm_shape, [&t.shape[..]], |_, [i]| out.push(v[i]));
+                Ok(out)
+            }
+        }
+    };
+    let (scale, bias) = (full(cx.opt(1), 1.0)?, full(cx.opt(2), 0.0)?);
+    let xs = x.to_f32()?;
+    let mut y = vec![0f32; xs.len()];
+    let mut stats = vec![(0f32, 0f32); rows];
+    if cols > 0 {
+        y.par_chunks_mut(cols)
+            .zip(stats.par_iter_mut())
+            .enumerate()
+            .for_each(|(r, (yr, st))| {
+                let xr = &xs[r * cols..(r + 1) * cols];
+                let mu = xr.iter().map(|&v| v as f64).sum::<f64>() / cols as f64;
+                let var = xr.iter().map(|&v| (v as f64 - mu).powi(2)).sum::<f64>() / cols as f64;
+                let inv = 1.0 / (var + eps).sqrt();
+                for (k, o) in yr.iter_mut().enumerate() {
+                    *o = (((xr[k] as f64 - mu) * inv) as f32) * scale[k] + bias[k];
+                }
+                *st = (mu as f32, inv as f32);
+            });
+    }
+    let mut outs = vec![Tensor::from_f32(x.dtype(), x.shape.clone(), y)?];
+    for (i, pick) in [(1usize, 0usize), (2, 1)] {
+        if let Some(Some(f)) = cx.outputs.get(i) {
+            let v = stats
+                .iter()
+                .map(|s| if pick == 0 { s.0 } else { s.1 })
+                .collect();
+            outs.push(Tensor::from_f32(f.dtype, f.shape.clone(), v)?);
+        } else if i < cx.n_outputs() {
+            outs.push(Tensor::f32(vec![0], vec![]));
+        }
+    }
+    Ok(outs)
+}
+
+/// Softmax, LogSoftmax and Hardmax on the CPU; see [`Softmax`]'s `forward_cpu`.
+fn softmax_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+    let x = cx.input(0)?;
+    let default = if cx.opset >= 13 { -1 } else { 1 };
+    let a = axis(cx.attrs().int_or("axis", default), x.rank())?;
+    let (outer, n, inner) = if cx.opset >= 13 {
+        split_axis(&x.shape, a)
+    } else {
+        (
+            x.shape[..a].iter().product(),
+            x.shape[a..].iter().product(),
+            1,
+        )
+    };
+    let op = cx.node.op_type.as_str();
+    let xs = x.to_f32()?;
+    let mut y = vec![0f32; xs.len()];
+    let block = n * inner;
+    if block > 0 {
+        y.par_chunks_mut(block).enumerate().for_each(|(o, yb)| {
+            let xb = &xs[o * block..(o + 1) * block];
+            for i in 0..inner {
+                let at = |k: usize| k * inner + i;
+                let mut max = f32::NEG_INFINITY;
+                let mut arg = 0;
+                for k in 0..n {
+                    if xb[at(k)] > max {
+                        (max, arg) = (xb[at(k)], k);
+                    }
+                }
+                match op {
+                    "Hardmax" => yb[at(arg)] = 1.0,
+                    _ => {
+                        let mut sum = 0f32;
+                        for k in 0..n {
+                            let e = (xb[at(k)] - max).exp();
+                            yb[at(k)] = e;
+                            sum += e;
+                        }
+                        if op == "LogSoftmax" {
+                            let ls = sum.ln();
+                            for k in 0..n {
+                                yb[at(k)] = xb[at(k)] - max - ls;
+                            }
+                        } else {
+                            let inv = 1.0 / sum;
+                            for k in 0..n {
+                                yb[at(k)] *= inv;
+                            }
+                        }
+                    }
+                }
+            }
+        });
+    }
+    let _ = outer;
+    Ok(vec![Tensor::from_f32(x.dtype(), x.shape.clone(), y)?])
 }
 
 /// Registers the normalization family.

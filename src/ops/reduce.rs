@@ -1,6 +1,11 @@
 //! Reductions along axes (ReduceSum, ReduceMean, ...), ArgMax/ArgMin, TopK, CumSum.
 
-use super::{axis, dim, Arity, Backward, Cx, Fact, Op, Registry, RuleResult, Saved, Storage};
+use super::{
+    axis, dim, no_kernel, Arity, Backward, Cx, Fact, KernelCx, Op, Registry, RuleResult, Saved,
+    Storage,
+};
+use crate::exec::broadcast::for_each;
+use crate::exec::Tensor;
 use crate::ir::value::MAX_FOLD_ELEMS;
 use crate::ir::{DType, Data, Value};
 
@@ -126,6 +131,79 @@ impl Op for Reduce {
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
     }
+    /// Floats accumulated in f64 (LogSumExp shifted by the maximum); integers in
+    /// i64 for Sum, Mean (truncating), Max, Min and Prod.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let x = cx.input(0)?;
+        let r = x.rank();
+        let raw = if cx.opset >= self.axes_input_from {
+            cx.opt(1).map(Tensor::to_i64s)
+        } else {
+            cx.attrs().ints("axes").map(|v| v.to_vec())
+        };
+        let axes: Vec<usize> = match raw {
+            Some(a) if !a.is_empty() => a.iter().map(|&v| axis(v, r)).collect::<RuleResult<_>>()?,
+            _ if cx.attrs().int_or("noop_with_empty_axes", 0) != 0 => Vec::new(),
+            _ => (0..r).collect(),
+        };
+        let out = cx.out(0)?.shape.clone();
+        let kept = reduced_shape(&x.shape, &axes, true);
+        let n_out: usize = kept.iter().product();
+        let count: usize = axes.iter().map(|&a| x.shape[a]).product();
+        let op = cx.node.op_type.as_str();
+        if !x.dtype().is_float() {
+            let (init, f): (i64, fn(i64, i64) -> i64) = match op {
+                "ReduceSum" | "ReduceMean" => (0, i64::wrapping_add),
+                "ReduceMax" => (i64::MIN, i64::max),
+                "ReduceMin" => (i64::MAX, i64::min),
+                "ReduceProd" => (1, i64::wrapping_mul),
+                other => return Err(format!("{other} on {} is not supported", x.dtype())),
+            };
+            let xs = x.to_i64s();
+            let mut acc = vec![init; n_out];
+            for_each(&x.shape, [&kept[..]], |i, [o]| acc[o] = f(acc[o], xs[i]));
+            if op == "ReduceMean" {
+                acc.iter_mut().for_each(|v| *v /= count.max(1) as i64);
+            }
+            return Ok(vec![Tensor::from_i64(x.dtype(), out, acc)?]);
+        }
+        let xs = x.to_f32()?;
+        let fold = |init: f64, f: &dyn Fn(f64, f64) -> f64| {
+            let mut acc = vec![init; n_out];
+            for_each(&x.shape, [&kept[..]], |i, [o]| {
+                acc[o] = f(acc[o], xs[i] as f64)
+            });
+            acc
+        };
+        let acc: Vec<f64> = match op {
+            "ReduceSum" => fold(0.0, &|a, v| a + v),
+            "ReduceMean" => fold(0.0, &|a, v| a + v)
+                .into_iter()
+                .map(|s| s / count as f64)
+                .collect(),
+            "ReduceMax" => fold(f64::NEG_INFINITY, &f64::max),
+            "ReduceMin" => fold(f64::INFINITY, &f64::min),
+            "ReduceProd" => fold(1.0, &|a, v| a * v),
+            "ReduceL1" => fold(0.0, &|a, v| a + v.abs()),
+            "ReduceL2" => fold(0.0, &|a, v| a + v * v)
+                .into_iter()
+                .map(f64::sqrt)
+                .collect(),
+            "ReduceSumSquare" => fold(0.0, &|a, v| a + v * v),
+            "ReduceLogSum" => fold(0.0, &|a, v| a + v).into_iter().map(f64::ln).collect(),
+            "ReduceLogSumExp" => {
+                let max = fold(f64::NEG_INFINITY, &f64::max);
+                let mut sum = vec![0f64; n_out];
+                for_each(&x.shape, [&kept[..]], |i, [o]| {
+                    sum[o] += (xs[i] as f64 - max[o]).exp()
+                });
+                sum.iter().zip(&max).map(|(s, m)| s.ln() + m).collect()
+            }
+            other => return Err(format!("no kernel for {other}")),
+        };
+        let v = acc.into_iter().map(|a| a as f32).collect();
+        Ok(vec![Tensor::from_f32(x.dtype(), out, v)?])
+    }
 }
 
 /// `ArgMax` / `ArgMin` along `axis`: int64. FLOPs: 1 compare per input element.
@@ -153,6 +231,32 @@ impl Op for ArgReduce {
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
+    }
+    /// The first extreme along `axis` (the last with `select_last_index`).
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let x = cx.input(0)?;
+        let a = axis(cx.attrs().int_or("axis", 0), x.rank())?;
+        let last = cx.attrs().int_or("select_last_index", 0) != 0;
+        let max = cx.node.op_type == "ArgMax";
+        let xs = x.to_f64s();
+        let outer: usize = x.shape[..a].iter().product();
+        let n = x.shape[a];
+        let inner: usize = x.shape[a + 1..].iter().product();
+        let mut v = Vec::with_capacity(outer * inner);
+        for o in 0..outer {
+            for i in 0..inner {
+                let mut best = 0;
+                for k in 1..n {
+                    let (c, b) = (xs[(o * n + k) * inner + i], xs[(o * n + best) * inner + i]);
+                    let better = if max { c > b } else { c < b };
+                    if better || (last && c == b) {
+                        best = k;
+                    }
+                }
+                v.push(best as i64);
+            }
+        }
+        Ok(vec![Tensor::i64(cx.out(0)?.shape.clone(), v)])
     }
 }
 
@@ -189,6 +293,10 @@ impl Op for TopK {
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
+    }
+    /// No model in models/ uses it yet.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        no_kernel(cx)
     }
 }
 
@@ -244,6 +352,41 @@ impl Op for CumSum {
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
+    }
+    /// Running sums along the axis (`exclusive`, `reverse`), f64 for floats.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let x = cx.input(0)?;
+        let a = axis(
+            *cx.input(1)?
+                .to_i64s()
+                .first()
+                .ok_or("axis must be one value")?,
+            x.rank(),
+        )?;
+        let excl = cx.attrs().int_or("exclusive", 0) != 0;
+        let rev = cx.attrs().int_or("reverse", 0) != 0;
+        let xs = x.to_f64s();
+        let outer: usize = x.shape[..a].iter().product();
+        let n = x.shape[a];
+        let inner: usize = x.shape[a + 1..].iter().product();
+        let mut y = vec![0f64; xs.len()];
+        for o in 0..outer {
+            for i in 0..inner {
+                let mut acc = 0f64;
+                for step in 0..n {
+                    let k = if rev { n - 1 - step } else { step };
+                    let at = (o * n + k) * inner + i;
+                    if excl {
+                        y[at] = acc;
+                        acc += xs[at];
+                    } else {
+                        acc += xs[at];
+                        y[at] = acc;
+                    }
+                }
+            }
+        }
+        Ok(vec![Tensor::from_f64(x.dtype(), x.shape.clone(), y)?])
     }
 }
 

@@ -6,9 +6,11 @@
 //! FLOPs: all ops here move or select data and count 0.
 
 use super::{
-    axis, broadcast, dim, dtype_attr, numel, Arity, Backward, Cx, Fact, Op, Registry, RuleResult,
-    Saved, Storage,
+    axis, broadcast, dim, dtype_attr, numel, Arity, Backward, Cx, Fact, KernelCx, Op, Registry,
+    RuleResult, Saved, Storage,
 };
+use crate::exec::broadcast::{affine_offsets, for_each};
+use crate::exec::Tensor;
 use crate::ir::value::MAX_FOLD_ELEMS;
 use crate::ir::{DType, Data, TensorData, Value};
 
@@ -117,6 +119,25 @@ impl Op for Constant {
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
     }
+    /// The literal from the attributes.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let a = cx.attrs();
+        let f = cx.out(0)?;
+        let t = if let Some(t) = a.tensor("value") {
+            Tensor::from_data(t)?
+        } else if let Some(crate::ir::Attr::Floats(v)) = a.0.get("value_floats") {
+            Tensor::f32(vec![v.len()], v.clone())
+        } else if let Some(v) = a.float("value_float") {
+            Tensor::f32(vec![], vec![v])
+        } else if let Some(v) = a.ints("value_ints") {
+            Tensor::i64(vec![v.len()], v.to_vec())
+        } else if let Some(v) = a.int("value_int") {
+            Tensor::i64(vec![], vec![v])
+        } else {
+            return Err("no supported value attribute".into());
+        };
+        Ok(vec![t.cast(f.dtype)?])
+    }
 }
 
 /// `Shape(x)` with optional `start`/`end` (opset 15): int64 vector, always folded.
@@ -146,6 +167,16 @@ impl Op for ShapeOp {
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
     }
+    /// The input's dims (from `start` to `end`) as int64.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let x = cx.input(0)?;
+        let r = x.rank() as i64;
+        let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
+        let start = clamp(cx.attrs().int_or("start", 0));
+        let end = clamp(cx.attrs().int_or("end", r)).max(start);
+        let dims: Vec<i64> = x.shape[start..end].iter().map(|&d| d as i64).collect();
+        Ok(vec![Tensor::i64(vec![dims.len()], dims)])
+    }
 }
 
 /// `Size(x)`: int64 scalar, folded.
@@ -169,6 +200,10 @@ impl Op for Size {
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
+    }
+    /// The element count as an int64 scalar.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        Ok(vec![Tensor::i64(vec![], vec![cx.input(0)?.numel() as i64])])
     }
 }
 
@@ -240,6 +275,10 @@ impl Op for Reshape {
         let _ = cx;
         Storage::Reshape
     }
+    /// The same elements under the inferred shape.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        Ok(vec![cx.input(0)?.reshaped(cx.out(0)?.shape.clone())?])
+    }
 }
 
 /// `Flatten(x)` to 2-D at `axis` (default 1).
@@ -277,6 +316,10 @@ impl Op for Flatten {
     fn storage(&self, cx: &Cx) -> Storage {
         let _ = cx;
         Storage::Reshape
+    }
+    /// The same elements under the inferred shape.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        Ok(vec![cx.input(0)?.reshaped(cx.out(0)?.shape.clone())?])
     }
 }
 
@@ -323,6 +366,19 @@ impl Op for Transpose {
     fn storage(&self, cx: &Cx) -> Storage {
         let _ = cx;
         Storage::StridedView
+    }
+    /// A copy in the permuted order.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let x = cx.input(0)?;
+        let r = x.rank();
+        let perm: Vec<usize> = match cx.attrs().ints("perm") {
+            Some(p) => p.iter().map(|&a| axis(a, r)).collect::<RuleResult<_>>()?,
+            None => (0..r).rev().collect(),
+        };
+        let st = strides(&x.shape);
+        let shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
+        let pst: Vec<isize> = perm.iter().map(|&p| st[p] as isize).collect();
+        Ok(vec![x.select(&affine_offsets(&shape, 0, &pst), shape)])
     }
 }
 
@@ -381,6 +437,10 @@ impl Op for Squeeze {
         let _ = cx;
         Storage::View
     }
+    /// The same elements under the inferred shape.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        Ok(vec![cx.input(0)?.reshaped(cx.out(0)?.shape.clone())?])
+    }
 }
 
 /// `Unsqueeze(x, axes)`: inserts size-1 axes at positions of the output.
@@ -428,6 +488,10 @@ impl Op for Unsqueeze {
     fn storage(&self, cx: &Cx) -> Storage {
         let _ = cx;
         Storage::View
+    }
+    /// The same elements under the inferred shape.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        Ok(vec![cx.input(0)?.reshaped(cx.out(0)?.shape.clone())?])
     }
 }
 
@@ -517,6 +581,30 @@ impl Op for Concat {
         let _ = cx;
         Storage::New
     }
+    /// Inputs (one element type) joined along `axis`.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let ins = (0..cx.inputs.len())
+            .map(|i| cx.input(i))
+            .collect::<RuleResult<Vec<_>>>()?;
+        let out = cx.out(0)?.shape.clone();
+        let a = axis(
+            cx.attrs().int("axis").ok_or("missing attribute 'axis'")?,
+            out.len(),
+        )?;
+        let outer: usize = out[..a].iter().product();
+        let chunks: Vec<usize> = ins.iter().map(|t| t.shape[a..].iter().product()).collect();
+        let total: usize = out.iter().product();
+        let elems = crate::exec::tensor::with_same_elems!(&ins, parts => {
+            let mut v = Vec::with_capacity(total);
+            for o in 0..outer {
+                for (p, &c) in parts.iter().zip(&chunks) {
+                    v.extend_from_slice(&p[o * c..(o + 1) * c]);
+                }
+            }
+            v
+        });
+        Ok(vec![Tensor::new(out, elems)])
+    }
 }
 
 /// `Split(x, split?)` along `axis`: sizes from input 1 (opset 13+) or the `split`
@@ -587,6 +675,28 @@ impl Op for Split {
         } else {
             Storage::StridedView
         }
+    }
+    /// Consecutive pieces along `axis`, sized as inference gave them.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let x = cx.input(0)?;
+        let a = axis(cx.attrs().int_or("axis", 0), x.rank())?;
+        let outer: usize = x.shape[..a].iter().product();
+        let inner: usize = x.shape[a + 1..].iter().product();
+        let d = x.shape[a];
+        let mut start = 0;
+        let mut outs = Vec::with_capacity(cx.n_outputs());
+        for i in 0..cx.n_outputs() {
+            let shape = cx.out(i)?.shape.clone();
+            let len = shape[a];
+            let mut idx = Vec::with_capacity(outer * len * inner);
+            for o in 0..outer {
+                let base = (o * d + start) * inner;
+                idx.extend(base..base + len * inner);
+            }
+            outs.push(x.select(&idx, shape));
+            start += len;
+        }
+        Ok(outs)
     }
 }
 
@@ -680,6 +790,58 @@ impl Op for Slice {
         let _ = cx;
         Storage::StridedView
     }
+    /// Starts, ends, axes and steps read from the runtime inputs (attributes
+    /// before opset 10), clamped as the spec says; negative steps walk backwards.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let x = cx.input(0)?;
+        let r = x.rank();
+        let (starts, ends, axes, steps) = if cx.opset >= 10 {
+            (
+                cx.input(1)?.to_i64s(),
+                cx.input(2)?.to_i64s(),
+                cx.opt(3).map(Tensor::to_i64s),
+                cx.opt(4).map(Tensor::to_i64s),
+            )
+        } else {
+            let a = cx.attrs();
+            (
+                a.ints("starts").ok_or("missing starts")?.to_vec(),
+                a.ints("ends").ok_or("missing ends")?.to_vec(),
+                a.ints("axes").map(|v| v.to_vec()),
+                None,
+            )
+        };
+        let axes: Vec<usize> = match axes {
+            Some(a) => a.iter().map(|&v| axis(v, r)).collect::<RuleResult<_>>()?,
+            None => (0..starts.len()).collect(),
+        };
+        let steps = steps.unwrap_or_else(|| vec![1; starts.len()]);
+        let st = strides(&x.shape);
+        let mut base = 0isize;
+        let mut vst: Vec<isize> = st.iter().map(|&s| s as isize).collect();
+        for i in 0..starts
+            .len()
+            .min(axes.len())
+            .min(steps.len())
+            .min(ends.len())
+        {
+            let (a, s) = (axes[i], steps[i]);
+            if s == 0 {
+                return Err("slice step 0".into());
+            }
+            let d = x.shape[a] as i64;
+            let norm = |v: i64| if v < 0 { v.saturating_add(d) } else { v };
+            let b = if s > 0 {
+                norm(starts[i]).clamp(0, d)
+            } else {
+                norm(starts[i]).clamp(0, d - 1)
+            };
+            base += b as isize * st[a] as isize;
+            vst[a] = s as isize * st[a] as isize;
+        }
+        let shape = cx.out(0)?.shape.clone();
+        Ok(vec![x.select(&affine_offsets(&shape, base, &vst), shape)])
+    }
 }
 
 /// `Gather(data, indices)` along `axis`: `data[:axis] + indices + data[axis+1:]`.
@@ -761,6 +923,34 @@ impl Op for Gather {
             Storage::New
         }
     }
+    /// Rows of `data` along `axis` picked by the runtime indices (negative ones
+    /// count from the end; out of range is an error).
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let (x, ind) = (cx.input(0)?, cx.input(1)?);
+        let a = axis(cx.attrs().int_or("axis", 0), x.rank())?;
+        let outer: usize = x.shape[..a].iter().product();
+        let inner: usize = x.shape[a + 1..].iter().product();
+        let d = x.shape[a] as i64;
+        let idx = ind.to_i64s();
+        let rows = idx
+            .iter()
+            .map(|&i| {
+                if i < -d || i >= d {
+                    Err(format!("index {i} out of range for axis of size {d}"))
+                } else {
+                    Ok((if i < 0 { i + d } else { i }) as usize)
+                }
+            })
+            .collect::<RuleResult<Vec<_>>>()?;
+        let mut flat = Vec::with_capacity(outer * rows.len() * inner);
+        for o in 0..outer {
+            for &row in &rows {
+                let base = (o * d as usize + row) * inner;
+                flat.extend(base..base + inner);
+            }
+        }
+        Ok(vec![x.select(&flat, cx.out(0)?.shape.clone())])
+    }
 }
 
 /// `GatherElements(data, indices)`: the shape of `indices`.
@@ -796,6 +986,31 @@ impl Op for GatherElements {
     fn storage(&self, cx: &Cx) -> Storage {
         let _ = cx;
         Storage::New
+    }
+    /// `out[c] = data[c with c[axis] = indices[c]]`.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let (x, ind) = (cx.input(0)?, cx.input(1)?);
+        let a = axis(cx.attrs().int_or("axis", 0), x.rank())?;
+        let xst = strides(&x.shape);
+        let ist: Vec<isize> = xst.iter().map(|&s| s as isize).collect();
+        let base = affine_offsets(&ind.shape, 0, &ist);
+        let inner: usize = ind.shape[a + 1..].iter().product();
+        let d = x.shape[a] as i64;
+        let idx = ind.to_i64s();
+        let flat = base
+            .iter()
+            .enumerate()
+            .map(|(k, &b)| {
+                let c = (k / inner.max(1)) % ind.shape[a].max(1);
+                let i = idx[k];
+                if i < -d || i >= d {
+                    return Err(format!("index {i} out of range for axis of size {d}"));
+                }
+                let i = if i < 0 { i + d } else { i } as usize;
+                Ok(b - c * xst[a] + i * xst[a])
+            })
+            .collect::<RuleResult<Vec<_>>>()?;
+        Ok(vec![x.select(&flat, ind.shape.clone())])
     }
 }
 
@@ -840,6 +1055,21 @@ impl Op for ConstantOfShape {
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
+    }
+    /// The inferred shape filled with the `value` attribute (float32 0 by default).
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let f = cx.out(0)?;
+        let fill = match cx.attrs().tensor("value") {
+            Some(t) => Tensor::from_data(t)?,
+            None => Tensor::f32(vec![1], vec![0.0]),
+        };
+        if fill.numel() != 1 {
+            return Err("value must hold one element".into());
+        }
+        let n: usize = f.shape.iter().product();
+        Ok(vec![fill
+            .select(&vec![0; n], f.shape.clone())
+            .cast(f.dtype)?])
     }
 }
 
@@ -887,6 +1117,27 @@ impl Op for Range {
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
+    }
+    /// `start + i·delta` for the inferred length, in the input type.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let f = cx.out(0)?;
+        let n = f.shape[0];
+        let get = |i: usize| -> RuleResult<&Tensor> {
+            let t = cx.input(i)?;
+            if t.numel() != 1 {
+                return Err(format!("input {i} must be a scalar"));
+            }
+            Ok(t)
+        };
+        if f.dtype.is_float() {
+            let (s, d) = (get(0)?.to_f64s()[0], get(2)?.to_f64s()[0]);
+            let v = (0..n).map(|i| s + i as f64 * d).collect();
+            Ok(vec![Tensor::from_f64(f.dtype, vec![n], v)?])
+        } else {
+            let (s, d) = (get(0)?.to_i64s()[0], get(2)?.to_i64s()[0]);
+            let v = (0..n as i64).map(|i| s + i * d).collect();
+            Ok(vec![Tensor::from_i64(f.dtype, vec![n], v)?])
+        }
     }
 }
 
@@ -940,6 +1191,14 @@ impl Op for Expand {
         let _ = cx;
         Storage::StridedView
     }
+    /// A copy broadcast to the inferred shape.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let x = cx.input(0)?;
+        let shape = cx.out(0)?.shape.clone();
+        let mut idx = Vec::with_capacity(shape.iter().product());
+        for_each(&shape, [&x.shape[..]], |_, [i]| idx.push(i));
+        Ok(vec![x.select(&idx, shape)])
+    }
 }
 
 /// `Tile(x, repeats)`.
@@ -992,6 +1251,22 @@ impl Op for Tile {
         let _ = cx;
         Storage::New
     }
+    /// Output coordinate `c` reads input coordinate `c mod dims`.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let x = cx.input(0)?;
+        let shape = cx.out(0)?.shape.clone();
+        let st = strides(&x.shape);
+        let n: usize = shape.iter().product();
+        let ost = strides(&shape);
+        let idx: Vec<usize> = (0..n)
+            .map(|k| {
+                (0..shape.len())
+                    .map(|i| ((k / ost[i]) % shape[i]) % x.shape[i].max(1) * st[i])
+                    .sum()
+            })
+            .collect();
+        Ok(vec![x.select(&idx, shape)])
+    }
 }
 
 /// `Pad(x, pads, constant_value?, axes?)` (pads input from opset 11, attribute before).
@@ -1037,6 +1312,72 @@ impl Op for Pad {
         let _ = cx;
         Storage::New
     }
+    /// `constant` (value from input 2, default 0), `edge` and `reflect` modes.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let x = cx.input(0)?;
+        let r = x.rank();
+        let pads = if cx.opset >= 11 {
+            cx.input(1)?.to_i64s()
+        } else {
+            cx.attrs().ints("pads").ok_or("missing pads")?.to_vec()
+        };
+        let axes: Vec<usize> = match cx.opt(3) {
+            Some(t) => t
+                .to_i64s()
+                .iter()
+                .map(|&v| axis(v, r))
+                .collect::<RuleResult<_>>()?,
+            None => (0..r).collect(),
+        };
+        let mut begin = vec![0i64; r];
+        for (k, &a) in axes.iter().enumerate() {
+            begin[a] = pads[k];
+        }
+        let mode = cx.attrs().string("mode").unwrap_or("constant");
+        let shape = cx.out(0)?.shape.clone();
+        let ost = strides(&shape);
+        let st = strides(&x.shape);
+        let n: usize = shape.iter().product();
+        // Source offset per output element, None for the constant fill.
+        let mut src: Vec<Option<usize>> = Vec::with_capacity(n);
+        for k in 0..n {
+            let mut off = Some(0usize);
+            for i in 0..r {
+                let d = x.shape[i] as i64;
+                let c = ((k / ost[i]) % shape[i]) as i64 - begin[i];
+                let c = if (0..d).contains(&c) {
+                    Some(c)
+                } else {
+                    match mode {
+                        "edge" if d > 0 => Some(c.clamp(0, d - 1)),
+                        "reflect" if d > 1 => {
+                            let period = 2 * (d - 1);
+                            let m = c.rem_euclid(period);
+                            Some(if m < d { m } else { period - m })
+                        }
+                        "constant" => None,
+                        other => {
+                            return Err(format!("pad mode '{other}' on size {d} is not supported"))
+                        }
+                    }
+                };
+                off = match (off, c) {
+                    (Some(o), Some(c)) => Some(o + c as usize * st[i]),
+                    _ => None,
+                };
+            }
+            src.push(off);
+        }
+        let fill = match cx.opt(2) {
+            Some(v) if v.numel() == 1 => v.cast(x.dtype())?,
+            _ => Tensor::zeros(x.dtype(), vec![1])?,
+        };
+        let both = [x, &fill];
+        let joined = crate::exec::tensor::with_same_elems!(&both, p => {
+            src.iter().map(|o| match o { Some(o) => p[0][*o], None => p[1][0] }).collect()
+        });
+        Ok(vec![Tensor::new(shape, joined)])
+    }
 }
 
 /// Ops whose output is shaped like input 0: Trilu, ScatterND, ScatterElements, EyeLike.
@@ -1073,6 +1414,47 @@ impl Op for LikeInput {
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
     }
+    /// Trilu (keeps the upper or lower triangle from diagonal `k`) and EyeLike
+    /// (ones on diagonal `k`); the scatters have no kernel yet.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let x = cx.input(0)?;
+        let f = cx.out(0)?;
+        let r = x.rank();
+        if r < 2 {
+            return super::no_kernel(cx);
+        }
+        let (h, w) = (x.shape[r - 2], x.shape[r - 1]);
+        match cx.node.op_type.as_str() {
+            "Trilu" => {
+                let k = cx
+                    .opt(1)
+                    .map_or(0, |t| t.to_i64s().first().copied().unwrap_or(0));
+                let upper = cx.attrs().int_or("upper", 1) != 0;
+                let keep = |i: usize| {
+                    let (row, col) = (((i / w) % h) as i64, (i % w) as i64);
+                    if upper {
+                        col - row >= k
+                    } else {
+                        col - row <= k
+                    }
+                };
+                let zero = Tensor::zeros(x.dtype(), vec![1])?;
+                let both = [x, &zero];
+                let elems = crate::exec::tensor::with_same_elems!(&both, p => {
+                    (0..x.numel()).map(|i| if keep(i) { p[0][i] } else { p[1][0] }).collect()
+                });
+                Ok(vec![Tensor::new(x.shape.clone(), elems)])
+            }
+            "EyeLike" => {
+                let k = cx.attrs().int_or("k", 0);
+                let v = (0..x.numel())
+                    .map(|i| ((i % w) as i64 - ((i / w) % h) as i64 == k) as i64)
+                    .collect();
+                Ok(vec![Tensor::from_i64(f.dtype, x.shape.clone(), v)?])
+            }
+            _ => super::no_kernel(cx),
+        }
+    }
 }
 
 /// `NonZero(x)`: only when `x` is a known constant (its output shape depends on data).
@@ -1107,6 +1489,25 @@ impl Op for NonZero {
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
+    }
+    /// Coordinates of the non-zero elements, `[rank, count]`.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let x = cx.input(0)?;
+        let st = strides(&x.shape);
+        let hits: Vec<usize> = x
+            .to_f64s()
+            .iter()
+            .enumerate()
+            .filter(|(_, &v)| v != 0.0)
+            .map(|(i, _)| i)
+            .collect();
+        let mut out = vec![0i64; x.rank() * hits.len()];
+        for (j, &h) in hits.iter().enumerate() {
+            for (d, &s) in st.iter().enumerate() {
+                out[d * hits.len() + j] = ((h / s) % x.shape[d]) as i64;
+            }
+        }
+        Ok(vec![Tensor::i64(vec![x.rank(), hits.len()], out)])
     }
 }
 
