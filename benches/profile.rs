@@ -54,6 +54,7 @@ fn bench(c: &mut Criterion) {
             gpus: 8,
             target_batch: Some(1024),
             dims: Default::default(),
+            plan_time_limit_s: 10.0,
         };
         c.bench_function(&format!("fit/{name}"), |b| {
             b.iter(|| {

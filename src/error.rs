@@ -56,6 +56,9 @@ pub enum Error {
     /// A dimension binding from the user contradicts the model.
     #[error("{0}")]
     Binding(String),
+    /// A measured-costs file (`plan --costs`) that does not fit the graph.
+    #[error("invalid costs: {0}")]
+    Costs(String),
     /// A training step written by `plan --rewrite`: where a model is expected, or one
     /// that cannot be read back.
     #[error("memplan rewrite: {0}")]

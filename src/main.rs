@@ -71,6 +71,9 @@ enum Command {
         /// Print one JSON object instead of the table.
         #[arg(long)]
         json: bool,
+        /// Time limit of the ILP planner for planned checkpointing, seconds.
+        #[arg(long, default_value_t = 10.0)]
+        time_limit: f64,
         #[command(flatten)]
         training: TrainArgs,
     },
@@ -89,8 +92,9 @@ enum Command {
         #[arg(long = "dim", value_name = "NAME=VALUE")]
         dims: Vec<String>,
         /// Budget: a size (`8GiB`) or, below 1, a fraction of the no-recompute peak.
-        #[arg(long)]
-        budget: String,
+        /// With --pareto: the lowest budget of the sweep (optional).
+        #[arg(long, required_unless_present = "pareto")]
+        budget: Option<String>,
         /// Planner.
         #[arg(long, value_enum, default_value_t = Solver::Ilp)]
         solver: Solver,
@@ -107,6 +111,8 @@ enum Command {
         /// ops in domain ai.memplan; docs/PLAN_FORMAT.md). ONNX models only.
         #[arg(long, value_name = "OUT.onnx", conflicts_with = "dag")]
         rewrite: Option<PathBuf>,
+        #[command(flatten)]
+        extras: PlanExtras,
         #[command(flatten)]
         training: TrainArgs,
     },
@@ -134,6 +140,19 @@ enum Command {
         #[arg(long)]
         csv: bool,
     },
+}
+
+/// Measured costs and the budget sweep of `plan`.
+#[derive(clap::Args)]
+struct PlanExtras {
+    /// Measured costs: a JSON object mapping every node name to seconds, replacing
+    /// FLOPs (recompute_flops and baseline_flops are then seconds; docs/PLAN_FORMAT.md).
+    #[arg(long, value_name = "FILE")]
+    costs: Option<PathBuf>,
+    /// Sweep budgets from the no-recompute peak down to the lowest reachable one (or
+    /// to --budget) and print the curve: budget, peak, overhead, lower bound, feasible.
+    #[arg(long, conflicts_with_all = ["output", "rewrite"])]
+    pareto: bool,
 }
 
 /// Options of the training step.
@@ -224,8 +243,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             target_batch,
             dims,
             json,
+            time_limit,
             training,
         } => {
+            if !(time_limit > 0.0 && time_limit <= 86400.0) {
+                bail!("--time-limit must be between 0 and 86400 seconds");
+            }
             let path = model.display().to_string();
             let m = load_model(&model).with_context(|| path.clone())?;
             let opts = FitOptions {
@@ -234,6 +257,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 gpus,
                 target_batch,
                 dims: parse_dims(&dims)?,
+                plan_time_limit_s: time_limit,
             };
             let r = fit(&m, &path, &opts).with_context(|| path.clone())?;
             if json {
@@ -254,9 +278,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             json,
             output,
             rewrite,
+            extras,
             training,
         } => run_plan(
-            model, dag, batch, &dims, &budget, solver, time_limit, json, output, rewrite, training,
+            model,
+            dag,
+            batch,
+            &dims,
+            budget.as_deref(),
+            solver,
+            time_limit,
+            json,
+            output,
+            rewrite,
+            extras,
+            training,
         ),
         Command::Bench {
             graphs,
@@ -342,15 +378,23 @@ fn run_plan(
     dag: Option<PathBuf>,
     batch: Option<u64>,
     dims: &[String],
-    budget: &str,
+    budget: Option<&str>,
     solver: Solver,
     time_limit: f64,
     json: bool,
     output: Option<PathBuf>,
     rewrite: Option<PathBuf>,
+    extras: PlanExtras,
     training: TrainArgs,
 ) -> anyhow::Result<()> {
+    use memplan::remat::costs::{apply_costs, load_costs, CostUnit};
     use memplan::remat::graph::replay;
+    use memplan::remat::pareto::{fmt_cost, pareto, DEFAULT_POINTS};
+    let unit = match (&extras.costs, &dag) {
+        (Some(_), _) => CostUnit::Seconds,
+        (None, Some(_)) => CostUnit::Benchmark,
+        (None, None) => CostUnit::Flops,
+    };
     if rewrite.is_some() && dag.is_some() {
         bail!("--rewrite writes ONNX: it needs an ONNX model, not --dag");
     }
@@ -377,13 +421,38 @@ fn run_plan(
         }
         (None, None) => bail!("give a MODEL or --dag FILE"),
     };
+    let mut g = g;
+    if let Some(c) = &extras.costs {
+        let at = || c.display().to_string();
+        apply_costs(&mut g, &load_costs(c).with_context(at)?).with_context(at)?;
+    }
     if !(time_limit > 0.0 && time_limit <= 86400.0) {
         bail!("--time-limit must be between 0 and 86400 seconds");
     }
     let baseline = replay(&g, &g.no_recompute_plan())
         .map_err(|e| anyhow::anyhow!("{path}: {e}"))?
         .peak_bytes;
-    let budget_bytes = parse_budget(budget, baseline)?;
+    let budget_bytes = budget.map(|b| parse_budget(b, baseline)).transpose()?;
+    if extras.pareto {
+        let curve = pareto(&g, solver, time_limit, DEFAULT_POINTS, budget_bytes)
+            .with_context(|| path.clone())?;
+        if json {
+            let mut v = serde_json::to_value(&curve.points)?;
+            for p in v.as_array_mut().into_iter().flatten() {
+                p["cost_unit"] = serde_json::json!(unit);
+            }
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        } else {
+            println!(
+                "graph        {path} ({} nodes, {} values)",
+                g.nodes.len(),
+                g.values.len()
+            );
+            print!("{}", curve.to_text(unit));
+        }
+        return Ok(());
+    }
+    let budget_bytes = budget_bytes.context("--budget is required without --pareto")?;
     let r = plan(&g, budget_bytes, solver, time_limit).with_context(|| path.clone())?;
     let modules = recomputed_modules(&g, &r.plan);
     if let Some(out) = output {
@@ -394,6 +463,7 @@ fn run_plan(
             "budget_bytes": r.budget_bytes,
             "predicted_peak_bytes": r.peak_bytes,
             "solver": r.solver,
+            "cost_unit": unit,
             "plan": r.plan,
         });
         std::fs::write(&out, serde_json::to_vec(&doc)?)
@@ -411,6 +481,7 @@ fn run_plan(
         let mut v = serde_json::to_value(&r)?;
         v["graph"] = serde_json::json!(path);
         v["recomputed_modules"] = serde_json::json!(modules);
+        v["cost_unit"] = serde_json::json!(unit);
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
@@ -442,6 +513,11 @@ fn run_plan(
         r.lower_bound_overhead * 100.0
     );
     println!(
+        "cost         {} recomputed, {} per step without recomputation ({unit})",
+        fmt_cost(r.recompute_flops, unit),
+        fmt_cost(r.baseline_flops, unit)
+    );
+    println!(
         "recomputed   {} tensors; {} instructions; solved in {:.3} s",
         r.recomputed.len(),
         r.schedule_len,
@@ -466,7 +542,7 @@ fn fit_text(r: &FitReport) -> String {
         human_bytes(r.batch1_bytes)
     );
     s.push_str(&format!(
-        "  {:<20} {:>9} {:>12} {:>9}  notes\n",
+        "  {:<22} {:>9} {:>12} {:>9}  notes\n",
         "strategy", "max batch", "peak", "overhead"
     ));
     for st in &r.strategies {
@@ -476,7 +552,7 @@ fn fit_text(r: &FitReport) -> String {
             (b, _) => b.to_string(),
         };
         s.push_str(&format!(
-            "  {:<20} {:>9} {:>12} {:>8.1}%  {}\n",
+            "  {:<22} {:>9} {:>12} {:>8.1}%  {}\n",
             st.name,
             batch,
             human_bytes(st.peak_bytes),
@@ -512,7 +588,16 @@ fn main() -> ExitCode {
         Err(e) => {
             // One line, like every other error; `--help` has the rest.
             let text = e.render().to_string();
-            let first = text.lines().next().unwrap_or("invalid arguments");
+            let mut lines = text.lines();
+            let mut first = lines.next().unwrap_or("invalid arguments").to_string();
+            if first.ends_with(':') {
+                // "the following required arguments were not provided:" lists them below.
+                let named: Vec<&str> = lines
+                    .take_while(|l| l.starts_with(' '))
+                    .map(str::trim)
+                    .collect();
+                first = format!("{first} {}", named.join(", "));
+            }
             eprintln!("{first} (see --help)");
             return ExitCode::from(2);
         }
@@ -520,7 +605,16 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // The chain, minus causes a message already ends with (an I/O error is
+            // both part of "cannot read: ..." and its source).
+            let mut msg = e.to_string();
+            for cause in e.chain().skip(1) {
+                let c = cause.to_string();
+                if !msg.ends_with(&c) {
+                    msg = format!("{msg}: {c}");
+                }
+            }
+            eprintln!("error: {msg}");
             ExitCode::FAILURE
         }
     }

@@ -1,14 +1,19 @@
 //! `fit` agrees with the training profile: at each strategy's max_batch the step
-//! fits, at max_batch + 1 it does not. Bad budgets and models fail cleanly.
+//! fits, at max_batch + 1 it does not (for planned checkpointing: the planner finds a
+//! plan within the budget at max_batch and none at max_batch + 1). Bad budgets and
+//! models fail cleanly.
 
 mod common;
 
 use std::process::Command;
 
-use memplan::fit::{fit, parse_memory, FitOptions};
+use memplan::fit::{fit, parse_memory, plan_step, plan_step_under, planned_max_batch, FitOptions};
 use memplan::infer::{infer, Bindings};
 use memplan::memory::simulate;
 use memplan::onnx::load_model;
+use memplan::remat::from_schedule::from_schedule;
+use memplan::remat::graph::replay;
+use memplan::remat::plan::Solver;
 use memplan::train::{build_schedule, TrainOptions};
 
 fn peak(model: &memplan::ir::Model, b: u64, opts: &TrainOptions) -> u64 {
@@ -40,9 +45,10 @@ fn max_batch_agrees_with_profile() {
             gpus: 4,
             target_batch: Some(512),
             dims: Default::default(),
+            plan_time_limit_s: 20.0,
         };
         let r = fit(&model, name, &o).unwrap();
-        assert_eq!(r.strategies.len(), 8);
+        assert_eq!(r.strategies.len(), 9);
         let base = &r.strategies[0];
         assert_eq!(base.name, "as-exported");
         assert!(base.max_batch > 0, "{name}");
@@ -59,6 +65,7 @@ fn max_batch_agrees_with_profile() {
         let by = |n: &str| r.strategies.iter().find(|s| s.name == n).unwrap().max_batch;
         assert!(by("mixed-precision") > base.max_batch, "{name}");
         assert!(by("checkpointing-sqrt") > base.max_batch, "{name}");
+        check_planned(&model, name, &o, &r, base.max_batch);
         assert!(
             by("zero-3") >= by("zero-2") && by("zero-2") >= by("zero-1"),
             "{name}"
@@ -78,6 +85,119 @@ fn max_batch_agrees_with_profile() {
             "{name}"
         );
     }
+}
+
+/// Planned checkpointing: at its max batch the reported plan replays within the
+/// memory, the ILP's lowest-peak plan fits, and at the next batch it does not (nor
+/// does greedy find a plan); it fits at least the as-exported batch.
+fn check_planned(
+    model: &memplan::ir::Model,
+    name: &str,
+    o: &FitOptions,
+    r: &memplan::fit::FitReport,
+    as_exported: u64,
+) {
+    let st = r
+        .strategies
+        .iter()
+        .find(|s| s.name == "checkpointing-planned")
+        .unwrap();
+    let sqrt = r
+        .strategies
+        .iter()
+        .find(|s| s.name == "checkpointing-sqrt")
+        .unwrap();
+    let mb = st.max_batch;
+    assert!(mb > as_exported, "{name}: {mb} <= {as_exported}");
+    assert!(st.peak_bytes <= o.memory, "{name}");
+    assert!(st.overhead > 0.0, "{name}: {st:?}");
+    if mb <= sqrt.max_batch {
+        // Where √n segments also fit, the planner recomputes less than they do.
+        assert!(st.overhead < sqrt.overhead, "{name}: {st:?} vs {sqrt:?}");
+    }
+    let lb = st.lower_bound_overhead.unwrap();
+    assert!(lb >= 0.0 && lb <= st.overhead + 1e-9, "{name}: {st:?}");
+    assert!(
+        st.planner.is_some() && st.recomputed_tensors.unwrap() > 0,
+        "{name}"
+    );
+    // The ILP's lowest-peak plan at max_batch fits, and replays to its peak.
+    let inf = infer(
+        model,
+        &Bindings {
+            batch: Some(mb),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let g = from_schedule(&build_schedule(model, &inf, &o.train).unwrap(), name);
+    let low = plan_step_under(model, o, mb, Solver::Ilp, Some(0)).unwrap();
+    assert!(
+        low.peak_bytes <= o.memory,
+        "{name}: {} at {mb}",
+        low.peak_bytes
+    );
+    assert_eq!(replay(&g, &low.plan).unwrap().peak_bytes, low.peak_bytes);
+    // One more sample: neither the ILP's lowest peak nor greedy fits.
+    let next = plan_step_under(model, o, mb + 1, Solver::Ilp, Some(0)).unwrap();
+    assert!(
+        next.peak_bytes > o.memory,
+        "{name}: the ILP still fits at {}",
+        mb + 1
+    );
+    assert!(
+        !plan_step(model, o, mb + 1, Solver::Greedy)
+            .unwrap()
+            .feasible,
+        "{name}"
+    );
+}
+
+#[test]
+fn planned_checkpointing_search() {
+    // Few batches are planned, and the answers agree with plain scans near them.
+    let model = load_model(&common::shipped("resnet18.onnx")).unwrap();
+    let o = FitOptions {
+        memory: 2 << 30,
+        train: TrainOptions::default(),
+        gpus: 1,
+        target_batch: None,
+        dims: Default::default(),
+        plan_time_limit_s: 20.0,
+    };
+    let r = fit(&model, "resnet18", &o).unwrap();
+    let base = r.strategies[0].max_batch;
+    let p = planned_max_batch(&model, &o, base).unwrap();
+    let (mb, gmb) = (p.max_batch, p.greedy_max_batch);
+    assert!(base < gmb && gmb <= mb, "{base} {gmb} {mb}");
+    assert!(p.probes <= 8 && p.ilp_solves <= 10, "{p:?}");
+    // Greedy fits up to its answer and not beyond.
+    for b in gmb.saturating_sub(2)..=gmb {
+        assert!(
+            plan_step(&model, &o, b, Solver::Greedy).unwrap().feasible,
+            "{b}"
+        );
+    }
+    for b in gmb + 1..=gmb + 2 {
+        assert!(
+            !plan_step(&model, &o, b, Solver::Greedy).unwrap().feasible,
+            "{b}"
+        );
+    }
+    // The reported plan is one within the memory at the answer.
+    assert!(p.report.feasible && p.report.peak_bytes <= o.memory);
+    assert_eq!(p.report.budget_bytes, o.memory);
+    // Starting from nothing known gives the same answer.
+    let q = planned_max_batch(&model, &o, 0).unwrap();
+    assert_eq!((q.max_batch, q.greedy_max_batch), (mb, gmb));
+    // Too small for anything: 0, and the reported peak is the lowest reachable.
+    let tiny = FitOptions {
+        memory: 1 << 20,
+        ..o.clone()
+    };
+    let p = planned_max_batch(&model, &tiny, 0).unwrap();
+    assert_eq!((p.max_batch, p.greedy_max_batch), (0, 0));
+    assert!(p.report.min_feasible_bytes > 1 << 20);
 }
 
 #[test]

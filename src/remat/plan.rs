@@ -44,9 +44,11 @@ pub struct PlanReport {
     /// No plan goes below: the largest over nodes of the node's inputs and outputs,
     /// plus fixed memory and the held values (gradients) written before it.
     pub op_local_bound_bytes: u64,
-    /// Cost of recomputation (FLOPs for ONNX models).
+    /// Cost of recomputation, in the graph's cost unit despite the name: FLOPs for
+    /// ONNX models, seconds with measured costs (`--costs`, see `remat::costs`), the
+    /// benchmark's units for DAGs.
     pub recompute_flops: f64,
-    /// Cost of the step without recomputation.
+    /// Cost of the step without recomputation (same unit).
     pub baseline_flops: f64,
     /// `recompute_flops / baseline_flops`.
     pub overhead: f64,

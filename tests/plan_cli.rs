@@ -1,0 +1,449 @@
+//! `memplan plan --costs FILE` (measured costs replace FLOPs) and `plan --pareto` (the
+//! budget sweep), through the built binary and the library.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use memplan::infer::{infer, Bindings};
+use memplan::onnx::load_model;
+use memplan::remat::costs::{apply_costs, parse_costs, Costs};
+use memplan::remat::dag::load_dag;
+use memplan::remat::from_schedule::from_schedule;
+use memplan::remat::graph::{replay, RematGraph};
+use memplan::remat::pareto::{budgets, pareto};
+use memplan::remat::plan::{plan, Solver};
+use memplan::train::{build_schedule, TrainOptions};
+use serde_json::Value;
+
+fn run(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_memplan"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn ok_json(args: &[&str]) -> Value {
+    let (ok, out, err) = run(args);
+    assert!(ok, "{args:?}: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
+}
+
+fn fails(args: &[&str], needles: &[&str]) {
+    let (ok, _, err) = run(args);
+    assert!(!ok, "{args:?} should fail");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    for n in needles {
+        assert!(err.contains(n), "'{n}' not in {err}");
+    }
+}
+
+fn model_graph(name: &str, b: u64) -> RematGraph {
+    let model = load_model(&common::shipped(&format!("{name}.onnx"))).unwrap();
+    let inf = infer(
+        &model,
+        &Bindings {
+            batch: Some(b),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let s = build_schedule(&model, &inf, &TrainOptions::default()).unwrap();
+    from_schedule(&s, name)
+}
+
+fn shared_dag(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/benchmarks/remat-graphs")
+        .join(name)
+}
+
+/// Node names of a model's graph, as plan.json (-o) lists them.
+fn node_names(model: &str, batch: &str, dir: &Path) -> Vec<String> {
+    let out = dir.join("names.json");
+    let (ok, _, err) = run(&[
+        "plan",
+        model,
+        "--batch",
+        batch,
+        "--budget",
+        "0.9",
+        "--solver",
+        "none",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let doc: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(doc["cost_unit"], "flops");
+    doc["graph"]["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn write_costs(dir: &Path, file: &str, costs: &[(String, f64)]) -> PathBuf {
+    let map: serde_json::Map<String, Value> = costs
+        .iter()
+        .map(|(k, v)| (k.clone(), serde_json::json!(v)))
+        .collect();
+    let p = dir.join(file);
+    std::fs::write(&p, serde_json::to_vec(&map).unwrap()).unwrap();
+    p
+}
+
+#[test]
+fn measured_costs_replace_flops_and_change_the_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = common::shipped("resnet18.onnx");
+    let model = model.to_str().unwrap();
+    let names = node_names(model, "8", dir.path());
+    let base = [
+        "plan", model, "--batch", "8", "--budget", "0.92", "--solver", "greedy", "--json",
+    ];
+    let flops = ok_json(&base);
+    assert_eq!(flops["cost_unit"], "flops");
+    assert!(flops["feasible"].as_bool().unwrap());
+    let chosen: Vec<String> = serde_json::from_value(flops["recomputed"].clone()).unwrap();
+    assert!(!chosen.is_empty());
+
+    // Every node 1 s: the step costs one second per node, and the overhead counts
+    // recomputations.
+    let ones: Vec<(String, f64)> = names.iter().map(|n| (n.clone(), 1.0)).collect();
+    let f = write_costs(dir.path(), "ones.json", &ones);
+    let mut args = base.to_vec();
+    args.extend(["--costs", f.to_str().unwrap()]);
+    let secs = ok_json(&args);
+    assert_eq!(secs["cost_unit"], "seconds");
+    assert_eq!(secs["baseline_flops"].as_f64().unwrap(), names.len() as f64);
+    let rc = secs["recompute_flops"].as_f64().unwrap();
+    assert!(rc >= 1.0 && rc.fract() == 0.0, "{rc}");
+    assert!((secs["overhead"].as_f64().unwrap() - rc / names.len() as f64).abs() < 1e-12);
+
+    // Make the nodes the FLOP plan recomputes very expensive and everything else
+    // cheap: the planner must choose differently, and its cost is in those seconds.
+    let g = model_graph("resnet18", 8);
+    let by_flops = plan(
+        &g,
+        flops["budget_bytes"].as_u64().unwrap(),
+        Solver::Greedy,
+        10.0,
+    )
+    .unwrap();
+    let mut count = vec![0u32; g.nodes.len()];
+    for op in &by_flops.plan {
+        if let memplan::remat::graph::Op::Compute(i) = op {
+            count[*i] += 1;
+        }
+    }
+    let skewed: Vec<(String, f64)> = g
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.name.clone(), if count[i] > 1 { 5.0 } else { 1e-3 }))
+        .collect();
+    let f = write_costs(dir.path(), "skewed.json", &skewed);
+    let mut args = base.to_vec();
+    args.extend(["--costs", f.to_str().unwrap()]);
+    let s = ok_json(&args);
+    assert!(s["feasible"].as_bool().unwrap());
+    let chosen2: Vec<String> = serde_json::from_value(s["recomputed"].clone()).unwrap();
+    assert_ne!(chosen, chosen2, "measured costs did not change the plan");
+    // The library agrees: same graph, costs applied, same plan figures.
+    let mut g2 = g.clone();
+    apply_costs(&mut g2, &Costs(skewed.clone())).unwrap();
+    let r2 = plan(&g2, by_flops.budget_bytes, Solver::Greedy, 10.0).unwrap();
+    assert_eq!(r2.recompute_flops, s["recompute_flops"].as_f64().unwrap());
+    assert_eq!(r2.baseline_flops, g2.base_cost());
+    assert!(r2.recompute_flops < 5.0 * count.iter().filter(|&&c| c > 1).count() as f64);
+    let check = replay(&g2, &r2.plan).unwrap();
+    assert_eq!(check.recompute_cost, r2.recompute_flops);
+
+    // The human report names the unit.
+    let text: Vec<&str> = args.iter().copied().filter(|a| *a != "--json").collect();
+    let (ok, out, err) = run(&text);
+    assert!(ok, "{err}");
+    assert!(out.contains("(seconds)"), "{out}");
+
+    // A benchmark DAG takes costs by its node names too.
+    let dag = shared_dag("vgg16_train.json");
+    let d = load_dag(&dag).unwrap();
+    let costs: Vec<(String, f64)> = d.nodes.iter().map(|n| (n.name.clone(), 0.5)).collect();
+    let f = write_costs(dir.path(), "dag.json", &costs);
+    let v = ok_json(&[
+        "plan",
+        "--dag",
+        dag.to_str().unwrap(),
+        "--budget",
+        "0.9",
+        "--solver",
+        "greedy",
+        "--costs",
+        f.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(v["cost_unit"], "seconds");
+    assert_eq!(
+        v["baseline_flops"].as_f64().unwrap(),
+        0.5 * d.nodes.len() as f64
+    );
+    let v = ok_json(&[
+        "plan",
+        "--dag",
+        dag.to_str().unwrap(),
+        "--budget",
+        "0.9",
+        "--solver",
+        "greedy",
+        "--json",
+    ]);
+    assert_eq!(v["cost_unit"], "benchmark");
+}
+
+#[test]
+fn bad_costs_files_are_one_line_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let cnn = common::shipped("cnn.onnx");
+    let cnn = cnn.to_str().unwrap();
+    let names = node_names(cnn, "2", dir.path());
+    let all: Vec<(String, f64)> = names.iter().map(|n| (n.clone(), 1e-3)).collect();
+    let with = |file: &Path| -> Vec<String> {
+        [
+            "plan", cnn, "--batch", "2", "--budget", "0.8", "--solver", "greedy", "--costs",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([file.to_str().unwrap().to_string()])
+        .collect()
+    };
+    let check = |file: &Path, needles: &[&str]| {
+        let args = with(file);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut n = needles.to_vec();
+        let fname = file.file_name().unwrap().to_str().unwrap();
+        n.push(fname);
+        fails(&args, &n);
+    };
+    // A typo'd name: named, with how many.
+    let mut typo = all.clone();
+    typo.push(("/conv9/Conv".into(), 1.0));
+    check(
+        &write_costs(dir.path(), "typo.json", &typo),
+        &["1 name matches no node", "'/conv9/Conv'"],
+    );
+    // Missing nodes: count and the first few names.
+    let missing = &all[3..];
+    check(
+        &write_costs(dir.path(), "missing.json", missing),
+        &["3 nodes of", "have no cost", &format!("'{}'", names[0])],
+    );
+    // Both at once, still one line.
+    let mut both = missing.to_vec();
+    both.push(("nope".into(), 1.0));
+    check(
+        &write_costs(dir.path(), "both.json", &both),
+        &["'nope'", "3 nodes of"],
+    );
+    let mut neg = all.clone();
+    neg[1].1 = -0.5;
+    check(
+        &write_costs(dir.path(), "neg.json", &neg),
+        &[&names[1], "non-negative"],
+    );
+    let zero: Vec<(String, f64)> = names.iter().map(|n| (n.clone(), 0.0)).collect();
+    check(
+        &write_costs(dir.path(), "zero.json", &zero),
+        &["every cost is 0"],
+    );
+    let p = dir.path().join("string.json");
+    std::fs::write(&p, format!("{{\"{}\": \"fast\"}}", names[0])).unwrap();
+    check(&p, &["expected a number of seconds"]);
+    let p = dir.path().join("twice.json");
+    std::fs::write(&p, format!("{{\"{0}\": 1.0, \"{0}\": 2.0}}", names[0])).unwrap();
+    check(&p, &["given twice"]);
+    let p = dir.path().join("list.json");
+    std::fs::write(&p, "[1, 2, 3]").unwrap();
+    check(&p, &["JSON object"]);
+    let p = dir.path().join("nan.json");
+    std::fs::write(&p, "{\"x\": NaN}").unwrap();
+    check(&p, &["JSON object"]);
+    check(&dir.path().join("absent.json"), &["cannot read"]);
+
+    // The parser on its own.
+    assert!(parse_costs("{\"a\": 1e400}").is_err());
+    assert_eq!(
+        parse_costs("{\"a\": 1, \"b\": 0.25}").unwrap(),
+        Costs(vec![("a".into(), 1.0), ("b".into(), 0.25)])
+    );
+    // Nothing is changed by a failed apply.
+    let mut g = model_graph("cnn", 2);
+    let before: Vec<f64> = g.nodes.iter().map(|n| n.cost).collect();
+    assert!(apply_costs(&mut g, &Costs(missing.to_vec())).is_err());
+    assert_eq!(before, g.nodes.iter().map(|n| n.cost).collect::<Vec<_>>());
+}
+
+/// The curve's invariants: budgets decrease from the no-recompute peak, feasible
+/// points fit, overhead and its bound never decrease, only the last point may be
+/// infeasible.
+fn check_curve(points: &[Value], baseline: Option<u64>, what: &str) {
+    assert!(!points.is_empty(), "{what}");
+    if let Some(b) = baseline {
+        assert_eq!(points[0]["budget_bytes"].as_u64().unwrap(), b, "{what}");
+    }
+    assert_eq!(
+        points[0]["budget_fraction"].as_f64().unwrap(),
+        1.0,
+        "{what}"
+    );
+    let mut prev: Option<&Value> = None;
+    for (i, p) in points.iter().enumerate() {
+        let budget = p["budget_bytes"].as_u64().unwrap();
+        let feasible = p["feasible"].as_bool().unwrap();
+        if feasible {
+            assert!(p["peak_bytes"].as_u64().unwrap() <= budget, "{what} {p}");
+        } else {
+            assert_eq!(
+                i,
+                points.len() - 1,
+                "{what}: the sweep goes on after an infeasible point"
+            );
+        }
+        assert!(
+            p["lower_bound_overhead"].as_f64().unwrap() <= p["overhead"].as_f64().unwrap() + 1e-9
+                || !feasible,
+            "{what} {p}"
+        );
+        if let Some(q) = prev {
+            assert!(budget < q["budget_bytes"].as_u64().unwrap(), "{what}");
+            if feasible {
+                assert!(
+                    p["overhead"].as_f64().unwrap() >= q["overhead"].as_f64().unwrap(),
+                    "{what}: overhead fell as the budget fell: {q} then {p}"
+                );
+            }
+            assert!(
+                p["lower_bound_overhead"].as_f64().unwrap()
+                    >= q["lower_bound_overhead"].as_f64().unwrap(),
+                "{what}"
+            );
+        }
+        prev = Some(p);
+    }
+}
+
+#[test]
+fn pareto_curve_is_monotone_and_fits() {
+    let resnet = common::shipped("resnet18.onnx");
+    let resnet = resnet.to_str().unwrap();
+    // Greedy on a model, every point replanned.
+    let v = ok_json(&[
+        "plan", "--pareto", resnet, "--batch", "8", "--solver", "greedy", "--json",
+    ]);
+    let pts = v.as_array().unwrap();
+    assert!(pts.len() >= 8, "{v}");
+    check_curve(pts, None, "resnet18 greedy");
+    assert!(pts.iter().all(|p| p["cost_unit"] == "flops"));
+    assert!(pts.last().unwrap()["overhead"].as_f64().unwrap() > 0.0);
+    // The library's curve: each plan replays to its peak, and the sweep ends at the
+    // lowest reachable peak.
+    let g = model_graph("resnet18", 8);
+    let c = pareto(&g, Solver::Greedy, 10.0, 11, None).unwrap();
+    let base = replay(&g, &g.no_recompute_plan()).unwrap().peak_bytes;
+    assert_eq!(c.baseline_peak_bytes, base);
+    assert!(c.min_feasible_bytes < base && c.min_feasible_bytes >= g.op_local_bound());
+    for p in &c.points {
+        let r = replay(&g, &p.plan).unwrap();
+        assert_eq!(r.peak_bytes, p.peak_bytes);
+        assert_eq!(r.recompute_cost, p.recompute_cost);
+    }
+    let last = c.points.last().unwrap();
+    assert!(!last.feasible || last.budget_bytes == c.min_feasible_bytes);
+    let json: Vec<Value> = c
+        .points
+        .iter()
+        .map(|p| serde_json::to_value(p).unwrap())
+        .collect();
+    check_curve(&json, Some(base), "resnet18 library");
+
+    // The default solver (ilp) on a benchmark DAG, and on a small model.
+    let dag = shared_dag("vgg16_train.json");
+    let v = ok_json(&[
+        "plan",
+        "--pareto",
+        "--dag",
+        dag.to_str().unwrap(),
+        "--time-limit",
+        "5",
+        "--json",
+    ]);
+    check_curve(v.as_array().unwrap(), None, "vgg16 ilp");
+    assert!(v
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|p| p["cost_unit"] == "benchmark"));
+    let cnn = common::shipped("cnn.onnx");
+    let v = ok_json(&[
+        "plan",
+        "--pareto",
+        cnn.to_str().unwrap(),
+        "--batch",
+        "4",
+        "--time-limit",
+        "5",
+        "--json",
+    ]);
+    check_curve(v.as_array().unwrap(), None, "cnn ilp");
+
+    // `none` reaches nothing below the baseline: the curve is one point; asked to go
+    // lower, the first lower budget is infeasible and ends the sweep.
+    let v = ok_json(&[
+        "plan", "--pareto", resnet, "--batch", "8", "--solver", "none", "--json",
+    ]);
+    assert_eq!(v.as_array().unwrap().len(), 1, "{v}");
+    let v = ok_json(&[
+        "plan", "--pareto", resnet, "--batch", "8", "--solver", "none", "--budget", "0.5", "--json",
+    ]);
+    let pts = v.as_array().unwrap();
+    assert_eq!(pts.len(), 2, "{v}");
+    assert!(pts[0]["feasible"].as_bool().unwrap() && !pts[1]["feasible"].as_bool().unwrap());
+    check_curve(pts, None, "none");
+
+    // --budget sets the low end; the table names the unit.
+    let v = ok_json(&[
+        "plan", "--pareto", resnet, "--batch", "8", "--budget", "0.95", "--solver", "greedy",
+        "--json",
+    ]);
+    let pts = v.as_array().unwrap();
+    check_curve(pts, None, "to 0.95");
+    let last = pts.last().unwrap();
+    let f = last["budget_fraction"].as_f64().unwrap();
+    assert!((f - 0.95).abs() < 1e-6 && last["feasible"] == true, "{v}");
+    let (ok, out, err) = run(&[
+        "plan", "--pareto", resnet, "--batch", "8", "--solver", "greedy",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("overhead") && out.contains("(flops)"), "{out}");
+    fails(
+        &["plan", "--pareto", resnet, "--batch", "8", "-o", "x.json"],
+        &["--pareto", "--output"],
+    );
+    fails(&["plan", resnet, "--batch", "8"], &["--budget"]);
+}
+
+#[test]
+fn sweep_budgets() {
+    assert_eq!(budgets(100, 50, 6), vec![100, 90, 80, 70, 60, 50]);
+    assert_eq!(budgets(100, 100, 11), vec![100]);
+    assert_eq!(budgets(10, 7, 11), vec![10, 9, 8, 7]);
+    assert_eq!(budgets(100, 200, 3), vec![100]);
+}
