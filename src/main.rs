@@ -11,7 +11,7 @@ use memplan::infer::{infer, Bindings};
 use memplan::memory::profile_inference;
 use memplan::memory::simulate;
 use memplan::onnx::load_model;
-use memplan::remat::bench::{load_graph, run_bench};
+use memplan::remat::bench::{load_graph_with, run_bench};
 use memplan::remat::dag::load_dag;
 use memplan::remat::from_schedule::from_schedule;
 use memplan::remat::plan::{plan, recomputed_modules, Solver};
@@ -139,6 +139,8 @@ enum Command {
         /// Print CSV.
         #[arg(long)]
         csv: bool,
+        #[command(flatten)]
+        training: TrainArgs,
     },
 }
 
@@ -302,22 +304,26 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             time_limit,
             json,
             csv,
+            training,
         } => {
             if let Some(b) = budgets.iter().find(|&&b| !(b > 0.0 && b <= 1.0)) {
                 bail!("--budgets: {b} is not a fraction in (0, 1]");
             }
             let mut gs = Vec::new();
             for p in &graphs {
-                gs.push(load_graph(p, batch).with_context(|| p.display().to_string())?);
+                gs.push(
+                    load_graph_with(p, batch, &training.options())
+                        .with_context(|| p.display().to_string())?,
+                );
             }
             let rows = run_bench(&gs, &budgets, &solvers, time_limit)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&rows)?);
             } else if csv {
-                println!("graph,nodes,budget,solver,feasible,peak_fraction,overhead,lower_bound,solve_seconds");
+                println!("graph,nodes,budget,solver,feasible,peak_fraction,overhead,lower_bound,solve_seconds,method");
                 for r in &rows {
                     println!(
-                        "{},{},{},{:?},{},{:.4},{:.4},{:.4},{:.3}",
+                        "{},{},{},{:?},{},{:.4},{:.4},{:.4},{:.3},{}",
                         r.graph,
                         r.nodes,
                         r.budget,
@@ -326,7 +332,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                         r.peak_fraction,
                         r.overhead,
                         r.lower_bound,
-                        r.solve_seconds
+                        r.solve_seconds,
+                        r.method
                     );
                 }
             } else {

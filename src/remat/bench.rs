@@ -35,10 +35,17 @@ pub struct BenchRow {
     pub lower_bound: f64,
     /// Solver wall time.
     pub solve_seconds: f64,
+    /// Which candidate produced the plan (`PlanReport::method`).
+    pub method: String,
 }
 
 /// Loads a model (`.onnx`, training step at `batch`) or a benchmark DAG (`.json`).
 pub fn load_graph(path: &Path, batch: u64) -> Result<RematGraph> {
+    load_graph_with(path, batch, &TrainOptions::default())
+}
+
+/// [`load_graph`] with the training step's options (optimizer, precision, loss).
+pub fn load_graph_with(path: &Path, batch: u64, opts: &TrainOptions) -> Result<RematGraph> {
     let name = path
         .file_stem()
         .unwrap_or_default()
@@ -57,7 +64,7 @@ pub fn load_graph(path: &Path, batch: u64) -> Result<RematGraph> {
             ..Default::default()
         },
     )?;
-    let s = build_schedule(&model, &inf, &TrainOptions::default())?;
+    let s = build_schedule(&model, &inf, opts)?;
     Ok(from_schedule(&s, &name))
 }
 
@@ -87,6 +94,7 @@ pub fn run_bench(
                     overhead: 1.0 + r.overhead,
                     lower_bound: 1.0 + r.lower_bound_overhead,
                     solve_seconds: r.solve_seconds,
+                    method: r.method.clone(),
                 });
             }
         }
