@@ -320,10 +320,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&rows)?);
             } else if csv {
-                println!("graph,nodes,budget,solver,feasible,peak_fraction,overhead,lower_bound,solve_seconds,method");
+                println!("graph,nodes,budget,solver,feasible,peak_fraction,overhead,lower_bound,solve_seconds,method,floor_fraction");
                 for r in &rows {
                     println!(
-                        "{},{},{},{:?},{},{:.4},{:.4},{:.4},{:.3},{}",
+                        "{},{},{},{:?},{},{:.4},{:.4},{:.4},{:.3},{},{:.4}",
                         r.graph,
                         r.nodes,
                         r.budget,
@@ -333,7 +333,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                         r.overhead,
                         r.lower_bound,
                         r.solve_seconds,
-                        r.method
+                        r.method,
+                        r.floor_fraction
                     );
                 }
             } else {

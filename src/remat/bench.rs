@@ -37,6 +37,9 @@ pub struct BenchRow {
     pub solve_seconds: f64,
     /// Which candidate produced the plan (`PlanReport::method`).
     pub method: String,
+    /// The op-local bound with held memory (`op_local_bound_bytes`) over the
+    /// no-recompute peak: budgets below it are infeasible.
+    pub floor_fraction: f64,
 }
 
 /// Loads a model (`.onnx`, training step at `batch`) or a benchmark DAG (`.json`).
@@ -95,6 +98,7 @@ pub fn run_bench(
                     lower_bound: 1.0 + r.lower_bound_overhead,
                     solve_seconds: r.solve_seconds,
                     method: r.method.clone(),
+                    floor_fraction: r.op_local_bound_bytes as f64 / base.max(1) as f64,
                 });
             }
         }

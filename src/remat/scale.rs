@@ -621,7 +621,11 @@ pub fn solve(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ScaleResu
         .iter()
         .filter(|c| c.peak <= budget)
         .min_by(|a, b| a.cost.total_cmp(&b.cost).then(a.peak.cmp(&b.peak)))
-        .or_else(|| cands.iter().min_by_key(|c| c.peak))
+        .or_else(|| {
+            cands
+                .iter()
+                .min_by(|a, b| a.peak.cmp(&b.peak).then(a.cost.total_cmp(&b.cost)))
+        })
         .cloned();
     let best = match best {
         Some(b) => b,
