@@ -172,6 +172,7 @@ fn run_op_opts(
         opset: 17,
         seed: 42,
         dropout,
+        extras: false,
     };
     let outs = rule.forward_cpu(&kcx).unwrap();
     for (o, f) in outs.iter().zip(&out_facts) {
@@ -502,6 +503,7 @@ fn gather_reshape_transpose_slice_concat() {
         opset: 17,
         seed: 0,
         dropout: true,
+        extras: false,
     };
     assert!(rule.forward_cpu(&kcx).unwrap_err().contains("out of range"));
 

@@ -13,10 +13,12 @@
 //! profile assumes; [`Executor::forward_all`] keeps every value (tests).
 //!
 //! Shared kernel machinery lives here: [`gemm`] (matrixmultiply + rayon),
-//! [`broadcast`] (numpy broadcasting), [`rng`] (SplitMix64).
+//! [`broadcast`] (numpy broadcasting), [`grad`] (gradients summed back over
+//! broadcast axes), [`rng`] (SplitMix64).
 
 pub mod broadcast;
 pub mod gemm;
+pub mod grad;
 pub mod rng;
 pub mod tensor;
 
@@ -235,6 +237,7 @@ impl<'m> Executor<'m> {
                     opset,
                     seed: rng::name_seed(self.opts.seed, &node.name),
                     dropout: self.opts.dropout,
+                    extras: false,
                 };
                 if let Some(i) = node
                     .inputs

@@ -3,8 +3,8 @@
 use rayon::prelude::*;
 
 use super::{
-    dim, no_kernel, numel, Arity, Backward, Cx, Fact, Grad, KernelCx, Op, Registry, RuleResult,
-    Saved, Storage,
+    dim, no_backward_kernel, no_kernel, numel, Arity, Backward, BackwardCx, Cx, Fact, Grad,
+    KernelCx, Op, Registry, RuleResult, Saved, Storage,
 };
 use crate::exec::gemm::{sgemm, Mat};
 use crate::exec::Tensor;
@@ -188,6 +188,12 @@ impl Op for Conv {
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         conv_kernel(cx)
     }
+    /// Per (image, group): `dcol = W_gᵀ·G` scattered back by col2im (reads W);
+    /// per group, over images in order: `dW_g += G·colᵀ` (reads X); `dB` sums G
+    /// over images and positions (reads nothing).
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        conv_backward_kernel(cx)
+    }
 }
 
 /// `ConvTranspose(X, W, B?)`, W = `[C, M/group, k...]`.
@@ -266,6 +272,10 @@ impl Op for ConvTranspose {
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         no_kernel(cx)
     }
+    /// No forward kernel yet, hence none backward.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        no_backward_kernel(cx)
+    }
 }
 
 /// `MaxPool` / `AveragePool` / `LpPool`. MaxPool's optional second output is int64
@@ -335,6 +345,13 @@ impl Op for Pool {
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         pool_kernel(cx)
     }
+    /// MaxPool: the gradient scattered (added) to the saved argmax indices, the
+    /// input's shape from its fact. AveragePool: each window's gradient spread over
+    /// its positions inside the input, divided as the forward divided. LpPool's
+    /// gradient needs its input and output, which its rule does not save: an error.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        pool_backward(cx)
+    }
 }
 
 /// `GlobalAveragePool` / `GlobalMaxPool` / `GlobalLpPool`: `[N, C, 1, ...]`.
@@ -398,6 +415,28 @@ impl Op for GlobalPool {
             cx.out(0)?.shape.clone(),
             v,
         )?])
+    }
+    /// GlobalAveragePool: `g / plane` to every position (reads nothing). Global
+    /// max pooling has no forward indices yet; GlobalLpPool's gradient needs its
+    /// input and output, which its rule does not save: errors.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        match cx.node.op_type.as_str() {
+            "GlobalAveragePool" => {
+                let x = cx.input(0)?;
+                let plane: usize = x.shape[2..].iter().product();
+                let g = cx.grad(0)?;
+                let mut v = Vec::with_capacity(g.len() * plane);
+                for &gv in g.iter() {
+                    v.extend(std::iter::repeat_n(gv / plane as f32, plane));
+                }
+                cx.answer(vec![(0, v)])
+            }
+            "GlobalLpPool" => Err(
+                "GlobalLpPool's gradient needs its input and output, which its backward rule does not save"
+                    .into(),
+            ),
+            _ => no_backward_kernel(cx),
+        }
     }
 }
 
@@ -655,9 +694,207 @@ fn pool_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
     }
     let mut outs = vec![Tensor::from_f32(x.dtype(), out.clone(), vals)?];
     if cx.n_outputs() > 1 {
+        outs.push(Tensor::i64(out.clone(), idx.clone()));
+    }
+    if cx.extras && op == "MaxPool" {
+        // The argmax indices the backward rule saves.
         outs.push(Tensor::i64(out, idx));
     }
     Ok(outs)
+}
+
+/// Adds one image-group's `dcol` (`[c·kh·kw, oh·ow]`) back into its input
+/// gradient (`[c, h, w]`): the adjoint of [`im2col`].
+fn col2im(col: &[f32], c: usize, w: &Window, dx: &mut [f32]) {
+    let [h, wd] = w.input;
+    let [oh, ow] = w.output;
+    let [kh, kw] = w.kernel;
+    let [sh, sw] = w.strides;
+    let [dh, dw] = w.dilations;
+    let [ph, pw] = w.pads;
+    let mut row = 0;
+    for ch in 0..c {
+        let plane = &mut dx[ch * h * wd..(ch + 1) * h * wd];
+        for ki in 0..kh {
+            for kj in 0..kw {
+                let src = &col[row * oh * ow..(row + 1) * oh * ow];
+                row += 1;
+                for y in 0..oh {
+                    let ih = (y * sh + ki * dh) as isize - ph as isize;
+                    if ih < 0 || ih >= h as isize {
+                        continue;
+                    }
+                    let dst = &mut plane[ih as usize * wd..(ih as usize + 1) * wd];
+                    let off = (kj * dw) as isize - pw as isize;
+                    for (xo, &v) in src[y * ow..(y + 1) * ow].iter().enumerate() {
+                        let iw = (xo * sw) as isize + off;
+                        if iw >= 0 && iw < wd as isize {
+                            dst[iw as usize] += v;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Conv backward; see [`Conv`]'s `backward_cpu`.
+fn conv_backward_kernel(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+    let (fx, fw) = (cx.input(0)?, cx.input(1)?);
+    let out = cx.output(0)?.shape.clone();
+    let group = cx.attrs().int_or("group", 1).max(1) as usize;
+    let (n, c, m) = (fx.shape[0], fx.shape[1], fw.shape[0]);
+    let (cg, mg) = (c / group, m / group);
+    let win = window(cx.attrs(), &fx.shape[2..], &fw.shape[2..], &out[2..])?;
+    let [h, wd] = win.input;
+    let [oh, ow] = win.output;
+    let [kh, kw] = win.kernel;
+    let kk = cg * kh * kw;
+    let plane = oh * ow;
+    let direct = kh == 1
+        && kw == 1
+        && win.strides == [1, 1]
+        && win.pads == [0, 0]
+        && win.padded == win.input;
+    let g = cx.grad(0)?;
+    // G of (image, group): `[mg, plane]`, contiguous.
+    let g_of =
+        |img: usize, gr: usize| &g[(img * m + gr * mg) * plane..(img * m + (gr + 1) * mg) * plane];
+    let mut res = Vec::new();
+    if cx.wants(0) {
+        let ws = cx.saved(Saved::Input(1))?.to_f32()?;
+        let mut dx = vec![0f32; n * c * h * wd];
+        if cg * h * wd > 0 && plane > 0 {
+            dx.par_chunks_mut(cg * h * wd)
+                .enumerate()
+                .for_each(|(job, dxg)| {
+                    let (img, gr) = (job / group, job % group);
+                    let wg = Mat::new(&ws[gr * mg * kk..(gr + 1) * mg * kk], kk, mg, true);
+                    let gm = Mat::new(g_of(img, gr), mg, plane, false);
+                    if direct {
+                        sgemm(1.0, wg, gm, 0.0, dxg);
+                    } else {
+                        let mut col = vec![0f32; kk * plane];
+                        sgemm(1.0, wg, gm, 0.0, &mut col);
+                        col2im(&col, cg, &win, dxg);
+                    }
+                });
+        }
+        res.push((0, dx));
+    }
+    if cx.wants(1) {
+        let xs = cx.saved(Saved::Input(0))?.to_f32()?;
+        let mut dw = vec![0f32; m * kk];
+        if mg * kk > 0 && plane > 0 {
+            dw.par_chunks_mut(mg * kk)
+                .enumerate()
+                .for_each(|(gr, dwg)| {
+                    let mut col = if direct {
+                        Vec::new()
+                    } else {
+                        vec![0f32; kk * plane]
+                    };
+                    for img in 0..n {
+                        let xg =
+                            &xs[(img * c + gr * cg) * h * wd..(img * c + (gr + 1) * cg) * h * wd];
+                        let colv: &[f32] = if direct {
+                            xg
+                        } else {
+                            im2col(xg, cg, &win, &mut col);
+                            &col
+                        };
+                        sgemm(
+                            1.0,
+                            Mat::new(g_of(img, gr), mg, plane, false),
+                            Mat::new(colv, plane, kk, true),
+                            1.0,
+                            dwg,
+                        );
+                    }
+                });
+        }
+        res.push((1, dw));
+    }
+    if cx.wants(2) {
+        let mut db = vec![0f64; m];
+        for img in 0..n {
+            for (o, acc) in db.iter_mut().enumerate() {
+                let row = &g[(img * m + o) * plane..(img * m + o + 1) * plane];
+                *acc += row.iter().map(|&v| v as f64).sum::<f64>();
+            }
+        }
+        res.push((2, db.into_iter().map(|v| v as f32).collect()));
+    }
+    cx.answer(res)
+}
+
+/// Pooling backward; see [`Pool`]'s `backward_cpu`.
+fn pool_backward(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+    let x = cx.input(0)?;
+    let g = cx.grad(0)?;
+    let mut dx = vec![0f32; x.shape.iter().product()];
+    match cx.node.op_type.as_str() {
+        "MaxPool" => {
+            let idx = cx.saved(Saved::Extra(0))?.to_i64s();
+            if idx.len() != g.len() {
+                return Err("the saved indices and the gradient differ in size".into());
+            }
+            for (&i, &gv) in idx.iter().zip(g.iter()) {
+                *dx.get_mut(i as usize)
+                    .ok_or("a saved index is out of range")? += gv;
+            }
+        }
+        "AveragePool" => {
+            let out = cx.output(0)?.shape.clone();
+            let ks: Vec<usize> = cx
+                .attrs()
+                .ints("kernel_shape")
+                .ok_or("missing attribute 'kernel_shape'")?
+                .iter()
+                .map(|&k| k.max(1) as usize)
+                .collect();
+            let win = window(cx.attrs(), &x.shape[2..], &ks, &out[2..])?;
+            let include_pad = cx.attrs().int_or("count_include_pad", 0) != 0;
+            let [h, wd] = win.input;
+            let [oh, ow] = win.output;
+            let [kh, kw] = win.kernel;
+            let [sh, sw] = win.strides;
+            let [dh, dw] = win.dilations;
+            let [ph, pw] = win.pads;
+            let planes = x.shape[0] * x.shape[1];
+            for pl in 0..planes {
+                for y in 0..oh {
+                    for xo in 0..ow {
+                        let mut inside = Vec::new();
+                        let mut in_pad = 0usize;
+                        for ki in 0..kh {
+                            let ih = (y * sh + ki * dh) as isize - ph as isize;
+                            for kj in 0..kw {
+                                let iw = (xo * sw + kj * dw) as isize - pw as isize;
+                                let (ihp, iwp) = (ih + ph as isize, iw + pw as isize);
+                                if ihp < win.padded[0] as isize && iwp < win.padded[1] as isize {
+                                    in_pad += 1;
+                                }
+                                if ih >= 0 && iw >= 0 && ih < h as isize && iw < wd as isize {
+                                    inside.push(ih as usize * wd + iw as usize);
+                                }
+                            }
+                        }
+                        let d = if include_pad { in_pad } else { inside.len() };
+                        let gv = g[(pl * oh + y) * ow + xo] / d.max(1) as f32;
+                        for off in inside {
+                            dx[pl * h * wd + off] += gv;
+                        }
+                    }
+                }
+            }
+        }
+        _ => return Err(
+            "LpPool's gradient needs its input and output, which its backward rule does not save"
+                .into(),
+        ),
+    }
+    cx.answer(vec![(0, dx)])
 }
 
 /// Registers convolution and pooling ops.

@@ -8,10 +8,11 @@
 use rayon::prelude::*;
 
 use super::{
-    broadcast, dtype_attr, Arity, Backward, Cx, Fact, Grad, KernelCx, Op, Registry, RuleResult,
-    Saved, Storage,
+    broadcast, dtype_attr, no_backward_kernel, no_gradient, Arity, Backward, BackwardCx, Cx, Fact,
+    Grad, KernelCx, Op, Registry, RuleResult, Saved, Storage,
 };
 use crate::exec::broadcast::{for_each, zip2};
+use crate::exec::grad::sum_to;
 use crate::exec::{rng, Elems, Tensor};
 use crate::ir::value::MAX_FOLD_ELEMS;
 use crate::ir::{Attrs, DType, Data, Value};
@@ -77,6 +78,10 @@ impl Op for Unary {
     }
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         unary_kernel(cx, self.bool_out)
+    }
+    /// `g · f'(x)`, the derivative from the saved input or output as the rule says.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        unary_backward(cx, self.keeps)
     }
 }
 
@@ -239,6 +244,14 @@ impl Op for Binary {
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         binary_kernel(cx, matches!(self.kind, BinKind::Compare(_)))
     }
+    /// Each operand's gradient computed at the broadcast shape, then summed back
+    /// over the axes it was broadcast along.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        if matches!(self.kind, BinKind::Compare(_)) {
+            return no_gradient(cx);
+        }
+        binary_backward(cx)
+    }
 }
 
 /// Max, Min, Sum, Mean over 1+ broadcast inputs. FLOPs: one per output element per
@@ -310,6 +323,11 @@ impl Op for Variadic {
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         variadic_kernel(cx, self.mean)
     }
+    /// Sum/Mean: the gradient (divided by the count for Mean) summed back to each
+    /// input's shape. Max/Min: to the input the forward's left fold selected.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        variadic_backward(cx, self.mean)
+    }
 }
 
 /// `Where(cond, x, y)`: broadcast of three. FLOPs: 1 select per output element.
@@ -369,6 +387,32 @@ impl Op for Where {
     }
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         where_kernel(cx)
+    }
+    /// `g` where the saved condition picks the branch, 0 elsewhere, summed back to
+    /// each branch's shape.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        let out = cx.output(0)?.shape.clone();
+        let c = cx.saved(Saved::Input(0))?;
+        let cond: Vec<bool> = match &c.elems {
+            Elems::Bool(b) => b.clone(),
+            _ => c.to_i64s().iter().map(|&v| v != 0).collect(),
+        };
+        let g = cx.grad(0)?;
+        let mut res = Vec::new();
+        for (slot, take) in [(1, true), (2, false)] {
+            if !cx.wants(slot) {
+                continue;
+            }
+            let masked = zip2(&out, (&g, &out), (&cond, &c.shape), |g, c| {
+                if c == take {
+                    g
+                } else {
+                    0.0
+                }
+            });
+            res.push((slot, sum_to(&masked, &out, &cx.input(slot)?.shape)));
+        }
+        cx.answer(res)
     }
 }
 
@@ -435,6 +479,14 @@ impl Op for Cast {
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         Ok(vec![cx.input(0)?.cast(cx.out(0)?.dtype)?])
     }
+    /// The gradient cast back to the input's type.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        let (x, y) = (cx.input(0)?, cx.output(0)?);
+        if !(x.dtype.is_float() && y.dtype.is_float()) {
+            return no_gradient(cx);
+        }
+        cx.answer(vec![(0, cx.grad(0)?.into_owned())])
+    }
 }
 
 /// `Clip(x, min?, max?)` (opset 11+ inputs; older `min`/`max` attributes).
@@ -465,6 +517,37 @@ impl Op for Clip {
     }
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         clip_kernel(cx)
+    }
+    /// `g` where `min ≤ x ≤ max` (PyTorch's clamp backward), 0 elsewhere. The
+    /// bounds are constants (folded facts or attributes): the rule saves only `x`.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        let bound = |i: usize, attr: &str| -> RuleResult<Option<f32>> {
+            if cx.opset >= 11 {
+                match cx.inputs.get(i).copied().flatten() {
+                    None => Ok(None),
+                    Some(f) => f
+                        .value
+                        .as_ref()
+                        .and_then(|v| v.scalar_float())
+                        .map(|v| Some(v as f32))
+                        .ok_or_else(|| {
+                            format!("bound {i} is not a constant, and the rule saves only x")
+                        }),
+                }
+            } else {
+                Ok(cx.attrs().float(attr))
+            }
+        };
+        let lo = bound(1, "min")?.unwrap_or(f32::NEG_INFINITY);
+        let hi = bound(2, "max")?.unwrap_or(f32::INFINITY);
+        let x = cx.saved(Saved::Input(0))?.to_f32()?;
+        let g = cx.grad(0)?;
+        let v = x
+            .iter()
+            .zip(g.iter())
+            .map(|(&x, &g)| if x >= lo && x <= hi { g } else { 0.0 })
+            .collect();
+        cx.answer(vec![(0, v)])
     }
 }
 
@@ -550,8 +633,43 @@ impl Op for Dropout {
     /// [`KernelCx::dropout`] set: keep each element with probability `1 - ratio`
     /// (mask from the node's SplitMix64 stream) and scale kept ones by `1/(1-ratio)`.
     /// Otherwise the identity with an all-true mask.
+    /// With [`KernelCx::extras`] and the rule saving a mask (training mode), the
+    /// mask follows the declared outputs.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
-        dropout_kernel(cx)
+        let mut outs = dropout_kernel(cx)?;
+        let mask = outs.pop().expect("y and mask");
+        if cx.n_outputs() > 1 {
+            outs.push(mask.clone());
+        }
+        if cx.extras && dropout_training(cx)?.0 {
+            outs.push(mask);
+        }
+        Ok(outs)
+    }
+    /// Identity dropout: `g`. Training: `g · mask / (1 − ratio)` from the saved mask
+    /// (`g` itself when the run's [`BackwardCx::dropout`] is off, as the forward was).
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        let rcx = cx.rule_cx();
+        let g = cx.grad(0)?;
+        if Self::is_identity(&rcx) || !cx.dropout {
+            return cx.answer(vec![(0, g.into_owned())]);
+        }
+        let ratio = Self::ratio(&rcx);
+        let mask = match &cx.saved(Saved::Extra(0))?.elems {
+            Elems::Bool(m) => m,
+            e => return Err(format!("the mask is {}, expected bool", e.dtype())),
+        };
+        let scale = if ratio < 1.0 {
+            (1.0 / (1.0 - ratio)) as f32
+        } else {
+            0.0
+        };
+        let v = g
+            .iter()
+            .zip(mask)
+            .map(|(&g, &k)| if k { g * scale } else { 0.0 })
+            .collect();
+        cx.answer(vec![(0, v)])
     }
 }
 
@@ -928,9 +1046,9 @@ fn clip_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
     Ok(vec![Tensor::from_i64(x.dtype(), x.shape.clone(), v)?])
 }
 
-/// Dropout; see [`Dropout`]'s `forward_cpu`.
-fn dropout_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
-    let x = cx.input(0)?;
+/// Whether a Dropout runs in training mode with a non-zero ratio (it then saves a
+/// mask for backward), and the ratio, from the runtime inputs.
+fn dropout_training(cx: &KernelCx) -> RuleResult<(bool, f64)> {
     let (training, ratio) = if cx.opset >= 12 {
         let t = cx
             .opt(2)
@@ -948,9 +1066,17 @@ fn dropout_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
     if !(0.0..=1.0).contains(&ratio) {
         return Err(format!("ratio {ratio} is outside [0, 1]"));
     }
+    Ok((training && ratio != 0.0, ratio))
+}
+
+/// Dropout; see [`Dropout`]'s `forward_cpu`. Gives `[y, mask]` whatever the
+/// declared outputs.
+fn dropout_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+    let x = cx.input(0)?;
+    let (training, ratio) = dropout_training(cx)?;
     let n = x.numel();
     let shape = x.shape.clone();
-    if !training || ratio == 0.0 || !cx.dropout {
+    if !training || !cx.dropout {
         return Ok(vec![x.clone(), Tensor::bool(shape, vec![true; n])]);
     }
     let seed = cx.seed;
@@ -973,6 +1099,282 @@ fn dropout_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         Tensor::from_f32(x.dtype(), shape.clone(), y)?,
         Tensor::bool(shape, keep),
     ])
+}
+
+/// An element function (a unary op's derivative).
+type ElemFn = Box<dyn Fn(f32) -> f32 + Sync + Send>;
+
+/// A unary op's derivative: `d(s)` with `s` the saved input or output element, or
+/// `None` for ops without a CPU backward kernel.
+fn unary_derivative(op: &str, a: &Attrs) -> RuleResult<Option<ElemFn>> {
+    let alpha = |d: f32| a.float("alpha").unwrap_or(d);
+    let sig = |x: f32| sigmoid(x);
+    Ok(Some(match op {
+        // Nothing saved.
+        "Identity" => Box::new(|_| 1.0),
+        "Neg" => Box::new(|_| -1.0),
+        "Floor" | "Ceil" | "Round" | "Sign" => Box::new(|_| 0.0),
+        // From the input x.
+        "Abs" => Box::new(|x: f32| if x == 0.0 { 0.0 } else { x.signum() }),
+        "Log" => Box::new(|x: f32| 1.0 / x),
+        "Erf" => Box::new(|x: f32| std::f32::consts::FRAC_2_SQRT_PI * (-x * x).exp()),
+        "Sin" => Box::new(f32::cos),
+        "Cos" => Box::new(|x: f32| -x.sin()),
+        "Atan" => Box::new(|x: f32| 1.0 / (1.0 + x * x)),
+        "LeakyRelu" => {
+            let al = alpha(0.01);
+            Box::new(move |x: f32| if x > 0.0 { 1.0 } else { al })
+        }
+        "ThresholdedRelu" => {
+            let al = alpha(1.0);
+            Box::new(move |x: f32| if x > al { 1.0 } else { 0.0 })
+        }
+        "HardSigmoid" => {
+            let (al, be) = (alpha(0.2), a.float("beta").unwrap_or(0.5));
+            Box::new(move |x: f32| {
+                let v = al * x + be;
+                if v > 0.0 && v < 1.0 {
+                    al
+                } else {
+                    0.0
+                }
+            })
+        }
+        "HardSwish" => Box::new(|x: f32| {
+            if x < -3.0 {
+                0.0
+            } else if x > 3.0 {
+                1.0
+            } else {
+                x / 3.0 + 0.5
+            }
+        }),
+        "Softplus" => Box::new(sig),
+        "Softsign" => Box::new(|x: f32| 1.0 / (1.0 + x.abs()).powi(2)),
+        "Mish" => Box::new(move |x: f32| {
+            let t = softplus(x).tanh();
+            t + x * (1.0 - t * t) * sig(x)
+        }),
+        "Gelu" => match a.string("approximate").unwrap_or("none") {
+            "none" => Box::new(|x: f32| {
+                let cdf = 0.5 * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2));
+                let pdf = (-0.5 * x * x).exp()
+                    * (0.5 * std::f32::consts::FRAC_2_SQRT_PI)
+                    * std::f32::consts::FRAC_1_SQRT_2;
+                cdf + x * pdf
+            }),
+            "tanh" => Box::new(|x: f32| {
+                let c = (2.0 / std::f32::consts::PI).sqrt();
+                let t = (c * (x + 0.044_715 * x * x * x)).tanh();
+                0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044_715 * x * x)
+            }),
+            other => return Err(format!("unknown approximate '{other}'")),
+        },
+        // From the output y.
+        "Relu" => Box::new(|y: f32| if y > 0.0 { 1.0 } else { 0.0 }),
+        "Sqrt" => Box::new(|y: f32| 0.5 / y),
+        "Reciprocal" => Box::new(|y: f32| -y * y),
+        "Exp" => Box::new(|y: f32| y),
+        "Tan" => Box::new(|y: f32| 1.0 + y * y),
+        "Tanh" => Box::new(|y: f32| 1.0 - y * y),
+        "Sigmoid" => Box::new(|y: f32| y * (1.0 - y)),
+        "Elu" => {
+            let al = alpha(1.0);
+            Box::new(move |y: f32| if y > 0.0 { 1.0 } else { y + al })
+        }
+        "Selu" => {
+            let al = alpha(1.673_263_2);
+            let g = a.float("gamma").unwrap_or(1.050_701);
+            Box::new(move |y: f32| if y > 0.0 { g } else { y + al * g })
+        }
+        "Celu" => {
+            let al = alpha(1.0);
+            Box::new(move |y: f32| if y > 0.0 { 1.0 } else { y / al + 1.0 })
+        }
+        _ => return Ok(None),
+    }))
+}
+
+/// Unary backward: `g · f'(s)`, `s` the saved tensor the rule names.
+fn unary_backward(cx: &BackwardCx, keeps: Keeps) -> RuleResult<Vec<Option<Tensor>>> {
+    let saved = match keeps {
+        Keeps::NonDiff => return no_gradient(cx),
+        Keeps::Nothing => None,
+        Keeps::Input => Some(cx.saved(Saved::Input(0))?),
+        Keeps::Output => Some(cx.saved(Saved::Output(0))?),
+    };
+    let Some(d) = unary_derivative(&cx.node.op_type, cx.attrs())? else {
+        return no_backward_kernel(cx);
+    };
+    let g = cx.grad(0)?;
+    let v: Vec<f32> = match saved {
+        None => {
+            let k = d(0.0);
+            g.iter().map(|&g| g * k).collect()
+        }
+        Some(s) => {
+            let s = s.to_f32()?;
+            if s.len() != g.len() {
+                return Err("the saved tensor and the gradient differ in size".into());
+            }
+            if g.len() >= PAR_ELEMS {
+                g.par_iter()
+                    .zip(s.par_iter())
+                    .map(|(&g, &s)| g * d(s))
+                    .collect()
+            } else {
+                g.iter().zip(s.iter()).map(|(&g, &s)| g * d(s)).collect()
+            }
+        }
+    };
+    cx.answer(vec![(0, v)])
+}
+
+/// Binary backward at the broadcast shape, each gradient summed back to its
+/// operand's shape. Reads only the saved operands of the wanted gradients.
+fn binary_backward(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+    let op = cx.node.op_type.as_str();
+    let out = cx.output(0)?.shape.clone();
+    let (sa, sb) = (cx.input(0)?.shape.clone(), cx.input(1)?.shape.clone());
+    let g = cx.grad(0)?;
+    let val = |s: Saved| -> RuleResult<(Vec<f32>, Vec<usize>)> {
+        let t = cx.saved(s)?;
+        Ok((float_operand(t)?.into_owned(), t.shape.clone()))
+    };
+    // `g ⊙ f(p)` at the broadcast shape for an operand `p` read at its own shape.
+    let times = |(p, sp): (Vec<f32>, Vec<usize>), f: &dyn Fn(f32, f32) -> f32| -> Vec<f32> {
+        zip2(&out, (&g[..], &out[..]), (&p[..], &sp[..]), f)
+    };
+    let mut res = Vec::new();
+    for slot in [0, 1] {
+        if !cx.wants(slot) {
+            continue;
+        }
+        let full: Vec<f32> = match (op, slot) {
+            ("Add", _) => g.to_vec(),
+            ("Sub", 0) => g.to_vec(),
+            ("Sub", _) => g.iter().map(|&v| -v).collect(),
+            ("Mul", 0) => times(val(Saved::Input(1))?, &|g, b| g * b),
+            ("Mul", _) => times(val(Saved::Input(0))?, &|g, a| g * a),
+            ("Div", 0) => times(val(Saved::Input(1))?, &|g, b| g / b),
+            ("Div", _) => {
+                let (a, b) = (val(Saved::Input(0))?, val(Saved::Input(1))?);
+                let mut v = Vec::with_capacity(g.len());
+                for_each(&out, [&a.1[..], &b.1[..]], |o, [i, j]| {
+                    v.push(-g[o] * a.0[i] / (b.0[j] * b.0[j]))
+                });
+                v
+            }
+            // d/da a^b = b·a^(b−1); d/db a^b = a^b·ln a (0 where a = 0, as PyTorch).
+            ("Pow", 0) => {
+                let (a, b) = (val(Saved::Input(0))?, val(Saved::Input(1))?);
+                let mut v = Vec::with_capacity(g.len());
+                for_each(&out, [&a.1[..], &b.1[..]], |o, [i, j]| {
+                    let (x, e) = (a.0[i], b.0[j]);
+                    let d = if e == 0.0 {
+                        0.0
+                    } else if e == 2.0 {
+                        2.0 * x
+                    } else {
+                        e * x.powf(e - 1.0)
+                    };
+                    v.push(g[o] * d)
+                });
+                v
+            }
+            ("Pow", _) => {
+                let (a, y) = (val(Saved::Input(0))?, val(Saved::Output(0))?);
+                let mut v = Vec::with_capacity(g.len());
+                for_each(&out, [&a.1[..], &y.1[..]], |o, [i, k]| {
+                    let x = a.0[i];
+                    v.push(if x == 0.0 {
+                        0.0
+                    } else {
+                        g[o] * y.0[k] * x.ln()
+                    })
+                });
+                v
+            }
+            ("PRelu", _) => {
+                let (a, b) = (val(Saved::Input(0))?, val(Saved::Input(1))?);
+                let mut v = Vec::with_capacity(g.len());
+                for_each(&out, [&a.1[..], &b.1[..]], |o, [i, j]| {
+                    let (x, sl) = (a.0[i], b.0[j]);
+                    v.push(match (slot, x > 0.0) {
+                        (0, true) => g[o],
+                        (0, false) => g[o] * sl,
+                        (_, true) => 0.0,
+                        (_, false) => g[o] * x,
+                    })
+                });
+                v
+            }
+            _ => return no_backward_kernel(cx),
+        };
+        let target = if slot == 0 { &sa } else { &sb };
+        res.push((slot, sum_to(&full, &out, target)));
+    }
+    cx.answer(res)
+}
+
+/// Sum/Mean/Max/Min backward; see [`Variadic`]'s `backward_cpu`.
+fn variadic_backward(cx: &BackwardCx, mean: bool) -> RuleResult<Vec<Option<Tensor>>> {
+    let op = cx.node.op_type.as_str();
+    let out = cx.output(0)?.shape.clone();
+    let n = cx.node.inputs.len();
+    let g = cx.grad(0)?;
+    let mut res = Vec::new();
+    if matches!(op, "Max" | "Min") {
+        // The winner of the forward's left fold at every output element.
+        let ins = (0..n)
+            .map(|i| {
+                let t = cx.saved(Saved::Input(i))?;
+                Ok((t.to_f32()?.into_owned(), t.shape.clone()))
+            })
+            .collect::<RuleResult<Vec<_>>>()?;
+        let max = op == "Max";
+        let mut win = vec![0usize; g.len()];
+        let strides: Vec<Vec<usize>> = ins
+            .iter()
+            .map(|(_, s)| crate::exec::broadcast::bcast_strides(s, &out))
+            .collect();
+        let ost = crate::exec::broadcast::strides(&out);
+        for (o, w) in win.iter_mut().enumerate() {
+            let at = |k: usize| -> f32 {
+                let off: usize = (0..out.len())
+                    .map(|d| (o / ost[d]) % out[d] * strides[k][d])
+                    .sum();
+                ins[k].0[off]
+            };
+            let mut best = at(0);
+            for k in 1..n {
+                let v = at(k);
+                let keep = if max {
+                    best.is_nan() || best >= v
+                } else {
+                    best.is_nan() || best <= v
+                };
+                if !keep {
+                    (best, *w) = (v, k);
+                }
+            }
+        }
+        for &i in &cx.wanted {
+            let full: Vec<f32> = g
+                .iter()
+                .zip(&win)
+                .map(|(&g, &w)| if w == i { g } else { 0.0 })
+                .collect();
+            res.push((i, sum_to(&full, &out, &cx.input(i)?.shape)));
+        }
+        return cx.answer(res);
+    }
+    let k = if mean { 1.0 / n as f32 } else { 1.0 };
+    let full: Vec<f32> = g.iter().map(|&v| v * k).collect();
+    for &i in &cx.wanted {
+        res.push((i, sum_to(&full, &out, &cx.input(i)?.shape)));
+    }
+    cx.answer(res)
 }
 
 fn erf(x: f64) -> f64 {

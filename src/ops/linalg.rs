@@ -3,11 +3,17 @@
 use rayon::prelude::*;
 
 use super::{
-    broadcast, Arity, Backward, Cx, Fact, Grad, KernelCx, Op, Registry, RuleResult, Saved, Storage,
+    broadcast, Arity, Backward, BackwardCx, Cx, Fact, Grad, KernelCx, Op, Registry, RuleResult,
+    Saved, Storage,
 };
 use crate::exec::broadcast::for_each;
 use crate::exec::gemm::{sgemm, Mat};
+use crate::exec::grad::sum_to;
 use crate::exec::Tensor;
+
+/// One batch element's product accumulated into a gradient block:
+/// `(pair index, (A batch, B batch), destination)`.
+type PairProduct<'a> = dyn Fn(usize, (usize, usize), &mut [f32]) + Sync + 'a;
 
 /// `MatMul(A, B)`: numpy `matmul`, 1-D operands promoted and the added dim dropped.
 /// FLOPs: 2·M·K·N per broadcast batch element (a multiply-add counts 2).
@@ -125,6 +131,74 @@ impl Op for MatMul {
         }
         Ok(vec![Tensor::from_f32(a.dtype(), out, c)?])
     }
+    /// Per broadcast batch element `p = (i, j)`: `dA_i += G_p·B_jᵀ` (reads B) and
+    /// `dB_j += A_iᵀ·G_p` (reads A), batch elements that share an operand summed in
+    /// order (the broadcast reduction); 1-D operands as in the forward.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        let (fa, fb) = (cx.input(0)?, cx.input(1)?);
+        let a2: Vec<usize> = if fa.rank() == 1 {
+            vec![1, fa.shape[0]]
+        } else {
+            fa.shape.clone()
+        };
+        let b2: Vec<usize> = if fb.rank() == 1 {
+            vec![fb.shape[0], 1]
+        } else {
+            fb.shape.clone()
+        };
+        let (ra, rb) = (a2.len(), b2.len());
+        let (m, k, n) = (a2[ra - 2], a2[ra - 1], b2[rb - 1]);
+        let (ba, bb) = (&a2[..ra - 2], &b2[..rb - 2]);
+        let batch = broadcast(&[ba, bb])?;
+        let mut pairs = Vec::new();
+        for_each(&batch, [ba, bb], |_, [i, j]| pairs.push((i, j)));
+        let g = cx.grad(0)?;
+        let mut res = Vec::new();
+        // `dst[t] = Σ_{pairs p with target t} prod(p)`, targets in parallel.
+        let accumulate = |targets: usize,
+                          size: usize,
+                          of: &dyn Fn((usize, usize)) -> usize,
+                          prod: &PairProduct|
+         -> Vec<f32> {
+            let mut dst = vec![0f32; targets * size];
+            if size == 0 {
+                return dst;
+            }
+            let mut by_target: Vec<Vec<usize>> = vec![Vec::new(); targets];
+            for (p, &ij) in pairs.iter().enumerate() {
+                by_target[of(ij)].push(p);
+            }
+            dst.par_chunks_mut(size)
+                .zip(by_target.par_iter())
+                .for_each(|(d, ps)| {
+                    for &p in ps {
+                        prod(p, pairs[p], d);
+                    }
+                });
+            dst
+        };
+        if cx.wants(0) {
+            let b = cx.saved(Saved::Input(1))?.to_f32()?;
+            let targets = ba.iter().product::<usize>();
+            let v = accumulate(targets, m * k, &|(i, _)| i, &|p, (_, j), d| {
+                let gm = Mat::new(&g[p * m * n..(p + 1) * m * n], m, n, false);
+                let bt = Mat::new(&b[j * k * n..(j + 1) * k * n], n, k, true);
+                sgemm(1.0, gm, bt, 1.0, d);
+            });
+            res.push((0, v));
+        }
+        if cx.wants(1) {
+            let a = cx.saved(Saved::Input(0))?.to_f32()?;
+            let targets = bb.iter().product::<usize>();
+            let v = accumulate(targets, k * n, &|(_, j)| j, &|p, (i, _), d| {
+                let at = Mat::new(&a[i * m * k..(i + 1) * m * k], k, m, true);
+                let gm = Mat::new(&g[p * m * n..(p + 1) * m * n], m, n, false);
+                sgemm(1.0, at, gm, 1.0, d);
+            });
+            res.push((1, v));
+        }
+        cx.answer(res)
+    }
 }
 
 /// `Gemm(A, B, C?) = alpha·A'·B' + beta·C`, A' = transA ? Aᵀ : A.
@@ -231,6 +305,63 @@ impl Op for Gemm {
             &mut c,
         );
         Ok(vec![Tensor::from_f32(a.dtype(), out, c)?])
+    }
+    /// With `A' = op(A)`, `B' = op(B)`: `dA' = α·G·B'ᵀ` (reads B), `dB' = α·A'ᵀ·G`
+    /// (reads A), transposed back when the operand was; `dC = β·G` summed back to
+    /// C's shape (reads nothing).
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        let fa = cx.input(0)?;
+        let out = cx.output(0)?.shape.clone();
+        let (m, n) = (out[0], out[1]);
+        let ta = cx.attrs().int_or("transA", 0) != 0;
+        let tb = cx.attrs().int_or("transB", 0) != 0;
+        let k = if ta { fa.shape[0] } else { fa.shape[1] };
+        let alpha = cx.attrs().float("alpha").unwrap_or(1.0);
+        let beta = cx.attrs().float("beta").unwrap_or(1.0);
+        let g = cx.grad(0)?;
+        let gm = Mat::new(&g, m, n, false);
+        let mut res = Vec::new();
+        if cx.wants(0) {
+            let b = cx.saved(Saved::Input(1))?.to_f32()?;
+            let mut d = vec![0f32; m * k];
+            if ta {
+                // dA = α·B'·Gᵀ, [k, m].
+                sgemm(
+                    alpha,
+                    Mat::new(&b, k, n, tb),
+                    Mat::new(&g, n, m, true),
+                    0.0,
+                    &mut d,
+                );
+            } else {
+                // dA = α·G·B'ᵀ, [m, k].
+                sgemm(alpha, gm, Mat::new(&b, n, k, !tb), 0.0, &mut d);
+            }
+            res.push((0, d));
+        }
+        if cx.wants(1) {
+            let a = cx.saved(Saved::Input(0))?.to_f32()?;
+            let mut d = vec![0f32; k * n];
+            if tb {
+                // dB = α·Gᵀ·A', [n, k].
+                sgemm(
+                    alpha,
+                    Mat::new(&g, n, m, true),
+                    Mat::new(&a, m, k, ta),
+                    0.0,
+                    &mut d,
+                );
+            } else {
+                // dB = α·A'ᵀ·G, [k, n].
+                sgemm(alpha, Mat::new(&a, k, m, !ta), gm, 0.0, &mut d);
+            }
+            res.push((1, d));
+        }
+        if cx.wants(2) {
+            let gc: Vec<f32> = g.iter().map(|&v| v * beta).collect();
+            res.push((2, sum_to(&gc, &out, &cx.input(2)?.shape)));
+        }
+        cx.answer(res)
     }
 }
 

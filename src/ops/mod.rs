@@ -1,6 +1,7 @@
 //! Op rules: for every supported ONNX op, its arity, shape/type rule (with constant
 //! folding of small integer tensors), FLOP count, backward rule, storage behaviour
-//! and CPU kernel, in one [`Op`] impl.
+//! and CPU kernels (forward, and backward reading only what the backward rule
+//! saves), in one [`Op`] impl.
 //!
 //! Ops are grouped by family, one file each; every family registers its ops in
 //! [`registry`] through its `register` function. See docs/ADDING_AN_OP.md.
@@ -231,6 +232,13 @@ pub trait Op: Send + Sync {
     /// each of the dtype and shape that [`Op::infer`] gave. An op without a kernel
     /// says so with [`no_kernel`].
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>>;
+    /// The CPU backward kernel: from the incoming output gradients and the saved
+    /// tensors the backward rule declares for the wanted gradients (and nothing
+    /// else: [`BackwardCx::saved`] refuses any other), one entry per input slot,
+    /// `Some` exactly for [`BackwardCx::wanted`], of the input's dtype and shape.
+    /// Ops without a gradient answer with [`no_gradient`]; an op with a rule but no
+    /// kernel yet with [`no_backward_kernel`].
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>>;
 }
 
 /// Everything a CPU kernel sees of one node: attributes, input values, the output
@@ -249,6 +257,13 @@ pub struct KernelCx<'a> {
     /// Whether a Dropout in training mode drops (`false`: every Dropout is the
     /// identity, for comparing with a deterministic reference).
     pub dropout: bool,
+    /// Whether the kernel also makes the extra tensors its backward rule declares
+    /// ([`Backward::extras`]: BatchNorm's batch mean and inverse std, LayerNorm's
+    /// mean and inverse std, MaxPool's indices, Dropout's mask), appended in order
+    /// after one tensor per declared output. The forward of a training step: there
+    /// BatchNormalization always normalizes with the batch statistics (training
+    /// mode), as memplan's schedule assumes.
+    pub extras: bool,
 }
 
 impl<'a> KernelCx<'a> {
@@ -290,6 +305,128 @@ impl<'a> KernelCx<'a> {
 pub fn no_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
     Err(format!(
         "the CPU executor has no kernel for {} yet",
+        cx.node.op_type
+    ))
+}
+
+/// Everything a CPU backward kernel sees of one node: its attributes, the facts of
+/// its inputs and outputs (dtype, shape, and folded values of small constants, which
+/// PyTorch keeps in the backward node as plain numbers), the saved tensors, and the
+/// incoming gradients. Tensor *data* of the forward pass is reachable only through
+/// [`BackwardCx::saved`], and only for what the op's backward rule declares.
+pub struct BackwardCx<'a> {
+    /// The node.
+    pub node: &'a Node,
+    /// Input facts in order; `None` for omitted optional inputs.
+    pub inputs: Vec<Option<&'a Fact>>,
+    /// Output facts, one per declared output; `None` where omitted.
+    pub outputs: Vec<Option<&'a Fact>>,
+    /// Version of the default ONNX domain.
+    pub opset: i64,
+    /// The saved tensors given to the kernel: those the rule's [`Grad::needs`]
+    /// list for the wanted gradients (more are allowed, never read).
+    pub saved: Vec<(Saved, &'a Tensor)>,
+    /// Incoming gradient of each declared output; `None`: no gradient flows into
+    /// that output (zeros).
+    pub grads: Vec<Option<&'a Tensor>>,
+    /// Input slots whose gradient is wanted (each listed in the rule's `grads`).
+    pub wanted: Vec<usize>,
+    /// The forward's [`KernelCx::dropout`].
+    pub dropout: bool,
+}
+
+impl<'a> BackwardCx<'a> {
+    /// The node's attributes.
+    pub fn attrs(&self) -> &Attrs {
+        &self.node.attrs
+    }
+
+    /// The rule context of the same node (for the shape and backward rules' helpers).
+    pub fn rule_cx(&self) -> Cx<'a> {
+        Cx {
+            node: self.node,
+            inputs: self.inputs.clone(),
+            opset: self.opset,
+        }
+    }
+
+    /// Whether the gradient of input `i` is wanted.
+    pub fn wants(&self, i: usize) -> bool {
+        self.wanted.contains(&i)
+    }
+
+    /// The fact of input `i`.
+    pub fn input(&self, i: usize) -> RuleResult<&'a Fact> {
+        self.inputs
+            .get(i)
+            .copied()
+            .flatten()
+            .ok_or_else(|| format!("required input {i} is missing"))
+    }
+
+    /// The fact of output `i`.
+    pub fn output(&self, i: usize) -> RuleResult<&'a Fact> {
+        self.outputs
+            .get(i)
+            .copied()
+            .flatten()
+            .ok_or_else(|| format!("output {i} is not declared"))
+    }
+
+    /// A saved tensor; an error when it was not given, i.e. when the kernel reads
+    /// something the backward rule does not save for the wanted gradients.
+    pub fn saved(&self, s: Saved) -> RuleResult<&'a Tensor> {
+        self.saved
+            .iter()
+            .find(|(k, _)| *k == s)
+            .map(|(_, t)| *t)
+            .ok_or_else(|| format!("the backward kernel reads {s:?}, which was not saved for it"))
+    }
+
+    /// The incoming gradient of output `i` as f32 (zeros when none flows in).
+    pub fn grad(&self, i: usize) -> RuleResult<std::borrow::Cow<'a, [f32]>> {
+        match self.grads.get(i).copied().flatten() {
+            Some(g) => {
+                let f = self.output(i)?;
+                if g.shape != f.shape {
+                    return Err(format!(
+                        "the gradient of output {i} is {:?}, the output {:?}",
+                        g.shape, f.shape
+                    ));
+                }
+                g.to_f32()
+            }
+            None => Ok(std::borrow::Cow::Owned(vec![
+                0.0;
+                self.output(i)?
+                    .shape
+                    .iter()
+                    .product()
+            ])),
+        }
+    }
+
+    /// Builds the kernel's answer from `(input slot, f32 gradient)` pairs: one
+    /// entry per input slot, each gradient of its input's dtype and shape.
+    pub fn answer(&self, grads: Vec<(usize, Vec<f32>)>) -> RuleResult<Vec<Option<Tensor>>> {
+        let mut out: Vec<Option<Tensor>> = vec![None; self.node.inputs.len()];
+        for (i, v) in grads {
+            let f = self.input(i)?;
+            out[i] = Some(Tensor::from_f32(f.dtype, f.shape.clone(), v)?);
+        }
+        Ok(out)
+    }
+}
+
+/// The backward kernel of an op that has no gradient (its rule answers `Ok(None)`).
+pub fn no_gradient(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+    Err(format!("{} has no gradient", cx.node.op_type))
+}
+
+/// The backward kernel of an op with a backward rule but no CPU kernel yet.
+pub fn no_backward_kernel(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+    Err(format!(
+        "the CPU executor has no backward kernel for {} yet",
         cx.node.op_type
     ))
 }

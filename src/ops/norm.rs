@@ -4,10 +4,11 @@
 use rayon::prelude::*;
 
 use super::{
-    axis, no_kernel, Arity, Backward, Cx, Fact, Grad, KernelCx, Op, Registry, RuleResult, Saved,
-    Storage,
+    axis, no_backward_kernel, no_gradient, no_kernel, Arity, Backward, BackwardCx, Cx, Fact, Grad,
+    KernelCx, Op, Registry, RuleResult, Saved, Storage,
 };
 use crate::exec::broadcast::for_each;
+use crate::exec::grad::sum_to;
 use crate::exec::Tensor;
 use crate::ir::DType;
 
@@ -93,8 +94,19 @@ impl Op for BatchNorm {
     /// statistics come out updated as `stat·momentum + batch_stat·(1 − momentum)`
     /// (the ONNX reference; opset < 14 adds the batch mean and variance as outputs
     /// 3 and 4). Statistics are accumulated in f64.
+    ///
+    /// With [`KernelCx::extras`] it runs in training mode whatever the attribute
+    /// says, and appends the batch mean and inverse std (`1/√(var + ε)`, float32
+    /// `[C]`) that the backward rule saves.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         batch_norm_kernel(cx)
+    }
+    /// Training-mode BatchNorm backward from the saved x, scale, batch mean and
+    /// inverse std, per channel over `M = N·spatial` elements, `x̂ = (x − μ)·r`:
+    /// `dx = γ·r·(g − mean(g) − x̂·mean(g·x̂))`, `dγ = Σ g·x̂`, `dβ = Σ g`
+    /// (sums in f64).
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        batch_norm_backward(cx)
     }
 }
 
@@ -172,8 +184,16 @@ impl Op for LayerNorm {
     }
     /// Per row of the normalized axes: mean and biased variance (f64 accumulation),
     /// `(x − mean)·InvStdDev·Scale + B`; Mean and InvStdDev outputs when declared.
+    /// With [`KernelCx::extras`], the mean and InvStdDev the backward rule saves
+    /// (float32, shaped as those outputs) follow the declared outputs.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         layer_norm_kernel(cx)
+    }
+    /// Per normalized row, from the saved x, Scale, mean and inverse std,
+    /// `x̂ = (x − μ)·r`, `h = g·γ`: `dx = r·(h − mean(h) − x̂·mean(h·x̂))`;
+    /// `dγ = Σ_rows g·x̂` and `dB = Σ_rows g`, summed back to their shapes.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        layer_norm_backward(cx)
     }
 }
 
@@ -235,6 +255,10 @@ impl Op for SameShapeNorm {
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         no_kernel(cx)
     }
+    /// No forward kernel yet (which would make the statistics), hence none backward.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        no_backward_kernel(cx)
+    }
 }
 
 /// `Softmax` / `LogSoftmax` / `Hardmax` along `axis` (default -1 from opset 13, 1 before).
@@ -276,6 +300,45 @@ impl Op for Softmax {
     /// ln Σ`); Hardmax marks the first maximum.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         softmax_kernel(cx)
+    }
+    /// From the saved output along the same axes as the forward: Softmax
+    /// `dx = y·(g − Σ g·y)`, LogSoftmax `dx = g − eʸ·Σ g`.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        let op = cx.node.op_type.as_str();
+        if op == "Hardmax" {
+            return no_gradient(cx);
+        }
+        let f = cx.input(0)?;
+        let default = if cx.opset >= 13 { -1 } else { 1 };
+        let a = axis(cx.attrs().int_or("axis", default), f.rank())?;
+        let (_, n, inner) = softmax_dims(&f.shape, a, cx.opset);
+        let y = cx.saved(Saved::Output(0))?.to_f32()?;
+        let g = cx.grad(0)?;
+        let block = n * inner;
+        let mut dx = vec![0f32; y.len()];
+        if block > 0 {
+            dx.par_chunks_mut(block).enumerate().for_each(|(o, db)| {
+                let (yb, gb) = (
+                    &y[o * block..(o + 1) * block],
+                    &g[o * block..(o + 1) * block],
+                );
+                for i in 0..inner {
+                    let at = |k: usize| k * inner + i;
+                    if op == "LogSoftmax" {
+                        let s: f64 = (0..n).map(|k| gb[at(k)] as f64).sum();
+                        for k in 0..n {
+                            db[at(k)] = gb[at(k)] - yb[at(k)].exp() * s as f32;
+                        }
+                    } else {
+                        let s: f64 = (0..n).map(|k| gb[at(k)] as f64 * yb[at(k)] as f64).sum();
+                        for k in 0..n {
+                            db[at(k)] = yb[at(k)] * (gb[at(k)] - s as f32);
+                        }
+                    }
+                }
+            });
+        }
+        cx.answer(vec![(0, dx)])
     }
 }
 
@@ -338,6 +401,20 @@ impl Op for LpNorm {
         }
         Ok(vec![Tensor::from_f32(x.dtype(), x.shape.clone(), y)?])
     }
+    /// Not needed by any model in models/ yet.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        no_backward_kernel(cx)
+    }
+}
+
+/// `(outer, n, inner)` of a softmax along axis `a`: opset 13+ one axis, before it
+/// the axes from `a` on, flattened.
+fn softmax_dims(shape: &[usize], a: usize, opset: i64) -> (usize, usize, usize) {
+    if opset >= 13 {
+        split_axis(shape, a)
+    } else {
+        (shape[..a].iter().product(), shape[a..].iter().product(), 1)
+    }
 }
 
 /// `(outer, n, inner)`: the sizes before, at and after axis `a`.
@@ -356,11 +433,12 @@ fn batch_norm_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
     let plane: usize = x.shape[2..].iter().product();
     let eps = cx.attrs().float("epsilon").unwrap_or(1e-5) as f64;
     let momentum = cx.attrs().float("momentum").unwrap_or(0.9) as f64;
-    let training = if cx.opset >= 14 {
-        cx.attrs().int_or("training_mode", 0) != 0
-    } else {
-        cx.n_outputs() > 1
-    };
+    let training = cx.extras
+        || if cx.opset >= 14 {
+            cx.attrs().int_or("training_mode", 0) != 0
+        } else {
+            cx.n_outputs() > 1
+        };
     let xs = x.to_f32()?;
     let [scale, bias, mean, var] = [1, 2, 3, 4].map(|i| cx.input(i).and_then(|t| t.to_f32()));
     let (scale, bias, mean, var) = (scale?, bias?, mean?, var?);
@@ -425,7 +503,87 @@ fn batch_norm_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         }
     }
     outs.truncate(cx.n_outputs().max(1));
+    if cx.extras {
+        outs.push(Tensor::f32(
+            vec![c],
+            stats.iter().map(|s| s.0 as f32).collect(),
+        ));
+        outs.push(Tensor::f32(
+            vec![c],
+            stats
+                .iter()
+                .map(|s| (1.0 / (s.1 + eps).sqrt()) as f32)
+                .collect(),
+        ));
+    }
     Ok(outs)
+}
+
+/// BatchNormalization backward; see [`BatchNorm`]'s `backward_cpu`.
+fn batch_norm_backward(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+    let f = cx.input(0)?;
+    let (n, c) = (f.shape[0], f.shape[1]);
+    let plane: usize = f.shape[2..].iter().product();
+    let g = cx.grad(0)?;
+    let count = (n * plane).max(1) as f64;
+    // Σ g per channel (all that dβ reads).
+    let channel = |ch: usize| (0..n).map(move |i| (i * c + ch) * plane..(i * c + ch + 1) * plane);
+    let sum_g: Vec<f64> = (0..c)
+        .map(|ch| {
+            channel(ch)
+                .map(|r| g[r].iter().map(|&v| v as f64).sum::<f64>())
+                .sum()
+        })
+        .collect();
+    let mut res = Vec::new();
+    if cx.wants(0) || cx.wants(1) {
+        let xs = cx.saved(Saved::Input(0))?.to_f32()?;
+        let mean = cx.saved(Saved::Extra(0))?.to_f32()?;
+        let inv = cx.saved(Saved::Extra(1))?.to_f32()?;
+        // Σ g·x̂ per channel.
+        let sum_gx: Vec<f64> = (0..c)
+            .map(|ch| {
+                let (mu, r) = (mean[ch] as f64, inv[ch] as f64);
+                channel(ch)
+                    .map(|rg| {
+                        g[rg.clone()]
+                            .iter()
+                            .zip(&xs[rg])
+                            .map(|(&gv, &xv)| gv as f64 * (xv as f64 - mu) * r)
+                            .sum::<f64>()
+                    })
+                    .sum()
+            })
+            .collect();
+        if cx.wants(0) {
+            let scale = cx.saved(Saved::Input(1))?.to_f32()?;
+            let mut dx = vec![0f32; xs.len()];
+            if plane > 0 {
+                dx.par_chunks_mut(plane).enumerate().for_each(|(job, d)| {
+                    let ch = job % c;
+                    let (mu, r) = (mean[ch] as f64, inv[ch] as f64);
+                    let (mg, mgx) = (sum_g[ch] / count, sum_gx[ch] / count);
+                    let k = scale[ch] as f64 * r;
+                    let (gp, xp) = (
+                        &g[job * plane..(job + 1) * plane],
+                        &xs[job * plane..(job + 1) * plane],
+                    );
+                    for ((o, &gv), &xv) in d.iter_mut().zip(gp).zip(xp) {
+                        let xh = (xv as f64 - mu) * r;
+                        *o = (k * (gv as f64 - mg - xh * mgx)) as f32;
+                    }
+                });
+            }
+            res.push((0, dx));
+        }
+        if cx.wants(1) {
+            res.push((1, sum_gx.iter().map(|&v| v as f32).collect()));
+        }
+    }
+    if cx.wants(2) {
+        res.push((2, sum_g.iter().map(|&v| v as f32).collect()));
+    }
+    cx.answer(res)
 }
 
 /// LayerNormalization on the CPU; see [`LayerNorm`]'s `forward_cpu`.
@@ -479,7 +637,77 @@ fn layer_norm_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
             outs.push(Tensor::f32(vec![0], vec![]));
         }
     }
+    if cx.extras {
+        let mut shape = x.shape[..a].to_vec();
+        shape.resize(x.rank(), 1);
+        outs.push(Tensor::f32(
+            shape.clone(),
+            stats.iter().map(|s| s.0).collect(),
+        ));
+        outs.push(Tensor::f32(shape, stats.iter().map(|s| s.1).collect()));
+    }
     Ok(outs)
+}
+
+/// LayerNormalization backward; see [`LayerNorm`]'s `backward_cpu`.
+fn layer_norm_backward(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+    let f = cx.input(0)?;
+    let a = axis(cx.attrs().int_or("axis", -1), f.rank())?;
+    let norm_shape = f.shape[a..].to_vec();
+    let cols: usize = norm_shape.iter().product();
+    let g = cx.grad(0)?;
+    let mut res = Vec::new();
+    // Σ over rows of a per-column quantity, in f64, in row order.
+    let col_sum = |v: &dyn Fn(usize, usize) -> f64| -> Vec<f32> {
+        let rows = g.len() / cols.max(1);
+        let mut acc = vec![0f64; cols];
+        for r in 0..rows {
+            for (k, s) in acc.iter_mut().enumerate() {
+                *s += v(r, k);
+            }
+        }
+        acc.into_iter().map(|v| v as f32).collect()
+    };
+    if cx.wants(0) || cx.wants(1) {
+        let xs = cx.saved(Saved::Input(0))?.to_f32()?;
+        let mean = cx.saved(Saved::Extra(0))?.to_f32()?;
+        let inv = cx.saved(Saved::Extra(1))?.to_f32()?;
+        let xhat = |r: usize, k: usize| (xs[r * cols + k] as f64 - mean[r] as f64) * inv[r] as f64;
+        if cx.wants(0) {
+            let st = cx.saved(Saved::Input(1))?;
+            let sv = st.to_f32()?;
+            let mut scale = Vec::with_capacity(cols);
+            for_each(&norm_shape, [&st.shape[..]], |_, [i]| scale.push(sv[i]));
+            let mut dx = vec![0f32; xs.len()];
+            if cols > 0 {
+                dx.par_chunks_mut(cols).enumerate().for_each(|(r, d)| {
+                    let gr = &g[r * cols..(r + 1) * cols];
+                    let (mut sh, mut shx) = (0f64, 0f64);
+                    for k in 0..cols {
+                        let h = gr[k] as f64 * scale[k] as f64;
+                        sh += h;
+                        shx += h * xhat(r, k);
+                    }
+                    let (mh, mhx) = (sh / cols as f64, shx / cols as f64);
+                    let rs = inv[r] as f64;
+                    for k in 0..cols {
+                        let h = gr[k] as f64 * scale[k] as f64;
+                        d[k] = (rs * (h - mh - xhat(r, k) * mhx)) as f32;
+                    }
+                });
+            }
+            res.push((0, dx));
+        }
+        if cx.wants(1) {
+            let full = col_sum(&|r, k| g[r * cols + k] as f64 * xhat(r, k));
+            res.push((1, sum_to(&full, &norm_shape, &cx.input(1)?.shape)));
+        }
+    }
+    if cx.wants(2) {
+        let full = col_sum(&|r, k| g[r * cols + k] as f64);
+        res.push((2, sum_to(&full, &norm_shape, &cx.input(2)?.shape)));
+    }
+    cx.answer(res)
 }
 
 /// Softmax, LogSoftmax and Hardmax on the CPU; see [`Softmax`]'s `forward_cpu`.
@@ -487,15 +715,7 @@ fn softmax_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
     let x = cx.input(0)?;
     let default = if cx.opset >= 13 { -1 } else { 1 };
     let a = axis(cx.attrs().int_or("axis", default), x.rank())?;
-    let (outer, n, inner) = if cx.opset >= 13 {
-        split_axis(&x.shape, a)
-    } else {
-        (
-            x.shape[..a].iter().product(),
-            x.shape[a..].iter().product(),
-            1,
-        )
-    };
+    let (outer, n, inner) = softmax_dims(&x.shape, a, cx.opset);
     let op = cx.node.op_type.as_str();
     let xs = x.to_f32()?;
     let mut y = vec![0f32; xs.len()];

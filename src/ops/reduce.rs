@@ -1,8 +1,8 @@
 //! Reductions along axes (ReduceSum, ReduceMean, ...), ArgMax/ArgMin, TopK, CumSum.
 
 use super::{
-    axis, dim, no_kernel, Arity, Backward, Cx, Fact, KernelCx, Op, Registry, RuleResult, Saved,
-    Storage,
+    axis, dim, no_backward_kernel, no_gradient, no_kernel, Arity, Backward, BackwardCx, Cx, Fact,
+    KernelCx, Op, Registry, RuleResult, Saved, Storage,
 };
 use crate::exec::broadcast::for_each;
 use crate::exec::Tensor;
@@ -204,6 +204,86 @@ impl Op for Reduce {
         let v = acc.into_iter().map(|a| a as f32).collect();
         Ok(vec![Tensor::from_f32(x.dtype(), out, v)?])
     }
+    /// `dx_i = g_o · ∂y_o/∂x_i` for the output element `o` that input element `i`
+    /// reduces into: Sum 1, Mean 1/count (nothing saved); SumSquare 2x, L1 sign(x)
+    /// (input); LogSum `e^(−y)` (output); L2 `x/y`, LogSumExp `e^(x−y)`, Prod `y/x`,
+    /// Max/Min `[x = y]/ties` (PyTorch's amax/amin spread the gradient evenly over
+    /// ties) (input and output). Axes are constants (folded facts or attributes).
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        let f = cx.input(0)?;
+        if !f.dtype.is_float() {
+            return no_gradient(cx);
+        }
+        let axes = self.axes(&cx.rule_cx(), f.rank())?;
+        let kept = reduced_shape(&f.shape, &axes, true);
+        let count: usize = axes.iter().map(|&a| f.shape[a]).product();
+        let g = cx.grad(0)?;
+        let op = cx.node.op_type.as_str();
+        let input =
+            || -> RuleResult<Vec<f32>> { Ok(cx.saved(Saved::Input(0))?.to_f32()?.into_owned()) };
+        let output =
+            || -> RuleResult<Vec<f32>> { Ok(cx.saved(Saved::Output(0))?.to_f32()?.into_owned()) };
+        let n: usize = f.shape.iter().product();
+        let mut dx = Vec::with_capacity(n);
+        match op {
+            "ReduceSum" | "ReduceMean" => {
+                let k = if op == "ReduceMean" {
+                    1.0 / count.max(1) as f32
+                } else {
+                    1.0
+                };
+                for_each(&f.shape, [&kept[..]], |_, [o]| dx.push(g[o] * k));
+            }
+            "ReduceSumSquare" | "ReduceL1" => {
+                let x = input()?;
+                let sq = op == "ReduceSumSquare";
+                for_each(&f.shape, [&kept[..]], |i, [o]| {
+                    let d = if sq {
+                        2.0 * x[i]
+                    } else if x[i] == 0.0 {
+                        0.0
+                    } else {
+                        x[i].signum()
+                    };
+                    dx.push(g[o] * d)
+                });
+            }
+            "ReduceLogSum" => {
+                let y = output()?;
+                for_each(&f.shape, [&kept[..]], |_, [o]| {
+                    dx.push(g[o] * (-y[o]).exp())
+                });
+            }
+            "ReduceL2" | "ReduceLogSumExp" | "ReduceProd" => {
+                let (x, y) = (input()?, output()?);
+                for_each(&f.shape, [&kept[..]], |i, [o]| {
+                    let d = match op {
+                        "ReduceL2" if y[o] == 0.0 => 0.0,
+                        "ReduceL2" => x[i] / y[o],
+                        "ReduceLogSumExp" => (x[i] - y[o]).exp(),
+                        _ => y[o] / x[i],
+                    };
+                    dx.push(g[o] * d)
+                });
+            }
+            "ReduceMax" | "ReduceMin" => {
+                let (x, y) = (input()?, output()?);
+                let mut ties = vec![0usize; y.len()];
+                for_each(&f.shape, [&kept[..]], |i, [o]| {
+                    ties[o] += (x[i] == y[o]) as usize
+                });
+                for_each(&f.shape, [&kept[..]], |i, [o]| {
+                    dx.push(if x[i] == y[o] {
+                        g[o] / ties[o] as f32
+                    } else {
+                        0.0
+                    })
+                });
+            }
+            _ => return no_backward_kernel(cx),
+        }
+        cx.answer(vec![(0, dx)])
+    }
 }
 
 /// `ArgMax` / `ArgMin` along `axis`: int64. FLOPs: 1 compare per input element.
@@ -228,6 +308,10 @@ impl Op for ArgReduce {
     /// Indices have no gradient.
     fn backward(&self, _cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
         Ok(None)
+    }
+    /// Indices have no gradient.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        no_gradient(cx)
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
@@ -297,6 +381,10 @@ impl Op for TopK {
     /// No model in models/ uses it yet.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         no_kernel(cx)
+    }
+    /// No forward kernel yet, hence none backward.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        no_backward_kernel(cx)
     }
 }
 
@@ -387,6 +475,46 @@ impl Op for CumSum {
             }
         }
         Ok(vec![Tensor::from_f64(x.dtype(), x.shape.clone(), y)?])
+    }
+    /// A cumulative sum of `g` the other way along the axis (same `exclusive`);
+    /// the axis is a constant (folded fact).
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        let f = cx.input(0)?;
+        if !f.dtype.is_float() {
+            return no_gradient(cx);
+        }
+        let a = axis(
+            cx.input(1)?
+                .value
+                .as_ref()
+                .and_then(|v| v.scalar_int())
+                .ok_or("axis must be a constant")?,
+            f.rank(),
+        )?;
+        let excl = cx.attrs().int_or("exclusive", 0) != 0;
+        let rev = cx.attrs().int_or("reverse", 0) == 0;
+        let g = cx.grad(0)?;
+        let outer: usize = f.shape[..a].iter().product();
+        let n = f.shape[a];
+        let inner: usize = f.shape[a + 1..].iter().product();
+        let mut dx = vec![0f32; g.len()];
+        for o in 0..outer {
+            for i in 0..inner {
+                let mut acc = 0f64;
+                for step in 0..n {
+                    let k = if rev { n - 1 - step } else { step };
+                    let at = (o * n + k) * inner + i;
+                    if excl {
+                        dx[at] = acc as f32;
+                        acc += g[at] as f64;
+                    } else {
+                        acc += g[at] as f64;
+                        dx[at] = acc as f32;
+                    }
+                }
+            }
+        }
+        cx.answer(vec![(0, dx)])
     }
 }
 

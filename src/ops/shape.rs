@@ -6,10 +6,11 @@
 //! FLOPs: all ops here move or select data and count 0.
 
 use super::{
-    axis, broadcast, dim, dtype_attr, numel, Arity, Backward, Cx, Fact, KernelCx, Op, Registry,
-    RuleResult, Saved, Storage,
+    axis, broadcast, dim, dtype_attr, no_backward_kernel, no_gradient, numel, Arity, Backward,
+    BackwardCx, Cx, Fact, KernelCx, Op, Registry, RuleResult, Saved, Storage,
 };
 use crate::exec::broadcast::{affine_offsets, for_each};
+use crate::exec::grad::sum_to;
 use crate::exec::Tensor;
 use crate::ir::value::MAX_FOLD_ELEMS;
 use crate::ir::{DType, Data, TensorData, Value};
@@ -138,6 +139,10 @@ impl Op for Constant {
         };
         Ok(vec![t.cast(f.dtype)?])
     }
+    /// No gradient flows through it.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        no_gradient(cx)
+    }
 }
 
 /// `Shape(x)` with optional `start`/`end` (opset 15): int64 vector, always folded.
@@ -177,6 +182,10 @@ impl Op for ShapeOp {
         let dims: Vec<i64> = x.shape[start..end].iter().map(|&d| d as i64).collect();
         Ok(vec![Tensor::i64(vec![dims.len()], dims)])
     }
+    /// No gradient flows through it.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        no_gradient(cx)
+    }
 }
 
 /// `Size(x)`: int64 scalar, folded.
@@ -204,6 +213,10 @@ impl Op for Size {
     /// The element count as an int64 scalar.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         Ok(vec![Tensor::i64(vec![], vec![cx.input(0)?.numel() as i64])])
+    }
+    /// No gradient flows through it.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        no_gradient(cx)
     }
 }
 
@@ -279,6 +292,10 @@ impl Op for Reshape {
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         Ok(vec![cx.input(0)?.reshaped(cx.out(0)?.shape.clone())?])
     }
+    /// The gradient under the input's shape.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        cx.answer(vec![(0, cx.grad(0)?.into_owned())])
+    }
 }
 
 /// `Flatten(x)` to 2-D at `axis` (default 1).
@@ -320,6 +337,10 @@ impl Op for Flatten {
     /// The same elements under the inferred shape.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         Ok(vec![cx.input(0)?.reshaped(cx.out(0)?.shape.clone())?])
+    }
+    /// The gradient under the input's shape.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        cx.answer(vec![(0, cx.grad(0)?.into_owned())])
     }
 }
 
@@ -379,6 +400,27 @@ impl Op for Transpose {
         let shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
         let pst: Vec<isize> = perm.iter().map(|&p| st[p] as isize).collect();
         Ok(vec![x.select(&affine_offsets(&shape, 0, &pst), shape)])
+    }
+    /// The gradient transposed back (the inverse permutation).
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        let x = cx.input(0)?;
+        let r = x.rank();
+        let perm: Vec<usize> = match cx.attrs().ints("perm") {
+            Some(p) => p.iter().map(|&a| axis(a, r)).collect::<RuleResult<_>>()?,
+            None => (0..r).rev().collect(),
+        };
+        let gst = strides(&cx.output(0)?.shape);
+        // Input dim perm[j] is output dim j.
+        let mut st = vec![0isize; r];
+        for (j, &p) in perm.iter().enumerate() {
+            st[p] = gst[j] as isize;
+        }
+        let g = cx.grad(0)?;
+        let dx = affine_offsets(&x.shape, 0, &st)
+            .into_iter()
+            .map(|o| g[o])
+            .collect();
+        cx.answer(vec![(0, dx)])
     }
 }
 
@@ -441,6 +483,10 @@ impl Op for Squeeze {
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         Ok(vec![cx.input(0)?.reshaped(cx.out(0)?.shape.clone())?])
     }
+    /// The gradient under the input's shape.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        cx.answer(vec![(0, cx.grad(0)?.into_owned())])
+    }
 }
 
 /// `Unsqueeze(x, axes)`: inserts size-1 axes at positions of the output.
@@ -492,6 +538,10 @@ impl Op for Unsqueeze {
     /// The same elements under the inferred shape.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         Ok(vec![cx.input(0)?.reshaped(cx.out(0)?.shape.clone())?])
+    }
+    /// The gradient under the input's shape.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        cx.answer(vec![(0, cx.grad(0)?.into_owned())])
     }
 }
 
@@ -605,6 +655,31 @@ impl Op for Concat {
         });
         Ok(vec![Tensor::new(out, elems)])
     }
+    /// Each input's part of the gradient, cut along `axis`.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        let out = cx.output(0)?.shape.clone();
+        let a = axis(
+            cx.attrs().int("axis").ok_or("missing attribute 'axis'")?,
+            out.len(),
+        )?;
+        let outer: usize = out[..a].iter().product();
+        let row: usize = out[a..].iter().product();
+        let g = cx.grad(0)?;
+        let mut res = Vec::new();
+        let mut start = 0;
+        for i in 0..cx.node.inputs.len() {
+            let chunk: usize = cx.input(i)?.shape[a..].iter().product();
+            if cx.wants(i) {
+                let mut v = Vec::with_capacity(outer * chunk);
+                for o in 0..outer {
+                    v.extend_from_slice(&g[o * row + start..o * row + start + chunk]);
+                }
+                res.push((i, v));
+            }
+            start += chunk;
+        }
+        cx.answer(res)
+    }
 }
 
 /// `Split(x, split?)` along `axis`: sizes from input 1 (opset 13+) or the `split`
@@ -697,6 +772,25 @@ impl Op for Split {
             start += len;
         }
         Ok(outs)
+    }
+    /// The outputs' gradients joined along `axis` (zeros for an output without one).
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        let x = cx.input(0)?;
+        let a = axis(cx.attrs().int_or("axis", 0), x.rank())?;
+        let outer: usize = x.shape[..a].iter().product();
+        let grads = (0..cx.outputs.len())
+            .map(|i| {
+                let len: usize = cx.output(i)?.shape[a..].iter().product();
+                Ok((cx.grad(i)?, len))
+            })
+            .collect::<RuleResult<Vec<_>>>()?;
+        let mut v = Vec::with_capacity(x.shape.iter().product());
+        for o in 0..outer {
+            for (g, len) in &grads {
+                v.extend_from_slice(&g[o * len..(o + 1) * len]);
+            }
+        }
+        cx.answer(vec![(0, v)])
     }
 }
 
@@ -811,37 +905,86 @@ impl Op for Slice {
                 None,
             )
         };
-        let axes: Vec<usize> = match axes {
-            Some(a) => a.iter().map(|&v| axis(v, r)).collect::<RuleResult<_>>()?,
-            None => (0..starts.len()).collect(),
-        };
-        let steps = steps.unwrap_or_else(|| vec![1; starts.len()]);
-        let st = strides(&x.shape);
-        let mut base = 0isize;
-        let mut vst: Vec<isize> = st.iter().map(|&s| s as isize).collect();
-        for i in 0..starts
-            .len()
-            .min(axes.len())
-            .min(steps.len())
-            .min(ends.len())
-        {
-            let (a, s) = (axes[i], steps[i]);
-            if s == 0 {
-                return Err("slice step 0".into());
-            }
-            let d = x.shape[a] as i64;
-            let norm = |v: i64| if v < 0 { v.saturating_add(d) } else { v };
-            let b = if s > 0 {
-                norm(starts[i]).clamp(0, d)
-            } else {
-                norm(starts[i]).clamp(0, d - 1)
-            };
-            base += b as isize * st[a] as isize;
-            vst[a] = s as isize * st[a] as isize;
+        let _ = r;
+        if ends.len() != starts.len() {
+            return Err("starts and ends differ in length".into());
         }
         let shape = cx.out(0)?.shape.clone();
-        Ok(vec![x.select(&affine_offsets(&shape, base, &vst), shape)])
+        let offs = slice_offsets(&x.shape, &starts, axes, steps, &shape)?;
+        Ok(vec![x.select(&offs, shape)])
     }
+    /// The gradient written back where the slice read, zeros elsewhere; starts,
+    /// axes and steps are constants (folded facts or attributes).
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        let x = cx.input(0)?;
+        let konst = |i: usize| -> RuleResult<Option<Vec<i64>>> {
+            match cx.inputs.get(i).copied().flatten() {
+                None => Ok(None),
+                Some(f) => f
+                    .value
+                    .as_ref()
+                    .map(|v| Some(v.to_ints()))
+                    .ok_or_else(|| format!("input {i} must be a constant")),
+            }
+        };
+        let (starts, axes, steps) = if cx.opset >= 10 {
+            (konst(1)?.ok_or("missing starts")?, konst(3)?, konst(4)?)
+        } else {
+            let a = cx.attrs();
+            (
+                a.ints("starts").ok_or("missing starts")?.to_vec(),
+                a.ints("axes").map(|v| v.to_vec()),
+                None,
+            )
+        };
+        let out = cx.output(0)?.shape.clone();
+        let offs = slice_offsets(&x.shape, &starts, axes, steps, &out)?;
+        let g = cx.grad(0)?;
+        let mut dx = vec![0f32; x.shape.iter().product()];
+        for (&o, &gv) in offs.iter().zip(g.iter()) {
+            dx[o] += gv;
+        }
+        cx.answer(vec![(0, dx)])
+    }
+}
+
+/// Flat source offsets of a slice of a `shape` tensor, as `out` (its inferred
+/// shape) orders them.
+fn slice_offsets(
+    shape: &[usize],
+    starts: &[i64],
+    axes: Option<Vec<i64>>,
+    steps: Option<Vec<i64>>,
+    out: &[usize],
+) -> RuleResult<Vec<usize>> {
+    let r = shape.len();
+    let axes: Vec<usize> = match axes {
+        Some(a) => a.iter().map(|&v| axis(v, r)).collect::<RuleResult<_>>()?,
+        None => (0..starts.len()).collect(),
+    };
+    let steps = steps.unwrap_or_else(|| vec![1; starts.len()]);
+    if axes.len() != starts.len() || steps.len() != starts.len() {
+        return Err("starts, axes and steps differ in length".into());
+    }
+    let st = strides(shape);
+    let mut base = 0isize;
+    let mut vst: Vec<isize> = st.iter().map(|&s| s as isize).collect();
+    for i in 0..starts.len() {
+        let (a, s) = (axes[i], steps[i]);
+        if s == 0 {
+            return Err("slice step 0".into());
+        }
+        let d = shape[a] as i64;
+        let norm = |v: i64| if v < 0 { v.saturating_add(d) } else { v };
+        let b = if s > 0 {
+            norm(starts[i]).clamp(0, d)
+        } else {
+            norm(starts[i]).clamp(0, d - 1)
+        };
+        base += b as isize * st[a] as isize;
+        vst[a] = s as isize * st[a] as isize;
+    }
+    Ok(affine_offsets(out, base, &vst))
 }
 
 /// `Gather(data, indices)` along `axis`: `data[:axis] + indices + data[axis+1:]`.
@@ -951,6 +1094,37 @@ impl Op for Gather {
         }
         Ok(vec![x.select(&flat, cx.out(0)?.shape.clone())])
     }
+    /// The gradient rows added into zeros at the indices: the saved indices, or
+    /// the constant scalar index of a `select` (which saves nothing).
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        let x = cx.input(0)?;
+        let a = axis(cx.attrs().int_or("axis", 0), x.rank())?;
+        let idx = if Self::is_select(&cx.rule_cx()) {
+            cx.input(1)?.value.as_ref().expect("select").to_ints()
+        } else {
+            cx.saved(Saved::Input(1))?.to_i64s()
+        };
+        let outer: usize = x.shape[..a].iter().product();
+        let inner: usize = x.shape[a + 1..].iter().product();
+        let d = x.shape[a];
+        let g = cx.grad(0)?;
+        let mut dx = vec![0f32; x.shape.iter().product()];
+        let mut k = 0;
+        for o in 0..outer {
+            for &i in &idx {
+                let row = if i < 0 { i + d as i64 } else { i };
+                if row < 0 || row >= d as i64 {
+                    return Err(format!("index {i} out of range for axis of size {d}"));
+                }
+                let base = (o * d + row as usize) * inner;
+                for (t, &gv) in dx[base..base + inner].iter_mut().zip(&g[k..k + inner]) {
+                    *t += gv;
+                }
+                k += inner;
+            }
+        }
+        cx.answer(vec![(0, dx)])
+    }
 }
 
 /// `GatherElements(data, indices)`: the shape of `indices`.
@@ -1012,6 +1186,30 @@ impl Op for GatherElements {
             .collect::<RuleResult<Vec<_>>>()?;
         Ok(vec![x.select(&flat, ind.shape.clone())])
     }
+    /// The gradient added into zeros at the saved indices.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        let x = cx.input(0)?;
+        let ind = cx.saved(Saved::Input(1))?;
+        let a = axis(cx.attrs().int_or("axis", 0), x.rank())?;
+        let xst = strides(&x.shape);
+        let ist: Vec<isize> = xst.iter().map(|&s| s as isize).collect();
+        let base = affine_offsets(&ind.shape, 0, &ist);
+        let inner: usize = ind.shape[a + 1..].iter().product();
+        let d = x.shape[a] as i64;
+        let idx = ind.to_i64s();
+        let g = cx.grad(0)?;
+        let mut dx = vec![0f32; x.shape.iter().product()];
+        for (k, &b) in base.iter().enumerate() {
+            let c = (k / inner.max(1)) % ind.shape[a].max(1);
+            let i = idx[k];
+            if i < -d || i >= d {
+                return Err(format!("index {i} out of range for axis of size {d}"));
+            }
+            let i = if i < 0 { i + d } else { i } as usize;
+            dx[b - c * xst[a] + i * xst[a]] += g[k];
+        }
+        cx.answer(vec![(0, dx)])
+    }
 }
 
 /// `ConstantOfShape(shape)`, filled with `value` (default float32 0).
@@ -1070,6 +1268,10 @@ impl Op for ConstantOfShape {
         Ok(vec![fill
             .select(&vec![0; n], f.shape.clone())
             .cast(f.dtype)?])
+    }
+    /// No gradient flows through it.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        no_gradient(cx)
     }
 }
 
@@ -1139,6 +1341,10 @@ impl Op for Range {
             Ok(vec![Tensor::from_i64(f.dtype, vec![n], v)?])
         }
     }
+    /// No gradient flows through it.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        no_gradient(cx)
+    }
 }
 
 /// `Expand(x, shape)`: broadcast of `x` to `shape`.
@@ -1198,6 +1404,12 @@ impl Op for Expand {
         let mut idx = Vec::with_capacity(shape.iter().product());
         for_each(&shape, [&x.shape[..]], |_, [i]| idx.push(i));
         Ok(vec![x.select(&idx, shape)])
+    }
+    /// The gradient summed back over the broadcast axes.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        let g = cx.grad(0)?;
+        let dx = sum_to(&g, &cx.output(0)?.shape, &cx.input(0)?.shape);
+        cx.answer(vec![(0, dx)])
     }
 }
 
@@ -1267,6 +1479,22 @@ impl Op for Tile {
             .collect();
         Ok(vec![x.select(&idx, shape)])
     }
+    /// The gradient summed over the repeats.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        let x = cx.input(0)?;
+        let shape = cx.output(0)?.shape.clone();
+        let st = strides(&x.shape);
+        let ost = strides(&shape);
+        let g = cx.grad(0)?;
+        let mut dx = vec![0f64; x.shape.iter().product()];
+        for (k, &gv) in g.iter().enumerate() {
+            let i: usize = (0..shape.len())
+                .map(|d| ((k / ost[d]) % shape[d]) % x.shape[d].max(1) * st[d])
+                .sum();
+            dx[i] += gv as f64;
+        }
+        cx.answer(vec![(0, dx.into_iter().map(|v| v as f32).collect())])
+    }
 }
 
 /// `Pad(x, pads, constant_value?, axes?)` (pads input from opset 11, attribute before).
@@ -1321,53 +1549,16 @@ impl Op for Pad {
         } else {
             cx.attrs().ints("pads").ok_or("missing pads")?.to_vec()
         };
-        let axes: Vec<usize> = match cx.opt(3) {
-            Some(t) => t
-                .to_i64s()
-                .iter()
-                .map(|&v| axis(v, r))
-                .collect::<RuleResult<_>>()?,
-            None => (0..r).collect(),
-        };
-        let mut begin = vec![0i64; r];
-        for (k, &a) in axes.iter().enumerate() {
-            begin[a] = pads[k];
-        }
+        let _ = r;
         let mode = cx.attrs().string("mode").unwrap_or("constant");
         let shape = cx.out(0)?.shape.clone();
-        let ost = strides(&shape);
-        let st = strides(&x.shape);
-        let n: usize = shape.iter().product();
-        // Source offset per output element, None for the constant fill.
-        let mut src: Vec<Option<usize>> = Vec::with_capacity(n);
-        for k in 0..n {
-            let mut off = Some(0usize);
-            for i in 0..r {
-                let d = x.shape[i] as i64;
-                let c = ((k / ost[i]) % shape[i]) as i64 - begin[i];
-                let c = if (0..d).contains(&c) {
-                    Some(c)
-                } else {
-                    match mode {
-                        "edge" if d > 0 => Some(c.clamp(0, d - 1)),
-                        "reflect" if d > 1 => {
-                            let period = 2 * (d - 1);
-                            let m = c.rem_euclid(period);
-                            Some(if m < d { m } else { period - m })
-                        }
-                        "constant" => None,
-                        other => {
-                            return Err(format!("pad mode '{other}' on size {d} is not supported"))
-                        }
-                    }
-                };
-                off = match (off, c) {
-                    (Some(o), Some(c)) => Some(o + c as usize * st[i]),
-                    _ => None,
-                };
-            }
-            src.push(off);
-        }
+        let src = pad_sources(
+            &x.shape,
+            &shape,
+            &pads,
+            cx.opt(3).map(Tensor::to_i64s),
+            mode,
+        )?;
         let fill = match cx.opt(2) {
             Some(v) if v.numel() == 1 => v.cast(x.dtype())?,
             _ => Tensor::zeros(x.dtype(), vec![1])?,
@@ -1378,6 +1569,92 @@ impl Op for Pad {
         });
         Ok(vec![Tensor::new(shape, joined)])
     }
+    /// The gradient added back to the input element each output element read
+    /// (the un-padded slice for `constant`); pads and axes are constants.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        let x = cx.input(0)?;
+        let konst = |i: usize| -> RuleResult<Option<Vec<i64>>> {
+            match cx.inputs.get(i).copied().flatten() {
+                None => Ok(None),
+                Some(f) => f
+                    .value
+                    .as_ref()
+                    .map(|v| Some(v.to_ints()))
+                    .ok_or_else(|| format!("input {i} must be a constant")),
+            }
+        };
+        let pads = if cx.opset >= 11 {
+            konst(1)?.ok_or("missing pads")?
+        } else {
+            cx.attrs().ints("pads").ok_or("missing pads")?.to_vec()
+        };
+        let mode = cx.attrs().string("mode").unwrap_or("constant");
+        let src = pad_sources(&x.shape, &cx.output(0)?.shape, &pads, konst(3)?, mode)?;
+        let g = cx.grad(0)?;
+        let mut dx = vec![0f32; x.shape.iter().product()];
+        for (s, &gv) in src.iter().zip(g.iter()) {
+            if let Some(s) = s {
+                dx[*s] += gv;
+            }
+        }
+        cx.answer(vec![(0, dx)])
+    }
+}
+
+/// For every element of the padded output (`out`), the flat offset of the input
+/// element it copies, `None` for the constant fill.
+fn pad_sources(
+    xshape: &[usize],
+    shape: &[usize],
+    pads: &[i64],
+    axes: Option<Vec<i64>>,
+    mode: &str,
+) -> RuleResult<Vec<Option<usize>>> {
+    let r = xshape.len();
+    let axes: Vec<usize> = match axes {
+        Some(a) => a.iter().map(|&v| axis(v, r)).collect::<RuleResult<_>>()?,
+        None => (0..r).collect(),
+    };
+    if pads.len() < axes.len() {
+        return Err(format!("pads {pads:?} do not match {} axes", axes.len()));
+    }
+    let mut begin = vec![0i64; r];
+    for (k, &a) in axes.iter().enumerate() {
+        begin[a] = pads[k];
+    }
+    let ost = strides(shape);
+    let st = strides(xshape);
+    let n: usize = shape.iter().product();
+    let mut src: Vec<Option<usize>> = Vec::with_capacity(n);
+    for k in 0..n {
+        let mut off = Some(0usize);
+        for i in 0..r {
+            let d = xshape[i] as i64;
+            let c = ((k / ost[i]) % shape[i]) as i64 - begin[i];
+            let c = if (0..d).contains(&c) {
+                Some(c)
+            } else {
+                match mode {
+                    "edge" if d > 0 => Some(c.clamp(0, d - 1)),
+                    "reflect" if d > 1 => {
+                        let period = 2 * (d - 1);
+                        let m = c.rem_euclid(period);
+                        Some(if m < d { m } else { period - m })
+                    }
+                    "constant" => None,
+                    other => {
+                        return Err(format!("pad mode '{other}' on size {d} is not supported"))
+                    }
+                }
+            };
+            off = match (off, c) {
+                (Some(o), Some(c)) => Some(o + c as usize * st[i]),
+                _ => None,
+            };
+        }
+        src.push(off);
+    }
+    Ok(src)
 }
 
 /// Ops whose output is shaped like input 0: Trilu, ScatterND, ScatterElements, EyeLike.
@@ -1455,6 +1732,50 @@ impl Op for LikeInput {
             _ => super::no_kernel(cx),
         }
     }
+    /// Trilu: the gradient masked by the same triangle (`k` a constant). EyeLike
+    /// has no gradient; the scatters have no kernel yet.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        match cx.node.op_type.as_str() {
+            "EyeLike" => no_gradient(cx),
+            "Trilu" => {
+                let x = cx.input(0)?;
+                let r = x.rank();
+                if r < 2 {
+                    return no_backward_kernel(cx);
+                }
+                let (h, w) = (x.shape[r - 2], x.shape[r - 1]);
+                let k = match cx.inputs.get(1).copied().flatten() {
+                    None => 0,
+                    Some(f) => f
+                        .value
+                        .as_ref()
+                        .and_then(|v| v.scalar_int())
+                        .ok_or("k must be a constant")?,
+                };
+                let upper = cx.attrs().int_or("upper", 1) != 0;
+                let g = cx.grad(0)?;
+                let dx = g
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &gv)| {
+                        let (row, col) = (((i / w) % h) as i64, (i % w) as i64);
+                        let keep = if upper {
+                            col - row >= k
+                        } else {
+                            col - row <= k
+                        };
+                        if keep {
+                            gv
+                        } else {
+                            0.0
+                        }
+                    })
+                    .collect();
+                cx.answer(vec![(0, dx)])
+            }
+            _ => no_backward_kernel(cx),
+        }
+    }
 }
 
 /// `NonZero(x)`: only when `x` is a known constant (its output shape depends on data).
@@ -1508,6 +1829,10 @@ impl Op for NonZero {
             }
         }
         Ok(vec![Tensor::i64(vec![x.rank(), hits.len()], out)])
+    }
+    /// No gradient flows through it.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        no_gradient(cx)
     }
 }
 
