@@ -1,0 +1,985 @@
+//! The CPU executor's backward kernels (`Op::backward_cpu`) against finite
+//! differences, op by op, over seeded random shapes and attributes.
+//!
+//! For one op case: random inputs `x`, random output gradients `g`, and for every
+//! differentiable input `i` a random direction `v` (uniform in [-1, 1]). The
+//! kernel's gradient must give the directional derivative of
+//! `L(x) = Σ_o ⟨g_o, y_o(x)⟩`: `⟨dx_i, v⟩` against the central difference
+//! `(L(x + εv) − L(x − εv)) / 2ε`, ε = 1e-2, with `L` accumulated in f64 from the f32
+//! forward kernel (run with `extras`, as a training step runs it: BatchNorm in
+//! training mode, Dropout with its seeded mask). Tolerance:
+//! `|fd − an| ≤ 2e-3 · Σ_k |dx_k·v_k| + 1e-5 · (1 + Σ_o |g_o|·|y_o|)`: a relative
+//! error on the size of the terms, plus the f32 rounding of `L` divided by 2ε
+//! (about 6e-8 · Σ|g·y| / 0.02); the O(ε²) truncation is well inside it.
+//! Inputs are kept away from kinks (ReLU at 0, clip bounds, max-pool ties) by more
+//! than the step.
+//!
+//! Every gradient is computed with only the saved tensors its backward rule lists
+//! for it (`BackwardCx::saved` refuses anything else), alone and together with the
+//! op's other gradients (the two must agree bitwise), so a kernel that reads more
+//! than its rule saves fails here.
+#![allow(clippy::needless_range_loop)]
+
+use memplan::exec::Tensor;
+use memplan::ir::{Attr, Attrs, DType, Data, Node, Value};
+use memplan::ops::{registry, BackwardCx, Cx, Fact, KernelCx, Saved};
+
+/// SplitMix64 for test data.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [lo, hi).
+    fn f(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32)
+    }
+    /// Uniform in [lo, hi] (integers).
+    fn u(&mut self, lo: usize, hi: usize) -> usize {
+        lo + (self.next() % (hi - lo + 1) as u64) as usize
+    }
+    fn coin(&mut self) -> bool {
+        self.next() & 1 == 1
+    }
+    fn shape(&mut self, rank: usize, lo: usize, hi: usize) -> Vec<usize> {
+        (0..rank).map(|_| self.u(lo, hi)).collect()
+    }
+    /// Uniform in [-1, 1) values.
+    fn t(&mut self, shape: &[usize]) -> Tensor {
+        self.range(shape, -1.0, 1.0)
+    }
+    fn range(&mut self, shape: &[usize], lo: f32, hi: f32) -> Tensor {
+        let n = shape.iter().product();
+        Tensor::f32(shape.to_vec(), (0..n).map(|_| self.f(lo, hi)).collect())
+    }
+    /// Magnitudes in [0.1, 1.5), random signs: away from kinks at 0.
+    fn away_from_zero(&mut self, shape: &[usize]) -> Tensor {
+        let n = shape.iter().product();
+        let v = (0..n)
+            .map(|_| {
+                let m = self.f(0.1, 1.5);
+                if self.coin() {
+                    m
+                } else {
+                    -m
+                }
+            })
+            .collect();
+        Tensor::f32(shape.to_vec(), v)
+    }
+    /// Distinct values 0.1 apart, shuffled (no near-ties for max selection).
+    fn distinct(&mut self, shape: &[usize]) -> Tensor {
+        let n: usize = shape.iter().product();
+        let mut v: Vec<f32> = (0..n).map(|i| (i as f32 - n as f32 / 2.0) * 0.1).collect();
+        for i in (1..n).rev() {
+            let j = self.u(0, i);
+            v.swap(i, j);
+        }
+        Tensor::f32(shape.to_vec(), v)
+    }
+}
+
+fn ints(v: &[i64]) -> Attr {
+    Attr::Ints(v.to_vec())
+}
+
+fn i64s(v: &[i64]) -> Tensor {
+    Tensor::i64(vec![v.len()], v.to_vec())
+}
+
+fn scalar(v: f32) -> Tensor {
+    Tensor::f32(vec![], vec![v])
+}
+
+/// One op application to check.
+struct Case {
+    op: &'static str,
+    attrs: Vec<(&'static str, Attr)>,
+    inputs: Vec<Tensor>,
+    /// Inputs that are constants (folded into their facts, never differentiated).
+    consts: Vec<usize>,
+    n_out: usize,
+    /// The leading outputs that receive a gradient.
+    grad_outs: usize,
+    opset: i64,
+}
+
+impl Case {
+    fn new(op: &'static str, inputs: Vec<Tensor>) -> Case {
+        Case {
+            op,
+            attrs: Vec::new(),
+            inputs,
+            consts: Vec::new(),
+            n_out: 1,
+            grad_outs: 1,
+            opset: 17,
+        }
+    }
+    fn attr(mut self, k: &'static str, a: Attr) -> Case {
+        self.attrs.push((k, a));
+        self
+    }
+    fn consts(mut self, c: &[usize]) -> Case {
+        self.consts = c.to_vec();
+        self
+    }
+    fn outs(mut self, n_out: usize, grad_outs: usize) -> Case {
+        self.n_out = n_out;
+        self.grad_outs = grad_outs;
+        self
+    }
+    fn opset(mut self, o: i64) -> Case {
+        self.opset = o;
+        self
+    }
+    fn node(&self) -> Node {
+        Node {
+            name: format!("test_{}", self.op),
+            op_type: self.op.into(),
+            domain: String::new(),
+            inputs: (0..self.inputs.len()).map(Some).collect(),
+            outputs: (0..self.n_out).map(|i| Some(100 + i)).collect(),
+            attrs: Attrs(
+                self.attrs
+                    .iter()
+                    .map(|(k, a)| (k.to_string(), a.clone()))
+                    .collect(),
+            ),
+        }
+    }
+    /// Facts of the inputs: integer inputs and declared constants carry values.
+    fn facts(&self) -> Vec<Fact> {
+        self.inputs
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let mut f = Fact::new(t.dtype(), t.shape.clone());
+                if !t.dtype().is_float() && t.numel() <= 64 {
+                    f.value = Some(Value::ints(t.shape.clone(), t.to_i64s()));
+                } else if self.consts.contains(&i) {
+                    f.value = Some(Value {
+                        shape: t.shape.clone(),
+                        data: Data::Float(t.to_f64s()),
+                    });
+                }
+                f
+            })
+            .collect()
+    }
+}
+
+/// Runs the forward kernel with extras on `inputs`: declared outputs, then extras.
+fn forward(case: &Case, node: &Node, out_facts: &[Fact], inputs: &[Tensor]) -> Vec<Tensor> {
+    let rule = registry().get("", case.op).unwrap();
+    let kcx = KernelCx {
+        node,
+        inputs: inputs.iter().map(Some).collect(),
+        outputs: out_facts.iter().take(case.n_out).map(Some).collect(),
+        opset: case.opset,
+        seed: 7,
+        dropout: true,
+        extras: true,
+    };
+    rule.forward_cpu(&kcx)
+        .unwrap_or_else(|e| panic!("{} forward: {e}", case.op))
+}
+
+/// `L = Σ_o ⟨g_o, y_o⟩` in f64, and `Σ_o |g_o|·|y_o|`.
+fn loss(outs: &[Tensor], gs: &[Tensor]) -> (f64, f64) {
+    let mut l = (0.0, 0.0);
+    for (g, y) in gs.iter().zip(outs) {
+        let (g, y) = (g.to_f32().unwrap(), y.to_f32().unwrap());
+        for (&a, &b) in g.iter().zip(y.iter()) {
+            l.0 += a as f64 * b as f64;
+            l.1 += (a as f64 * b as f64).abs();
+        }
+    }
+    l
+}
+
+/// Statistics of a run of checks.
+#[derive(Default)]
+struct Stats {
+    checks: usize,
+    worst: f64,
+}
+
+/// Checks every differentiable input's gradient of `case` against finite
+/// differences, as described at the top.
+fn check(case: &Case, rng: &mut Rng, stats: &mut Stats) {
+    let what = format!(
+        "{} {:?} attrs {:?}",
+        case.op,
+        case.inputs
+            .iter()
+            .map(|t| t.shape.clone())
+            .collect::<Vec<_>>(),
+        case.attrs
+    );
+    let rule = registry().get("", case.op).unwrap();
+    let node = case.node();
+    let facts = case.facts();
+    let cx = Cx {
+        node: &node,
+        inputs: facts.iter().map(Some).collect(),
+        opset: case.opset,
+    };
+    let out_facts = rule.infer(&cx).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let bw = rule
+        .backward(&cx, &out_facts)
+        .unwrap()
+        .unwrap_or_else(|| panic!("{what}: no backward rule"));
+    let outs = forward(case, &node, &out_facts, &case.inputs);
+    assert_eq!(
+        outs.len(),
+        case.n_out + bw.extras.len(),
+        "{what}: outputs then the rule's extras"
+    );
+    for (k, f) in bw.extras.iter().enumerate() {
+        let e = &outs[case.n_out + k];
+        assert_eq!(
+            (e.dtype(), &e.shape),
+            (f.dtype, &f.shape),
+            "{what}: extra {k}"
+        );
+    }
+    let gs: Vec<Tensor> = (0..case.grad_outs).map(|o| rng.t(&outs[o].shape)).collect();
+    let saved_of = |s: Saved| -> &Tensor {
+        match s {
+            Saved::Input(i) => &case.inputs[i],
+            Saved::Output(i) => &outs[i],
+            Saved::Extra(i) => &outs[case.n_out + i],
+        }
+    };
+    let diff: Vec<usize> = bw
+        .grads
+        .iter()
+        .map(|g| g.input)
+        .filter(|&i| {
+            i < case.inputs.len() && case.inputs[i].dtype().is_float() && !case.consts.contains(&i)
+        })
+        .collect();
+    assert!(!diff.is_empty(), "{what}: nothing to differentiate");
+    let run_backward = |wanted: &[usize]| -> Vec<Option<Tensor>> {
+        let mut needs: Vec<Saved> = Vec::new();
+        for g in bw.grads.iter().filter(|g| wanted.contains(&g.input)) {
+            for &s in &g.needs {
+                if !needs.contains(&s) {
+                    needs.push(s);
+                }
+            }
+        }
+        let bcx = BackwardCx {
+            node: &node,
+            inputs: facts.iter().map(Some).collect(),
+            outputs: out_facts.iter().take(case.n_out).map(Some).collect(),
+            opset: case.opset,
+            saved: needs.iter().map(|&s| (s, saved_of(s))).collect(),
+            grads: (0..case.n_out).map(|o| gs.get(o)).collect(),
+            wanted: wanted.to_vec(),
+            dropout: true,
+        };
+        rule.backward_cpu(&bcx)
+            .unwrap_or_else(|e| panic!("{what}: backward of {wanted:?}: {e}"))
+    };
+    let all = run_backward(&diff);
+    for &i in &diff {
+        let alone = run_backward(&[i]);
+        assert_eq!(
+            alone.len(),
+            case.inputs.len(),
+            "{what}: one entry per input"
+        );
+        for (j, d) in alone.iter().enumerate() {
+            assert_eq!(d.is_some(), j == i, "{what}: only wanted gradients");
+        }
+        let dx = alone[i].clone().unwrap();
+        assert_eq!(
+            all[i].as_ref(),
+            Some(&dx),
+            "{what}: alone and together agree"
+        );
+        let x = &case.inputs[i];
+        assert_eq!(
+            (dx.dtype(), &dx.shape),
+            (x.dtype(), &x.shape),
+            "{what}: dx {i}"
+        );
+        let v = rng.t(&x.shape);
+        let (dxs, vs) = (dx.to_f32().unwrap(), v.to_f32().unwrap());
+        let an: f64 = dxs
+            .iter()
+            .zip(vs.iter())
+            .map(|(&a, &b)| a as f64 * b as f64)
+            .sum();
+        let scale: f64 = dxs
+            .iter()
+            .zip(vs.iter())
+            .map(|(&a, &b)| (a as f64 * b as f64).abs())
+            .sum();
+        let eps = 1e-2f32;
+        let shifted = |sign: f32| -> (f64, f64) {
+            let mut ins = case.inputs.clone();
+            let xs = x.to_f32().unwrap();
+            let moved = xs
+                .iter()
+                .zip(vs.iter())
+                .map(|(&a, &b)| a + sign * eps * b)
+                .collect();
+            ins[i] = Tensor::from_f32(x.dtype(), x.shape.clone(), moved).unwrap();
+            loss(&forward(case, &node, &out_facts, &ins), &gs)
+        };
+        let ((hi, mag), (lo, _)) = (shifted(1.0), shifted(-1.0));
+        let fd = (hi - lo) / (2.0 * eps as f64);
+        let err = (fd - an).abs();
+        assert!(
+            err <= 2e-3 * scale + 1e-5 * (1.0 + mag),
+            "{what}: input {i}: finite difference {fd:.6e}, kernel {an:.6e} (terms {scale:.3e}); inputs {:?}",
+            case.inputs
+        );
+        stats.checks += 1;
+        stats.worst = stats.worst.max(err / (scale + 1e-12));
+    }
+}
+
+/// A shape that broadcasts to `out`: some dims set to 1, some leading dims dropped.
+fn broadcast_operand(rng: &mut Rng, out: &[usize]) -> Vec<usize> {
+    let drop = rng.u(0, out.len());
+    out[drop..]
+        .iter()
+        .map(|&d| if rng.u(0, 2) == 0 { 1 } else { d })
+        .collect()
+}
+
+const SEEDS: u64 = 4;
+
+fn report(name: &str, stats: &Stats) {
+    eprintln!(
+        "{name}: {} gradient checks, worst |fd − an| / Σ|terms| = {:.2e}",
+        stats.checks, stats.worst
+    );
+}
+
+#[test]
+fn unary_ops() {
+    let mut st = Stats::default();
+    for seed in 0..SEEDS {
+        let mut r = Rng(seed);
+        let rank = r.u(1, 4);
+        let shape = r.shape(rank, 1, 5);
+        for op in [
+            "Relu",
+            "Tanh",
+            "Erf",
+            "Sigmoid",
+            "Exp",
+            "Abs",
+            "Neg",
+            "Identity",
+            "Sin",
+            "Cos",
+            "Atan",
+            "LeakyRelu",
+            "Softplus",
+            "Softsign",
+            "Elu",
+            "Selu",
+            "Celu",
+            "Mish",
+        ] {
+            let x = r.away_from_zero(&shape);
+            check(&Case::new(op, vec![x]), &mut r, &mut st);
+        }
+        for op in ["Sqrt", "Log", "Reciprocal"] {
+            let x = r.range(&shape, 0.5, 2.0);
+            check(&Case::new(op, vec![x]), &mut r, &mut st);
+        }
+        let x = r.range(&shape, -1.0, 1.0);
+        check(&Case::new("Tan", vec![x]), &mut r, &mut st);
+        // Piecewise constant: a zero gradient, inputs away from the steps.
+        for op in ["Floor", "Ceil", "Round", "Sign"] {
+            let x = r.range(&shape, 0.1, 0.4);
+            check(&Case::new(op, vec![x]), &mut r, &mut st);
+        }
+        for approx in ["none", "tanh"] {
+            let x = r.t(&shape);
+            let c = Case::new("Gelu", vec![x]).attr("approximate", Attr::String(approx.into()));
+            check(&c, &mut r, &mut st);
+        }
+        let x = r.away_from_zero(&shape);
+        let c = Case::new("LeakyRelu", vec![x]).attr("alpha", Attr::Float(0.2));
+        check(&c, &mut r, &mut st);
+        // HardSigmoid/HardSwish kinks at ±2.5 and ±3: stay inside.
+        for op in ["HardSigmoid", "HardSwish"] {
+            let x = r.range(&shape, -2.0, 2.0);
+            check(&Case::new(op, vec![x]), &mut r, &mut st);
+        }
+        // Cast float to float passes the gradient through.
+        let x = r.t(&shape);
+        let c = Case::new("Cast", vec![x]).attr("to", Attr::Int(1));
+        check(&c, &mut r, &mut st);
+    }
+    report("unary", &st);
+}
+
+#[test]
+fn binary_ops_with_broadcasting() {
+    let mut st = Stats::default();
+    for seed in 0..SEEDS * 2 {
+        let mut r = Rng(100 + seed);
+        let rank = r.u(1, 4);
+        let out = r.shape(rank, 1, 4);
+        let (sa, sb) = if r.coin() {
+            (out.clone(), broadcast_operand(&mut r, &out))
+        } else {
+            (broadcast_operand(&mut r, &out), out.clone())
+        };
+        for op in ["Add", "Sub", "Mul"] {
+            let (a, b) = (r.t(&sa), r.t(&sb));
+            check(&Case::new(op, vec![a, b]), &mut r, &mut st);
+        }
+        let (a, b) = (r.t(&sa), r.away_from_zero(&sb));
+        check(&Case::new("Div", vec![a, b]), &mut r, &mut st);
+        let (a, b) = (r.range(&sa, 0.8, 2.0), r.range(&sb, -2.0, 3.0));
+        check(&Case::new("Pow", vec![a, b]), &mut r, &mut st);
+        // GPT-2's x³ and ViT's x²: a constant exponent.
+        for e in [2.0, 3.0] {
+            let a = r.away_from_zero(&sa);
+            let c = Case::new("Pow", vec![a, scalar(e)]).consts(&[1]);
+            check(&c, &mut r, &mut st);
+        }
+        let (a, b) = (r.away_from_zero(&sa), r.t(&sb));
+        check(&Case::new("PRelu", vec![a, b]), &mut r, &mut st);
+        // Variadic over three inputs.
+        let sc = broadcast_operand(&mut r, &out);
+        for op in ["Sum", "Mean", "Max", "Min"] {
+            let ins = if matches!(op, "Max" | "Min") {
+                // Distinct across the three: values 0.05 apart, offsets 0.033 and
+                // 0.066 past them, all further apart than the ±0.01 steps move them.
+                let a = r.distinct(&sa);
+                let shift = |t: Tensor, d: f32| {
+                    let v = t.as_f32().unwrap().iter().map(|x| x + d).collect();
+                    Tensor::f32(t.shape.clone(), v)
+                };
+                let b = shift(r.distinct(&sb), 0.033);
+                let c = shift(r.distinct(&sc), 0.066);
+                vec![a, b, c]
+            } else {
+                vec![r.t(&sa), r.t(&sb), r.t(&sc)]
+            };
+            check(&Case::new(op, ins), &mut r, &mut st);
+        }
+        // Where: condition, x and y all broadcast.
+        let scond = broadcast_operand(&mut r, &out);
+        let n: usize = scond.iter().product();
+        let cond = Tensor::bool(scond.clone(), (0..n).map(|_| r.coin()).collect());
+        let c = Case::new("Where", vec![cond, r.t(&sa), r.t(&sb)]);
+        check(&c, &mut r, &mut st);
+    }
+    report("binary", &st);
+}
+
+#[test]
+fn clip_and_dropout() {
+    let mut st = Stats::default();
+    for seed in 0..SEEDS {
+        let mut r = Rng(200 + seed);
+        let rank = r.u(1, 4);
+        let shape = r.shape(rank, 1, 6);
+        // Values 0.1 away from the bounds ±0.5.
+        let n: usize = shape.iter().product();
+        let v = (0..n)
+            .map(|_| {
+                let m = r.f(0.0, 0.3);
+                [-0.9 + m, -0.4 + m, 0.6 + m][r.u(0, 2)]
+            })
+            .collect();
+        let x = Tensor::f32(shape.clone(), v);
+        let c = Case::new("Clip", vec![x, scalar(-0.5), scalar(0.5)]).consts(&[1, 2]);
+        check(&c, &mut r, &mut st);
+        // MobileNet's ReLU6 with only a max: min omitted is not expressible with
+        // positional inputs here, so both bounds, the upper one at 6.
+        let x = r.range(&shape, 0.1, 5.0);
+        let c = Case::new("Clip", vec![x, scalar(0.0), scalar(6.0)]).consts(&[1, 2]);
+        check(&c, &mut r, &mut st);
+        // Training dropout (mask saved as an extra), with the mask output declared
+        // or not; inference dropout (identity, nothing saved).
+        for (n_out, training) in [(1, true), (2, true), (1, false)] {
+            let x = r.t(&shape);
+            let t = Tensor::bool(vec![], vec![training]);
+            let c = Case::new("Dropout", vec![x, scalar(0.3), t])
+                .consts(&[1])
+                .outs(n_out, 1);
+            check(&c, &mut r, &mut st);
+        }
+    }
+    report("clip/dropout", &st);
+}
+
+#[test]
+fn matmul_and_gemm() {
+    let mut st = Stats::default();
+    for seed in 0..SEEDS * 2 {
+        let mut r = Rng(300 + seed);
+        let (m, k, n) = (r.u(1, 5), r.u(1, 5), r.u(1, 5));
+        // Batched and broadcast: [b1, 1, m, k] × [b2, k, n], and 1-D operands.
+        let (b1, b2) = (r.u(1, 3), r.u(1, 3));
+        let shapes: Vec<(Vec<usize>, Vec<usize>)> = vec![
+            (vec![m, k], vec![k, n]),
+            (vec![b1, 1, m, k], vec![b2, k, n]),
+            (vec![b2, m, k], vec![k, n]),
+            (vec![k], vec![b1, k, n]),
+            (vec![b1, m, k], vec![k]),
+            (vec![k], vec![k]),
+        ];
+        for (sa, sb) in shapes {
+            let c = Case::new("MatMul", vec![r.t(&sa), r.t(&sb)]);
+            check(&c, &mut r, &mut st);
+        }
+        for (ta, tb) in [(0, 0), (1, 0), (0, 1), (1, 1)] {
+            let sa = if ta == 1 { vec![k, m] } else { vec![m, k] };
+            let sb = if tb == 1 { vec![n, k] } else { vec![k, n] };
+            let sc = [vec![n], vec![1, n], vec![m, 1], vec![m, n], vec![]][r.u(0, 4)].clone();
+            let mut ins = vec![r.t(&sa), r.t(&sb)];
+            if r.u(0, 3) > 0 {
+                ins.push(r.t(&sc));
+            }
+            let mut c = Case::new("Gemm", ins)
+                .attr("transA", Attr::Int(ta))
+                .attr("transB", Attr::Int(tb));
+            if r.coin() {
+                c = c
+                    .attr("alpha", Attr::Float(r.f(0.5, 2.0)))
+                    .attr("beta", Attr::Float(r.f(0.5, 2.0)));
+            }
+            check(&c, &mut r, &mut st);
+        }
+    }
+    report("matmul/gemm", &st);
+}
+
+#[test]
+fn conv_groups_strides_pads_dilations() {
+    let mut st = Stats::default();
+    for seed in 0..SEEDS * 2 {
+        let mut r = Rng(400 + seed);
+        let n = r.u(1, 2);
+        // group: 1, 2, or depthwise.
+        let kind = r.u(0, 3);
+        let (c, m, group) = match kind {
+            0 => (r.u(1, 3), r.u(1, 3), 1),
+            1 => (2 * r.u(1, 2), 2 * r.u(1, 2), 2),
+            2 => {
+                let c = r.u(2, 4);
+                (c, c, c)
+            }
+            _ => (r.u(2, 4), r.u(1, 3), 1),
+        };
+        let one_d = seed % 4 == 3;
+        let k: Vec<usize> = if kind == 3 {
+            vec![1; if one_d { 1 } else { 2 }]
+        } else if one_d {
+            vec![r.u(1, 3)]
+        } else {
+            vec![r.u(1, 3), r.u(1, 3)]
+        };
+        let nd = k.len();
+        let strides: Vec<i64> = (0..nd)
+            .map(|_| if kind == 3 { 1 } else { r.u(1, 2) as i64 })
+            .collect();
+        let dil: Vec<i64> = (0..nd)
+            .map(|_| if kind == 3 { 1 } else { r.u(1, 2) as i64 })
+            .collect();
+        let pads: Vec<i64> = (0..2 * nd)
+            .map(|_| if kind == 3 { 0 } else { r.u(0, 2) as i64 })
+            .collect();
+        let spatial: Vec<usize> = (0..nd).map(|_| r.u(4, 7)).collect();
+        let mut xs = vec![n, c];
+        xs.extend(&spatial);
+        let mut ws = vec![m, c / group];
+        ws.extend(&k);
+        let mut ins = vec![r.t(&xs), r.t(&ws)];
+        if r.coin() {
+            ins.push(r.t(&[m]));
+        }
+        let cs = Case::new("Conv", ins)
+            .attr("group", Attr::Int(group as i64))
+            .attr("strides", ints(&strides))
+            .attr("dilations", ints(&dil))
+            .attr("pads", ints(&pads));
+        check(&cs, &mut r, &mut st);
+    }
+    // SAME_UPPER, the 7×7 stride-2 stem.
+    let mut r = Rng(499);
+    let c = Case::new("Conv", vec![r.t(&[1, 2, 9, 9]), r.t(&[3, 2, 3, 3])])
+        .attr("auto_pad", Attr::String("SAME_UPPER".into()))
+        .attr("strides", ints(&[2, 2]));
+    check(&c, &mut r, &mut st);
+    let c = Case::new(
+        "Conv",
+        vec![r.t(&[1, 3, 12, 12]), r.t(&[4, 3, 7, 7]), r.t(&[4])],
+    )
+    .attr("strides", ints(&[2, 2]))
+    .attr("pads", ints(&[3, 3, 3, 3]));
+    check(&c, &mut r, &mut st);
+    report("conv", &st);
+}
+
+#[test]
+fn pooling() {
+    let mut st = Stats::default();
+    for seed in 0..SEEDS {
+        let mut r = Rng(500 + seed);
+        let shape = vec![r.u(1, 2), r.u(1, 3), r.u(4, 7), r.u(4, 7)];
+        let k = [r.u(1, 3) as i64, r.u(2, 3) as i64];
+        let s = [r.u(1, 2) as i64, r.u(1, 2) as i64];
+        // Pads below the kernel size: no window lies wholly in the padding.
+        let p = [
+            0,
+            r.u(0, 1).min(k[1] as usize - 1) as i64,
+            r.u(0, 1).min(k[0] as usize - 1) as i64,
+            0,
+        ];
+        let c = Case::new("MaxPool", vec![r.distinct(&shape)])
+            .attr("kernel_shape", ints(&k))
+            .attr("strides", ints(&s))
+            .attr("pads", ints(&p));
+        check(&c, &mut r, &mut st);
+        // With the indices output declared too.
+        let c = Case::new("MaxPool", vec![r.distinct(&shape)])
+            .attr("kernel_shape", ints(&[3, 3]))
+            .attr("strides", ints(&[2, 2]))
+            .attr("pads", ints(&[1, 1, 1, 1]))
+            .outs(2, 1);
+        check(&c, &mut r, &mut st);
+        for inc in [0, 1] {
+            let c = Case::new("AveragePool", vec![r.t(&shape)])
+                .attr("kernel_shape", ints(&k))
+                .attr("strides", ints(&s))
+                .attr("pads", ints(&p))
+                .attr("count_include_pad", Attr::Int(inc));
+            check(&c, &mut r, &mut st);
+        }
+        check(
+            &Case::new("GlobalAveragePool", vec![r.t(&shape)]),
+            &mut r,
+            &mut st,
+        );
+    }
+    report("pooling", &st);
+}
+
+#[test]
+fn normalizations_and_softmax() {
+    let mut st = Stats::default();
+    for seed in 0..SEEDS {
+        let mut r = Rng(600 + seed);
+        // BatchNorm (training mode under extras), 2-D to 4-D inputs.
+        let rank = r.u(2, 4);
+        // At least 6 values per channel (BN is far from linear on fewer).
+        let mut shape = r.shape(rank, 2, 4);
+        shape[0] = if rank == 2 { r.u(6, 8) } else { r.u(2, 3) };
+        let c = shape[1];
+        let ins = vec![
+            r.t(&shape),
+            r.range(&[c], 0.5, 1.5),
+            r.t(&[c]),
+            r.t(&[c]),
+            r.range(&[c], 0.5, 1.5),
+        ];
+        check(&Case::new("BatchNormalization", ins), &mut r, &mut st);
+        // With the running statistics outputs declared (no gradient flows into them).
+        let ins = vec![
+            r.t(&shape),
+            r.range(&[c], 0.5, 1.5),
+            r.t(&[c]),
+            r.t(&[c]),
+            r.range(&[c], 0.5, 1.5),
+        ];
+        let bn = Case::new("BatchNormalization", ins)
+            .attr("training_mode", Attr::Int(1))
+            .outs(3, 1);
+        check(&bn, &mut r, &mut st);
+        // LayerNorm over the last axes, scale (and bias) over a suffix of them.
+        let rank = r.u(2, 4);
+        let shape = r.shape(rank, 2, 5);
+        let ax = r.u(1, rank - 1);
+        let norm = &shape[ax..];
+        let sshape = norm[r.u(0, norm.len() - 1)..].to_vec();
+        let mut ins = vec![r.t(&shape), r.range(&sshape, 0.5, 1.5)];
+        if r.coin() {
+            ins.push(r.t(norm));
+        }
+        let ln = Case::new("LayerNormalization", ins).attr("axis", Attr::Int(ax as i64));
+        check(&ln, &mut r, &mut st);
+        // Softmax and LogSoftmax along any axis; the pre-13 flattening too.
+        for op in ["Softmax", "LogSoftmax"] {
+            let a = r.u(0, rank - 1) as i64;
+            let c = Case::new(op, vec![r.range(&shape, -2.0, 2.0)]).attr("axis", Attr::Int(a));
+            check(&c, &mut r, &mut st);
+            let c = Case::new(op, vec![r.range(&shape, -2.0, 2.0)])
+                .attr("axis", Attr::Int(a))
+                .opset(11);
+            check(&c, &mut r, &mut st);
+        }
+    }
+    report("norm/softmax", &st);
+}
+
+#[test]
+fn reductions() {
+    let mut st = Stats::default();
+    for seed in 0..SEEDS {
+        let mut r = Rng(700 + seed);
+        let rank = r.u(1, 4);
+        let shape = r.shape(rank, 1, 4);
+        let mut axes: Vec<i64> = (0..rank as i64).filter(|_| r.coin()).collect();
+        if axes.is_empty() {
+            axes.push(-1);
+        }
+        let keep = r.u(0, 1) as i64;
+        // ReduceSum takes axes as an input from opset 13, the others from 18.
+        let c = Case::new("ReduceSum", vec![r.t(&shape), i64s(&axes)])
+            .attr("keepdims", Attr::Int(keep));
+        check(&c, &mut r, &mut st);
+        for op in [
+            "ReduceMean",
+            "ReduceSumSquare",
+            "ReduceL2",
+            "ReduceLogSumExp",
+        ] {
+            let c = Case::new(op, vec![r.t(&shape)])
+                .attr("axes", ints(&axes))
+                .attr("keepdims", Attr::Int(keep));
+            check(&c, &mut r, &mut st);
+        }
+        for op in ["ReduceL1", "ReduceProd"] {
+            let c = Case::new(op, vec![r.away_from_zero(&shape)])
+                .attr("axes", ints(&axes))
+                .attr("keepdims", Attr::Int(keep));
+            check(&c, &mut r, &mut st);
+        }
+        let c =
+            Case::new("ReduceLogSum", vec![r.range(&shape, 0.5, 2.0)]).attr("axes", ints(&axes));
+        check(&c, &mut r, &mut st);
+        for op in ["ReduceMax", "ReduceMin"] {
+            let c = Case::new(op, vec![r.distinct(&shape)]).attr("axes", ints(&axes));
+            check(&c, &mut r, &mut st);
+        }
+        // All axes (none given).
+        check(&Case::new("ReduceMean", vec![r.t(&shape)]), &mut r, &mut st);
+        let a = r.u(0, rank - 1) as i64;
+        for (excl, rev) in [(0, 0), (1, 0), (0, 1), (1, 1)] {
+            let c = Case::new("CumSum", vec![r.t(&shape), Tensor::i64(vec![], vec![a])])
+                .attr("exclusive", Attr::Int(excl))
+                .attr("reverse", Attr::Int(rev));
+            check(&c, &mut r, &mut st);
+        }
+    }
+    report("reductions", &st);
+}
+
+#[test]
+fn shape_and_data_movement() {
+    let mut st = Stats::default();
+    for seed in 0..SEEDS {
+        let mut r = Rng(800 + seed);
+        let rank = r.u(2, 4);
+        let shape = r.shape(rank, 1, 4);
+        let n: usize = shape.iter().product();
+        let x = || r_t(&shape, seed);
+        check(
+            &Case::new("Reshape", vec![x(), i64s(&[n as i64])]),
+            &mut r,
+            &mut st,
+        );
+        check(
+            &Case::new("Flatten", vec![x()]).attr("axis", Attr::Int(r.u(0, rank) as i64)),
+            &mut r,
+            &mut st,
+        );
+        let mut with1 = shape.clone();
+        with1.insert(1, 1);
+        check(
+            &Case::new("Squeeze", vec![r.t(&with1), i64s(&[1])]),
+            &mut r,
+            &mut st,
+        );
+        check(
+            &Case::new("Unsqueeze", vec![x(), i64s(&[0, -1])]),
+            &mut r,
+            &mut st,
+        );
+        check(&Case::new("Identity", vec![x()]), &mut r, &mut st);
+        // A random permutation.
+        let mut perm: Vec<i64> = (0..rank as i64).collect();
+        for i in (1..rank).rev() {
+            let j = r.u(0, i);
+            perm.swap(i, j);
+        }
+        check(
+            &Case::new("Transpose", vec![x()]).attr("perm", ints(&perm)),
+            &mut r,
+            &mut st,
+        );
+        // Slice with steps (negative too) on two axes.
+        let a = r.u(0, rank - 1);
+        let d = shape[a] as i64;
+        let (starts, ends, steps) = if r.coin() {
+            (vec![0, 1], vec![d, 100], vec![2, 1])
+        } else {
+            (vec![-1, 0], vec![-100, -1], vec![-1, 1])
+        };
+        let b = (a + 1) % rank;
+        let c = Case::new(
+            "Slice",
+            vec![
+                x(),
+                i64s(&starts),
+                i64s(&ends),
+                i64s(&[a as i64, b as i64]),
+                i64s(&steps),
+            ],
+        );
+        check(&c, &mut r, &mut st);
+        // Concat of three along an axis; Split into three (one without gradient).
+        let a = r.u(0, rank - 1);
+        let parts: Vec<Tensor> = (0..3)
+            .map(|_| {
+                let mut s = shape.clone();
+                s[a] = r.u(1, 3);
+                r.t(&s)
+            })
+            .collect();
+        check(
+            &Case::new("Concat", parts).attr("axis", Attr::Int(a as i64)),
+            &mut r,
+            &mut st,
+        );
+        let mut s = shape.clone();
+        s[a] = 6;
+        let c = Case::new("Split", vec![r.t(&s), i64s(&[1, 2, 3])])
+            .attr("axis", Attr::Int(a as i64))
+            .outs(3, 2);
+        check(&c, &mut r, &mut st);
+        // Gather rows (repeated and negative indices) and a scalar select.
+        let a = r.u(0, rank - 1);
+        let d = shape[a] as i64;
+        let idx = Tensor::i64(vec![2, 2], vec![0, d - 1, -1, 0]);
+        check(
+            &Case::new("Gather", vec![x(), idx]).attr("axis", Attr::Int(a as i64)),
+            &mut r,
+            &mut st,
+        );
+        let sel = Tensor::i64(vec![], vec![d - 1]);
+        check(
+            &Case::new("Gather", vec![x(), sel]).attr("axis", Attr::Int(a as i64)),
+            &mut r,
+            &mut st,
+        );
+        // GatherElements with indices shaped like the input.
+        let ind: Vec<i64> = (0..n).map(|_| r.u(0, shape[a] - 1) as i64).collect();
+        let c = Case::new("GatherElements", vec![x(), Tensor::i64(shape.clone(), ind)])
+            .attr("axis", Attr::Int(a as i64));
+        check(&c, &mut r, &mut st);
+        // Expand and Tile.
+        let src = broadcast_operand(&mut r, &shape);
+        let target: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+        check(
+            &Case::new("Expand", vec![r.t(&src), i64s(&target)]),
+            &mut r,
+            &mut st,
+        );
+        let reps: Vec<i64> = (0..rank).map(|_| r.u(1, 2) as i64).collect();
+        check(&Case::new("Tile", vec![x(), i64s(&reps)]), &mut r, &mut st);
+        // Pad: constant, edge, reflect.
+        let big: Vec<usize> = shape.iter().map(|&d| d.max(3)).collect();
+        for mode in ["constant", "edge", "reflect"] {
+            let pads: Vec<i64> = (0..2 * rank).map(|_| r.u(0, 2) as i64).collect();
+            let c = Case::new("Pad", vec![r.t(&big), i64s(&pads)])
+                .attr("mode", Attr::String(mode.into()));
+            check(&c, &mut r, &mut st);
+        }
+        let c = Case::new(
+            "Trilu",
+            vec![x(), Tensor::i64(vec![], vec![r.u(0, 2) as i64 - 1])],
+        )
+        .attr("upper", Attr::Int(r.u(0, 1) as i64));
+        check(&c, &mut r, &mut st);
+    }
+    report("shape ops", &st);
+}
+
+/// Fresh uniform values for `shape` (a new stream per call).
+fn r_t(shape: &[usize], seed: u64) -> Tensor {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let k = CALLS.fetch_add(1, Ordering::Relaxed);
+    Rng(seed.wrapping_mul(1_000_003).wrapping_add(k)).t(shape)
+}
+
+#[test]
+fn kernels_refuse_unsaved_tensors() {
+    // Mul's gradient of input 0 reads input 1 only: handing it just input 0 (what
+    // the other gradient saves) is refused, and so is reading anything for Add.
+    let a = Tensor::f32(vec![2], vec![1.0, 2.0]);
+    let b = Tensor::f32(vec![2], vec![3.0, 4.0]);
+    let g = Tensor::f32(vec![2], vec![1.0, 1.0]);
+    let node = Node {
+        name: "m".into(),
+        op_type: "Mul".into(),
+        domain: String::new(),
+        inputs: vec![Some(0), Some(1)],
+        outputs: vec![Some(2)],
+        attrs: Attrs::default(),
+    };
+    let f = Fact::new(DType::F32, vec![2]);
+    let mk = |saved: Vec<(Saved, &Tensor)>| -> Result<Vec<Option<Tensor>>, String> {
+        let cx = BackwardCx {
+            node: &node,
+            inputs: vec![Some(&f), Some(&f)],
+            outputs: vec![Some(&f)],
+            opset: 17,
+            saved,
+            grads: vec![Some(&g)],
+            wanted: vec![0],
+            dropout: true,
+        };
+        registry().get("", "Mul").unwrap().backward_cpu(&cx)
+    };
+    let err = mk(vec![(Saved::Input(0), &a)]).unwrap_err();
+    assert!(err.contains("not saved"), "{err}");
+    let ok = mk(vec![(Saved::Input(1), &b)]).unwrap();
+    assert_eq!(ok[0].as_ref().unwrap().as_f32().unwrap(), &[3.0, 4.0]);
+    assert!(ok[1].is_none());
+    // A rule that saves too little is reported, not papered over.
+    let lp = Node {
+        op_type: "LpPool".into(),
+        ..node.clone()
+    };
+    let x = Fact::new(DType::F32, vec![1, 1, 2, 2]);
+    let y = Fact::new(DType::F32, vec![1, 1, 1, 1]);
+    let gy = Tensor::f32(vec![1, 1, 1, 1], vec![1.0]);
+    let cx = BackwardCx {
+        node: &lp,
+        inputs: vec![Some(&x)],
+        outputs: vec![Some(&y)],
+        opset: 17,
+        saved: vec![],
+        grads: vec![Some(&gy)],
+        wanted: vec![0],
+        dropout: true,
+    };
+    let err = registry()
+        .get("", "LpPool")
+        .unwrap()
+        .backward_cpu(&cx)
+        .unwrap_err();
+    assert!(err.contains("does not save"), "{err}");
+}
