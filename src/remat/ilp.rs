@@ -59,6 +59,9 @@ use good_lp::{
 use super::graph::{replay, NodeId, Op, RematGraph, ValueId};
 use crate::error::{Error, Result};
 
+/// How long past its limit a CBC run is waited for (see [`run_cbc`]).
+pub(crate) const GRACE: Duration = Duration::from_secs(2);
+
 /// Memory is modelled in units of at least `budget / RESOLUTION` bytes.
 const RESOLUTION: u64 = 100_000;
 
@@ -165,7 +168,12 @@ pub fn solve_checkmate(g: &RematGraph, budget_bytes: u64, o: &IlpOptions) -> Res
     let mut lp = None;
     if o.lp_bound {
         let (problem, _) = p.build(&caps, false, 0.0);
-        let r = run_cbc(problem, o.time_limit, p.root_iterations(o.time_limit));
+        let r = run_cbc(
+            problem,
+            o.time_limit,
+            p.root_iterations(o.time_limit),
+            GRACE,
+        );
         if r.proven_infeasible {
             return Ok(infeasible(format!(
                 "LP relaxation infeasible ({})",
@@ -188,7 +196,7 @@ pub fn solve_checkmate(g: &RematGraph, budget_bytes: u64, o: &IlpOptions) -> Res
     for attempt in 0..3 {
         let t0 = Instant::now();
         let (problem, cols) = p.build(&caps, true, cut);
-        let r = run_cbc(problem, time_left, p.root_iterations(time_left));
+        let r = run_cbc(problem, time_left, p.root_iterations(time_left), GRACE);
         time_left = time_left.saturating_sub(t0.elapsed());
         why = r.status.clone();
         if attempt > 0 {
@@ -275,7 +283,12 @@ static CBC_SLOT: Mutex<()> = Mutex::new(());
 /// worker is left to finish alone. `max_iterations` caps the simplex iterations
 /// of that root LP (CBC's `maxIt`, which branch and bound ignores), so that a
 /// worker left alone stops too.
-pub(crate) fn run_cbc(mut problem: CoinCbcProblem, limit: Duration, max_iterations: u64) -> Cbc {
+pub(crate) fn run_cbc(
+    mut problem: CoinCbcProblem,
+    limit: Duration,
+    max_iterations: u64,
+    grace: Duration,
+) -> Cbc {
     problem.set_parameter("seconds", &format!("{:.3}", limit.as_secs_f64()));
     problem.set_parameter("timeMode", "elapsed");
     problem.set_parameter("maxIt", &max_iterations.to_string());
@@ -316,7 +329,7 @@ pub(crate) fn run_cbc(mut problem: CoinCbcProblem, limit: Duration, max_iteratio
     if let Err(e) = worker {
         return Cbc::overran(format!("cannot start a thread for CBC: {e}"));
     }
-    let wait = limit + Duration::from_secs(2) + limit / 10;
+    let wait = limit + grace + limit / 10;
     rx.recv_timeout(wait).unwrap_or_else(|_| {
         cancelled.store(true, Ordering::SeqCst);
         Cbc::overran(format!(

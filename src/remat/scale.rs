@@ -522,7 +522,15 @@ pub fn solve(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ScaleResu
     let mut lower = stage_lower_bound(g, budget).unwrap_or(0.0) / base_cost;
     let gaps = Gaps::new(g);
     let mut cands: Vec<Cand> = Vec::new();
+    let debug = std::env::var_os("MEMPLAN_DEBUG").is_some();
     let push = |c: Option<Cand>, cands: &mut Vec<Cand>| {
+        if debug {
+            eprintln!(
+                "  {:>7.3} s {}",
+                start.elapsed().as_secs_f64(),
+                c.as_ref().map_or("-", |c| c.source)
+            );
+        }
         if let Some(c) = c {
             cands.push(c);
         }
@@ -540,13 +548,15 @@ pub fn solve(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ScaleResu
 
     // The gap MILP, tightened until its plan replays within the budget.
     if stage_lower_bound(g, budget).is_some() && !gaps.list.is_empty() {
-        let end = if g.nodes.len() <= EXACT_NODES {
-            deadline.min(start + limit.mul_f64(0.3))
+        let share = if g.nodes.len() <= EXACT_NODES {
+            0.3
         } else {
-            deadline
+            0.55
         };
+        let end = deadline.min(start + limit.mul_f64(share));
         if let Some(on) = gap_milp(g, &gaps, budget, false, end) {
-            let on = repair_and_prune(g, &gaps, on, budget, end);
+            // Repairing and pruning may run on past the MILP's share.
+            let on = repair_and_prune(g, &gaps, on, budget, deadline.max(end));
             push(measure(g, gaps.plan(g, &on), "gap-milp"), &mut cands);
         }
     }
@@ -599,9 +609,7 @@ pub fn solve(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ScaleResu
     // not be reported infeasible.
     if !cands.iter().any(|c| c.peak <= budget) && !gaps.list.is_empty() {
         let now = Instant::now();
-        let end = (start + limit.mul_f64(0.95))
-            .min(now + limit.mul_f64(0.2))
-            .max(now + limit.mul_f64(0.05));
+        let end = (start + limit.mul_f64(0.97)).max(now + limit.mul_f64(0.05));
         if let Some(on) = gap_milp(g, &gaps, budget, true, end) {
             let lowest = replay(g, &gaps.plan(g, &on)).map(|r| r.peak_bytes);
             let on = match lowest {
@@ -819,8 +827,16 @@ fn gap_milp(
         for c in cons {
             problem.add_constraint(c);
         }
-        let left = deadline.saturating_duration_since(now);
-        let r = run_cbc(problem, left.mul_f64(0.5), 50_000_000);
+        // Wall time stays within the deadline even if CBC overruns (root LP).
+        let left = deadline.saturating_duration_since(Instant::now());
+        let grace = Duration::from_millis(300);
+        let Some(cbc_limit) = left.checked_sub(grace).map(|l| l.mul_f64(0.85)) else {
+            break;
+        };
+        if cbc_limit < Duration::from_millis(100) {
+            break;
+        }
+        let r = run_cbc(problem, cbc_limit, 50_000_000, grace);
         if r.columns.len() < gaps.list.len() || !r.objective.is_finite() {
             break;
         }
