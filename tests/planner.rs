@@ -5,6 +5,7 @@
 mod common;
 
 use std::path::PathBuf;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use memplan::remat::dag::load_dag;
@@ -12,6 +13,14 @@ use memplan::remat::graph::{replay, RematGraph};
 use memplan::remat::ilp::{solve_checkmate, IlpOptions, IlpStatus};
 use memplan::remat::plan::{plan, PlanReport, Solver};
 use memplan::remat::scale::{memory_floor, stage_lower_bound};
+
+/// CBC is not re-entrant (one solve at a time per process): the tests take turns,
+/// so that one test's time limit is not spent waiting for another's solve.
+static CBC: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    CBC.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 fn dag(name: &str) -> RematGraph {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -51,6 +60,7 @@ fn checked(g: &RematGraph, budget: u64, s: Solver, secs: f64) -> PlanReport {
 
 #[test]
 fn ilp_equals_the_checkmate_optimum_on_vgg16() {
+    let _cbc = serial();
     let g = dag("vgg16_train.json");
     let base = base_peak(&g);
     for f in [0.95, 0.9, 0.85] {
@@ -83,6 +93,7 @@ fn ilp_equals_the_checkmate_optimum_on_vgg16() {
 
 #[test]
 fn ilp_beats_or_ties_the_baselines_on_the_benchmark_graphs() {
+    let _cbc = serial();
     for name in [
         "segnet_train.json",
         "mobilenet_train.json",
@@ -112,6 +123,7 @@ fn ilp_beats_or_ties_the_baselines_on_the_benchmark_graphs() {
 
 #[test]
 fn resnet50_at_80_percent_gets_a_plan_with_a_small_proven_gap() {
+    let _cbc = serial();
     // The shared README: Checkmate's MILP found no schedule in 1 206 s here.
     let g = dag("resnet50_train.json");
     let budget = (base_peak(&g) as f64 * 0.8) as u64;
@@ -128,6 +140,7 @@ fn resnet50_at_80_percent_gets_a_plan_with_a_small_proven_gap() {
 
 #[test]
 fn lowest_peak_is_near_the_op_local_bound_where_that_is_reachable() {
+    let _cbc = serial();
     for name in [
         "vgg16_train.json",
         "vgg19_train.json",
@@ -153,6 +166,7 @@ fn lowest_peak_is_near_the_op_local_bound_where_that_is_reachable() {
 
 #[test]
 fn budgets_below_the_memory_floor_are_infeasible_with_the_floor_reported() {
+    let _cbc = serial();
     // With Adam, the optimizer step (every gradient and both moments live) sets
     // a floor that no recomputation lowers; below it, infeasible, floor reported.
     let model = memplan::onnx::load_model(&common::shipped("mlp.onnx")).unwrap();
