@@ -21,6 +21,7 @@ pub mod gemm;
 pub mod grad;
 pub mod rng;
 pub mod tensor;
+pub mod train;
 
 pub use tensor::{Elems, Tensor};
 

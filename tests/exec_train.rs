@@ -1,0 +1,446 @@
+//! The CPU training step (`memplan::exec::train`) against the memory model and
+//! against finite differences.
+//!
+//! - Baseline (no recomputation): the allocator's measured peak equals the peak of
+//!   `replay` of the same plan and of `simulate` of the schedule, exactly, and the
+//!   live bytes after every instruction equal replay's bookkeeping.
+//! - Gradients: central finite differences of the loss (summed in f64 from the f32
+//!   forward of the same executor) along sparse seeded random directions (3 elements)
+//!   in each parameter, plus one single element of the first and last parameter.
+//!   ε = 1e-3: dense directions or ε = 1e-2 cross ReLU / max-pool kinks and meet the
+//!   curvature of batch-2 BatchNorm (an ε sweep on cnn's conv1 converges on the
+//!   kernel's gradient down to ε ≈ 5e-4, below which f32 noise takes over).
+//!   Tolerance `1e-2·Σ|g·v| + 1e-4·(1 + mean|y|)`. `EXEC_TRAIN_VERBOSE=1` prints
+//!   every check.
+//! - Planned (every droppable value dropped; the greedy planner at a budget halfway
+//!   between the op-local bound and the baseline peak), recomputing forward steps:
+//!   loss, gradients and updated parameters bitwise identical to the baseline's;
+//!   measured peak equal to replay's peak of that plan, live bytes equal after every
+//!   instruction.
+//! - Bad plans (a read of a freed storage) and unsupported schedules (Adam, AMP fp16)
+//!   are rejected with the reason.
+
+mod common;
+
+use memplan::exec::train::{train_step, StepOptions, StepResult};
+use memplan::exec::{random_input, Executor, Options, Tensor};
+use memplan::infer::{infer, Bindings, Inferred};
+use memplan::ir::Model;
+use memplan::memory::simulate;
+use memplan::onnx::load_model;
+use memplan::remat::from_schedule::from_schedule;
+use memplan::remat::graph::{replay, Op, RematGraph};
+use memplan::remat::heuristics::{candidates, greedy, plan_with_drops};
+use memplan::train::{build_schedule, Loss, Optimizer, Precision, Schedule, TrainOptions};
+
+struct Setup {
+    model: Model,
+    inf: Inferred,
+    s: Schedule,
+    g: RematGraph,
+    params: Vec<Option<Tensor>>,
+    inputs: Vec<Tensor>,
+}
+
+fn setup(name: &str, batch: u64) -> Setup {
+    let model = load_model(&common::shipped(&format!("{name}.onnx"))).unwrap();
+    let inf = infer(
+        &model,
+        &Bindings {
+            batch: Some(batch),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let opts = TrainOptions {
+        optimizer: Optimizer::Sgd,
+        precision: Precision::Fp32,
+        loss: Loss::Mean,
+        grads_resident: false,
+    };
+    let s = build_schedule(&model, &inf, &opts).unwrap();
+    let g = from_schedule(&s, name);
+    let params = Executor::new(&model, &inf, Options::default())
+        .unwrap()
+        .params()
+        .to_vec();
+    let inputs = model
+        .graph
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(k, &t)| random_input(&inf.facts[t], 100 + k as u64, 10).unwrap())
+        .collect();
+    Setup {
+        model,
+        inf,
+        s,
+        g,
+        params,
+        inputs,
+    }
+}
+
+fn run(su: &Setup, plan: &[Op], params: &[Option<Tensor>], lr: f32) -> StepResult {
+    train_step(
+        &su.model,
+        &su.inf,
+        &su.s,
+        &su.g,
+        plan,
+        params,
+        &su.inputs,
+        &StepOptions {
+            lr,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+/// Live bytes after each instruction of `plan`, as replay counts them.
+fn replay_live(g: &RematGraph, plan: &[Op]) -> Vec<u64> {
+    let mut live: Vec<bool> = g.values.iter().map(|v| v.fixed).collect();
+    let mut cur: u64 = g.fixed_bytes();
+    let mut out = Vec::new();
+    for op in plan {
+        match *op {
+            Op::Compute(i) => {
+                for &v in &g.nodes[i].outputs {
+                    if !live[v] {
+                        live[v] = true;
+                        cur += g.values[v].bytes;
+                    }
+                }
+            }
+            Op::Free(v) => {
+                if live[v] {
+                    live[v] = false;
+                    cur -= g.values[v].bytes;
+                }
+            }
+        }
+        out.push(cur);
+    }
+    out
+}
+
+fn baseline_peak_matches(name: &str, batch: u64) -> (Setup, StepResult) {
+    let su = setup(name, batch);
+    let plan = su.g.no_recompute_plan();
+    let predicted = replay(&su.g, &plan).unwrap().peak_bytes;
+    let simulated = simulate(&su.s).peak().total();
+    assert_eq!(predicted, simulated, "{name}: replay and simulate agree");
+    let r = run(&su, &plan, &su.params, 0.01);
+    eprintln!(
+        "{name} batch {batch}: measured peak {} B, predicted {} B (simulate {} B), {} steps",
+        r.peak_bytes,
+        predicted,
+        simulated,
+        su.s.steps.len()
+    );
+    assert_eq!(r.peak_bytes, predicted, "{name}: measured = predicted peak");
+    assert_eq!(
+        r.live_after,
+        replay_live(&su.g, &plan),
+        "{name}: live bytes after every instruction"
+    );
+    assert!(r.executions.iter().all(|&e| e == 1));
+    (su, r)
+}
+
+/// Loss with parameter `t` moved by `eps · dir`.
+fn loss_moved(su: &Setup, t: usize, dir: &[f32], eps: f32) -> f64 {
+    let mut p = su.params.clone();
+    let x = p[t].as_ref().unwrap();
+    let v: Vec<f32> = x
+        .to_f32()
+        .unwrap()
+        .iter()
+        .zip(dir)
+        .map(|(&a, &d)| a + eps * d)
+        .collect();
+    p[t] = Some(Tensor::from_f32(x.dtype(), x.shape.clone(), v).unwrap());
+    run(su, &su.g.no_recompute_plan(), &p, 0.0).loss
+}
+
+fn check_gradients(su: &Setup, r: &StepResult) {
+    let name = &su.g.name;
+    let mut rng = 0x1234_5678u64;
+    let mut next = || {
+        rng = rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    };
+    assert!(!su.s.with_grad.is_empty());
+    let mean_abs: f64 =
+        r.output.to_f64s().iter().map(|v| v.abs()).sum::<f64>() / r.output.numel().max(1) as f64;
+    let mut worst: f64 = 0.0;
+    for (k, &t) in su.s.with_grad.iter().enumerate() {
+        let gt = r.grads[k].to_f32().unwrap();
+        let n = gt.len();
+        // Sparse random directions (a few elements): a dense one moves every
+        // pre-activation and crosses ReLU / max-pool kinks within the step.
+        let mut dirs: Vec<Vec<f32>> = Vec::new();
+        for _ in 0..2 {
+            let mut d = vec![0.0; n];
+            for _ in 0..3 {
+                let j = ((next() * 0.5 + 0.5) * n as f32) as usize % n;
+                d[j] = next();
+            }
+            dirs.push(d);
+        }
+        if k == 0 || k + 1 == su.s.with_grad.len() {
+            let mut e = vec![0.0; n];
+            e[n / 2] = 1.0;
+            dirs.push(e);
+        }
+        for dir in dirs {
+            let an: f64 = gt
+                .iter()
+                .zip(&dir)
+                .map(|(&a, &b)| a as f64 * b as f64)
+                .sum();
+            let scale: f64 = gt
+                .iter()
+                .zip(&dir)
+                .map(|(&a, &b)| (a as f64 * b as f64).abs())
+                .sum();
+            let eps = 1e-3f32;
+            let fd =
+                (loss_moved(su, t, &dir, eps) - loss_moved(su, t, &dir, -eps)) / (2.0 * eps as f64);
+            let err = (fd - an).abs();
+            // f32 forward: the loss is the mean of f32 outputs, each rounded to
+            // ~6e-8 relative; divided by 2ε that is ~3e-5 of the mean |output|.
+            let tol = 1e-2 * scale + 1e-4 * (1.0 + mean_abs);
+            assert!(
+                err <= tol,
+                "{name}: parameter {}: finite difference {fd:.6e}, gradient {an:.6e}, tolerance {tol:.2e}",
+                su.model.graph.tensor(t).name
+            );
+            if std::env::var("EXEC_TRAIN_VERBOSE").is_ok() {
+                eprintln!(
+                    "  {}: fd {fd:.6e} an {an:.6e} err {err:.2e} tol {tol:.2e}",
+                    su.model.graph.tensor(t).name
+                );
+            }
+            worst = worst.max(err / (scale + 1e-12));
+        }
+    }
+    eprintln!(
+        "{name}: {} parameters checked, worst relative error {worst:.2e}",
+        su.s.with_grad.len()
+    );
+}
+
+/// Plans that recompute: every droppable value dropped (the most recomputation),
+/// and the greedy planner at a budget halfway between the op-local bound and the
+/// baseline peak.
+fn plans(g: &RematGraph, baseline_peak: u64) -> Vec<(&'static str, Vec<Op>)> {
+    let mut drop_all = vec![false; g.values.len()];
+    for v in candidates(g) {
+        drop_all[v] = true;
+    }
+    let lo = g.op_local_bound();
+    let budget = lo + (baseline_peak.saturating_sub(lo)) / 2;
+    vec![
+        ("drop-all", plan_with_drops(g, &drop_all)),
+        ("greedy", greedy(g, budget).0),
+    ]
+}
+
+fn planned_identical(su: &Setup, base: &StepResult) {
+    for (what, plan) in plans(&su.g, base.peak_bytes) {
+        planned_run(su, base, what, &plan);
+    }
+}
+
+fn planned_run(su: &Setup, base: &StepResult, what: &str, plan: &[Op]) {
+    let name = &su.g.name;
+    let predicted = replay(&su.g, plan).unwrap();
+    let r = run(su, plan, &su.params, 0.01);
+    let recomputed = r.executions.iter().filter(|&&e| e > 1).count();
+    eprintln!(
+        "{name} planned ({what}): measured peak {} B, predicted {} B, baseline {} B, {recomputed} steps recomputed",
+        r.peak_bytes, predicted.peak_bytes, base.peak_bytes
+    );
+    assert!(recomputed > 0, "{name}: the plan recomputes something");
+    assert_eq!(r.peak_bytes, predicted.peak_bytes, "{name}: planned peak");
+    assert_eq!(r.live_after, replay_live(&su.g, plan));
+    assert_eq!(r.loss.to_bits(), base.loss.to_bits(), "{name}: loss");
+    for (k, (a, b)) in r.grads.iter().zip(&base.grads).enumerate() {
+        let (a, b) = (a.to_f32().unwrap(), b.to_f32().unwrap());
+        assert!(
+            a.iter()
+                .zip(b.iter())
+                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{name}: gradient {k} bitwise"
+        );
+    }
+    assert_eq!(r.params, base.params, "{name}: updated parameters");
+}
+
+#[test]
+fn mlp_baseline_peak_gradients_and_plan() {
+    let (su, r) = baseline_peak_matches("mlp", 4);
+    check_gradients(&su, &r);
+    // SGD: p' = p - lr·g.
+    for (k, &t) in su.s.with_grad.iter().enumerate() {
+        let (p0, p1) = (
+            su.params[t]
+                .as_ref()
+                .unwrap()
+                .to_f32()
+                .unwrap()
+                .into_owned(),
+            r.params[t].as_ref().unwrap().to_f32().unwrap().into_owned(),
+        );
+        let g = r.grads[k].to_f32().unwrap();
+        for ((a, b), g) in p0.iter().zip(&p1).zip(g.iter()) {
+            assert_eq!(*b, a - 0.01 * g);
+        }
+    }
+    planned_identical(&su, &r);
+}
+
+#[test]
+fn cnn_baseline_peak_gradients_and_plan() {
+    let (su, r) = baseline_peak_matches("cnn", 2);
+    check_gradients(&su, &r);
+    planned_identical(&su, &r);
+}
+
+#[test]
+fn bad_plans_and_schedules_are_rejected() {
+    let su = setup("mlp", 2);
+    let plan = su.g.no_recompute_plan();
+    // Free the first value a backward step reads right after it is made.
+    let (_, v) =
+        su.g.nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.backward)
+            .find_map(|(i, n)| {
+                n.inputs
+                    .iter()
+                    .find(|&&v| !su.g.values[v].fixed && !su.g.values[v].held)
+                    .map(|&v| (i, v))
+            })
+            .unwrap();
+    let p = su.g.values[v].producer.unwrap();
+    let mut bad: Vec<Op> = plan.clone();
+    let at = bad.iter().position(|o| *o == Op::Compute(p)).unwrap();
+    bad.insert(at + 1, Op::Free(v));
+    let err = train_step(
+        &su.model,
+        &su.inf,
+        &su.s,
+        &su.g,
+        &bad,
+        &su.params,
+        &su.inputs,
+        &StepOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("not live"), "{err}");
+    assert!(err.contains(&su.g.values[v].name), "{err}");
+    // Adam's state and temporaries are not run.
+    for o in [
+        TrainOptions {
+            optimizer: Optimizer::Adam,
+            precision: Precision::Fp32,
+            loss: Loss::Mean,
+            grads_resident: false,
+        },
+        TrainOptions {
+            optimizer: Optimizer::Sgd,
+            precision: Precision::AmpFp16,
+            loss: Loss::Mean,
+            grads_resident: false,
+        },
+    ] {
+        let s = build_schedule(&su.model, &su.inf, &o).unwrap();
+        let g = from_schedule(&s, "mlp");
+        let err = train_step(
+            &su.model,
+            &su.inf,
+            &s,
+            &g,
+            &g.no_recompute_plan(),
+            &su.params,
+            &su.inputs,
+            &StepOptions::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("only"), "{err}");
+    }
+}
+
+/// The larger models of models/ without fused patterns, at batch 1: baseline peak
+/// exact, planned runs bitwise identical (release build: about a minute). Run with
+/// `cargo test --release --test exec_train -- --ignored`; `EXEC_TRAIN_MODELS=a,b`
+/// picks models. Not yet runnable: bert_base, transformer (the exact-GELU fusion),
+/// vit_b_16 (the SDPA fusion): their fused backward kernels are missing.
+#[test]
+#[ignore]
+fn larger_models_baseline_and_planned() {
+    let only = std::env::var("EXEC_TRAIN_MODELS").ok();
+    let all = "resnet18,resnet18_dynamo,mobilenet_v2,resnet50,gpt2,gpt2_dynamo".to_string();
+    for name in only.as_ref().unwrap_or(&all).split(',') {
+        let t0 = std::time::Instant::now();
+        let (su, r) = baseline_peak_matches(name, 1);
+        planned_identical(&su, &r);
+        eprintln!("{name}: {:.1}s", t0.elapsed().as_secs_f64());
+    }
+}
+
+/// `Loss::Sum`: the loss's gradient is one scalar storage (expanded as a view); the
+/// peak still matches, and every gradient is the mean loss's times the output size
+/// (up to f32 rounding: 1/40 is not exact).
+#[test]
+fn sum_loss() {
+    let mean = setup("mlp", 4);
+    let base = run(&mean, &mean.g.no_recompute_plan(), &mean.params, 0.0);
+    let o = TrainOptions {
+        optimizer: Optimizer::Sgd,
+        precision: Precision::Fp32,
+        loss: Loss::Sum,
+        grads_resident: false,
+    };
+    let s = build_schedule(&mean.model, &mean.inf, &o).unwrap();
+    let g = from_schedule(&s, "mlp");
+    let plan = g.no_recompute_plan();
+    let r = train_step(
+        &mean.model,
+        &mean.inf,
+        &s,
+        &g,
+        &plan,
+        &mean.params,
+        &mean.inputs,
+        &StepOptions {
+            lr: 0.0,
+            loss: Loss::Sum,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(r.peak_bytes, replay(&g, &plan).unwrap().peak_bytes);
+    assert_eq!(r.peak_bytes, simulate(&s).peak().total());
+    let n = base.output.numel() as f32;
+    for (a, b) in r.grads.iter().zip(&base.grads) {
+        let (a, b) = (a.to_f32().unwrap(), b.to_f32().unwrap());
+        for (x, y) in a.iter().zip(b.iter()) {
+            assert!(
+                (x - y * n).abs() <= 1e-5 * (y * n).abs() + 1e-7,
+                "{x} vs {}",
+                y * n
+            );
+        }
+    }
+}
