@@ -461,6 +461,27 @@ pub fn train_step(
 }
 
 /// Runs the forward kernel of `node` on the values at hand.
+/// A node's op rules and the context they take (input facts from inference).
+fn rule_cx<'a>(
+    model: &'a Model,
+    inf: &'a Inferred,
+    node: &'a crate::ir::Node,
+) -> std::result::Result<(&'static dyn crate::ops::Op, crate::ops::Cx<'a>), String> {
+    let op = registry()
+        .get(&node.domain, &node.op_type)
+        .ok_or("unsupported op")?;
+    let cx = crate::ops::Cx {
+        node,
+        inputs: node
+            .inputs
+            .iter()
+            .map(|t| t.map(|t| &inf.facts[t]))
+            .collect(),
+        opset: model.opset(),
+    };
+    Ok((op, cx))
+}
+
 fn forward_kernel(
     model: &Model,
     inf: &Inferred,
@@ -542,18 +563,7 @@ fn ensure_value(
     // squeeze, unsqueeze, identity) is its source reshaped to the inferred shape:
     // its other inputs (shape tensors, perhaps freed since) are not needed.
     if let (Some(src), [Some(_)]) = (src, node.outputs.as_slice()) {
-        let op = registry()
-            .get(&node.domain, &node.op_type)
-            .ok_or("unsupported op")?;
-        let cx = crate::ops::Cx {
-            node,
-            inputs: node
-                .inputs
-                .iter()
-                .map(|t| t.map(|t| &inf.facts[t]))
-                .collect(),
-            opset: model.opset(),
-        };
+        let (op, cx) = rule_cx(model, inf, node)?;
         let keeps_order = matches!(
             op.storage(&cx),
             crate::ops::Storage::View | crate::ops::Storage::Reshape
@@ -644,18 +654,7 @@ fn backward_step(
     let step = &s.steps[i];
     let ix = step.node.expect("backward of a node");
     let node = gr.node(ix);
-    let op = registry()
-        .get(&node.domain, &node.op_type)
-        .ok_or("unsupported op")?;
-    let cx = crate::ops::Cx {
-        node,
-        inputs: node
-            .inputs
-            .iter()
-            .map(|t| t.map(|t| &inf.facts[t]))
-            .collect(),
-        opset: model.opset(),
-    };
+    let (op, cx) = rule_cx(model, inf, node)?;
     let outs: Vec<crate::ops::Fact> = node
         .outputs
         .iter()

@@ -7,7 +7,7 @@ use super::graph::{replay, NodeId, Op, RematGraph, ValueId};
 
 /// Whether the graph distinguishes forward from backward nodes. Graphs without
 /// phases (the random layered benchmarks) drop a value between any two distant uses.
-fn has_phases(g: &RematGraph) -> bool {
+pub(super) fn has_phases(g: &RematGraph) -> bool {
     g.nodes.iter().any(|n| n.backward)
 }
 
@@ -52,26 +52,11 @@ pub fn plan_with_drops(g: &RematGraph, dropped: &[bool]) -> Vec<Op> {
         let k = rs.partition_point(|&r| r <= i);
         rs.get(k).copied()
     };
-    fn ensure(g: &RematGraph, v: ValueId, live: &mut [bool], plan: &mut Vec<Op>, depth: usize) {
-        if live[v] || depth > g.nodes.len() {
-            return;
-        }
-        let Some(p) = g.values[v].producer else {
-            return;
-        };
-        for &u in &g.nodes[p].inputs {
-            ensure(g, u, live, plan, depth + 1);
-        }
-        plan.push(Op::Compute(p));
-        for &o in &g.nodes[p].outputs {
-            live[o] = true;
-        }
-    }
     for i in 0..n {
         let node = &g.nodes[i];
         let before = plan.len();
         for &u in &node.inputs {
-            ensure(g, u, &mut live, &mut plan, 0);
+            ensure(g, u, &mut live, &mut plan);
         }
         plan.push(Op::Compute(i));
         for &o in &node.outputs {
@@ -105,6 +90,27 @@ pub fn plan_with_drops(g: &RematGraph, dropped: &[bool]) -> Vec<Op> {
         }
     }
     plan
+}
+
+/// Makes value `v` live by computing its writer after (recursively) its writer's
+/// inputs, appending the computes to `plan`. Fixed values are always live.
+pub(super) fn ensure(g: &RematGraph, v: ValueId, live: &mut [bool], plan: &mut Vec<Op>) {
+    fn go(g: &RematGraph, v: ValueId, live: &mut [bool], plan: &mut Vec<Op>, depth: usize) {
+        if live[v] || depth > g.nodes.len() {
+            return;
+        }
+        let Some(p) = g.values[v].producer else {
+            return;
+        };
+        for &u in &g.nodes[p].inputs {
+            go(g, u, live, plan, depth + 1);
+        }
+        plan.push(Op::Compute(p));
+        for &o in &g.nodes[p].outputs {
+            live[o] = true;
+        }
+    }
+    go(g, v, live, plan, 0);
 }
 
 /// Drops everything `sqrt` would: all candidates except tensors that cross one of

@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 use good_lp::{coin_cbc, variable, Expression, ProblemVariables, SolverModel, Variable};
 
 use super::graph::{replay, NodeId, Op, RematGraph, ValueId};
-use super::heuristics::{greedy_drops_until, plan_with_drops, sqrt_drops};
+use super::heuristics::{ensure, greedy_drops_until, has_phases, plan_with_drops, sqrt_drops};
 use super::ilp::{run_cbc, solve_checkmate, IlpOptions, GRACE};
 use crate::error::Result;
 
@@ -184,7 +184,7 @@ impl Gaps {
     /// graphs with phases the one from the last forward use to the first backward
     /// one, else every gap.
     fn gaps_of_drops(&self, g: &RematGraph, dropped: &[bool]) -> Vec<bool> {
-        let phases = g.nodes.iter().any(|x| x.backward);
+        let phases = has_phases(g);
         let first_bw = g
             .nodes
             .iter()
@@ -235,27 +235,12 @@ impl Gaps {
         let n = g.nodes.len();
         let mut live: Vec<bool> = g.values.iter().map(|v| v.fixed).collect();
         let mut plan = Vec::with_capacity(n * 2);
-        fn ensure(g: &RematGraph, v: ValueId, live: &mut [bool], plan: &mut Vec<Op>, depth: usize) {
-            if live[v] || depth > g.nodes.len() {
-                return;
-            }
-            let Some(p) = g.values[v].producer else {
-                return;
-            };
-            for &u in &g.nodes[p].inputs {
-                ensure(g, u, live, plan, depth + 1);
-            }
-            plan.push(Op::Compute(p));
-            for &o in &g.nodes[p].outputs {
-                live[o] = true;
-            }
-        }
         let mut touched = Vec::new();
         for i in 0..n {
             let node = &g.nodes[i];
             let before = plan.len();
             for &u in &node.inputs {
-                ensure(g, u, &mut live, &mut plan, 0);
+                ensure(g, u, &mut live, &mut plan);
             }
             if plan.len() > before + 1 {
                 self.free_early(g, i, before, &mut plan, &mut live);
