@@ -63,6 +63,12 @@ pub enum Error {
     /// that cannot be read back.
     #[error("memplan rewrite: {0}")]
     Rewrite(String),
+    /// A plan.json that cannot be read, or that does not fit the step it is used for.
+    #[error("{0}")]
+    Plan(String),
+    /// A run that would not fit the memory it may use (`verify --max-memory`).
+    #[error("{0}")]
+    Memory(String),
 }
 
 impl Error {

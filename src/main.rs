@@ -116,6 +116,50 @@ enum Command {
         #[command(flatten)]
         training: TrainArgs,
     },
+    /// Run the training step on the CPU, without recomputation and following a plan,
+    /// and compare: measured peak against predicted, gradients bit for bit, time.
+    Verify {
+        /// The ONNX file.
+        model: PathBuf,
+        /// Batch size.
+        #[arg(long)]
+        batch: Option<u64>,
+        /// Binds another named dimension (repeatable).
+        #[arg(long = "dim", value_name = "NAME=VALUE")]
+        dims: Vec<String>,
+        /// A plan written by `memplan plan -o` for this model, batch and options.
+        #[arg(long, value_name = "plan.json", conflicts_with = "budget")]
+        plan: Option<PathBuf>,
+        /// Plan now under this budget: a size (`8GiB`) or, below 1, a fraction of the
+        /// no-recompute peak.
+        #[arg(long, required_unless_present = "plan")]
+        budget: Option<String>,
+        /// Planner (with --budget).
+        #[arg(long, value_enum, default_value_t = Solver::Ilp)]
+        solver: Solver,
+        /// Planner time limit in seconds (with --budget).
+        #[arg(long, default_value_t = 10.0)]
+        time_limit: f64,
+        /// Refuse to run when the predicted peak exceeds this (default: the machine's
+        /// available memory).
+        #[arg(long, value_name = "SIZE")]
+        max_memory: Option<String>,
+        /// Runs of each step; times are the fastest run.
+        #[arg(long, default_value_t = 1)]
+        runs: usize,
+        /// Write the baseline run's measured seconds per node (what `plan --costs`
+        /// reads).
+        #[arg(long, value_name = "costs.json")]
+        write_costs: Option<PathBuf>,
+        /// SGD learning rate.
+        #[arg(long, default_value_t = 0.01)]
+        lr: f32,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        training: TrainArgs,
+    },
     /// Compare planners: one row per graph, budget and solver.
     Bench {
         /// ONNX models (training step at --batch) and/or benchmark DAGs (.json).
@@ -296,6 +340,37 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             extras,
             training,
         ),
+        Command::Verify {
+            model,
+            batch,
+            dims,
+            plan,
+            budget,
+            solver,
+            time_limit,
+            max_memory,
+            runs,
+            write_costs,
+            lr,
+            json,
+            training,
+        } => run_verify(
+            VerifyArgs {
+                model,
+                batch,
+                dims,
+                plan,
+                budget,
+                solver,
+                time_limit,
+                max_memory,
+                runs,
+                write_costs,
+                lr,
+            },
+            json,
+            training,
+        ),
         Command::Bench {
             graphs,
             budgets,
@@ -464,17 +539,34 @@ fn run_plan(
     let r = plan(&g, budget_bytes, solver, time_limit).with_context(|| path.clone())?;
     let modules = recomputed_modules(&g, &r.plan);
     if let Some(out) = output {
-        let doc = serde_json::json!({
-            "format": "memplan-plan",
-            "version": 1,
-            "graph": g,
-            "budget_bytes": r.budget_bytes,
-            "predicted_peak_bytes": r.peak_bytes,
-            "solver": r.solver,
-            "cost_unit": unit,
-            "plan": r.plan,
-        });
-        std::fs::write(&out, serde_json::to_vec(&doc)?)
+        use memplan::remat::planfile::{PlanFile, StepSource, FORMAT, VERSION};
+        let step = match &model_path {
+            Some(m) => Some(StepSource::new(
+                m,
+                batch,
+                &parse_dims(dims)?,
+                &training.options(),
+            )),
+            None => None,
+        };
+        let doc = PlanFile {
+            format: FORMAT.into(),
+            version: VERSION,
+            graph: g.clone(),
+            budget_bytes: r.budget_bytes,
+            predicted_peak_bytes: r.peak_bytes,
+            solver: serde_json::json!(r.solver)
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            cost_unit: serde_json::json!(unit)
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            plan: r.plan.clone(),
+            step,
+        };
+        std::fs::write(&out, doc.to_json())
             .with_context(|| format!("cannot write {}", out.display()))?;
     }
     if let (Some(out), Some(m)) = (&rewrite, &model_path) {
@@ -533,6 +625,107 @@ fn run_plan(
     );
     if !modules.is_empty() {
         println!("modules to checkpoint: {}", modules.join(", "));
+    }
+    Ok(())
+}
+
+/// `verify`'s arguments.
+struct VerifyArgs {
+    model: PathBuf,
+    batch: Option<u64>,
+    dims: Vec<String>,
+    plan: Option<PathBuf>,
+    budget: Option<String>,
+    solver: Solver,
+    time_limit: f64,
+    max_memory: Option<String>,
+    runs: usize,
+    write_costs: Option<PathBuf>,
+    lr: f32,
+}
+
+fn run_verify(a: VerifyArgs, json: bool, training: TrainArgs) -> anyhow::Result<()> {
+    use memplan::exec::verify::{available_memory, verify, PlanSource, VerifyOptions};
+    use memplan::remat::planfile::{PlanFile, StepSource};
+    if !(a.time_limit > 0.0 && a.time_limit <= 86400.0) {
+        bail!("--time-limit must be between 0 and 86400 seconds");
+    }
+    if a.runs == 0 || a.runs > 1000 {
+        bail!("--runs must be between 1 and 1000");
+    }
+    if !(a.lr.is_finite() && a.lr >= 0.0) {
+        bail!("--lr must be a finite number >= 0");
+    }
+    let max_memory = match &a.max_memory {
+        Some(m) => memplan::fit::parse_memory(m)
+            .map_err(|e| anyhow::anyhow!(e.replace("--memory", "--max-memory")))?,
+        None => available_memory().unwrap_or(u64::MAX),
+    };
+    // The plan file is read (format, version) before the model is loaded.
+    let file = a.plan.as_ref().map(|p| PlanFile::read(p)).transpose()?;
+    let path = a.model.display().to_string();
+    let dims = parse_dims(&a.dims)?;
+    let m = load_model(&a.model).with_context(|| path.clone())?;
+    let inf = infer(
+        &m,
+        &Bindings {
+            batch: a.batch,
+            dims: dims.clone(),
+        },
+    )
+    .with_context(|| path.clone())?;
+    let opts = training.options();
+    let source = StepSource::new(&a.model, a.batch, &dims, &opts);
+    let plan_source = match (file, &a.budget) {
+        (Some(f), _) => PlanSource::File(Box::new(f)),
+        (None, Some(b)) => {
+            // The budget's fraction is of the no-recompute peak.
+            let sched = build_schedule(&m, &inf, &opts).with_context(|| path.clone())?;
+            let g = from_schedule(&sched, &path);
+            let baseline = memplan::remat::graph::replay(&g, &g.no_recompute_plan())
+                .map_err(|e| anyhow::anyhow!("{path}: {e}"))?
+                .peak_bytes;
+            PlanSource::Budget {
+                bytes: parse_budget(b, baseline)?,
+                solver: a.solver,
+                time_limit_s: a.time_limit,
+            }
+        }
+        (None, None) => bail!("give --plan FILE or --budget B"),
+    };
+    let step = memplan::exec::train::StepOptions {
+        lr: a.lr,
+        loss: opts.loss,
+        ..Default::default()
+    };
+    let v = verify(
+        &m,
+        &inf,
+        &source,
+        &plan_source,
+        &VerifyOptions {
+            train: opts,
+            step,
+            runs: a.runs,
+            max_memory,
+        },
+    )
+    .with_context(|| path.clone())?;
+    if let Some(out) = &a.write_costs {
+        std::fs::write(out, serde_json::to_vec_pretty(&v.costs)?)
+            .with_context(|| format!("cannot write {}", out.display()))?;
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&v.report)?);
+    } else {
+        print!("{}", v.report.to_text());
+    }
+    let r = &v.report;
+    if r.measured_peak_bytes != r.predicted_peak_bytes
+        || r.baseline_measured_peak_bytes != r.baseline_predicted_peak_bytes
+        || !r.gradients_identical
+    {
+        bail!("verification failed: measured and predicted differ (see the report)");
     }
     Ok(())
 }

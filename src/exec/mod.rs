@@ -22,6 +22,7 @@ pub mod grad;
 pub mod rng;
 pub mod tensor;
 pub mod train;
+pub mod verify;
 
 pub use tensor::{Elems, Tensor};
 

@@ -133,6 +133,12 @@ pub struct StepResult {
     pub live_after: Vec<u64>,
     /// Executions of each step (more than one: recomputed).
     pub executions: Vec<usize>,
+    /// Wall seconds of each step's first execution (its kernels and bookkeeping).
+    pub step_seconds: Vec<f64>,
+    /// Wall seconds of every execution after a step's first (the recomputation).
+    pub recompute_seconds: f64,
+    /// Wall seconds of the whole step.
+    pub seconds: f64,
 }
 
 /// Runs one training step of `model` following `plan` over `g` (made from `s` by
@@ -230,6 +236,9 @@ pub fn train_step(
     let mut executions = vec![0usize; s.steps.len()];
     let mut live_after = Vec::with_capacity(plan.len());
     let mut loss_f64 = 0.0;
+    let mut step_seconds = vec![0.0; s.steps.len()];
+    let mut recompute_seconds = 0.0;
+    let t_start = std::time::Instant::now();
 
     for (k, op) in plan.iter().enumerate() {
         match *op {
@@ -256,6 +265,7 @@ pub fn train_step(
                 }
             }
             PlanOp::Compute(i) => {
+                let t0 = std::time::Instant::now();
                 let step = s
                     .steps
                     .get(i)
@@ -426,6 +436,12 @@ pub fn train_step(
                         }
                     }
                 }
+                let dt = t0.elapsed().as_secs_f64();
+                if executions[i] == 1 {
+                    step_seconds[i] = dt;
+                } else {
+                    recompute_seconds += dt;
+                }
             }
         }
         live_after.push(alloc.current);
@@ -457,6 +473,9 @@ pub fn train_step(
         peak_bytes: alloc.peak,
         live_after,
         executions,
+        step_seconds,
+        recompute_seconds,
+        seconds: t_start.elapsed().as_secs_f64(),
     })
 }
 

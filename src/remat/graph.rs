@@ -8,7 +8,7 @@
 //! A plan is a sequence of [`Op`]s: compute a node (allocating the values it writes
 //! that are not live), or free a value. [`replay`] checks a plan and measures it.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Index of a node.
 pub type NodeId = usize;
@@ -16,7 +16,7 @@ pub type NodeId = usize;
 pub type ValueId = usize;
 
 /// A computation.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RNode {
     /// Name (the ONNX node name and phase, or the benchmark's node name).
     pub name: String,
@@ -34,7 +34,7 @@ pub struct RNode {
 }
 
 /// A value (an allocation).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RValue {
     /// Name.
     pub name: String,
@@ -49,7 +49,7 @@ pub struct RValue {
 }
 
 /// The problem.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RematGraph {
     /// Name of the graph.
     pub name: String,
@@ -60,7 +60,7 @@ pub struct RematGraph {
 }
 
 /// One instruction of a plan.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", content = "id", rename_all = "snake_case")]
 pub enum Op {
     /// Execute a node.
@@ -70,7 +70,7 @@ pub enum Op {
 }
 
 /// What replaying a plan measured.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Replayed {
     /// Peak bytes (fixed values included).
     pub peak_bytes: u64,

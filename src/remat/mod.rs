@@ -10,6 +10,7 @@ pub mod heuristics;
 pub mod ilp;
 pub mod pareto;
 pub mod plan;
+pub mod planfile;
 pub mod rewrite;
 pub mod scale;
 pub mod sqrt;

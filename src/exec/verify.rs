@@ -1,0 +1,408 @@
+//! `memplan verify`: runs the training step twice on the CPU, following the
+//! no-recompute schedule and following a plan, and compares them: measured peak
+//! against predicted peak (each run's allocator against `replay` of its plan), and
+//! the planned run's gradients against the baseline's, bit for bit.
+//!
+//! Everything that can be refused is refused before anything runs: a plan.json
+//! that does not fit the step (see [`crate::remat::planfile`]), a budget no plan
+//! meets, and a run whose predicted peak exceeds the memory it may use
+//! (`--max-memory`, by default the machine's available memory). The predicted need
+//! is the larger of the two runs' peaks: the bytes the allocator counts, i.e. every
+//! tensor the step holds, in the schedule's storages. The CPU executor also keeps the
+//! initial parameters (to start both runs from the same values) and makes
+//! uncounted copies for views; those are the executor's own, not the step's.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::train::{train_step, StepOptions, StepResult};
+use super::{random_input, Executor, Options, Tensor};
+use crate::error::{Error, Result};
+use crate::infer::Inferred;
+use crate::ir::Model;
+use crate::remat::from_schedule::from_schedule;
+use crate::remat::graph::{replay, Op, RematGraph};
+use crate::remat::plan::{plan, Solver};
+use crate::remat::planfile::{PlanFile, StepSource};
+use crate::train::{build_schedule, TrainOptions};
+
+/// Where the planned run's plan comes from.
+#[derive(Debug, Clone)]
+pub enum PlanSource {
+    /// A plan.json (checked against the step first).
+    File(Box<PlanFile>),
+    /// Plan now, under this budget.
+    Budget {
+        /// Budget in bytes.
+        bytes: u64,
+        /// Planner.
+        solver: Solver,
+        /// Planner time limit, seconds.
+        time_limit_s: f64,
+    },
+}
+
+/// Options of `verify`.
+#[derive(Debug, Clone)]
+pub struct VerifyOptions {
+    /// The training step.
+    pub train: TrainOptions,
+    /// The executor's step options (learning rate, dropout seed...).
+    pub step: StepOptions,
+    /// Runs of each step; the reported seconds are the fastest.
+    pub runs: usize,
+    /// Refuse to run when the predicted peak exceeds this many bytes.
+    pub max_memory: u64,
+}
+
+/// The `verify --json` object (keys are stable).
+#[derive(Debug, Clone, Serialize)]
+pub struct VerifyReport {
+    /// The model file.
+    pub model: String,
+    /// Batch size given (`None`: the model's own).
+    pub batch: Option<u64>,
+    /// Predicted peak of the planned step (replay of the plan).
+    pub predicted_peak_bytes: u64,
+    /// Peak the allocator measured running the plan.
+    pub measured_peak_bytes: u64,
+    /// Predicted peak of the no-recompute step.
+    pub baseline_predicted_peak_bytes: u64,
+    /// Peak the allocator measured running the no-recompute step.
+    pub baseline_measured_peak_bytes: u64,
+    /// Every gradient of the planned run equals the baseline's bit for bit.
+    pub gradients_identical: bool,
+    /// Largest absolute difference between planned and baseline gradients.
+    pub max_abs_grad_diff: f64,
+    /// Wall seconds of the baseline step (fastest of `runs`).
+    pub baseline_seconds: f64,
+    /// Wall seconds of the planned step (fastest of `runs`).
+    pub planned_seconds: f64,
+    /// `planned_seconds / baseline_seconds - 1`.
+    pub measured_overhead: f64,
+    /// The planner's predicted overhead (recomputed cost / step cost, in the plan's
+    /// cost unit: FLOPs unless the plan was made with measured costs).
+    pub predicted_overhead: f64,
+    /// Seconds the planned run spent recomputing (executions after a step's first),
+    /// over `baseline_seconds`: the overhead measured inside the run, free of the
+    /// noise between two runs.
+    pub measured_recompute_overhead: f64,
+    /// Floating-point operations of the no-recompute step (multiply-add = 2).
+    pub baseline_flops: f64,
+    /// `baseline_flops / baseline_seconds / 1e9`.
+    pub baseline_gflops_per_second: f64,
+    /// Loss (f64 sum of the f32 output) of both runs, equal when identical.
+    pub loss: f64,
+    /// The planned run's loss and updated parameters equal the baseline's bit for bit.
+    pub updated_params_identical: bool,
+    /// Budget of the plan.
+    pub budget_bytes: u64,
+    /// Where the plan came from: `file` or the planner's method (`ilp:gap-milp`...).
+    pub plan_source: String,
+    /// Forward steps the plan recomputes (executions beyond the first, counted).
+    pub recomputations: usize,
+    /// The step (schedule node name) at which the planned run's peak was measured.
+    pub measured_peak_step: String,
+    /// Runs of each step.
+    pub runs: usize,
+}
+
+/// A model's training step, built and mapped onto the rematerialization graph.
+pub struct Step<'a> {
+    model: &'a Model,
+    inf: &'a Inferred,
+    schedule: crate::train::Schedule,
+    graph: RematGraph,
+}
+
+impl<'a> Step<'a> {
+    /// Builds the step of `model` (inferred as `inf`) with `train` options.
+    pub fn new(
+        model: &'a Model,
+        inf: &'a Inferred,
+        train: &TrainOptions,
+        name: &str,
+    ) -> Result<Self> {
+        let schedule = build_schedule(model, inf, train)?;
+        let graph = from_schedule(&schedule, name);
+        Ok(Step {
+            model,
+            inf,
+            schedule,
+            graph,
+        })
+    }
+
+    /// The rematerialization graph (node i = schedule step i).
+    pub fn graph(&self) -> &RematGraph {
+        &self.graph
+    }
+
+    /// Runs the step once following `plan`.
+    pub fn run(
+        &self,
+        plan: &[Op],
+        params: &[Option<Tensor>],
+        inputs: &[Tensor],
+        opts: &StepOptions,
+    ) -> Result<StepResult> {
+        train_step(
+            self.model,
+            self.inf,
+            &self.schedule,
+            &self.graph,
+            plan,
+            params,
+            inputs,
+            opts,
+        )
+    }
+}
+
+/// The machine's available memory (Linux `MemAvailable`), if known.
+pub fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Seeded inputs for every graph input (integers in `[0, 10)`, valid token ids
+/// for every model's vocabulary).
+pub fn seeded_inputs(model: &Model, inf: &Inferred) -> Result<Vec<Tensor>> {
+    model
+        .graph
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(k, &t)| {
+            random_input(&inf.facts[t], 100 + k as u64, 10)
+                .map_err(|e| Error::Binding(format!("input '{}': {e}", model.graph.tensor(t).name)))
+        })
+        .collect()
+}
+
+/// Runs `runs` times; the result of the fastest run.
+fn fastest(
+    step: &Step,
+    plan: &[Op],
+    params: &[Option<Tensor>],
+    inputs: &[Tensor],
+    opts: &StepOptions,
+    runs: usize,
+) -> Result<StepResult> {
+    let mut best: Option<StepResult> = None;
+    for _ in 0..runs.max(1) {
+        let r = step.run(plan, params, inputs, opts)?;
+        if best.as_ref().is_none_or(|b| r.seconds < b.seconds) {
+            best = Some(r);
+        }
+    }
+    Ok(best.expect("ran at least once"))
+}
+
+/// Bitwise equality and the largest absolute difference of two tensor lists.
+fn compare(a: &[Tensor], b: &[Tensor]) -> (bool, f64) {
+    let mut same = a.len() == b.len();
+    let mut max = 0.0f64;
+    for (x, y) in a.iter().zip(b) {
+        let (x, y) = (x.to_f64s(), y.to_f64s());
+        same &= x.len() == y.len();
+        for (p, q) in x.iter().zip(&y) {
+            same &= p.to_bits() == q.to_bits();
+            let d = (p - q).abs();
+            if d > max || d.is_nan() {
+                max = if d.is_nan() { f64::INFINITY } else { d };
+            }
+        }
+    }
+    (same, max)
+}
+
+/// What `verify` measured, and the baseline run's per-step seconds (for
+/// `--write-costs`: node name → seconds, as `plan --costs` reads).
+pub struct Verified {
+    /// The report.
+    pub report: VerifyReport,
+    /// Node name → seconds of its execution in the fastest baseline run.
+    pub costs: BTreeMap<String, f64>,
+}
+
+/// Verifies the step of `model` (inferred as `inf`, from `source`) against `plan`.
+pub fn verify(
+    model: &Model,
+    inf: &Inferred,
+    source: &StepSource,
+    plan_source: &PlanSource,
+    o: &VerifyOptions,
+) -> Result<Verified> {
+    let step = Step::new(model, inf, &o.train, &source.model)?;
+    let g = step.graph();
+    let base_plan = g.no_recompute_plan();
+    let base = replay(g, &base_plan).map_err(Error::Graph)?;
+    let (planned, predicted, budget, from, predicted_overhead) = match plan_source {
+        PlanSource::File(f) => {
+            let peak = f.check_against(g, source)?;
+            let cost = replay(g, &f.plan).map_err(Error::Plan)?.recompute_cost;
+            (
+                f.plan.clone(),
+                peak,
+                f.budget_bytes,
+                "file".to_string(),
+                cost / g.base_cost().max(f64::MIN_POSITIVE),
+            )
+        }
+        PlanSource::Budget {
+            bytes,
+            solver,
+            time_limit_s,
+        } => {
+            let r = plan(g, *bytes, *solver, *time_limit_s)?;
+            if !r.feasible {
+                return Err(Error::Plan(format!(
+                    "no plan fits the budget of {}: the lowest peak found is {} (no recompute: {})",
+                    crate::report::human_bytes(*bytes),
+                    crate::report::human_bytes(r.min_feasible_bytes),
+                    crate::report::human_bytes(r.baseline_peak_bytes)
+                )));
+            }
+            (r.plan, r.peak_bytes, *bytes, r.method, r.overhead)
+        }
+    };
+    let need = base.peak_bytes.max(predicted);
+    if need > o.max_memory {
+        return Err(Error::Memory(format!(
+            "the step needs {} (predicted peak, {} bytes), more than the {} it may use (--max-memory)",
+            crate::report::human_bytes(need),
+            need,
+            crate::report::human_bytes(o.max_memory)
+        )));
+    }
+    let params = Executor::new(
+        model,
+        inf,
+        Options {
+            seed: o.step.seed,
+            dropout: o.step.dropout,
+        },
+    )?
+    .params()
+    .to_vec();
+    let inputs = seeded_inputs(model, inf)?;
+    let b = fastest(&step, &base_plan, &params, &inputs, &o.step, o.runs)?;
+    let p = fastest(&step, &planned, &params, &inputs, &o.step, o.runs)?;
+    let (gradients_identical, max_abs_grad_diff) = compare(&p.grads, &b.grads);
+    let (pa, pb): (Vec<Tensor>, Vec<Tensor>) = p
+        .params
+        .iter()
+        .zip(&b.params)
+        .filter_map(|(x, y)| Some((x.clone()?, y.clone()?)))
+        .unzip();
+    let (params_same, _) = compare(&pa, &pb);
+    let peak_at = p
+        .live_after
+        .iter()
+        .position(|&l| l == p.peak_bytes)
+        .unwrap_or(0);
+    let peak_step = match planned.get(peak_at) {
+        Some(Op::Compute(i)) => g.nodes[*i].name.clone(),
+        Some(Op::Free(v)) => format!("free {}", g.values[*v].name),
+        None => String::new(),
+    };
+    let base_flops = g.base_cost();
+    let costs = g
+        .nodes
+        .iter()
+        .zip(&b.step_seconds)
+        .map(|(n, &s)| (n.name.clone(), s))
+        .collect();
+    let report = VerifyReport {
+        model: source.model.clone(),
+        batch: source.batch,
+        predicted_peak_bytes: predicted,
+        measured_peak_bytes: p.peak_bytes,
+        baseline_predicted_peak_bytes: base.peak_bytes,
+        baseline_measured_peak_bytes: b.peak_bytes,
+        gradients_identical,
+        max_abs_grad_diff,
+        baseline_seconds: b.seconds,
+        planned_seconds: p.seconds,
+        measured_overhead: p.seconds / b.seconds.max(f64::MIN_POSITIVE) - 1.0,
+        predicted_overhead,
+        measured_recompute_overhead: p.recompute_seconds / b.seconds.max(f64::MIN_POSITIVE),
+        baseline_flops: base_flops,
+        baseline_gflops_per_second: base_flops / b.seconds.max(f64::MIN_POSITIVE) / 1e9,
+        loss: b.loss,
+        updated_params_identical: params_same && p.loss.to_bits() == b.loss.to_bits(),
+        budget_bytes: budget,
+        plan_source: from,
+        recomputations: p.executions.iter().map(|&e| e.saturating_sub(1)).sum(),
+        measured_peak_step: peak_step,
+        runs: o.runs.max(1),
+    };
+    Ok(Verified { report, costs })
+}
+
+impl VerifyReport {
+    /// The human-readable report.
+    pub fn to_text(&self) -> String {
+        use crate::report::human_bytes;
+        let mark = |a: u64, b: u64| {
+            if a == b {
+                "equal".to_string()
+            } else {
+                format!("DIFFERENT by {} bytes", a as i128 - b as i128)
+            }
+        };
+        let mut s = String::new();
+        s.push_str(&format!(
+            "model        {} (batch {})\n",
+            self.model,
+            self.batch.map_or("as exported".into(), |b| b.to_string())
+        ));
+        s.push_str(&format!(
+            "plan         {} (budget {}), {} recomputations\n",
+            self.plan_source,
+            human_bytes(self.budget_bytes),
+            self.recomputations
+        ));
+        s.push_str("             predicted      measured       (bytes counted: every tensor of the step)\n");
+        s.push_str(&format!(
+            "baseline     {:<14} {:<14} {}\n",
+            human_bytes(self.baseline_predicted_peak_bytes),
+            human_bytes(self.baseline_measured_peak_bytes),
+            mark(
+                self.baseline_measured_peak_bytes,
+                self.baseline_predicted_peak_bytes
+            )
+        ));
+        s.push_str(&format!(
+            "planned      {:<14} {:<14} {} (peak at {})\n",
+            human_bytes(self.predicted_peak_bytes),
+            human_bytes(self.measured_peak_bytes),
+            mark(self.measured_peak_bytes, self.predicted_peak_bytes),
+            self.measured_peak_step
+        ));
+        s.push_str(&format!(
+            "gradients    {} (max |diff| {:e}); loss {:.6}\n",
+            if self.gradients_identical {
+                "bitwise identical"
+            } else {
+                "DIFFER"
+            },
+            self.max_abs_grad_diff,
+            self.loss
+        ));
+        s.push_str(&format!(
+            "time         baseline {:.3} s ({:.2} GFLOP/s), planned {:.3} s: {:+.1}% measured ({:+.1}% in recomputation), {:+.1}% predicted\n",
+            self.baseline_seconds,
+            self.baseline_gflops_per_second,
+            self.planned_seconds,
+            self.measured_overhead * 100.0,
+            self.measured_recompute_overhead * 100.0,
+            self.predicted_overhead * 100.0
+        ));
+        s
+    }
+}
