@@ -32,6 +32,13 @@ use crate::train::{build_schedule, TrainOptions};
 pub enum PlanSource {
     /// A plan.json (checked against the step first).
     File(Box<PlanFile>),
+    /// This plan over the step's graph (checked by replay), named `label`.
+    Given {
+        /// The instructions.
+        plan: Vec<Op>,
+        /// What `plan_source` reports.
+        label: String,
+    },
     /// Plan now, under this budget.
     Budget {
         /// Budget in bytes.
@@ -251,6 +258,17 @@ pub fn verify(
                 f.budget_bytes,
                 "file".to_string(),
                 cost / g.base_cost().max(f64::MIN_POSITIVE),
+            )
+        }
+        PlanSource::Given { plan, label } => {
+            let r =
+                replay(g, plan).map_err(|e| Error::Plan(format!("the plan is invalid: {e}")))?;
+            (
+                plan.clone(),
+                r.peak_bytes,
+                r.peak_bytes,
+                label.clone(),
+                r.recompute_cost / g.base_cost().max(f64::MIN_POSITIVE),
             )
         }
         PlanSource::Budget {

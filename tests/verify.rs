@@ -1,0 +1,537 @@
+//! `memplan verify` (memplan::exec::verify): the CPU training step measured against
+//! the memory model, for every model in models/, and the command's bad input.
+//!
+//! Per model (fp32, SGD, mean loss, a small batch), three runs against the
+//! no-recompute baseline:
+//! - the baseline itself: measured peak == predicted peak, to the byte;
+//! - the planner's plan (`ilp`) at 50 % of the baseline peak, or, where no plan
+//!   reaches 50 % (parameters and gradients alone exceed it at a small batch), the
+//!   lowest-peak plan the planner returns for that budget;
+//! - every droppable activation dropped and recomputed (`plan_with_drops` over all
+//!   candidates: the most recomputation a drop plan has);
+//!
+//! each: measured peak == predicted, gradients, loss and updated parameters bitwise
+//! identical to the baseline's. mlp, cnn and transformer run by default; the others
+//! are `#[ignore]`d (run `cargo test --release --test verify -- --ignored`, which
+//! `.ci/run` does).
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use memplan::exec::train::StepOptions;
+use memplan::exec::verify::{verify, PlanSource, Step, VerifyOptions, VerifyReport};
+use memplan::infer::{infer, Bindings};
+use memplan::onnx::load_model;
+use memplan::remat::graph::replay;
+use memplan::remat::heuristics::{candidates, plan_with_drops};
+use memplan::remat::plan::{plan, Solver};
+use memplan::remat::planfile::StepSource;
+use memplan::train::{Loss, Optimizer, Precision, TrainOptions};
+use serde_json::Value;
+
+fn sgd() -> TrainOptions {
+    TrainOptions {
+        optimizer: Optimizer::Sgd,
+        precision: Precision::Fp32,
+        loss: Loss::Mean,
+        grads_resident: false,
+    }
+}
+
+fn check(r: &VerifyReport, what: &str) {
+    eprintln!(
+        "{what}: baseline {} / {}, planned {} / {} ({}, {} recomputations), grads identical {}",
+        r.baseline_predicted_peak_bytes,
+        r.baseline_measured_peak_bytes,
+        r.predicted_peak_bytes,
+        r.measured_peak_bytes,
+        r.plan_source,
+        r.recomputations,
+        r.gradients_identical
+    );
+    assert_eq!(
+        r.baseline_measured_peak_bytes, r.baseline_predicted_peak_bytes,
+        "{what}: baseline"
+    );
+    assert_eq!(
+        r.measured_peak_bytes, r.predicted_peak_bytes,
+        "{what}: planned"
+    );
+    assert!(
+        r.gradients_identical,
+        "{what}: max diff {}",
+        r.max_abs_grad_diff
+    );
+    assert_eq!(r.max_abs_grad_diff, 0.0, "{what}");
+    assert!(r.updated_params_identical, "{what}");
+}
+
+/// Verifies `name` at `batch`: the 50 % (or lowest-peak) plan and the all-dropped
+/// plan. Returns the two reports.
+fn verify_model(name: &str, batch: u64) -> (VerifyReport, VerifyReport) {
+    let path = common::shipped(&format!("{name}.onnx"));
+    let model = load_model(&path).unwrap();
+    let inf = infer(
+        &model,
+        &Bindings {
+            batch: Some(batch),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let train = sgd();
+    let source = StepSource::new(&path, Some(batch), &Default::default(), &train);
+    let step = Step::new(&model, &inf, &train, name).unwrap();
+    let g = step.graph();
+    let base = replay(g, &g.no_recompute_plan()).unwrap().peak_bytes;
+    let half = plan(g, base / 2, Solver::Ilp, 5.0).unwrap();
+    let label = if half.feasible {
+        format!("50 % ({})", half.method)
+    } else {
+        format!(
+            "lowest peak, 50 % unreachable ({}; floor {})",
+            half.method, half.op_local_bound_bytes
+        )
+    };
+    let mut all = vec![false; g.values.len()];
+    for v in candidates(g) {
+        all[v] = true;
+    }
+    let dropped = plan_with_drops(g, &all);
+    let o = VerifyOptions {
+        train,
+        step: StepOptions::default(),
+        runs: 1,
+        max_memory: u64::MAX,
+    };
+    let run = |plan, label: String| {
+        verify(
+            &model,
+            &inf,
+            &source,
+            &PlanSource::Given { plan, label },
+            &o,
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+        .report
+    };
+    let a = run(half.plan.clone(), label);
+    check(&a, &format!("{name} batch {batch} {}", a.plan_source));
+    let b = run(dropped, "all droppable dropped".into());
+    check(&b, &format!("{name} batch {batch} all dropped"));
+    assert!(b.recomputations > 0 || candidates(g).is_empty(), "{name}");
+    (a, b)
+}
+
+#[test]
+fn mlp_measured_equals_predicted() {
+    verify_model("mlp", 4);
+}
+
+#[test]
+fn cnn_measured_equals_predicted() {
+    let (a, b) = verify_model("cnn", 2);
+    assert!(a.recomputations > 0 && b.recomputations > 0);
+    assert!(a.measured_peak_bytes < a.baseline_measured_peak_bytes);
+}
+
+#[test]
+fn transformer_measured_equals_predicted() {
+    verify_model("transformer", 2);
+}
+
+#[test]
+#[ignore = "release build: cargo test --release --test verify -- --ignored"]
+fn resnet18_measured_equals_predicted() {
+    verify_model("resnet18", 1);
+    verify_model("resnet18_dynamo", 1);
+}
+
+#[test]
+#[ignore = "release build: cargo test --release --test verify -- --ignored"]
+fn mobilenet_v2_measured_equals_predicted() {
+    let (a, _) = verify_model("mobilenet_v2", 1);
+    assert!(a.plan_source.starts_with("50 %"), "{}", a.plan_source);
+}
+
+#[test]
+#[ignore = "release build: cargo test --release --test verify -- --ignored"]
+fn resnet50_measured_equals_predicted() {
+    verify_model("resnet50", 1);
+}
+
+#[test]
+#[ignore = "release build: cargo test --release --test verify -- --ignored"]
+fn gpt2_measured_equals_predicted() {
+    verify_model("gpt2", 1);
+    verify_model("gpt2_dynamo", 1);
+}
+
+#[test]
+#[ignore = "release build: cargo test --release --test verify -- --ignored"]
+fn bert_base_measured_equals_predicted() {
+    verify_model("bert_base", 1);
+}
+
+#[test]
+#[ignore = "release build: cargo test --release --test verify -- --ignored"]
+fn vit_b_16_measured_equals_predicted() {
+    verify_model("vit_b_16", 1);
+}
+
+// ---- the command ----
+
+fn run(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_memplan"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn ok_json(args: &[&str]) -> Value {
+    let (ok, out, err) = run(args);
+    assert!(ok, "{args:?}: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
+}
+
+fn fails(args: &[&str], needles: &[&str]) {
+    let (ok, _, err) = run(args);
+    assert!(!ok, "{args:?} should fail");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    for n in needles {
+        assert!(err.contains(n), "'{n}' not in {err}");
+    }
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("memplan-verify-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+fn cnn() -> String {
+    common::shipped("cnn.onnx").display().to_string()
+}
+
+const KEYS: [&str; 11] = [
+    "predicted_peak_bytes",
+    "measured_peak_bytes",
+    "baseline_predicted_peak_bytes",
+    "baseline_measured_peak_bytes",
+    "gradients_identical",
+    "max_abs_grad_diff",
+    "baseline_seconds",
+    "planned_seconds",
+    "measured_overhead",
+    "predicted_overhead",
+    "baseline_gflops_per_second",
+];
+
+#[test]
+fn plan_file_round_trip_and_costs() {
+    let m = cnn();
+    let p = tmp("plan.json");
+    let c = tmp("costs.json");
+    let ps = p.to_str().unwrap();
+    let planned = ok_json(&[
+        "plan",
+        &m,
+        "--batch",
+        "2",
+        "--budget",
+        "0.8",
+        "--optimizer",
+        "sgd",
+        "--json",
+        "-o",
+        ps,
+    ]);
+    let v = ok_json(&[
+        "verify",
+        &m,
+        "--batch",
+        "2",
+        "--plan",
+        ps,
+        "--optimizer",
+        "sgd",
+        "--json",
+        "--write-costs",
+        c.to_str().unwrap(),
+    ]);
+    for k in KEYS {
+        assert!(v.get(k).is_some(), "no key {k}: {v}");
+    }
+    assert_eq!(v["predicted_peak_bytes"], planned["peak_bytes"]);
+    assert_eq!(v["measured_peak_bytes"], planned["peak_bytes"]);
+    assert_eq!(
+        v["baseline_measured_peak_bytes"],
+        planned["baseline_peak_bytes"]
+    );
+    assert_eq!(v["gradients_identical"], true);
+    assert_eq!(v["plan_source"], "file");
+    assert!(v["recomputations"].as_u64().unwrap() > 0);
+    // The measured costs drive the planner.
+    let costs: serde_json::Map<String, Value> =
+        serde_json::from_slice(&std::fs::read(&c).unwrap()).unwrap();
+    assert!(costs.values().all(|s| s.as_f64().unwrap() >= 0.0));
+    assert!(costs.values().any(|s| s.as_f64().unwrap() > 0.0));
+    let with_costs = ok_json(&[
+        "plan",
+        &m,
+        "--batch",
+        "2",
+        "--budget",
+        "0.8",
+        "--optimizer",
+        "sgd",
+        "--costs",
+        c.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(with_costs["cost_unit"], "seconds");
+    assert_eq!(with_costs["feasible"], true);
+    // --budget plans in place.
+    let v = ok_json(&[
+        "verify",
+        &m,
+        "--batch",
+        "2",
+        "--budget",
+        "0.8",
+        "--optimizer",
+        "sgd",
+        "--json",
+        "--runs",
+        "2",
+    ]);
+    assert_eq!(v["measured_peak_bytes"], v["predicted_peak_bytes"]);
+    assert!(v["measured_peak_bytes"].as_u64() <= v["budget_bytes"].as_u64());
+    assert_eq!(v["runs"], 2);
+}
+
+#[test]
+fn bad_plans_are_rejected_before_running() {
+    let m = cnn();
+    let p = tmp("good.json");
+    let ps = p.to_str().unwrap();
+    let (ok, _, err) = run(&[
+        "plan",
+        &m,
+        "--batch",
+        "2",
+        "--budget",
+        "0.8",
+        "--optimizer",
+        "sgd",
+        "-o",
+        ps,
+    ]);
+    assert!(ok, "{err}");
+    let base = ["verify", m.as_str(), "--plan", ps, "--optimizer", "sgd"];
+    let with = |extra: &[&str]| -> Vec<String> {
+        base.iter()
+            .chain(extra)
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+    };
+    let call = |extra: &[&str], needles: &[&str]| {
+        let a = with(extra);
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        fails(&a, needles);
+    };
+    // Another batch, another model, other options.
+    call(&["--batch", "4"], &["made for batch 2", "batch 4"]);
+    let mlp = common::shipped("mlp.onnx").display().to_string();
+    fails(
+        &[
+            "verify",
+            &mlp,
+            "--batch",
+            "2",
+            "--plan",
+            ps,
+            "--optimizer",
+            "sgd",
+        ],
+        &["made for model 'cnn.onnx'"],
+    );
+    fails(
+        &["verify", &m, "--batch", "2", "--plan", ps],
+        &["made for optimizer 'sgd'", "'adam'"],
+    );
+    let doc: Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+    let write = |name: &str, v: &Value| {
+        let q = tmp(name);
+        std::fs::write(&q, serde_json::to_vec(v).unwrap()).unwrap();
+        q.display().to_string()
+    };
+    // Unknown version.
+    let mut v2 = doc.clone();
+    v2["version"] = 2.into();
+    let q = write("v2.json", &v2);
+    fails(
+        &[
+            "verify",
+            &m,
+            "--batch",
+            "2",
+            "--plan",
+            &q,
+            "--optimizer",
+            "sgd",
+        ],
+        &["version 2 is unknown"],
+    );
+    // Not a plan.
+    let q = write("other.json", &serde_json::json!({"a": 1}));
+    fails(
+        &[
+            "verify",
+            &m,
+            "--batch",
+            "2",
+            "--plan",
+            &q,
+            "--optimizer",
+            "sgd",
+        ],
+        &["not a memplan plan"],
+    );
+    // A file without the `step` key (older writers) is still matched by its graph.
+    let mut nostep = doc.clone();
+    nostep.as_object_mut().unwrap().remove("step");
+    let q = write("nostep.json", &nostep);
+    fails(
+        &[
+            "verify",
+            &m,
+            "--batch",
+            "4",
+            "--plan",
+            &q,
+            "--optimizer",
+            "sgd",
+        ],
+        &["bytes in the plan", "another batch"],
+    );
+    // A schedule that reads a freed value: move a free to right after its producer.
+    let plan = doc["plan"].as_array().unwrap().clone();
+    let values = doc["graph"]["values"].as_array().unwrap();
+    let nodes = doc["graph"]["nodes"].as_array().unwrap();
+    let mut broken = None;
+    'find: for (k, op) in plan.iter().enumerate() {
+        if op["op"] != "free" {
+            continue;
+        }
+        let v = op["id"].as_u64().unwrap();
+        let Some(prod) = values[v as usize]["producer"].as_u64() else {
+            continue;
+        };
+        let at = plan
+            .iter()
+            .position(|o| o["op"] == "compute" && o["id"].as_u64() == Some(prod))
+            .unwrap();
+        // A reader between the producer and the free.
+        let read = plan[at + 1..k].iter().any(|o| {
+            o["op"] == "compute"
+                && nodes[o["id"].as_u64().unwrap() as usize]["inputs"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|i| i.as_u64() == Some(v))
+        });
+        if read {
+            let mut p2 = plan.clone();
+            let f = p2.remove(k);
+            p2.insert(at + 1, f);
+            broken = Some(p2);
+            break 'find;
+        }
+    }
+    let mut bad = doc.clone();
+    bad["plan"] = Value::Array(broken.expect("a free after a read"));
+    let q = write("freed.json", &bad);
+    fails(
+        &[
+            "verify",
+            &m,
+            "--batch",
+            "2",
+            "--plan",
+            &q,
+            "--optimizer",
+            "sgd",
+        ],
+        &["the plan is invalid", "which is not live"],
+    );
+    // A predicted peak the plan does not replay to.
+    let mut lie = doc.clone();
+    lie["predicted_peak_bytes"] = 1.into();
+    let q = write("lie.json", &lie);
+    fails(
+        &[
+            "verify",
+            &m,
+            "--batch",
+            "2",
+            "--plan",
+            &q,
+            "--optimizer",
+            "sgd",
+        ],
+        &["predicted_peak_bytes is 1"],
+    );
+    // Missing file.
+    fails(
+        &[
+            "verify",
+            &m,
+            "--batch",
+            "2",
+            "--plan",
+            "/nonexistent/plan.json",
+        ],
+        &["cannot read"],
+    );
+}
+
+#[test]
+fn refusals() {
+    let m = cnn();
+    let a = |extra: &[&str]| -> Vec<String> {
+        ["verify", m.as_str(), "--batch", "2", "--optimizer", "sgd"]
+            .iter()
+            .chain(extra)
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let call = |extra: &[&str], needles: &[&str]| {
+        let v = a(extra);
+        let v: Vec<&str> = v.iter().map(String::as_str).collect();
+        fails(&v, needles);
+    };
+    call(
+        &["--budget", "0.8", "--max-memory", "1MiB"],
+        &["the step needs 1.30 MiB", "1359332 bytes", "--max-memory"],
+    );
+    call(
+        &["--budget", "0.3"],
+        &["no plan fits the budget", "lowest peak"],
+    );
+    call(&[], &["--budget"]);
+    call(&["--budget", "0.8", "--runs", "0"], &["--runs"]);
+    call(
+        &["--budget", "0.8", "--max-memory", "lots"],
+        &["--max-memory"],
+    );
+    call(&["--budget", "0.8", "--lr", "NaN"], &["--lr"]);
+}
