@@ -313,6 +313,16 @@ fn cnn_baseline_peak_gradients_and_plan() {
     planned_identical(&su, &r);
 }
 
+/// The exact-GELU fusion (and Dropout with real masks): the pattern's inner values
+/// are recomputed from `x` at its backward; accounting unchanged.
+#[test]
+fn transformer_fused_gelu_baseline_gradients_and_plan() {
+    let (su, r) = baseline_peak_matches("transformer", 2);
+    assert!(!su.s.fused.is_empty());
+    check_gradients(&su, &r);
+    planned_identical(&su, &r);
+}
+
 #[test]
 fn bad_plans_and_schedules_are_rejected() {
     let su = setup("mlp", 2);
@@ -384,14 +394,24 @@ fn bad_plans_and_schedules_are_rejected() {
 /// The larger models of models/ without fused patterns, at batch 1: baseline peak
 /// exact, planned runs bitwise identical (release build: about a minute). Run with
 /// `cargo test --release --test exec_train -- --ignored`; `EXEC_TRAIN_MODELS=a,b`
-/// picks models. Not yet runnable: bert_base, transformer (the exact-GELU fusion),
-/// vit_b_16 (the SDPA fusion): their fused backward kernels are missing.
+/// picks models.
 #[test]
 #[ignore]
 fn larger_models_baseline_and_planned() {
+    larger_models("resnet18,resnet18_dynamo,mobilenet_v2,resnet50,gpt2,gpt2_dynamo");
+}
+
+/// The larger models with fused patterns (bert_base: exact GELU; vit_b_16: exact
+/// GELU and SDPA) at batch 1, as [`larger_models_baseline_and_planned`].
+#[test]
+#[ignore]
+fn fused_models_baseline_and_planned() {
+    larger_models("bert_base,vit_b_16");
+}
+
+fn larger_models(all: &str) {
     let only = std::env::var("EXEC_TRAIN_MODELS").ok();
-    let all = "resnet18,resnet18_dynamo,mobilenet_v2,resnet50,gpt2,gpt2_dynamo".to_string();
-    for name in only.as_ref().unwrap_or(&all).split(',') {
+    for name in only.as_deref().unwrap_or(all).split(',') {
         let t0 = std::time::Instant::now();
         let (su, r) = baseline_peak_matches(name, 1);
         planned_identical(&su, &r);

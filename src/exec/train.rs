@@ -33,13 +33,17 @@
 //! schedule steps read what the fused kernel saves and so need fused backward
 //! kernels; the half-precision policies; Adam and momentum.
 
+use std::collections::{HashMap, HashSet};
+
+use petgraph::stable_graph::NodeIndex;
+
 use crate::error::{Error, Result};
 use crate::exec::{rng, Tensor};
 use crate::infer::Inferred;
 use crate::ir::{DType, Model, TensorId};
 use crate::ops::{registry, BackwardCx, KernelCx, Saved};
 use crate::remat::graph::{Op as PlanOp, RematGraph};
-use crate::train::{Loss, Schedule, StepKind, StorageId, StorageKind};
+use crate::train::{FusedKind, FusedPattern, Loss, Schedule, StepKind, StorageId, StorageKind};
 
 /// Counts live bytes and records the peak.
 #[derive(Debug, Clone, Default)]
@@ -227,6 +231,26 @@ pub fn train_step(
         .filter(|(_, st)| st.kind == StepKind::Forward)
         .filter_map(|(i, st)| st.node.map(|n| (n, i)))
         .collect();
+    // Fused patterns: each node's pattern; the SDPA logsumexp, computed from the
+    // scores when the pattern's Softmax runs and written as the Extra of its last
+    // node's forward step (both one kernel on the GPU); the recomputed inner values
+    // while the pattern's backward steps run, and how many of them are left.
+    let pattern_of: HashMap<NodeIndex, usize> = s
+        .fused
+        .iter()
+        .enumerate()
+        .flat_map(|(k, p)| p.nodes.iter().map(move |&n| (n, k)))
+        .collect();
+    let mut lse: Vec<Option<Tensor>> = vec![None; s.fused.len()];
+    let mut recomputed: Vec<Option<Recomputed>> = (0..s.fused.len()).map(|_| None).collect();
+    let mut bw_left = vec![0usize; s.fused.len()];
+    for st in &s.steps {
+        if let Some(&k) = st.node.and_then(|n| pattern_of.get(&n)) {
+            if st.kind == StepKind::Backward {
+                bw_left[k] += 1;
+            }
+        }
+    }
     let mut executions = vec![0usize; s.steps.len()];
     let mut live_after = Vec::with_capacity(plan.len());
     let mut loss_f64 = 0.0;
@@ -302,16 +326,32 @@ pub fn train_step(
                             )
                             .map_err(&err)?;
                         }
-                        let outs = forward_kernel(
+                        let pattern = pattern_of.get(&ix).copied();
+                        let mut outs = forward_kernel(
                             model,
                             inf,
                             node,
                             &params,
                             &fwd,
                             opts,
-                            !extras.is_empty(),
+                            !extras.is_empty() && pattern.is_none(),
                         )
                         .map_err(&err)?;
+                        if let Some(k) = pattern {
+                            let p = &s.fused[k];
+                            if p.kind == FusedKind::Sdpa && node.op_type == "Softmax" {
+                                let x = node.inputs[0]
+                                    .and_then(|t| fwd[t].as_ref())
+                                    .ok_or_else(|| err("the scores have no value".into()))?;
+                                lse[k] = Some(logsumexp_last(x).map_err(&err)?);
+                            }
+                            if ix == p.last() && !extras.is_empty() {
+                                let l = lse[k].clone().ok_or_else(|| {
+                                    err("the attention's logsumexp was not computed".into())
+                                })?;
+                                outs.push(l);
+                            }
+                        }
                         let n_out = node.outputs.len();
                         if outs.len() != n_out + extras.len() {
                             return Err(err(format!(
@@ -384,7 +424,29 @@ pub fn train_step(
                         gstore[out0] = Some(st);
                     }
                     StepKind::Backward => {
-                        let node = gr.node(step.node.expect("backward of a node"));
+                        let ix = step.node.expect("backward of a node");
+                        let node = gr.node(ix);
+                        let pattern = pattern_of.get(&ix).copied();
+                        if let Some(k) = pattern.filter(|&k| recomputed[k].is_none()) {
+                            let p = &s.fused[k];
+                            if ix != p.last() {
+                                return Err(err(format!(
+                                    "the first backward step of a fused {:?} pattern is not its \
+                                     last node's",
+                                    p.kind
+                                )));
+                            }
+                            for &t in &p.reads {
+                                ensure_value(
+                                    model, inf, s, &step_of, &alloc, &params, &mut fwd, opts, t, 0,
+                                )
+                                .map_err(&err)?;
+                            }
+                            recomputed[k] = Some(
+                                recompute_pattern(model, inf, s, p, &params, &fwd, &sval, opts)
+                                    .map_err(&err)?,
+                            );
+                        }
                         for t in node.inputs.iter().chain(&node.outputs).flatten() {
                             let st = s.tensor_storage[*t];
                             if st != usize::MAX && step.reads.contains(&st) {
@@ -402,11 +464,18 @@ pub fn train_step(
                             &params,
                             &fwd,
                             &sval,
+                            pattern.and_then(|k| recomputed[k].as_ref()),
                             &mut gval,
                             &mut gstore,
                             opts,
                         )
                         .map_err(&err)?;
+                        if let Some(k) = pattern {
+                            bw_left[k] -= 1;
+                            if bw_left[k] == 0 {
+                                recomputed[k] = None;
+                            }
+                        }
                     }
                     StepKind::Optimizer => {
                         for &t in &s.with_grad {
@@ -460,7 +529,6 @@ pub fn train_step(
     })
 }
 
-/// Runs the forward kernel of `node` on the values at hand.
 /// A node's op rules and the context they take (input facts from inference).
 fn rule_cx<'a>(
     model: &'a Model,
@@ -482,6 +550,7 @@ fn rule_cx<'a>(
     Ok((op, cx))
 }
 
+/// Runs the forward kernel of `node` on the values at hand.
 fn forward_kernel(
     model: &Model,
     inf: &Inferred,
@@ -491,9 +560,6 @@ fn forward_kernel(
     opts: &StepOptions,
     extras: bool,
 ) -> std::result::Result<Vec<Tensor>, String> {
-    let op = registry()
-        .get(&node.domain, &node.op_type)
-        .ok_or("unsupported op")?;
     let mut ins = Vec::with_capacity(node.inputs.len());
     for (slot, t) in node.inputs.iter().enumerate() {
         match t {
@@ -507,6 +573,21 @@ fn forward_kernel(
             }
         }
     }
+    run_kernel(model, inf, node, ins, opts, extras)
+}
+
+/// Runs the forward kernel of `node` on the given input values.
+fn run_kernel(
+    model: &Model,
+    inf: &Inferred,
+    node: &crate::ir::Node,
+    ins: Vec<Option<&Tensor>>,
+    opts: &StepOptions,
+    extras: bool,
+) -> std::result::Result<Vec<Tensor>, String> {
+    let op = registry()
+        .get(&node.domain, &node.op_type)
+        .ok_or("unsupported op")?;
     let cx = KernelCx {
         node,
         inputs: ins,
@@ -521,6 +602,155 @@ fn forward_kernel(
         extras,
     };
     op.forward_cpu(&cx)
+}
+
+/// The inner values of a fused pattern, recomputed at its first backward step: what
+/// the fused backward kernel makes on the fly from what its forward saved. They are
+/// transient, not counted (on the GPU they live inside the fused kernel), and are
+/// dropped after the pattern's last backward step.
+#[derive(Debug, Default)]
+struct Recomputed {
+    /// Every input and output of the pattern's nodes.
+    vals: HashMap<TensorId, Tensor>,
+    /// Each node's own extras (Dropout's mask, regenerated from its seed).
+    extras: HashMap<NodeIndex, Vec<Tensor>>,
+}
+
+/// Recomputes pattern `p`'s forward values from what its backward step reads (its
+/// [`FusedPattern::reads`], which must hold values) and from fixed storages
+/// (parameters, constants, the batch). A pattern input that is an activation the
+/// fused kernel does not save (an attention mask computed in the graph) stands in
+/// with its folded constant value; without one the step is refused, naming it.
+/// SDPA: the recomputed output and logsumexp must equal the saved ones bitwise
+/// (the saved logsumexp is the fused forward's Extra).
+#[allow(clippy::too_many_arguments)]
+fn recompute_pattern(
+    model: &Model,
+    inf: &Inferred,
+    s: &Schedule,
+    p: &FusedPattern,
+    params: &[Option<Tensor>],
+    fwd: &[Option<Tensor>],
+    sval: &[Option<Tensor>],
+    opts: &StepOptions,
+) -> std::result::Result<Recomputed, String> {
+    let gr = &model.graph;
+    let inside: HashSet<TensorId> = p
+        .nodes
+        .iter()
+        .flat_map(|&n| gr.node(n).outputs.iter().flatten().copied())
+        .collect();
+    let mut r = Recomputed::default();
+    for &n in &p.nodes {
+        let node = gr.node(n);
+        for &t in node.inputs.iter().flatten() {
+            if inside.contains(&t) || r.vals.contains_key(&t) {
+                continue;
+            }
+            let st = s.tensor_storage[t];
+            let fixed = st != usize::MAX
+                && matches!(
+                    s.storages[st].kind,
+                    StorageKind::Parameter
+                        | StorageKind::Buffer
+                        | StorageKind::Constant
+                        | StorageKind::Input
+                );
+            let v = if p.reads.contains(&t) || fixed || params[t].is_some() {
+                params[t]
+                    .as_ref()
+                    .or(fwd[t].as_ref())
+                    .cloned()
+                    .ok_or_else(|| format!("'{}' has no value", gr.tensor(t).name))?
+            } else if let Some(val) = &inf.facts[t].value {
+                let f = &inf.facts[t];
+                match &val.data {
+                    crate::ir::value::Data::Float(v) => Tensor::from_f32(
+                        f.dtype,
+                        f.shape.clone(),
+                        v.iter().map(|&x| x as f32).collect(),
+                    )?,
+                    crate::ir::value::Data::Int(v) => {
+                        Tensor::from_i64(f.dtype, f.shape.clone(), v.clone())?
+                    }
+                }
+            } else {
+                return Err(format!(
+                    "'{}', an input of the fused {:?} pattern at '{}', is an activation the \
+                     fused kernel does not save and has no constant value: the pattern's \
+                     backward cannot recompute its inner values",
+                    gr.tensor(t).name,
+                    p.kind,
+                    node.name
+                ));
+            };
+            r.vals.insert(t, v);
+        }
+        let ins = node.inputs.iter().map(|t| t.map(|t| &r.vals[&t])).collect();
+        let mut outs = run_kernel(model, inf, node, ins, opts, node.op_type == "Dropout")?;
+        let ex = outs.split_off(node.outputs.len().min(outs.len()));
+        for (o, v) in node.outputs.iter().zip(outs) {
+            if let Some(o) = *o {
+                r.vals.insert(o, v);
+            }
+        }
+        r.extras.insert(n, ex);
+    }
+    if p.kind == FusedKind::Sdpa {
+        let last = gr.node(p.last());
+        let o = last.outputs[0].ok_or("the attention output is omitted")?;
+        let same = |a: &Tensor, b: &Tensor| {
+            a.shape == b.shape
+                && match (a.as_f32(), b.as_f32()) {
+                    (Ok(x), Ok(y)) => x.iter().zip(y).all(|(u, v)| u.to_bits() == v.to_bits()),
+                    _ => false,
+                }
+        };
+        if !fwd[o].as_ref().is_some_and(|v| same(v, &r.vals[&o])) {
+            return Err("the recomputed attention output differs from the saved one".into());
+        }
+        let sm = p
+            .nodes
+            .iter()
+            .map(|&n| gr.node(n))
+            .find(|n| n.op_type == "Softmax")
+            .ok_or("no Softmax")?;
+        let lse = logsumexp_last(&r.vals[&sm.inputs[0].ok_or("no Softmax input")?])?;
+        let saved = s
+            .steps
+            .iter()
+            .find(|st| st.kind == StepKind::Forward && st.node == Some(p.last()))
+            .and_then(|st| {
+                st.writes
+                    .iter()
+                    .find(|&&w| s.storages[w].kind == StorageKind::Extra)
+            })
+            .and_then(|&e| sval[e].as_ref())
+            .ok_or("the saved logsumexp is not live")?;
+        if !same(saved, &lse) {
+            return Err("the recomputed logsumexp differs from the saved one".into());
+        }
+    }
+    Ok(r)
+}
+
+/// `log Σ exp` along the last axis (the logsumexp flash attention saves per query
+/// row), accumulated in f64, as f32.
+fn logsumexp_last(x: &Tensor) -> std::result::Result<Tensor, String> {
+    let xs = x.as_f32()?;
+    let (&n, rows) = x.shape.split_last().ok_or("a scalar has no last axis")?;
+    let v = xs
+        .chunks(n.max(1))
+        .map(|r| {
+            let m = r.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            if m == f32::NEG_INFINITY {
+                return m;
+            }
+            let sum: f64 = r.iter().map(|&v| ((v - m) as f64).exp()).sum();
+            (m as f64 + sum.ln()) as f32
+        })
+        .collect();
+    Ok(Tensor::f32(rows.to_vec(), v))
 }
 
 /// Makes the value of forward tensor `t` available when its storage is live but the
@@ -646,6 +876,7 @@ fn backward_step(
     params: &[Option<Tensor>],
     fwd: &[Option<Tensor>],
     sval: &[Option<Tensor>],
+    rec: Option<&Recomputed>,
     gval: &mut [Option<Tensor>],
     gstore: &mut [Option<StorageId>],
     opts: &StepOptions,
@@ -685,22 +916,20 @@ fn backward_step(
             }
         }
     }
+    // A fused pattern's node reads its pattern's recomputed values instead.
+    let value = |t: TensorId| match rec {
+        Some(r) => r.vals.get(&t),
+        None => params[t].as_ref().or(fwd[t].as_ref()),
+    };
     let mut saved = Vec::with_capacity(needs.len());
     for &sv in &needs {
         let v = match sv {
-            Saved::Input(k) => node
-                .inputs
-                .get(k)
-                .copied()
-                .flatten()
-                .and_then(|t| params[t].as_ref().or(fwd[t].as_ref())),
-            Saved::Output(k) => node
-                .outputs
-                .get(k)
-                .copied()
-                .flatten()
-                .and_then(|t| fwd[t].as_ref()),
-            Saved::Extra(k) => extras.get(k).and_then(|&e| sval[e].as_ref()),
+            Saved::Input(k) => node.inputs.get(k).copied().flatten().and_then(value),
+            Saved::Output(k) => node.outputs.get(k).copied().flatten().and_then(value),
+            Saved::Extra(k) => match rec {
+                Some(r) => r.extras.get(&ix).and_then(|e| e.get(k)),
+                None => extras.get(k).and_then(|&e| sval[e].as_ref()),
+            },
         };
         saved.push((sv, v.ok_or_else(|| format!("saved {sv:?} is not live"))?));
     }
