@@ -28,10 +28,32 @@
 //! after a `Compute` that is the step's high-water mark (its writes are allocated
 //! before its kernel runs, and nothing is freed inside a step).
 //!
-//! Supported: fp32, `Loss::Mean` or `Loss::Sum`, SGD, gradients not resident. Not
-//! yet: the fused patterns of [`crate::train::autodiff`] (exact GELU, SDPA), whose
-//! schedule steps read what the fused kernel saves and so need fused backward
-//! kernels; the half-precision policies; Adam and momentum.
+//! Fused patterns ([`crate::train::FusedPattern`]: exact GELU, SDPA) run op by op
+//! forward, each node's step writing what the schedule says; the SDPA's Softmax
+//! step also computes the per-row logsumexp of its scores, which the pattern's last
+//! forward step writes as its Extra (the exact bytes the schedule counts; on the GPU
+//! both are one kernel). At the pattern's first backward step (its last node's), the
+//! pattern's inner forward values are recomputed from what that step reads (GELU:
+//! `x`; SDPA: q, k, v, the output, the logsumexp) and fixed storages, Dropout masks
+//! regenerated from their node's seed; these values are transient and not counted,
+//! as they live inside the fused backward kernel, and are dropped after the
+//! pattern's last backward step. Each node's backward kernel then takes its saved
+//! tensors from them and stores its gradients as the schedule says, so the
+//! accounting is the schedule's. SDPA: the recomputed output and logsumexp must
+//! equal the saved ones bitwise. A pattern input that is an activation the fused
+//! kernel does not save (an attention mask computed in the graph) stands in with its
+//! folded constant value; without one the step is refused, naming it.
+//!
+//! Optimizers (PyTorch's formulas, one step from zero state): SGD, momentum, Adam,
+//! AdamW with [`StepOptions`]' hyperparameters. The state storage (persistent) holds
+//! one f32 vector per state over all parameters; foreach Adam's temporary (the
+//! denominators of every parameter at once) is the optimizer step's OptimizerTemp
+//! write. Resident gradients (`grads_resident`: persistent `.grad`, zero before the
+//! step) receive each parameter's first gradient.
+//!
+//! Supported: fp32; `Loss::Mean` or `Loss::Sum`; SGD, momentum, Adam, AdamW;
+//! gradients resident or not; the fused exact GELU and SDPA. Not yet: the
+//! half-precision policies (amp-fp16, amp-bf16, bf16).
 
 use std::collections::{HashMap, HashSet};
 
@@ -43,7 +65,9 @@ use crate::infer::Inferred;
 use crate::ir::{DType, Model, TensorId};
 use crate::ops::{registry, BackwardCx, KernelCx, Saved};
 use crate::remat::graph::{Op as PlanOp, RematGraph};
-use crate::train::{FusedKind, FusedPattern, Loss, Schedule, StepKind, StorageId, StorageKind};
+use crate::train::{
+    FusedKind, FusedPattern, Loss, Optimizer, Schedule, StepKind, StorageId, StorageKind,
+};
 
 /// Counts live bytes and records the peak.
 #[derive(Debug, Clone, Default)]
@@ -99,8 +123,23 @@ impl Allocator {
 /// Options of a training step.
 #[derive(Debug, Clone, Copy)]
 pub struct StepOptions {
-    /// SGD learning rate.
+    /// Learning rate.
     pub lr: f32,
+    /// The optimizer the schedule was built with.
+    pub optimizer: Optimizer,
+    /// Momentum's coefficient (PyTorch's SGD defaults to 0, which is plain SGD; 0.9,
+    /// the usual choice, here). Dampening 0, no Nesterov (PyTorch's defaults).
+    pub momentum: f64,
+    /// Adam's `(β1, β2)` (PyTorch: `(0.9, 0.999)`). Hyperparameters are f64 (Python
+    /// floats): the update's coefficients (`1 − β`, bias corrections, step size) are
+    /// computed in f64 and rounded to f32 once, as PyTorch passes them to its kernels.
+    pub betas: (f64, f64),
+    /// Adam's ε (PyTorch: 1e-8).
+    pub eps: f64,
+    /// Weight decay; `None`: PyTorch's default for the optimizer (0, AdamW 1e-2).
+    /// SGD, momentum and Adam add `wd·p` to the gradient; AdamW scales `p` by
+    /// `1 − lr·wd` first.
+    pub weight_decay: Option<f64>,
     /// Seed of Dropout masks (as [`crate::exec::Options::seed`]).
     pub seed: u64,
     /// Whether training-mode Dropout drops.
@@ -113,6 +152,11 @@ impl Default for StepOptions {
     fn default() -> StepOptions {
         StepOptions {
             lr: 0.01,
+            optimizer: Optimizer::Sgd,
+            momentum: 0.9,
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            weight_decay: None,
             seed: 0,
             dropout: true,
             loss: Loss::Mean,
@@ -137,6 +181,10 @@ pub struct StepResult {
     pub live_after: Vec<u64>,
     /// Executions of each step (more than one: recomputed).
     pub executions: Vec<usize>,
+    /// The optimizer state after the update (`None` for SGD): one f32 vector over
+    /// the parameters of [`Schedule::with_grad`] concatenated in order, per state
+    /// (momentum: the buffer; Adam/AdamW: `exp_avg` then `exp_avg_sq`).
+    pub state: Option<Tensor>,
 }
 
 /// Runs one training step of `model` following `plan` over `g` (made from `s` by
@@ -178,15 +226,6 @@ pub fn train_step(
                 st.name, st.dtype
             )));
         }
-        if matches!(
-            st.kind,
-            StorageKind::OptimizerState | StorageKind::OptimizerTemp
-        ) || (st.kind == StorageKind::ParamGrad && st.persistent)
-        {
-            return Err(Error::Graph(
-                "only SGD without resident gradients runs".into(),
-            ));
-        }
     }
     let mut alloc = Allocator::new(s.storages.iter().map(|st| st.bytes).collect());
     // Values: forward tensors by tensor id; gradients by tensor id; extras and the
@@ -201,6 +240,38 @@ pub fn train_step(
         if val.fixed {
             alloc.alloc(v).map_err(Error::Graph)?;
         }
+    }
+    // The optimizer: the schedule's must be the options'; its state starts at zero.
+    let opt_step = s
+        .steps
+        .iter()
+        .find(|st| st.kind == StepKind::Optimizer)
+        .ok_or_else(|| Error::Graph("the schedule has no optimizer step".into()))?;
+    if opt_step.op != opts.optimizer.to_string() {
+        return Err(Error::Graph(format!(
+            "the schedule's optimizer is {}, the options say {}",
+            opt_step.op, opts.optimizer
+        )));
+    }
+    let n_params: usize = s
+        .with_grad
+        .iter()
+        .map(|&t| inf.facts[t].numel() as usize)
+        .sum();
+    let state_st = s
+        .storages
+        .iter()
+        .position(|st| st.kind == StorageKind::OptimizerState);
+    if let Some(st) = state_st {
+        let n = opts.optimizer.states() as usize * n_params;
+        let z = Tensor::f32(vec![n], vec![0.0; n]);
+        if DType::F32.bytes_for(n as u64) != Some(s.storages[st].bytes) {
+            return Err(Error::Graph(format!(
+                "the optimizer state is {} bytes for {n} f32 elements",
+                s.storages[st].bytes
+            )));
+        }
+        sval[st] = Some(z);
     }
     for (&t, x) in gr.inputs.iter().zip(inputs) {
         let f = &inf.facts[t];
@@ -478,19 +549,30 @@ pub fn train_step(
                         }
                     }
                     StepKind::Optimizer => {
-                        for &t in &s.with_grad {
-                            let gt = gval[t]
-                                .as_ref()
-                                .ok_or_else(|| err("a parameter has no gradient".into()))?;
-                            let p = params[t]
-                                .as_mut()
-                                .ok_or_else(|| err("a parameter has no value".into()))?;
-                            let gs = gt.as_f32().map_err(&err)?;
-                            let crate::exec::Elems::F32(ps) = &mut p.elems else {
-                                return Err(err("parameter not f32".into()));
-                            };
-                            for (p, g) in ps.iter_mut().zip(gs) {
-                                *p -= opts.lr * g;
+                        let temp = optimizer_step(
+                            s,
+                            &gval,
+                            &mut params,
+                            state_st.and_then(|st| sval[st].as_mut()),
+                            opts,
+                        )
+                        .map_err(&err)?;
+                        let temps: Vec<StorageId> = step
+                            .writes
+                            .iter()
+                            .copied()
+                            .filter(|&w| s.storages[w].kind == StorageKind::OptimizerTemp)
+                            .collect();
+                        match (temps.as_slice(), temp) {
+                            ([], None) => {}
+                            ([w], Some(t)) => {
+                                check_bytes(*w, &t)?;
+                                sval[*w] = Some(t);
+                            }
+                            _ => {
+                                return Err(err(
+                                    "the update's temporaries are not the schedule's".into()
+                                ))
                             }
                         }
                     }
@@ -526,6 +608,116 @@ pub fn train_step(
         peak_bytes: alloc.peak,
         live_after,
         executions,
+        state: state_st.and_then(|st| sval[st].clone()),
+    })
+}
+
+/// The optimizer update (PyTorch's formulas, step 1, state from `state`), in
+/// place on `params` and `state`. Gives the foreach Adam temporary
+/// (`sqrt(exp_avg_sq) / sqrt(1 − β2ᵗ) + ε` of every parameter at once, which the
+/// schedule counts as one OptimizerTemp storage), `None` for the others.
+fn optimizer_step(
+    s: &Schedule,
+    gval: &[Option<Tensor>],
+    params: &mut [Option<Tensor>],
+    state: Option<&mut Tensor>,
+    opts: &StepOptions,
+) -> std::result::Result<Option<Tensor>, String> {
+    let opt = opts.optimizer;
+    let lr = opts.lr;
+    let wd64 = opts.weight_decay.unwrap_or(match opt {
+        Optimizer::Adamw => 1e-2,
+        _ => 0.0,
+    });
+    let wd = wd64 as f32;
+    let mu = opts.momentum as f32;
+    let n: usize = s
+        .with_grad
+        .iter()
+        .map(|&t| gval[t].as_ref().map_or(0, Tensor::numel))
+        .sum();
+    let mut state = match state {
+        Some(t) => Some(match &mut t.elems {
+            crate::exec::Elems::F32(v) => v,
+            _ => return Err("the optimizer state is not f32".into()),
+        }),
+        None => None,
+    };
+    if state.as_ref().map_or(0, |v| v.len()) != opt.states() as usize * n {
+        return Err("the optimizer state does not match the parameters".into());
+    }
+    // Step 1: Adam's coefficients, in f64 then f32.
+    let t = 1i32;
+    let (b1, b2) = opts.betas;
+    let bc1 = 1.0 - b1.powi(t);
+    let bc2_sqrt = ((1.0 - b2.powi(t)).sqrt()) as f32;
+    let step_size = (lr as f64 / bc1) as f32;
+    let decay = (1.0 - lr as f64 * wd64) as f32;
+    let (one_b1, one_b2, b2f, eps) = (
+        (1.0 - b1) as f32,
+        (1.0 - b2) as f32,
+        b2 as f32,
+        opts.eps as f32,
+    );
+    let mut denom_all = Vec::new();
+    let mut off = 0;
+    for &t in &s.with_grad {
+        let g = gval[t]
+            .as_ref()
+            .ok_or("a parameter has no gradient")?
+            .as_f32()?;
+        let p = params[t].as_mut().ok_or("a parameter has no value")?;
+        let crate::exec::Elems::F32(ps) = &mut p.elems else {
+            return Err("parameter not f32".into());
+        };
+        if ps.len() != g.len() {
+            return Err("a gradient does not match its parameter".into());
+        }
+        let k = g.len();
+        match opt {
+            Optimizer::Sgd => {
+                for (p, &g) in ps.iter_mut().zip(g) {
+                    let g = if wd != 0.0 { g + wd * *p } else { g };
+                    *p -= lr * g;
+                }
+            }
+            Optimizer::Momentum => {
+                let buf = &mut state.as_mut().expect("checked")[off..off + k];
+                for ((p, &g), b) in ps.iter_mut().zip(g).zip(buf) {
+                    let g = if wd != 0.0 { g + wd * *p } else { g };
+                    // `buf = μ·buf + g` (PyTorch's first step sets `buf = g`: the
+                    // same from zero state).
+                    *b = mu * *b + g;
+                    *p -= lr * *b;
+                }
+            }
+            Optimizer::Adam | Optimizer::Adamw => {
+                let st = state.as_mut().expect("checked");
+                let (m_all, v_all) = st.split_at_mut(n);
+                let m = &mut m_all[off..off + k];
+                let v = &mut v_all[off..off + k];
+                for (((p, &g), m), v) in ps.iter_mut().zip(g).zip(m).zip(v) {
+                    let g = if opt == Optimizer::Adamw {
+                        *p *= decay;
+                        g
+                    } else if wd != 0.0 {
+                        g + wd * *p
+                    } else {
+                        g
+                    };
+                    *m += (g - *m) * one_b1;
+                    *v = *v * b2f + one_b2 * g * g;
+                    let d = v.sqrt() / bc2_sqrt + eps;
+                    denom_all.push(d);
+                    *p -= step_size * *m / d;
+                }
+            }
+        }
+        off += k;
+    }
+    Ok(match opt {
+        Optimizer::Adam | Optimizer::Adamw => Some(Tensor::f32(vec![n], denom_all)),
+        _ => None,
     })
 }
 
@@ -978,8 +1170,21 @@ fn backward_step(
         match gstore[t] {
             None => {
                 let own = format!("{name}/grad");
-                let st = match step.writes.iter().find(|&&w| s.storages[w].name == own) {
-                    Some(&w) => {
+                // Resident gradients (persistent `.grad`, zero before the step) are
+                // not written by the step: the first gradient goes into them.
+                let resident = || {
+                    s.storages.iter().position(|st| {
+                        st.kind == StorageKind::ParamGrad && st.persistent && st.name == own
+                    })
+                };
+                let st = match step
+                    .writes
+                    .iter()
+                    .copied()
+                    .find(|&w| s.storages[w].name == own)
+                    .or_else(resident)
+                {
+                    Some(w) => {
                         bytes_of(w, &d)?;
                         w
                     }
