@@ -62,6 +62,10 @@ fn setup(name: &str, batch: u64) -> Setup {
 
 fn setup_with(name: &str, batch: u64, opts: TrainOptions) -> Setup {
     let model = load_model(&common::shipped(&format!("{name}.onnx"))).unwrap();
+    setup_from(model, name, batch, opts)
+}
+
+fn setup_from(model: Model, name: &str, batch: u64, opts: TrainOptions) -> Setup {
     let inf = infer(
         &model,
         &Bindings {
@@ -626,4 +630,205 @@ fn optimizer_updates_by_hand() {
             assert!(checked >= 12);
         }
     }
+}
+
+/// A float32 initializer with seeded values in [-0.5, 0.5).
+fn rweight(name: &str, dims: &[i64], seed: u64) -> memplan::onnx::proto::TensorProto {
+    let n: i64 = dims.iter().product();
+    let mut z = seed;
+    let v = (0..n)
+        .map(|_| {
+            z = z
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (z >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        })
+        .collect();
+    memplan::onnx::proto::TensorProto {
+        name: Some(name.into()),
+        dims: dims.to_vec(),
+        data_type: Some(1),
+        float_data: v,
+        ..Default::default()
+    }
+}
+
+/// A `Constant` node of a tensor value.
+fn constant(out: &str, t: memplan::onnx::proto::TensorProto) -> memplan::onnx::proto::NodeProto {
+    use memplan::onnx::proto::{attribute_proto::AttributeType, AttributeProto};
+    let mut n = common::node("Constant", out, &[], &[out]);
+    n.attribute.push(AttributeProto {
+        name: Some("value".into()),
+        r#type: Some(AttributeType::Tensor as i32),
+        t: Some(t),
+        ..Default::default()
+    });
+    n
+}
+
+fn f32_tensor(dims: &[i64], v: Vec<f32>) -> memplan::onnx::proto::TensorProto {
+    memplan::onnx::proto::TensorProto {
+        dims: dims.to_vec(),
+        data_type: Some(1),
+        float_data: v,
+        ..Default::default()
+    }
+}
+
+/// One attention head block written as the TorchScript exporter decomposes
+/// `scaled_dot_product_attention` with an additive mask and training-mode dropout:
+/// x [batch, 8, 16] → q, k, v (2 heads of 8) → `MatMul(Mul(q, s), Mul(kᵀ, s))` →
+/// `Add(mask)` → Softmax → Dropout(0.1) → `MatMul(·, v)` → heads merged → Linear(16, 4).
+/// The mask is an activation: `Mul(Constant, 1)` (a folded value) when `folded`,
+/// else the mean of `x` over features (computed from the batch, no value).
+fn sdpa_model(folded: bool) -> Model {
+    use common::{ints, model, node, value_info, with_int, with_ints, D};
+    let scale = 8f32.powf(-0.25);
+    let mut nodes = vec![];
+    for (n, w) in [("q", "wq"), ("k", "wk"), ("v", "wv")] {
+        nodes.push(node(
+            "MatMul",
+            &format!("{n}_proj"),
+            &["x", w],
+            &[&format!("{n}0")],
+        ));
+        nodes.push(node(
+            "Reshape",
+            &format!("{n}_split"),
+            &[&format!("{n}0"), "shp4"],
+            &[&format!("{n}1")],
+        ));
+        let perm: &[i64] = if n == "k" {
+            &[0, 2, 3, 1]
+        } else {
+            &[0, 2, 1, 3]
+        };
+        nodes.push(with_ints(
+            node(
+                "Transpose",
+                &format!("{n}_heads"),
+                &[&format!("{n}1")],
+                &[&format!("{n}2")],
+            ),
+            "perm",
+            perm,
+        ));
+    }
+    nodes.push(constant("sc", f32_tensor(&[], vec![scale])));
+    nodes.push(node("Mul", "q_scale", &["q2", "sc"], &["qs"]));
+    nodes.push(node("Mul", "k_scale", &["k2", "sc"], &["ks"]));
+    nodes.push(node("MatMul", "scores", &["qs", "ks"], &["s"]));
+    if folded {
+        // A causal mask.
+        let m: Vec<f32> = (0..64)
+            .map(|i| if i % 8 > i / 8 { -1e4 } else { 0.0 })
+            .collect();
+        nodes.push(constant("maskc", f32_tensor(&[8, 8], m)));
+        nodes.push(constant("one", f32_tensor(&[], vec![1.0])));
+        nodes.push(node("Mul", "mask_make", &["maskc", "one"], &["mask"]));
+    } else {
+        nodes.push(with_int(
+            with_ints(
+                node("ReduceMean", "mask_mean", &["x"], &["m0"]),
+                "axes",
+                &[2],
+            ),
+            "keepdims",
+            1,
+        ));
+        nodes.push(node("Unsqueeze", "mask_make", &["m0", "ax1"], &["mask"]));
+    }
+    nodes.push(node("Add", "masked", &["s", "mask"], &["a"]));
+    nodes.push(with_int(
+        node("Softmax", "softmax", &["a"], &["p"]),
+        "axis",
+        -1,
+    ));
+    nodes.push(constant("ratio", f32_tensor(&[], vec![0.1])));
+    nodes.push(constant(
+        "tm",
+        memplan::onnx::proto::TensorProto {
+            dims: vec![],
+            data_type: Some(9),
+            int32_data: vec![1],
+            ..Default::default()
+        },
+    ));
+    nodes.push(node("Dropout", "attn_drop", &["p", "ratio", "tm"], &["pd"]));
+    nodes.push(node("MatMul", "attn", &["pd", "v2"], &["o"]));
+    nodes.push(with_ints(
+        node("Transpose", "merge_t", &["o"], &["ot"]),
+        "perm",
+        &[0, 2, 1, 3],
+    ));
+    nodes.push(node("Reshape", "merge", &["ot", "shp3"], &["om"]));
+    nodes.push(node("MatMul", "out_proj", &["om", "wo"], &["y"]));
+    let p = model(
+        nodes,
+        vec![
+            rweight("wq", &[16, 16], 1),
+            rweight("wk", &[16, 16], 2),
+            rweight("wv", &[16, 16], 3),
+            rweight("wo", &[16, 4], 4),
+            ints("shp4", &[0, 8, 2, 8]),
+            ints("shp3", &[0, 8, 16]),
+            ints("ax1", &[1]),
+        ],
+        vec![value_info("x", 1, &[D::S("batch"), D::N(8), D::N(16)])],
+        vec![value_info("y", 1, &[D::S("batch"), D::N(8), D::N(4)])],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = common::write_tmp(&dir, "sdpa.onnx", &common::encode(&p));
+    load_model(&path).unwrap()
+}
+
+/// SDPA with an additive mask and training-mode Dropout inside the pattern: with a
+/// folded mask, peaks exact, finite differences (the Dropout mask regenerated at the
+/// pattern's backward), planned runs bitwise identical; with a mask computed from
+/// the batch (not saved by the fused kernel, no constant value), refused naming it.
+#[test]
+fn sdpa_with_mask_and_dropout() {
+    let o = TrainOptions {
+        optimizer: Optimizer::Sgd,
+        precision: Precision::Fp32,
+        loss: Loss::Mean,
+        grads_resident: false,
+    };
+    let su = setup_from(sdpa_model(true), "sdpa", 2, o);
+    let p =
+        su.s.fused
+            .iter()
+            .find(|p| p.kind == memplan::train::FusedKind::Sdpa)
+            .expect("the SDPA pattern is recognised");
+    assert_eq!(
+        p.nodes.len(),
+        7,
+        "scale ×2, scores, mask add, softmax, dropout, output"
+    );
+    let (su, r) = baseline_of(su, 2);
+    check_gradients(&su, &r);
+    planned_identical(&su, &r);
+
+    let su = setup_from(sdpa_model(false), "sdpa_unfolded", 2, o);
+    assert!(su
+        .s
+        .fused
+        .iter()
+        .any(|p| p.kind == memplan::train::FusedKind::Sdpa));
+    let err = train_step(
+        &su.model,
+        &su.inf,
+        &su.s,
+        &su.g,
+        &su.g.no_recompute_plan(),
+        &su.params,
+        &su.inputs,
+        &StepOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("'mask'") && err.contains("does not save"),
+        "{err}"
+    );
 }

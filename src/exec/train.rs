@@ -976,21 +976,24 @@ fn ensure_value(
         .producer
         .ok_or_else(|| format!("'{name}' has no value"))?;
     let step = &s.steps[step_of[&p]];
-    if !step.writes.is_empty() || depth > gr.order.len() {
+    // A view: its step does not write its storage (it may write others, e.g. the
+    // unused mask of an identity Dropout).
+    if step.writes.contains(&st) || depth > gr.order.len() {
         return Err(format!("'{name}' was lost though its storage is live"));
     }
     let node = gr.node(p);
     let src = node.inputs.first().copied().flatten();
-    // A one-output view that keeps every element in place (reshape, flatten,
-    // squeeze, unsqueeze, identity) is its source reshaped to the inferred shape:
-    // its other inputs (shape tensors, perhaps freed since) are not needed.
-    if let (Some(src), [Some(_)]) = (src, node.outputs.as_slice()) {
+    // A view that keeps every element in place (reshape, flatten, squeeze,
+    // unsqueeze, identity, an identity Dropout's output) is its source reshaped to
+    // the inferred shape: its other inputs (shape tensors, perhaps freed since) are
+    // not needed.
+    if let (Some(src), Some(&Some(o0))) = (src, node.outputs.first()) {
         let (op, cx) = rule_cx(model, inf, node)?;
         let keeps_order = matches!(
             op.storage(&cx),
             crate::ops::Storage::View | crate::ops::Storage::Reshape
         );
-        if keeps_order && inf.facts[src].numel() == inf.facts[t].numel() {
+        if o0 == t && keeps_order && inf.facts[src].numel() == inf.facts[t].numel() {
             ensure_value(
                 model,
                 inf,
@@ -1047,9 +1050,13 @@ fn ensure_value(
         fwd[i] = None;
     }
     let outs = outs?;
+    // Only the views: outputs the step writes have their own storage, made (and
+    // counted) only by the step itself.
     for (o, v) in node.outputs.iter().zip(outs) {
         if let Some(o) = *o {
-            fwd[o] = Some(v);
+            if !step.writes.contains(&s.tensor_storage[o]) {
+                fwd[o] = Some(v);
+            }
         }
     }
     Ok(())
