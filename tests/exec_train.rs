@@ -21,8 +21,13 @@
 //!   SDPA): as above.
 //! - Optimizers (momentum, Adam, AdamW; gradients resident or not): peaks as above;
 //!   one update checked element-wise against PyTorch's formulas computed in f64.
+//! - Precision policies (amp-fp16, amp-bf16, bf16) on mlp and cnn, SGD and Adam:
+//!   half-precision storages (autocast copies, cached weight copies, bf16
+//!   parameters and states), f32 compute; peaks as above, planned runs bitwise
+//!   identical, gradients close to fp32's (cosine).
 //! - Bad plans (a read of a freed storage), a schedule of another optimizer, and
-//!   unsupported schedules (AMP fp16) are rejected with the reason.
+//!   unsupported schedules (fused patterns under a half policy) are rejected with
+//!   the reason.
 
 mod common;
 
@@ -403,30 +408,30 @@ fn bad_plans_and_schedules_are_rejected() {
     .unwrap_err()
     .to_string();
     assert!(err.contains("optimizer is adam"), "{err}");
-    // Half precision is not run.
-    let o = TrainOptions {
-        optimizer: Optimizer::Sgd,
-        precision: Precision::AmpFp16,
-        loss: Loss::Mean,
-        grads_resident: false,
-    };
-    {
-        let s = build_schedule(&su.model, &su.inf, &o).unwrap();
-        let g = from_schedule(&s, "mlp");
-        let err = train_step(
-            &su.model,
-            &su.inf,
-            &s,
-            &g,
-            &g.no_recompute_plan(),
-            &su.params,
-            &su.inputs,
-            &StepOptions::default(),
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(err.contains("only"), "{err}");
-    }
+    // Fused patterns under a half-precision policy are not run.
+    let su = setup_with(
+        "transformer",
+        2,
+        TrainOptions {
+            optimizer: Optimizer::Sgd,
+            precision: Precision::AmpFp16,
+            loss: Loss::Mean,
+            grads_resident: false,
+        },
+    );
+    let err = train_step(
+        &su.model,
+        &su.inf,
+        &su.s,
+        &su.g,
+        &su.g.no_recompute_plan(),
+        &su.params,
+        &su.inputs,
+        &StepOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("fused patterns run only"), "{err}");
 }
 
 /// The larger models of models/ without fused patterns, at batch 1: baseline peak
@@ -831,4 +836,61 @@ fn sdpa_with_mask_and_dropout() {
         err.contains("'mask'") && err.contains("does not save"),
         "{err}"
     );
+}
+
+/// The precision policies on mlp and cnn (SGD and Adam): every float storage in the
+/// type the schedule gives it (autocast copies made by their consumer's step, cached
+/// weight copies made once, bf16 parameters, gradients and states), compute in f32:
+/// measured peak = replay = simulate, baseline and planned; planned runs bitwise
+/// identical; gradients within half precision of fp32's (cosine > 0.999 fp16,
+/// 0.99 bf16).
+#[test]
+fn precision_policies_peak_and_plans() {
+    for (name, batch) in [("mlp", 4), ("cnn", 2)] {
+        let f = setup(name, batch);
+        let fp32 = run(&f, &f.g.no_recompute_plan(), &f.params, 0.01);
+        for prec in [Precision::AmpFp16, Precision::AmpBf16, Precision::Bf16] {
+            for opt in [Optimizer::Sgd, Optimizer::Adam] {
+                let su = setup_with(
+                    name,
+                    batch,
+                    TrainOptions {
+                        optimizer: opt,
+                        precision: prec,
+                        loss: Loss::Mean,
+                        grads_resident: false,
+                    },
+                );
+                let half =
+                    su.s.storages
+                        .iter()
+                        .filter(|st| st.dtype == prec.half().unwrap())
+                        .count();
+                let casts =
+                    su.s.storages
+                        .iter()
+                        .filter(|st| st.kind == memplan::train::StorageKind::Cast)
+                        .count();
+                eprintln!("{name} {prec} {opt}: {half} half storages, {casts} casts");
+                assert!(half > 0);
+                assert_eq!(casts > 0, prec.is_amp());
+                let (su, r) = baseline_of(su, batch);
+                for (k, (a, b)) in r.grads.iter().zip(&fp32.grads).enumerate() {
+                    let (a, b) = (a.to_f64s(), b.to_f64s());
+                    let dot: f64 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+                    let na: f64 = a.iter().map(|x| x * x).sum::<f64>().sqrt();
+                    let nb: f64 = b.iter().map(|x| x * x).sum::<f64>().sqrt();
+                    let cos = dot / (na * nb).max(1e-30);
+                    // bf16 keeps 8 significant bits, fp16 11.
+                    let min = if prec.half() == Some(memplan::ir::DType::F16) {
+                        0.999
+                    } else {
+                        0.99
+                    };
+                    assert!(cos > min, "{name} {prec}: gradient {k}: cosine {cos}");
+                }
+                planned_identical(&su, &r);
+            }
+        }
+    }
 }

@@ -51,9 +51,19 @@
 //! write. Resident gradients (`grads_resident`: persistent `.grad`, zero before the
 //! step) receive each parameter's first gradient.
 //!
-//! Supported: fp32; `Loss::Mean` or `Loss::Sum`; SGD, momentum, Adam, AdamW;
-//! gradients resident or not; the fused exact GELU and SDPA. Not yet: the
-//! half-precision policies (amp-fp16, amp-bf16, bf16).
+//! Precision policies ([`crate::train::Precision`]): every float value is held in
+//! its storage's type (f16/bf16 under a half policy) and computed in f32 (kernel
+//! inputs widened, outputs rounded to the storage's type). An autocast copy (a
+//! [`StorageKind::Cast`] storage in [`crate::train::Step::slots`]) is made by the
+//! step that writes it, from its source; a cached weight copy, made once, is read by
+//! later steps as it is; a backward kernel reads the copy its forward read.
+//! Gradients are rounded to their storage's type (autocast's cast back), partials
+//! added in f32 and rounded. Pure bf16: parameters, the batch, optimizer state and
+//! temporaries bf16 too, the update computed in f32 and rounded back.
+//!
+//! Supported: fp32, amp-fp16, amp-bf16, bf16; `Loss::Mean` or `Loss::Sum`; SGD,
+//! momentum, Adam, AdamW; gradients resident or not; the fused exact GELU and SDPA
+//! (fp32 only: under a half policy a model with a fused pattern is refused).
 
 use std::collections::{HashMap, HashSet};
 
@@ -219,13 +229,16 @@ pub fn train_step(
             inputs.len()
         )));
     }
-    for st in &s.storages {
-        if st.kind == StorageKind::Cast || (st.dtype.is_float() && st.dtype != DType::F32) {
-            return Err(Error::Graph(format!(
-                "storage '{}' is {}: only the fp32 policy runs",
-                st.name, st.dtype
-            )));
-        }
+    let half = s
+        .storages
+        .iter()
+        .find(|st| st.dtype.is_float() && st.dtype != DType::F32);
+    if let (Some(st), Some(p)) = (half, s.fused.first()) {
+        return Err(Error::Graph(format!(
+            "storage '{}' is {} and the model has a fused {:?} pattern: fused patterns \
+             run only under the fp32 policy",
+            st.name, st.dtype, p.kind
+        )));
     }
     let mut alloc = Allocator::new(s.storages.iter().map(|st| st.bytes).collect());
     // Values: forward tensors by tensor id; gradients by tensor id; extras and the
@@ -236,6 +249,12 @@ pub fn train_step(
     let mut sval: Vec<Option<Tensor>> = vec![None; s.storages.len()];
     let mut params: Vec<Option<Tensor>> = params.to_vec();
     params.resize(n_t, None);
+    // Parameters and the batch in their storage's type (pure bf16: bf16).
+    for (t, p) in params.iter_mut().enumerate() {
+        if let Some(v) = p.take() {
+            *p = Some(stored(s, t, v).map_err(Error::Graph)?);
+        }
+    }
     for (v, val) in g.values.iter().enumerate() {
         if val.fixed {
             alloc.alloc(v).map_err(Error::Graph)?;
@@ -264,10 +283,11 @@ pub fn train_step(
         .position(|st| st.kind == StorageKind::OptimizerState);
     if let Some(st) = state_st {
         let n = opts.optimizer.states() as usize * n_params;
-        let z = Tensor::f32(vec![n], vec![0.0; n]);
-        if DType::F32.bytes_for(n as u64) != Some(s.storages[st].bytes) {
+        let dt = s.storages[st].dtype;
+        let z = Tensor::from_f32(dt, vec![n], vec![0.0; n]).map_err(Error::Graph)?;
+        if dt.bytes_for(n as u64) != Some(s.storages[st].bytes) {
             return Err(Error::Graph(format!(
-                "the optimizer state is {} bytes for {n} f32 elements",
+                "the optimizer state is {} bytes for {n} {dt} elements",
                 s.storages[st].bytes
             )));
         }
@@ -285,7 +305,7 @@ pub fn train_step(
                 f.shape
             )));
         }
-        fwd[t] = Some(x.clone());
+        fwd[t] = Some(stored(s, t, x.clone()).map_err(Error::Graph)?);
     }
     // Storage -> forward tensors held in it.
     let mut in_storage: Vec<Vec<TensorId>> = vec![Vec::new(); s.storages.len()];
@@ -397,13 +417,59 @@ pub fn train_step(
                             )
                             .map_err(&err)?;
                         }
+                        // Autocast copies this step makes (a cached weight copy made
+                        // earlier is read as it is).
+                        for (slot, t) in node.inputs.iter().enumerate() {
+                            let (Some(t), Some(&Some(c))) = (*t, step.slots.get(slot)) else {
+                                continue;
+                            };
+                            if s.storages[c].kind != StorageKind::Cast {
+                                continue;
+                            }
+                            if step.writes.contains(&c) {
+                                let v = params[t]
+                                    .as_ref()
+                                    .or(fwd[t].as_ref())
+                                    .ok_or_else(|| err(format!("input {slot} has no value")))?
+                                    .cast(s.storages[c].dtype)
+                                    .map_err(&err)?;
+                                check_bytes(c, &v)?;
+                                sval[c] = Some(v);
+                            } else if sval[c].is_none() {
+                                return Err(err(format!(
+                                    "the cast '{}' has no value",
+                                    s.storages[c].name
+                                )));
+                            }
+                        }
+                        let ins: Vec<Option<&Tensor>> = node
+                            .inputs
+                            .iter()
+                            .enumerate()
+                            .map(|(slot, t)| {
+                                let t = (*t)?;
+                                match step.slots.get(slot) {
+                                    Some(&Some(c)) if s.storages[c].kind == StorageKind::Cast => {
+                                        sval[c].as_ref()
+                                    }
+                                    _ => params[t].as_ref().or(fwd[t].as_ref()),
+                                }
+                            })
+                            .collect();
+                        if let Some(slot) = node
+                            .inputs
+                            .iter()
+                            .zip(&ins)
+                            .position(|(t, v)| t.is_some() && v.is_none())
+                        {
+                            return Err(err(format!("input {slot} has no value")));
+                        }
                         let pattern = pattern_of.get(&ix).copied();
-                        let mut outs = forward_kernel(
+                        let mut outs = run_kernel(
                             model,
                             inf,
                             node,
-                            &params,
-                            &fwd,
+                            ins,
                             opts,
                             !extras.is_empty() && pattern.is_none(),
                         )
@@ -447,6 +513,7 @@ pub fn train_step(
                                     f.shape
                                 )));
                             }
+                            let v = stored(s, t, v).map_err(&err)?;
                             let st = s.tensor_storage[t];
                             if step.writes.contains(&st) {
                                 check_bytes(st, &v)?;
@@ -485,11 +552,14 @@ pub fn train_step(
                             Loss::Sum => Tensor::f32(vec![], vec![1.0]),
                         };
                         let st = step.writes[0];
+                        let dt = s.storages[st].dtype;
+                        let g0 = g0.cast(dt).map_err(&err)?;
                         check_bytes(st, &g0)?;
                         gval[out0] = Some(match opts.loss {
                             Loss::Mean => g0,
                             Loss::Sum => {
-                                Tensor::f32(f.shape.clone(), vec![1.0; f.numel() as usize])
+                                Tensor::from_f32(dt, f.shape.clone(), vec![1.0; f.numel() as usize])
+                                    .map_err(&err)?
                             }
                         });
                         gstore[out0] = Some(st);
@@ -620,9 +690,10 @@ fn optimizer_step(
     s: &Schedule,
     gval: &[Option<Tensor>],
     params: &mut [Option<Tensor>],
-    state: Option<&mut Tensor>,
+    state_out: Option<&mut Tensor>,
     opts: &StepOptions,
 ) -> std::result::Result<Option<Tensor>, String> {
+    let state = state_out.as_deref();
     let opt = opts.optimizer;
     let lr = opts.lr;
     let wd64 = opts.weight_decay.unwrap_or(match opt {
@@ -636,13 +707,15 @@ fn optimizer_step(
         .iter()
         .map(|&t| gval[t].as_ref().map_or(0, Tensor::numel))
         .sum();
-    let mut state = match state {
-        Some(t) => Some(match &mut t.elems {
-            crate::exec::Elems::F32(v) => v,
-            _ => return Err("the optimizer state is not f32".into()),
-        }),
+    // Half-precision (bf16) parameters and states are updated in f32 and rounded
+    // back, one tensor at a time.
+    let state_dtype = state.as_ref().map(|t| t.dtype());
+    let mut state_f32: Option<Vec<f32>> = match &state {
+        Some(t) => Some(t.to_f32()?.into_owned()),
         None => None,
     };
+    let mut state_vec = state_f32.as_mut();
+    let state = &mut state_vec;
     if state.as_ref().map_or(0, |v| v.len()) != opt.states() as usize * n {
         return Err("the optimizer state does not match the parameters".into());
     }
@@ -665,11 +738,11 @@ fn optimizer_step(
         let g = gval[t]
             .as_ref()
             .ok_or("a parameter has no gradient")?
-            .as_f32()?;
+            .to_f32()?;
+        let g: &[f32] = &g;
         let p = params[t].as_mut().ok_or("a parameter has no value")?;
-        let crate::exec::Elems::F32(ps) = &mut p.elems else {
-            return Err("parameter not f32".into());
-        };
+        let mut p32 = p.to_f32()?.into_owned();
+        let ps = &mut p32;
         if ps.len() != g.len() {
             return Err("a gradient does not match its parameter".into());
         }
@@ -713,12 +786,36 @@ fn optimizer_step(
                 }
             }
         }
+        *p = Tensor::from_f32(p.dtype(), p.shape.clone(), p32)?;
         off += k;
     }
+    if let (Some(t), Some(v), Some(dt)) = (state_out, state_f32, state_dtype) {
+        *t = Tensor::from_f32(dt, t.shape.clone(), v)?;
+    }
+    let master = s
+        .with_grad
+        .first()
+        .and_then(|&t| params[t].as_ref())
+        .map_or(DType::F32, Tensor::dtype);
     Ok(match opt {
-        Optimizer::Adam | Optimizer::Adamw => Some(Tensor::f32(vec![n], denom_all)),
+        Optimizer::Adam | Optimizer::Adamw => Some(Tensor::from_f32(master, vec![n], denom_all)?),
         _ => None,
     })
+}
+
+/// `v`, the value of forward tensor `t`, in its storage's element type (a float
+/// tensor under a half-precision policy; every other value as it is).
+fn stored(s: &Schedule, t: TensorId, v: Tensor) -> std::result::Result<Tensor, String> {
+    let st = s.tensor_storage.get(t).copied().unwrap_or(usize::MAX);
+    if st == usize::MAX || !v.dtype().is_float() {
+        return Ok(v);
+    }
+    let dt = s.storages[st].dtype;
+    if dt.is_float() && dt != v.dtype() {
+        v.cast(dt)
+    } else {
+        Ok(v)
+    }
 }
 
 /// A node's op rules and the context they take (input facts from inference).
@@ -780,6 +877,20 @@ fn run_kernel(
     let op = registry()
         .get(&node.domain, &node.op_type)
         .ok_or("unsupported op")?;
+    // Half-precision values are computed in f32.
+    let wide: Vec<Option<Tensor>> = ins
+        .iter()
+        .map(|v| {
+            v.filter(|v| v.dtype().is_float() && v.dtype() != DType::F32)
+                .map(|v| v.cast(DType::F32))
+                .transpose()
+        })
+        .collect::<std::result::Result<_, _>>()?;
+    let ins = ins
+        .iter()
+        .zip(&wide)
+        .map(|(v, w)| w.as_ref().or(*v))
+        .collect();
     let cx = KernelCx {
         node,
         inputs: ins,
@@ -1055,7 +1166,7 @@ fn ensure_value(
     for (o, v) in node.outputs.iter().zip(outs) {
         if let Some(o) = *o {
             if !step.writes.contains(&s.tensor_storage[o]) {
-                fwd[o] = Some(v);
+                fwd[o] = Some(stored(s, o, v)?);
             }
         }
     }
@@ -1123,6 +1234,11 @@ fn backward_step(
     let mut saved = Vec::with_capacity(needs.len());
     for &sv in &needs {
         let v = match sv {
+            // An input read through an autocast copy: the copy.
+            Saved::Input(k) if rec.is_none() => match fstep.slots.get(k) {
+                Some(&Some(c)) if s.storages[c].kind == StorageKind::Cast => sval[c].as_ref(),
+                _ => node.inputs.get(k).copied().flatten().and_then(value),
+            },
             Saved::Input(k) => node.inputs.get(k).copied().flatten().and_then(value),
             Saved::Output(k) => node.outputs.get(k).copied().flatten().and_then(value),
             Saved::Extra(k) => match rec {
@@ -1132,15 +1248,41 @@ fn backward_step(
         };
         saved.push((sv, v.ok_or_else(|| format!("saved {sv:?} is not live"))?));
     }
+    // Half-precision values are computed in f32.
+    let widen = |v: &Tensor| -> std::result::Result<Option<Tensor>, String> {
+        if v.dtype().is_float() && v.dtype() != DType::F32 {
+            v.cast(DType::F32).map(Some)
+        } else {
+            Ok(None)
+        }
+    };
+    let wide_saved: Vec<Option<Tensor>> = saved
+        .iter()
+        .map(|(_, v)| widen(v))
+        .collect::<std::result::Result<_, _>>()?;
+    let saved: Vec<(Saved, &Tensor)> = saved
+        .iter()
+        .zip(&wide_saved)
+        .map(|(&(sv, v), w)| (sv, w.as_ref().unwrap_or(v)))
+        .collect();
     let incoming: Vec<Option<StorageId>> = node
         .outputs
         .iter()
         .map(|t| t.and_then(|t| gstore[t]))
         .collect();
+    let wide_grads: Vec<Option<Tensor>> = node
+        .outputs
+        .iter()
+        .map(|t| match t.and_then(|t| gval[t].as_ref()) {
+            Some(g) => widen(g),
+            None => Ok(None),
+        })
+        .collect::<std::result::Result<_, _>>()?;
     let grads: Vec<Option<&Tensor>> = node
         .outputs
         .iter()
-        .map(|t| t.and_then(|t| gval[t].as_ref()))
+        .zip(&wide_grads)
+        .map(|(t, w)| w.as_ref().or(t.and_then(|t| gval[t].as_ref())))
         .collect();
     let bcx = BackwardCx {
         node,
@@ -1191,10 +1333,7 @@ fn backward_step(
                     .find(|&w| s.storages[w].name == own)
                     .or_else(resident)
                 {
-                    Some(w) => {
-                        bytes_of(w, &d)?;
-                        w
-                    }
+                    Some(w) => w,
                     // A view of the incoming gradient.
                     None => incoming
                         .iter()
@@ -1203,6 +1342,11 @@ fn backward_step(
                         .next()
                         .ok_or("a view gradient without an incoming one")?,
                 };
+                // In the storage's type (the cast back of autocast's backward).
+                let d = d.cast(s.storages[st].dtype)?;
+                if step.writes.contains(&st) || s.storages[st].persistent {
+                    bytes_of(st, &d)?;
+                }
                 gstore[t] = Some(st);
                 gval[t] = Some(d);
             }
@@ -1213,16 +1357,26 @@ fn backward_step(
                     .iter()
                     .find(|&&w| s.storages[w].name == tmp)
                     .ok_or_else(|| format!("accumulating into '{name}' without a partial"))?;
-                bytes_of(*w, &d)?;
                 if !step.updates.contains(&existing) {
                     return Err(format!("'{name}' accumulated but not updated"));
                 }
                 let acc = gval[t].as_mut().ok_or("accumulated gradient lost")?;
-                let crate::exec::Elems::F32(a) = &mut acc.elems else {
-                    return Err("gradient not f32".into());
-                };
-                for (a, b) in a.iter_mut().zip(d.as_f32()?) {
-                    *a += b;
+                let dt = s.storages[existing].dtype;
+                // The partial, in the gradient's type, added in f32 and rounded back.
+                let d = d.cast(dt)?;
+                bytes_of(*w, &d)?;
+                if let crate::exec::Elems::F32(a) = &mut acc.elems {
+                    for (a, b) in a.iter_mut().zip(d.as_f32()?) {
+                        *a += b;
+                    }
+                } else {
+                    let sum: Vec<f32> = acc
+                        .to_f32()?
+                        .iter()
+                        .zip(d.to_f32()?.iter())
+                        .map(|(a, b)| a + b)
+                        .collect();
+                    *acc = Tensor::from_f32(dt, acc.shape.clone(), sum)?;
                 }
             }
         }

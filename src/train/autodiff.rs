@@ -120,6 +120,11 @@ pub struct Step {
     /// step produces (written, accumulated, or a view of the incoming gradient).
     /// Empty for every other step.
     pub grad_inputs: Vec<usize>,
+    /// Forward steps: the storage each input slot of the node is read from (`None`
+    /// for an omitted input): the input's own storage, or the autocast copy it is
+    /// read through (a [`StorageKind::Cast`] storage, which this step writes unless
+    /// it is a cached weight cast made by an earlier step). Empty for other steps.
+    pub slots: Vec<Option<StorageId>>,
     /// FLOPs.
     pub flops: u64,
 }
@@ -548,6 +553,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
             writes,
             updates: Vec::new(),
             grad_inputs: Vec::new(),
+            slots: slots.clone(),
             flops: inf.flops[step],
         });
         read_as.push(slots);
@@ -577,6 +583,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         writes: vec![loss],
         updates: Vec::new(),
         grad_inputs: Vec::new(),
+        slots: Vec::new(),
         flops: n_out,
     });
     let mut grad: Vec<Option<StorageId>> = vec![None; n_t];
@@ -602,6 +609,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         writes: vec![g0],
         updates: Vec::new(),
         grad_inputs: Vec::new(),
+        slots: Vec::new(),
         flops: n_out,
     });
 
@@ -735,6 +743,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
             writes,
             updates,
             grad_inputs,
+            slots: Vec::new(),
             flops: bw.flops,
         });
     }
@@ -832,6 +841,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         writes,
         updates: Vec::new(),
         grad_inputs: Vec::new(),
+        slots: Vec::new(),
         flops: n_params.saturating_mul(per_elem),
     });
 
