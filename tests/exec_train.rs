@@ -25,9 +25,10 @@
 //!   half-precision storages (autocast copies, cached weight copies, bf16
 //!   parameters and states), f32 compute; peaks as above, planned runs bitwise
 //!   identical, gradients close to fp32's (cosine).
-//! - Bad plans (a read of a freed storage), a schedule of another optimizer, and
-//!   unsupported schedules (fused patterns under a half policy) are rejected with
-//!   the reason.
+//!   Fused patterns under each policy (transformer, the SDPA model): peaks and
+//!   planned runs as above.
+//! - Bad plans (a read of a freed storage) and a schedule of another optimizer are
+//!   rejected with the reason.
 
 mod common;
 
@@ -408,30 +409,6 @@ fn bad_plans_and_schedules_are_rejected() {
     .unwrap_err()
     .to_string();
     assert!(err.contains("optimizer is adam"), "{err}");
-    // Fused patterns under a half-precision policy are not run.
-    let su = setup_with(
-        "transformer",
-        2,
-        TrainOptions {
-            optimizer: Optimizer::Sgd,
-            precision: Precision::AmpFp16,
-            loss: Loss::Mean,
-            grads_resident: false,
-        },
-    );
-    let err = train_step(
-        &su.model,
-        &su.inf,
-        &su.s,
-        &su.g,
-        &su.g.no_recompute_plan(),
-        &su.params,
-        &su.inputs,
-        &StepOptions::default(),
-    )
-    .unwrap_err()
-    .to_string();
-    assert!(err.contains("fused patterns run only"), "{err}");
 }
 
 /// The larger models of models/ without fused patterns, at batch 1: baseline peak
@@ -891,6 +868,30 @@ fn precision_policies_peak_and_plans() {
                 }
                 planned_identical(&su, &r);
             }
+        }
+    }
+}
+
+/// Fused patterns under the half-precision policies (transformer: exact GELU; the
+/// SDPA model: autocast copies inside the attention, its Softmax on an f32 copy):
+/// peaks exact, planned runs bitwise identical.
+#[test]
+fn fused_patterns_under_half_policies() {
+    for prec in [Precision::AmpFp16, Precision::AmpBf16, Precision::Bf16] {
+        let o = TrainOptions {
+            optimizer: Optimizer::Adam,
+            precision: prec,
+            loss: Loss::Mean,
+            grads_resident: false,
+        };
+        for su in [
+            setup_with("transformer", 2, o),
+            setup_from(sdpa_model(true), "sdpa", 2, o),
+        ] {
+            assert!(!su.s.fused.is_empty());
+            eprintln!("{} {prec}:", su.g.name);
+            let (su, r) = baseline_of(su, 2);
+            planned_identical(&su, &r);
         }
     }
 }

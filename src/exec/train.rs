@@ -35,7 +35,7 @@
 //! both are one kernel). At the pattern's first backward step (its last node's), the
 //! pattern's inner forward values are recomputed from what that step reads (GELU:
 //! `x`; SDPA: q, k, v, the output, the logsumexp) and fixed storages, Dropout masks
-//! regenerated from their node's seed; these values are transient and not counted,
+//! regenerated from their node's seed, autocast copies made again; these values are transient and not counted,
 //! as they live inside the fused backward kernel, and are dropped after the
 //! pattern's last backward step. Each node's backward kernel then takes its saved
 //! tensors from them and stores its gradients as the schedule says, so the
@@ -63,7 +63,8 @@
 //!
 //! Supported: fp32, amp-fp16, amp-bf16, bf16; `Loss::Mean` or `Loss::Sum`; SGD,
 //! momentum, Adam, AdamW; gradients resident or not; the fused exact GELU and SDPA
-//! (fp32 only: under a half policy a model with a fused pattern is refused).
+//! (under every policy). Not run: a fused pattern whose input is an activation the
+//! fused kernel does not save and that has no folded value (refused, named).
 
 use std::collections::{HashMap, HashSet};
 
@@ -227,17 +228,6 @@ pub fn train_step(
             "the model has {} inputs, {} were given",
             gr.inputs.len(),
             inputs.len()
-        )));
-    }
-    let half = s
-        .storages
-        .iter()
-        .find(|st| st.dtype.is_float() && st.dtype != DType::F32);
-    if let (Some(st), Some(p)) = (half, s.fused.first()) {
-        return Err(Error::Graph(format!(
-            "storage '{}' is {} and the model has a fused {:?} pattern: fused patterns \
-             run only under the fp32 policy",
-            st.name, st.dtype, p.kind
         )));
     }
     let mut alloc = Allocator::new(s.storages.iter().map(|st| st.bytes).collect());
@@ -465,6 +455,15 @@ pub fn train_step(
                             return Err(err(format!("input {slot} has no value")));
                         }
                         let pattern = pattern_of.get(&ix).copied();
+                        if let Some(k) = pattern {
+                            if s.fused[k].kind == FusedKind::Sdpa && node.op_type == "Softmax" {
+                                // From the scores as the Softmax reads them (an autocast
+                                // f32 copy under AMP).
+                                let x =
+                                    ins[0].ok_or_else(|| err("the scores have no value".into()))?;
+                                lse[k] = Some(logsumexp_last(x).map_err(&err)?);
+                            }
+                        }
                         let mut outs = run_kernel(
                             model,
                             inf,
@@ -476,12 +475,6 @@ pub fn train_step(
                         .map_err(&err)?;
                         if let Some(k) = pattern {
                             let p = &s.fused[k];
-                            if p.kind == FusedKind::Sdpa && node.op_type == "Softmax" {
-                                let x = node.inputs[0]
-                                    .and_then(|t| fwd[t].as_ref())
-                                    .ok_or_else(|| err("the scores have no value".into()))?;
-                                lse[k] = Some(logsumexp_last(x).map_err(&err)?);
-                            }
                             if ix == p.last() && !extras.is_empty() {
                                 let l = lse[k].clone().ok_or_else(|| {
                                     err("the attention's logsumexp was not computed".into())
@@ -584,8 +577,10 @@ pub fn train_step(
                                 .map_err(&err)?;
                             }
                             recomputed[k] = Some(
-                                recompute_pattern(model, inf, s, p, &params, &fwd, &sval, opts)
-                                    .map_err(&err)?,
+                                recompute_pattern(
+                                    model, inf, s, p, &step_of, &params, &fwd, &sval, opts,
+                                )
+                                .map_err(&err)?,
                             );
                         }
                         for t in node.inputs.iter().chain(&node.outputs).flatten() {
@@ -917,6 +912,8 @@ struct Recomputed {
     vals: HashMap<TensorId, Tensor>,
     /// Each node's own extras (Dropout's mask, regenerated from its seed).
     extras: HashMap<NodeIndex, Vec<Tensor>>,
+    /// SDPA: the logsumexp of the recomputed scores.
+    lse: Option<Tensor>,
 }
 
 /// Recomputes pattern `p`'s forward values from what its backward step reads (its
@@ -932,6 +929,7 @@ fn recompute_pattern(
     inf: &Inferred,
     s: &Schedule,
     p: &FusedPattern,
+    step_of: &HashMap<NodeIndex, usize>,
     params: &[Option<Tensor>],
     fwd: &[Option<Tensor>],
     sval: &[Option<Tensor>],
@@ -967,7 +965,7 @@ fn recompute_pattern(
                     .ok_or_else(|| format!("'{}' has no value", gr.tensor(t).name))?
             } else if let Some(val) = &inf.facts[t].value {
                 let f = &inf.facts[t];
-                match &val.data {
+                let v = match &val.data {
                     crate::ir::value::Data::Float(v) => Tensor::from_f32(
                         f.dtype,
                         f.shape.clone(),
@@ -976,7 +974,8 @@ fn recompute_pattern(
                     crate::ir::value::Data::Int(v) => {
                         Tensor::from_i64(f.dtype, f.shape.clone(), v.clone())?
                     }
-                }
+                };
+                stored(s, t, v)?
             } else {
                 return Err(format!(
                     "'{}', an input of the fused {:?} pattern at '{}', is an activation the \
@@ -989,12 +988,34 @@ fn recompute_pattern(
             };
             r.vals.insert(t, v);
         }
-        let ins = node.inputs.iter().map(|t| t.map(|t| &r.vals[&t])).collect();
+        // Inputs read through autocast copies are copied again.
+        let fstep = step_of
+            .get(&n)
+            .map(|&i| &s.steps[i])
+            .ok_or("a pattern node without a forward step")?;
+        let mut casts: Vec<Option<Tensor>> = Vec::with_capacity(node.inputs.len());
+        for (slot, t) in node.inputs.iter().enumerate() {
+            casts.push(match (*t, fstep.slots.get(slot)) {
+                (Some(t), Some(&Some(c))) if s.storages[c].kind == StorageKind::Cast => {
+                    Some(r.vals[&t].cast(s.storages[c].dtype)?)
+                }
+                _ => None,
+            });
+        }
+        let ins: Vec<Option<&Tensor>> = node
+            .inputs
+            .iter()
+            .zip(&casts)
+            .map(|(t, c)| c.as_ref().or(t.map(|t| &r.vals[&t])))
+            .collect();
+        if p.kind == FusedKind::Sdpa && node.op_type == "Softmax" {
+            r.lse = Some(logsumexp_last(ins[0].ok_or("no Softmax input")?)?);
+        }
         let mut outs = run_kernel(model, inf, node, ins, opts, node.op_type == "Dropout")?;
         let ex = outs.split_off(node.outputs.len().min(outs.len()));
         for (o, v) in node.outputs.iter().zip(outs) {
             if let Some(o) = *o {
-                r.vals.insert(o, v);
+                r.vals.insert(o, stored(s, o, v)?);
             }
         }
         r.extras.insert(n, ex);
@@ -1004,21 +1025,19 @@ fn recompute_pattern(
         let o = last.outputs[0].ok_or("the attention output is omitted")?;
         let same = |a: &Tensor, b: &Tensor| {
             a.shape == b.shape
-                && match (a.as_f32(), b.as_f32()) {
-                    (Ok(x), Ok(y)) => x.iter().zip(y).all(|(u, v)| u.to_bits() == v.to_bits()),
+                && a.dtype() == b.dtype()
+                && match (a.to_f32(), b.to_f32()) {
+                    (Ok(x), Ok(y)) => x
+                        .iter()
+                        .zip(y.iter())
+                        .all(|(u, v)| u.to_bits() == v.to_bits()),
                     _ => false,
                 }
         };
         if !fwd[o].as_ref().is_some_and(|v| same(v, &r.vals[&o])) {
             return Err("the recomputed attention output differs from the saved one".into());
         }
-        let sm = p
-            .nodes
-            .iter()
-            .map(|&n| gr.node(n))
-            .find(|n| n.op_type == "Softmax")
-            .ok_or("no Softmax")?;
-        let lse = logsumexp_last(&r.vals[&sm.inputs[0].ok_or("no Softmax input")?])?;
+        let lse = r.lse.take().ok_or("no Softmax in the attention")?;
         let saved = s
             .steps
             .iter()
@@ -1040,7 +1059,7 @@ fn recompute_pattern(
 /// `log Σ exp` along the last axis (the logsumexp flash attention saves per query
 /// row), accumulated in f64, as f32.
 fn logsumexp_last(x: &Tensor) -> std::result::Result<Tensor, String> {
-    let xs = x.as_f32()?;
+    let xs = x.to_f32()?;
     let (&n, rows) = x.shape.split_last().ok_or("a scalar has no last axis")?;
     let v = xs
         .chunks(n.max(1))
