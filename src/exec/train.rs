@@ -28,10 +28,47 @@
 //! after a `Compute` that is the step's high-water mark (its writes are allocated
 //! before its kernel runs, and nothing is freed inside a step).
 //!
-//! Supported: fp32, `Loss::Mean` or `Loss::Sum`, SGD, gradients not resident. Not
-//! yet: the fused patterns of [`crate::train::autodiff`] (exact GELU, SDPA), whose
-//! schedule steps read what the fused kernel saves and so need fused backward
-//! kernels; the half-precision policies; Adam and momentum.
+//! Fused patterns ([`crate::train::FusedPattern`]: exact GELU, SDPA) run op by op
+//! forward, each node's step writing what the schedule says; the SDPA's Softmax
+//! step also computes the per-row logsumexp of its scores, which the pattern's last
+//! forward step writes as its Extra (the exact bytes the schedule counts; on the GPU
+//! both are one kernel). At the pattern's first backward step (its last node's), the
+//! pattern's inner forward values are recomputed from what that step reads (GELU:
+//! `x`; SDPA: q, k, v, the output, the logsumexp) and fixed storages, Dropout masks
+//! regenerated from their node's seed, autocast copies made again; these values are transient and not counted,
+//! as they live inside the fused backward kernel, and are dropped after the
+//! pattern's last backward step. Each node's backward kernel then takes its saved
+//! tensors from them and stores its gradients as the schedule says, so the
+//! accounting is the schedule's. SDPA: the recomputed output and logsumexp must
+//! equal the saved ones bitwise. A pattern input that is an activation the fused
+//! kernel does not save (an attention mask computed in the graph) stands in with its
+//! folded constant value; without one the step is refused, naming it.
+//!
+//! Optimizers (PyTorch's formulas, one step from zero state): SGD, momentum, Adam,
+//! AdamW with [`StepOptions`]' hyperparameters. The state storage (persistent) holds
+//! one f32 vector per state over all parameters; foreach Adam's temporary (the
+//! denominators of every parameter at once) is the optimizer step's OptimizerTemp
+//! write. Resident gradients (`grads_resident`: persistent `.grad`, zero before the
+//! step) receive each parameter's first gradient.
+//!
+//! Precision policies ([`crate::train::Precision`]): every float value is held in
+//! its storage's type (f16/bf16 under a half policy) and computed in f32 (kernel
+//! inputs widened, outputs rounded to the storage's type). An autocast copy (a
+//! [`StorageKind::Cast`] storage in [`crate::train::Step::slots`]) is made by the
+//! step that writes it, from its source; a cached weight copy, made once, is read by
+//! later steps as it is; a backward kernel reads the copy its forward read.
+//! Gradients are rounded to their storage's type (autocast's cast back), partials
+//! added in f32 and rounded. Pure bf16: parameters, the batch, optimizer state and
+//! temporaries bf16 too, the update computed in f32 and rounded back.
+//!
+//! Supported: fp32, amp-fp16, amp-bf16, bf16; `Loss::Mean` or `Loss::Sum`; SGD,
+//! momentum, Adam, AdamW; gradients resident or not; the fused exact GELU and SDPA
+//! (under every policy). Not run: a fused pattern whose input is an activation the
+//! fused kernel does not save and that has no folded value (refused, named).
+
+use std::collections::{HashMap, HashSet};
+
+use petgraph::stable_graph::NodeIndex;
 
 use crate::error::{Error, Result};
 use crate::exec::{rng, Tensor};
@@ -39,7 +76,9 @@ use crate::infer::Inferred;
 use crate::ir::{DType, Model, TensorId};
 use crate::ops::{registry, BackwardCx, KernelCx, Saved};
 use crate::remat::graph::{Op as PlanOp, RematGraph};
-use crate::train::{Loss, Schedule, StepKind, StorageId, StorageKind};
+use crate::train::{
+    FusedKind, FusedPattern, Loss, Optimizer, Schedule, StepKind, StorageId, StorageKind,
+};
 
 /// Counts live bytes and records the peak.
 #[derive(Debug, Clone, Default)]
@@ -95,8 +134,23 @@ impl Allocator {
 /// Options of a training step.
 #[derive(Debug, Clone, Copy)]
 pub struct StepOptions {
-    /// SGD learning rate.
+    /// Learning rate.
     pub lr: f32,
+    /// The optimizer the schedule was built with.
+    pub optimizer: Optimizer,
+    /// Momentum's coefficient (PyTorch's SGD defaults to 0, which is plain SGD; 0.9,
+    /// the usual choice, here). Dampening 0, no Nesterov (PyTorch's defaults).
+    pub momentum: f64,
+    /// Adam's `(β1, β2)` (PyTorch: `(0.9, 0.999)`). Hyperparameters are f64 (Python
+    /// floats): the update's coefficients (`1 − β`, bias corrections, step size) are
+    /// computed in f64 and rounded to f32 once, as PyTorch passes them to its kernels.
+    pub betas: (f64, f64),
+    /// Adam's ε (PyTorch: 1e-8).
+    pub eps: f64,
+    /// Weight decay; `None`: PyTorch's default for the optimizer (0, AdamW 1e-2).
+    /// SGD, momentum and Adam add `wd·p` to the gradient; AdamW scales `p` by
+    /// `1 − lr·wd` first.
+    pub weight_decay: Option<f64>,
     /// Seed of Dropout masks (as [`crate::exec::Options::seed`]).
     pub seed: u64,
     /// Whether training-mode Dropout drops.
@@ -109,6 +163,11 @@ impl Default for StepOptions {
     fn default() -> StepOptions {
         StepOptions {
             lr: 0.01,
+            optimizer: Optimizer::Sgd,
+            momentum: 0.9,
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            weight_decay: None,
             seed: 0,
             dropout: true,
             loss: Loss::Mean,
@@ -139,6 +198,10 @@ pub struct StepResult {
     pub recompute_seconds: f64,
     /// Wall seconds of the whole step.
     pub seconds: f64,
+    /// The optimizer state after the update (`None` for SGD): one f32 vector over
+    /// the parameters of [`Schedule::with_grad`] concatenated in order, per state
+    /// (momentum: the buffer; Adam/AdamW: `exp_avg` then `exp_avg_sq`).
+    pub state: Option<Tensor>,
 }
 
 /// Runs one training step of `model` following `plan` over `g` (made from `s` by
@@ -173,23 +236,6 @@ pub fn train_step(
             inputs.len()
         )));
     }
-    for st in &s.storages {
-        if st.kind == StorageKind::Cast || (st.dtype.is_float() && st.dtype != DType::F32) {
-            return Err(Error::Graph(format!(
-                "storage '{}' is {}: only the fp32 policy runs",
-                st.name, st.dtype
-            )));
-        }
-        if matches!(
-            st.kind,
-            StorageKind::OptimizerState | StorageKind::OptimizerTemp
-        ) || (st.kind == StorageKind::ParamGrad && st.persistent)
-        {
-            return Err(Error::Graph(
-                "only SGD without resident gradients runs".into(),
-            ));
-        }
-    }
     let mut alloc = Allocator::new(s.storages.iter().map(|st| st.bytes).collect());
     // Values: forward tensors by tensor id; gradients by tensor id; extras and the
     // loss by storage id. Each lives in one storage.
@@ -199,10 +245,49 @@ pub fn train_step(
     let mut sval: Vec<Option<Tensor>> = vec![None; s.storages.len()];
     let mut params: Vec<Option<Tensor>> = params.to_vec();
     params.resize(n_t, None);
+    // Parameters and the batch in their storage's type (pure bf16: bf16).
+    for (t, p) in params.iter_mut().enumerate() {
+        if let Some(v) = p.take() {
+            *p = Some(stored(s, t, v).map_err(Error::Graph)?);
+        }
+    }
     for (v, val) in g.values.iter().enumerate() {
         if val.fixed {
             alloc.alloc(v).map_err(Error::Graph)?;
         }
+    }
+    // The optimizer: the schedule's must be the options'; its state starts at zero.
+    let opt_step = s
+        .steps
+        .iter()
+        .find(|st| st.kind == StepKind::Optimizer)
+        .ok_or_else(|| Error::Graph("the schedule has no optimizer step".into()))?;
+    if opt_step.op != opts.optimizer.to_string() {
+        return Err(Error::Graph(format!(
+            "the schedule's optimizer is {}, the options say {}",
+            opt_step.op, opts.optimizer
+        )));
+    }
+    let n_params: usize = s
+        .with_grad
+        .iter()
+        .map(|&t| inf.facts[t].numel() as usize)
+        .sum();
+    let state_st = s
+        .storages
+        .iter()
+        .position(|st| st.kind == StorageKind::OptimizerState);
+    if let Some(st) = state_st {
+        let n = opts.optimizer.states() as usize * n_params;
+        let dt = s.storages[st].dtype;
+        let z = Tensor::from_f32(dt, vec![n], vec![0.0; n]).map_err(Error::Graph)?;
+        if dt.bytes_for(n as u64) != Some(s.storages[st].bytes) {
+            return Err(Error::Graph(format!(
+                "the optimizer state is {} bytes for {n} {dt} elements",
+                s.storages[st].bytes
+            )));
+        }
+        sval[st] = Some(z);
     }
     for (&t, x) in gr.inputs.iter().zip(inputs) {
         let f = &inf.facts[t];
@@ -216,7 +301,7 @@ pub fn train_step(
                 f.shape
             )));
         }
-        fwd[t] = Some(x.clone());
+        fwd[t] = Some(stored(s, t, x.clone()).map_err(Error::Graph)?);
     }
     // Storage -> forward tensors held in it.
     let mut in_storage: Vec<Vec<TensorId>> = vec![Vec::new(); s.storages.len()];
@@ -233,6 +318,26 @@ pub fn train_step(
         .filter(|(_, st)| st.kind == StepKind::Forward)
         .filter_map(|(i, st)| st.node.map(|n| (n, i)))
         .collect();
+    // Fused patterns: each node's pattern; the SDPA logsumexp, computed from the
+    // scores when the pattern's Softmax runs and written as the Extra of its last
+    // node's forward step (both one kernel on the GPU); the recomputed inner values
+    // while the pattern's backward steps run, and how many of them are left.
+    let pattern_of: HashMap<NodeIndex, usize> = s
+        .fused
+        .iter()
+        .enumerate()
+        .flat_map(|(k, p)| p.nodes.iter().map(move |&n| (n, k)))
+        .collect();
+    let mut lse: Vec<Option<Tensor>> = vec![None; s.fused.len()];
+    let mut recomputed: Vec<Option<Recomputed>> = (0..s.fused.len()).map(|_| None).collect();
+    let mut bw_left = vec![0usize; s.fused.len()];
+    for st in &s.steps {
+        if let Some(&k) = st.node.and_then(|n| pattern_of.get(&n)) {
+            if st.kind == StepKind::Backward {
+                bw_left[k] += 1;
+            }
+        }
+    }
     let mut executions = vec![0usize; s.steps.len()];
     let mut live_after = Vec::with_capacity(plan.len());
     let mut loss_f64 = 0.0;
@@ -312,16 +417,81 @@ pub fn train_step(
                             )
                             .map_err(&err)?;
                         }
-                        let outs = forward_kernel(
+                        // Autocast copies this step makes (a cached weight copy made
+                        // earlier is read as it is).
+                        for (slot, t) in node.inputs.iter().enumerate() {
+                            let (Some(t), Some(&Some(c))) = (*t, step.slots.get(slot)) else {
+                                continue;
+                            };
+                            if s.storages[c].kind != StorageKind::Cast {
+                                continue;
+                            }
+                            if step.writes.contains(&c) {
+                                let v = params[t]
+                                    .as_ref()
+                                    .or(fwd[t].as_ref())
+                                    .ok_or_else(|| err(format!("input {slot} has no value")))?
+                                    .cast(s.storages[c].dtype)
+                                    .map_err(&err)?;
+                                check_bytes(c, &v)?;
+                                sval[c] = Some(v);
+                            } else if sval[c].is_none() {
+                                return Err(err(format!(
+                                    "the cast '{}' has no value",
+                                    s.storages[c].name
+                                )));
+                            }
+                        }
+                        let ins: Vec<Option<&Tensor>> = node
+                            .inputs
+                            .iter()
+                            .enumerate()
+                            .map(|(slot, t)| {
+                                let t = (*t)?;
+                                match step.slots.get(slot) {
+                                    Some(&Some(c)) if s.storages[c].kind == StorageKind::Cast => {
+                                        sval[c].as_ref()
+                                    }
+                                    _ => params[t].as_ref().or(fwd[t].as_ref()),
+                                }
+                            })
+                            .collect();
+                        if let Some(slot) = node
+                            .inputs
+                            .iter()
+                            .zip(&ins)
+                            .position(|(t, v)| t.is_some() && v.is_none())
+                        {
+                            return Err(err(format!("input {slot} has no value")));
+                        }
+                        let pattern = pattern_of.get(&ix).copied();
+                        if let Some(k) = pattern {
+                            if s.fused[k].kind == FusedKind::Sdpa && node.op_type == "Softmax" {
+                                // From the scores as the Softmax reads them (an autocast
+                                // f32 copy under AMP).
+                                let x =
+                                    ins[0].ok_or_else(|| err("the scores have no value".into()))?;
+                                lse[k] = Some(logsumexp_last(x).map_err(&err)?);
+                            }
+                        }
+                        let mut outs = run_kernel(
                             model,
                             inf,
                             node,
-                            &params,
-                            &fwd,
+                            ins,
                             opts,
-                            !extras.is_empty(),
+                            !extras.is_empty() && pattern.is_none(),
                         )
                         .map_err(&err)?;
+                        if let Some(k) = pattern {
+                            let p = &s.fused[k];
+                            if ix == p.last() && !extras.is_empty() {
+                                let l = lse[k].clone().ok_or_else(|| {
+                                    err("the attention's logsumexp was not computed".into())
+                                })?;
+                                outs.push(l);
+                            }
+                        }
                         let n_out = node.outputs.len();
                         if outs.len() != n_out + extras.len() {
                             return Err(err(format!(
@@ -346,6 +516,7 @@ pub fn train_step(
                                     f.shape
                                 )));
                             }
+                            let v = stored(s, t, v).map_err(&err)?;
                             let st = s.tensor_storage[t];
                             if step.writes.contains(&st) {
                                 check_bytes(st, &v)?;
@@ -384,17 +555,44 @@ pub fn train_step(
                             Loss::Sum => Tensor::f32(vec![], vec![1.0]),
                         };
                         let st = step.writes[0];
+                        let dt = s.storages[st].dtype;
+                        let g0 = g0.cast(dt).map_err(&err)?;
                         check_bytes(st, &g0)?;
                         gval[out0] = Some(match opts.loss {
                             Loss::Mean => g0,
                             Loss::Sum => {
-                                Tensor::f32(f.shape.clone(), vec![1.0; f.numel() as usize])
+                                Tensor::from_f32(dt, f.shape.clone(), vec![1.0; f.numel() as usize])
+                                    .map_err(&err)?
                             }
                         });
                         gstore[out0] = Some(st);
                     }
                     StepKind::Backward => {
-                        let node = gr.node(step.node.expect("backward of a node"));
+                        let ix = step.node.expect("backward of a node");
+                        let node = gr.node(ix);
+                        let pattern = pattern_of.get(&ix).copied();
+                        if let Some(k) = pattern.filter(|&k| recomputed[k].is_none()) {
+                            let p = &s.fused[k];
+                            if ix != p.last() {
+                                return Err(err(format!(
+                                    "the first backward step of a fused {:?} pattern is not its \
+                                     last node's",
+                                    p.kind
+                                )));
+                            }
+                            for &t in &p.reads {
+                                ensure_value(
+                                    model, inf, s, &step_of, &alloc, &params, &mut fwd, opts, t, 0,
+                                )
+                                .map_err(&err)?;
+                            }
+                            recomputed[k] = Some(
+                                recompute_pattern(
+                                    model, inf, s, p, &step_of, &params, &fwd, &sval, opts,
+                                )
+                                .map_err(&err)?,
+                            );
+                        }
                         for t in node.inputs.iter().chain(&node.outputs).flatten() {
                             let st = s.tensor_storage[*t];
                             if st != usize::MAX && step.reads.contains(&st) {
@@ -412,26 +610,44 @@ pub fn train_step(
                             &params,
                             &fwd,
                             &sval,
+                            pattern.and_then(|k| recomputed[k].as_ref()),
                             &mut gval,
                             &mut gstore,
                             opts,
                         )
                         .map_err(&err)?;
+                        if let Some(k) = pattern {
+                            bw_left[k] -= 1;
+                            if bw_left[k] == 0 {
+                                recomputed[k] = None;
+                            }
+                        }
                     }
                     StepKind::Optimizer => {
-                        for &t in &s.with_grad {
-                            let gt = gval[t]
-                                .as_ref()
-                                .ok_or_else(|| err("a parameter has no gradient".into()))?;
-                            let p = params[t]
-                                .as_mut()
-                                .ok_or_else(|| err("a parameter has no value".into()))?;
-                            let gs = gt.as_f32().map_err(&err)?;
-                            let crate::exec::Elems::F32(ps) = &mut p.elems else {
-                                return Err(err("parameter not f32".into()));
-                            };
-                            for (p, g) in ps.iter_mut().zip(gs) {
-                                *p -= opts.lr * g;
+                        let temp = optimizer_step(
+                            s,
+                            &gval,
+                            &mut params,
+                            state_st.and_then(|st| sval[st].as_mut()),
+                            opts,
+                        )
+                        .map_err(&err)?;
+                        let temps: Vec<StorageId> = step
+                            .writes
+                            .iter()
+                            .copied()
+                            .filter(|&w| s.storages[w].kind == StorageKind::OptimizerTemp)
+                            .collect();
+                        match (temps.as_slice(), temp) {
+                            ([], None) => {}
+                            ([w], Some(t)) => {
+                                check_bytes(*w, &t)?;
+                                sval[*w] = Some(t);
+                            }
+                            _ => {
+                                return Err(err(
+                                    "the update's temporaries are not the schedule's".into()
+                                ))
                             }
                         }
                     }
@@ -476,10 +692,146 @@ pub fn train_step(
         step_seconds,
         recompute_seconds,
         seconds: t_start.elapsed().as_secs_f64(),
+        state: state_st.and_then(|st| sval[st].clone()),
     })
 }
 
-/// Runs the forward kernel of `node` on the values at hand.
+/// The optimizer update (PyTorch's formulas, step 1, state from `state`), in
+/// place on `params` and `state`. Gives the foreach Adam temporary
+/// (`sqrt(exp_avg_sq) / sqrt(1 − β2ᵗ) + ε` of every parameter at once, which the
+/// schedule counts as one OptimizerTemp storage), `None` for the others.
+fn optimizer_step(
+    s: &Schedule,
+    gval: &[Option<Tensor>],
+    params: &mut [Option<Tensor>],
+    state_out: Option<&mut Tensor>,
+    opts: &StepOptions,
+) -> std::result::Result<Option<Tensor>, String> {
+    let state = state_out.as_deref();
+    let opt = opts.optimizer;
+    let lr = opts.lr;
+    let wd64 = opts.weight_decay.unwrap_or(match opt {
+        Optimizer::Adamw => 1e-2,
+        _ => 0.0,
+    });
+    let wd = wd64 as f32;
+    let mu = opts.momentum as f32;
+    let n: usize = s
+        .with_grad
+        .iter()
+        .map(|&t| gval[t].as_ref().map_or(0, Tensor::numel))
+        .sum();
+    // Half-precision (bf16) parameters and states are updated in f32 and rounded
+    // back, one tensor at a time.
+    let state_dtype = state.as_ref().map(|t| t.dtype());
+    let mut state_f32: Option<Vec<f32>> = match &state {
+        Some(t) => Some(t.to_f32()?.into_owned()),
+        None => None,
+    };
+    let mut state_vec = state_f32.as_mut();
+    let state = &mut state_vec;
+    if state.as_ref().map_or(0, |v| v.len()) != opt.states() as usize * n {
+        return Err("the optimizer state does not match the parameters".into());
+    }
+    // Step 1: Adam's coefficients, in f64 then f32.
+    let t = 1i32;
+    let (b1, b2) = opts.betas;
+    let bc1 = 1.0 - b1.powi(t);
+    let bc2_sqrt = ((1.0 - b2.powi(t)).sqrt()) as f32;
+    let step_size = (lr as f64 / bc1) as f32;
+    let decay = (1.0 - lr as f64 * wd64) as f32;
+    let (one_b1, one_b2, b2f, eps) = (
+        (1.0 - b1) as f32,
+        (1.0 - b2) as f32,
+        b2 as f32,
+        opts.eps as f32,
+    );
+    let mut denom_all = Vec::new();
+    let mut off = 0;
+    for &t in &s.with_grad {
+        let g = gval[t]
+            .as_ref()
+            .ok_or("a parameter has no gradient")?
+            .to_f32()?;
+        let g: &[f32] = &g;
+        let p = params[t].as_mut().ok_or("a parameter has no value")?;
+        let mut p32 = p.to_f32()?.into_owned();
+        let ps = &mut p32;
+        if ps.len() != g.len() {
+            return Err("a gradient does not match its parameter".into());
+        }
+        let k = g.len();
+        match opt {
+            Optimizer::Sgd => {
+                for (p, &g) in ps.iter_mut().zip(g) {
+                    let g = if wd != 0.0 { g + wd * *p } else { g };
+                    *p -= lr * g;
+                }
+            }
+            Optimizer::Momentum => {
+                let buf = &mut state.as_mut().expect("checked")[off..off + k];
+                for ((p, &g), b) in ps.iter_mut().zip(g).zip(buf) {
+                    let g = if wd != 0.0 { g + wd * *p } else { g };
+                    // `buf = μ·buf + g` (PyTorch's first step sets `buf = g`: the
+                    // same from zero state).
+                    *b = mu * *b + g;
+                    *p -= lr * *b;
+                }
+            }
+            Optimizer::Adam | Optimizer::Adamw => {
+                let st = state.as_mut().expect("checked");
+                let (m_all, v_all) = st.split_at_mut(n);
+                let m = &mut m_all[off..off + k];
+                let v = &mut v_all[off..off + k];
+                for (((p, &g), m), v) in ps.iter_mut().zip(g).zip(m).zip(v) {
+                    let g = if opt == Optimizer::Adamw {
+                        *p *= decay;
+                        g
+                    } else if wd != 0.0 {
+                        g + wd * *p
+                    } else {
+                        g
+                    };
+                    *m += (g - *m) * one_b1;
+                    *v = *v * b2f + one_b2 * g * g;
+                    let d = v.sqrt() / bc2_sqrt + eps;
+                    denom_all.push(d);
+                    *p -= step_size * *m / d;
+                }
+            }
+        }
+        *p = Tensor::from_f32(p.dtype(), p.shape.clone(), p32)?;
+        off += k;
+    }
+    if let (Some(t), Some(v), Some(dt)) = (state_out, state_f32, state_dtype) {
+        *t = Tensor::from_f32(dt, t.shape.clone(), v)?;
+    }
+    let master = s
+        .with_grad
+        .first()
+        .and_then(|&t| params[t].as_ref())
+        .map_or(DType::F32, Tensor::dtype);
+    Ok(match opt {
+        Optimizer::Adam | Optimizer::Adamw => Some(Tensor::from_f32(master, vec![n], denom_all)?),
+        _ => None,
+    })
+}
+
+/// `v`, the value of forward tensor `t`, in its storage's element type (a float
+/// tensor under a half-precision policy; every other value as it is).
+fn stored(s: &Schedule, t: TensorId, v: Tensor) -> std::result::Result<Tensor, String> {
+    let st = s.tensor_storage.get(t).copied().unwrap_or(usize::MAX);
+    if st == usize::MAX || !v.dtype().is_float() {
+        return Ok(v);
+    }
+    let dt = s.storages[st].dtype;
+    if dt.is_float() && dt != v.dtype() {
+        v.cast(dt)
+    } else {
+        Ok(v)
+    }
+}
+
 /// A node's op rules and the context they take (input facts from inference).
 fn rule_cx<'a>(
     model: &'a Model,
@@ -501,6 +853,7 @@ fn rule_cx<'a>(
     Ok((op, cx))
 }
 
+/// Runs the forward kernel of `node` on the values at hand.
 fn forward_kernel(
     model: &Model,
     inf: &Inferred,
@@ -510,9 +863,6 @@ fn forward_kernel(
     opts: &StepOptions,
     extras: bool,
 ) -> std::result::Result<Vec<Tensor>, String> {
-    let op = registry()
-        .get(&node.domain, &node.op_type)
-        .ok_or("unsupported op")?;
     let mut ins = Vec::with_capacity(node.inputs.len());
     for (slot, t) in node.inputs.iter().enumerate() {
         match t {
@@ -526,6 +876,35 @@ fn forward_kernel(
             }
         }
     }
+    run_kernel(model, inf, node, ins, opts, extras)
+}
+
+/// Runs the forward kernel of `node` on the given input values.
+fn run_kernel(
+    model: &Model,
+    inf: &Inferred,
+    node: &crate::ir::Node,
+    ins: Vec<Option<&Tensor>>,
+    opts: &StepOptions,
+    extras: bool,
+) -> std::result::Result<Vec<Tensor>, String> {
+    let op = registry()
+        .get(&node.domain, &node.op_type)
+        .ok_or("unsupported op")?;
+    // Half-precision values are computed in f32.
+    let wide: Vec<Option<Tensor>> = ins
+        .iter()
+        .map(|v| {
+            v.filter(|v| v.dtype().is_float() && v.dtype() != DType::F32)
+                .map(|v| v.cast(DType::F32))
+                .transpose()
+        })
+        .collect::<std::result::Result<_, _>>()?;
+    let ins = ins
+        .iter()
+        .zip(&wide)
+        .map(|(v, w)| w.as_ref().or(*v))
+        .collect();
     let cx = KernelCx {
         node,
         inputs: ins,
@@ -540,6 +919,179 @@ fn forward_kernel(
         extras,
     };
     op.forward_cpu(&cx)
+}
+
+/// The inner values of a fused pattern, recomputed at its first backward step: what
+/// the fused backward kernel makes on the fly from what its forward saved. They are
+/// transient, not counted (on the GPU they live inside the fused kernel), and are
+/// dropped after the pattern's last backward step.
+#[derive(Debug, Default)]
+struct Recomputed {
+    /// Every input and output of the pattern's nodes.
+    vals: HashMap<TensorId, Tensor>,
+    /// Each node's own extras (Dropout's mask, regenerated from its seed).
+    extras: HashMap<NodeIndex, Vec<Tensor>>,
+    /// SDPA: the logsumexp of the recomputed scores.
+    lse: Option<Tensor>,
+}
+
+/// Recomputes pattern `p`'s forward values from what its backward step reads (its
+/// [`FusedPattern::reads`], which must hold values) and from fixed storages
+/// (parameters, constants, the batch). A pattern input that is an activation the
+/// fused kernel does not save (an attention mask computed in the graph) stands in
+/// with its folded constant value; without one the step is refused, naming it.
+/// SDPA: the recomputed output and logsumexp must equal the saved ones bitwise
+/// (the saved logsumexp is the fused forward's Extra).
+#[allow(clippy::too_many_arguments)]
+fn recompute_pattern(
+    model: &Model,
+    inf: &Inferred,
+    s: &Schedule,
+    p: &FusedPattern,
+    step_of: &HashMap<NodeIndex, usize>,
+    params: &[Option<Tensor>],
+    fwd: &[Option<Tensor>],
+    sval: &[Option<Tensor>],
+    opts: &StepOptions,
+) -> std::result::Result<Recomputed, String> {
+    let gr = &model.graph;
+    let inside: HashSet<TensorId> = p
+        .nodes
+        .iter()
+        .flat_map(|&n| gr.node(n).outputs.iter().flatten().copied())
+        .collect();
+    let mut r = Recomputed::default();
+    for &n in &p.nodes {
+        let node = gr.node(n);
+        for &t in node.inputs.iter().flatten() {
+            if inside.contains(&t) || r.vals.contains_key(&t) {
+                continue;
+            }
+            let st = s.tensor_storage[t];
+            let fixed = st != usize::MAX
+                && matches!(
+                    s.storages[st].kind,
+                    StorageKind::Parameter
+                        | StorageKind::Buffer
+                        | StorageKind::Constant
+                        | StorageKind::Input
+                );
+            let v = if p.reads.contains(&t) || fixed || params[t].is_some() {
+                params[t]
+                    .as_ref()
+                    .or(fwd[t].as_ref())
+                    .cloned()
+                    .ok_or_else(|| format!("'{}' has no value", gr.tensor(t).name))?
+            } else if let Some(val) = &inf.facts[t].value {
+                let f = &inf.facts[t];
+                let v = match &val.data {
+                    crate::ir::value::Data::Float(v) => Tensor::from_f32(
+                        f.dtype,
+                        f.shape.clone(),
+                        v.iter().map(|&x| x as f32).collect(),
+                    )?,
+                    crate::ir::value::Data::Int(v) => {
+                        Tensor::from_i64(f.dtype, f.shape.clone(), v.clone())?
+                    }
+                };
+                stored(s, t, v)?
+            } else {
+                return Err(format!(
+                    "'{}', an input of the fused {:?} pattern at '{}', is an activation the \
+                     fused kernel does not save and has no constant value: the pattern's \
+                     backward cannot recompute its inner values",
+                    gr.tensor(t).name,
+                    p.kind,
+                    node.name
+                ));
+            };
+            r.vals.insert(t, v);
+        }
+        // Inputs read through autocast copies are copied again.
+        let fstep = step_of
+            .get(&n)
+            .map(|&i| &s.steps[i])
+            .ok_or("a pattern node without a forward step")?;
+        let mut casts: Vec<Option<Tensor>> = Vec::with_capacity(node.inputs.len());
+        for (slot, t) in node.inputs.iter().enumerate() {
+            casts.push(match (*t, fstep.slots.get(slot)) {
+                (Some(t), Some(&Some(c))) if s.storages[c].kind == StorageKind::Cast => {
+                    Some(r.vals[&t].cast(s.storages[c].dtype)?)
+                }
+                _ => None,
+            });
+        }
+        let ins: Vec<Option<&Tensor>> = node
+            .inputs
+            .iter()
+            .zip(&casts)
+            .map(|(t, c)| c.as_ref().or(t.map(|t| &r.vals[&t])))
+            .collect();
+        if p.kind == FusedKind::Sdpa && node.op_type == "Softmax" {
+            r.lse = Some(logsumexp_last(ins[0].ok_or("no Softmax input")?)?);
+        }
+        let mut outs = run_kernel(model, inf, node, ins, opts, node.op_type == "Dropout")?;
+        let ex = outs.split_off(node.outputs.len().min(outs.len()));
+        for (o, v) in node.outputs.iter().zip(outs) {
+            if let Some(o) = *o {
+                r.vals.insert(o, stored(s, o, v)?);
+            }
+        }
+        r.extras.insert(n, ex);
+    }
+    if p.kind == FusedKind::Sdpa {
+        let last = gr.node(p.last());
+        let o = last.outputs[0].ok_or("the attention output is omitted")?;
+        let same = |a: &Tensor, b: &Tensor| {
+            a.shape == b.shape
+                && a.dtype() == b.dtype()
+                && match (a.to_f32(), b.to_f32()) {
+                    (Ok(x), Ok(y)) => x
+                        .iter()
+                        .zip(y.iter())
+                        .all(|(u, v)| u.to_bits() == v.to_bits()),
+                    _ => false,
+                }
+        };
+        if !fwd[o].as_ref().is_some_and(|v| same(v, &r.vals[&o])) {
+            return Err("the recomputed attention output differs from the saved one".into());
+        }
+        let lse = r.lse.take().ok_or("no Softmax in the attention")?;
+        let saved = s
+            .steps
+            .iter()
+            .find(|st| st.kind == StepKind::Forward && st.node == Some(p.last()))
+            .and_then(|st| {
+                st.writes
+                    .iter()
+                    .find(|&&w| s.storages[w].kind == StorageKind::Extra)
+            })
+            .and_then(|&e| sval[e].as_ref())
+            .ok_or("the saved logsumexp is not live")?;
+        if !same(saved, &lse) {
+            return Err("the recomputed logsumexp differs from the saved one".into());
+        }
+    }
+    Ok(r)
+}
+
+/// `log Σ exp` along the last axis (the logsumexp flash attention saves per query
+/// row), accumulated in f64, as f32.
+fn logsumexp_last(x: &Tensor) -> std::result::Result<Tensor, String> {
+    let xs = x.to_f32()?;
+    let (&n, rows) = x.shape.split_last().ok_or("a scalar has no last axis")?;
+    let v = xs
+        .chunks(n.max(1))
+        .map(|r| {
+            let m = r.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            if m == f32::NEG_INFINITY {
+                return m;
+            }
+            let sum: f64 = r.iter().map(|&v| ((v - m) as f64).exp()).sum();
+            (m as f64 + sum.ln()) as f32
+        })
+        .collect();
+    Ok(Tensor::f32(rows.to_vec(), v))
 }
 
 /// Makes the value of forward tensor `t` available when its storage is live but the
@@ -573,21 +1125,24 @@ fn ensure_value(
         .producer
         .ok_or_else(|| format!("'{name}' has no value"))?;
     let step = &s.steps[step_of[&p]];
-    if !step.writes.is_empty() || depth > gr.order.len() {
+    // A view: its step does not write its storage (it may write others, e.g. the
+    // unused mask of an identity Dropout).
+    if step.writes.contains(&st) || depth > gr.order.len() {
         return Err(format!("'{name}' was lost though its storage is live"));
     }
     let node = gr.node(p);
     let src = node.inputs.first().copied().flatten();
-    // A one-output view that keeps every element in place (reshape, flatten,
-    // squeeze, unsqueeze, identity) is its source reshaped to the inferred shape:
-    // its other inputs (shape tensors, perhaps freed since) are not needed.
-    if let (Some(src), [Some(_)]) = (src, node.outputs.as_slice()) {
+    // A view that keeps every element in place (reshape, flatten, squeeze,
+    // unsqueeze, identity, an identity Dropout's output) is its source reshaped to
+    // the inferred shape: its other inputs (shape tensors, perhaps freed since) are
+    // not needed.
+    if let (Some(src), Some(&Some(o0))) = (src, node.outputs.first()) {
         let (op, cx) = rule_cx(model, inf, node)?;
         let keeps_order = matches!(
             op.storage(&cx),
             crate::ops::Storage::View | crate::ops::Storage::Reshape
         );
-        if keeps_order && inf.facts[src].numel() == inf.facts[t].numel() {
+        if o0 == t && keeps_order && inf.facts[src].numel() == inf.facts[t].numel() {
             ensure_value(
                 model,
                 inf,
@@ -644,9 +1199,13 @@ fn ensure_value(
         fwd[i] = None;
     }
     let outs = outs?;
+    // Only the views: outputs the step writes have their own storage, made (and
+    // counted) only by the step itself.
     for (o, v) in node.outputs.iter().zip(outs) {
         if let Some(o) = *o {
-            fwd[o] = Some(v);
+            if !step.writes.contains(&s.tensor_storage[o]) {
+                fwd[o] = Some(stored(s, o, v)?);
+            }
         }
     }
     Ok(())
@@ -665,6 +1224,7 @@ fn backward_step(
     params: &[Option<Tensor>],
     fwd: &[Option<Tensor>],
     sval: &[Option<Tensor>],
+    rec: Option<&Recomputed>,
     gval: &mut [Option<Tensor>],
     gstore: &mut [Option<StorageId>],
     opts: &StepOptions,
@@ -704,34 +1264,63 @@ fn backward_step(
             }
         }
     }
+    // A fused pattern's node reads its pattern's recomputed values instead.
+    let value = |t: TensorId| match rec {
+        Some(r) => r.vals.get(&t),
+        None => params[t].as_ref().or(fwd[t].as_ref()),
+    };
     let mut saved = Vec::with_capacity(needs.len());
     for &sv in &needs {
         let v = match sv {
-            Saved::Input(k) => node
-                .inputs
-                .get(k)
-                .copied()
-                .flatten()
-                .and_then(|t| params[t].as_ref().or(fwd[t].as_ref())),
-            Saved::Output(k) => node
-                .outputs
-                .get(k)
-                .copied()
-                .flatten()
-                .and_then(|t| fwd[t].as_ref()),
-            Saved::Extra(k) => extras.get(k).and_then(|&e| sval[e].as_ref()),
+            // An input read through an autocast copy: the copy.
+            Saved::Input(k) if rec.is_none() => match fstep.slots.get(k) {
+                Some(&Some(c)) if s.storages[c].kind == StorageKind::Cast => sval[c].as_ref(),
+                _ => node.inputs.get(k).copied().flatten().and_then(value),
+            },
+            Saved::Input(k) => node.inputs.get(k).copied().flatten().and_then(value),
+            Saved::Output(k) => node.outputs.get(k).copied().flatten().and_then(value),
+            Saved::Extra(k) => match rec {
+                Some(r) => r.extras.get(&ix).and_then(|e| e.get(k)),
+                None => extras.get(k).and_then(|&e| sval[e].as_ref()),
+            },
         };
         saved.push((sv, v.ok_or_else(|| format!("saved {sv:?} is not live"))?));
     }
+    // Half-precision values are computed in f32.
+    let widen = |v: &Tensor| -> std::result::Result<Option<Tensor>, String> {
+        if v.dtype().is_float() && v.dtype() != DType::F32 {
+            v.cast(DType::F32).map(Some)
+        } else {
+            Ok(None)
+        }
+    };
+    let wide_saved: Vec<Option<Tensor>> = saved
+        .iter()
+        .map(|(_, v)| widen(v))
+        .collect::<std::result::Result<_, _>>()?;
+    let saved: Vec<(Saved, &Tensor)> = saved
+        .iter()
+        .zip(&wide_saved)
+        .map(|(&(sv, v), w)| (sv, w.as_ref().unwrap_or(v)))
+        .collect();
     let incoming: Vec<Option<StorageId>> = node
         .outputs
         .iter()
         .map(|t| t.and_then(|t| gstore[t]))
         .collect();
+    let wide_grads: Vec<Option<Tensor>> = node
+        .outputs
+        .iter()
+        .map(|t| match t.and_then(|t| gval[t].as_ref()) {
+            Some(g) => widen(g),
+            None => Ok(None),
+        })
+        .collect::<std::result::Result<_, _>>()?;
     let grads: Vec<Option<&Tensor>> = node
         .outputs
         .iter()
-        .map(|t| t.and_then(|t| gval[t].as_ref()))
+        .zip(&wide_grads)
+        .map(|(t, w)| w.as_ref().or(t.and_then(|t| gval[t].as_ref())))
         .collect();
     let bcx = BackwardCx {
         node,
@@ -768,11 +1357,21 @@ fn backward_step(
         match gstore[t] {
             None => {
                 let own = format!("{name}/grad");
-                let st = match step.writes.iter().find(|&&w| s.storages[w].name == own) {
-                    Some(&w) => {
-                        bytes_of(w, &d)?;
-                        w
-                    }
+                // Resident gradients (persistent `.grad`, zero before the step) are
+                // not written by the step: the first gradient goes into them.
+                let resident = || {
+                    s.storages.iter().position(|st| {
+                        st.kind == StorageKind::ParamGrad && st.persistent && st.name == own
+                    })
+                };
+                let st = match step
+                    .writes
+                    .iter()
+                    .copied()
+                    .find(|&w| s.storages[w].name == own)
+                    .or_else(resident)
+                {
+                    Some(w) => w,
                     // A view of the incoming gradient.
                     None => incoming
                         .iter()
@@ -781,6 +1380,11 @@ fn backward_step(
                         .next()
                         .ok_or("a view gradient without an incoming one")?,
                 };
+                // In the storage's type (the cast back of autocast's backward).
+                let d = d.cast(s.storages[st].dtype)?;
+                if step.writes.contains(&st) || s.storages[st].persistent {
+                    bytes_of(st, &d)?;
+                }
                 gstore[t] = Some(st);
                 gval[t] = Some(d);
             }
@@ -791,16 +1395,26 @@ fn backward_step(
                     .iter()
                     .find(|&&w| s.storages[w].name == tmp)
                     .ok_or_else(|| format!("accumulating into '{name}' without a partial"))?;
-                bytes_of(*w, &d)?;
                 if !step.updates.contains(&existing) {
                     return Err(format!("'{name}' accumulated but not updated"));
                 }
                 let acc = gval[t].as_mut().ok_or("accumulated gradient lost")?;
-                let crate::exec::Elems::F32(a) = &mut acc.elems else {
-                    return Err("gradient not f32".into());
-                };
-                for (a, b) in a.iter_mut().zip(d.as_f32()?) {
-                    *a += b;
+                let dt = s.storages[existing].dtype;
+                // The partial, in the gradient's type, added in f32 and rounded back.
+                let d = d.cast(dt)?;
+                bytes_of(*w, &d)?;
+                if let crate::exec::Elems::F32(a) = &mut acc.elems {
+                    for (a, b) in a.iter_mut().zip(d.as_f32()?) {
+                        *a += b;
+                    }
+                } else {
+                    let sum: Vec<f32> = acc
+                        .to_f32()?
+                        .iter()
+                        .zip(d.to_f32()?.iter())
+                        .map(|(a, b)| a + b)
+                        .collect();
+                    *acc = Tensor::from_f32(dt, acc.shape.clone(), sum)?;
                 }
             }
         }

@@ -101,7 +101,8 @@ pub struct VerifyReport {
     pub baseline_gflops_per_second: f64,
     /// Loss (f64 sum of the f32 output) of both runs, equal when identical.
     pub loss: f64,
-    /// The planned run's loss and updated parameters equal the baseline's bit for bit.
+    /// The planned run's loss, updated parameters and optimizer state equal the
+    /// baseline's bit for bit.
     pub updated_params_identical: bool,
     /// Budget of the plan.
     pub budget_bytes: u64,
@@ -245,6 +246,12 @@ pub fn verify(
     o: &VerifyOptions,
 ) -> Result<Verified> {
     let step = Step::new(model, inf, &o.train, &source.model)?;
+    // The executor runs the step the schedule was built for.
+    let step_opts = StepOptions {
+        optimizer: o.train.optimizer,
+        loss: o.train.loss,
+        ..o.step
+    };
     let g = step.graph();
     let base_plan = g.no_recompute_plan();
     let base = replay(g, &base_plan).map_err(Error::Graph)?;
@@ -301,15 +308,15 @@ pub fn verify(
         model,
         inf,
         Options {
-            seed: o.step.seed,
-            dropout: o.step.dropout,
+            seed: step_opts.seed,
+            dropout: step_opts.dropout,
         },
     )?
     .params()
     .to_vec();
     let inputs = seeded_inputs(model, inf)?;
-    let b = fastest(&step, &base_plan, &params, &inputs, &o.step, o.runs)?;
-    let p = fastest(&step, &planned, &params, &inputs, &o.step, o.runs)?;
+    let b = fastest(&step, &base_plan, &params, &inputs, &step_opts, o.runs)?;
+    let p = fastest(&step, &planned, &params, &inputs, &step_opts, o.runs)?;
     let (gradients_identical, max_abs_grad_diff) = compare(&p.grads, &b.grads);
     let (pa, pb): (Vec<Tensor>, Vec<Tensor>) = p
         .params
@@ -317,7 +324,12 @@ pub fn verify(
         .zip(&b.params)
         .filter_map(|(x, y)| Some((x.clone()?, y.clone()?)))
         .unzip();
-    let (params_same, _) = compare(&pa, &pb);
+    let (mut params_same, _) = compare(&pa, &pb);
+    // The optimizer state after the update too.
+    params_same &= match (&p.state, &b.state) {
+        (Some(x), Some(y)) => compare(std::slice::from_ref(x), std::slice::from_ref(y)).0,
+        (x, y) => x.is_none() && y.is_none(),
+    };
     let peak_at = p
         .live_after
         .iter()

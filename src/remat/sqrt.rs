@@ -74,6 +74,7 @@ pub fn checkpoint_sqrt(s: &Schedule, segments: usize) -> Rewritten {
                             writes,
                             updates: Vec::new(),
                             grad_inputs: Vec::new(),
+                            slots: f.slots.clone(),
                             flops: f.flops,
                         });
                     }

@@ -120,6 +120,11 @@ pub struct Step {
     /// step produces (written, accumulated, or a view of the incoming gradient).
     /// Empty for every other step.
     pub grad_inputs: Vec<usize>,
+    /// Forward steps: the storage each input slot of the node is read from (`None`
+    /// for an omitted input): the input's own storage, or the autocast copy it is
+    /// read through (a [`StorageKind::Cast`] storage, which this step writes unless
+    /// it is a cached weight cast made by an earlier step). Empty for other steps.
+    pub slots: Vec<Option<StorageId>>,
     /// FLOPs.
     pub flops: u64,
 }
@@ -137,6 +142,9 @@ pub struct Schedule {
     pub trainable: Vec<TensorId>,
     /// Parameters that receive a gradient from this loss.
     pub with_grad: Vec<TensorId>,
+    /// The fused patterns recognised in the model ([`fused_patterns`]), as the
+    /// schedule models them.
+    pub fused: Vec<FusedPattern>,
 }
 
 impl Schedule {
@@ -243,8 +251,8 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
             storage: op.storage(&cx),
         });
     }
-    let mut fusions = find_erf_gelu(model, inf);
-    fusions.extend(find_sdpa(model, inf));
+    let fused = fused_patterns(model, inf);
+    let fusions = per_node(&fused);
 
     // 2. Trainable parameters: floating initializers read at a differentiable slot.
     let mut trainable = vec![false; n_t];
@@ -545,6 +553,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
             writes,
             updates: Vec::new(),
             grad_inputs: Vec::new(),
+            slots: slots.clone(),
             flops: inf.flops[step],
         });
         read_as.push(slots);
@@ -574,6 +583,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         writes: vec![loss],
         updates: Vec::new(),
         grad_inputs: Vec::new(),
+        slots: Vec::new(),
         flops: n_out,
     });
     let mut grad: Vec<Option<StorageId>> = vec![None; n_t];
@@ -599,6 +609,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         writes: vec![g0],
         updates: Vec::new(),
         grad_inputs: Vec::new(),
+        slots: Vec::new(),
         flops: n_out,
     });
 
@@ -732,6 +743,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
             writes,
             updates,
             grad_inputs,
+            slots: Vec::new(),
             flops: bw.flops,
         });
     }
@@ -829,6 +841,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         writes,
         updates: Vec::new(),
         grad_inputs: Vec::new(),
+        slots: Vec::new(),
         flops: n_params.saturating_mul(per_elem),
     });
 
@@ -842,11 +855,70 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         tensor_storage,
         trainable: trainable_ids,
         with_grad,
+        fused,
     })
 }
 
-/// What a recognised fused pattern saves, per node of the pattern: the inner nodes
-/// read nothing; the last one reads what PyTorch's fused kernel saves.
+/// Which fused kernel a pattern stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FusedKind {
+    /// Exact GELU (`F.gelu`): saves only its input.
+    Gelu,
+    /// `scaled_dot_product_attention` (flash attention): saves q, k, v, the output
+    /// and the per-row logsumexp.
+    Sdpa,
+}
+
+/// A recognised fused pattern: nodes PyTorch runs as one kernel. The schedule keeps
+/// one forward step per node (each writing its output as written), but only the last
+/// node's backward step reads anything: what the fused kernel saves ([`Self::reads`]
+/// and the [`Self::extras`] its forward step writes); the inner nodes' backward steps
+/// read nothing saved.
+#[derive(Debug, Clone)]
+pub struct FusedPattern {
+    /// Which kernel.
+    pub kind: FusedKind,
+    /// The pattern's nodes in execution order; the last one writes the output.
+    pub nodes: Vec<NodeIndex>,
+    /// Forward tensors the fused backward reads (GELU: `x`; SDPA: q and k before
+    /// scaling, v and the output).
+    pub reads: Vec<TensorId>,
+    /// Extra tensors the fused forward makes for backward (SDPA: the f32 logsumexp
+    /// `[batch, heads, queries]`), written by the last node's forward step.
+    pub extras: Vec<Fact>,
+    /// Physical dim order of the output, when not contiguous-as-shaped.
+    pub out_layout: Option<Vec<usize>>,
+}
+
+impl FusedPattern {
+    /// The last node (execution order): the one whose steps carry the fused kernel's
+    /// reads and extras.
+    pub fn last(&self) -> NodeIndex {
+        *self.nodes.last().expect("a pattern has nodes")
+    }
+}
+
+/// Every fused pattern of the model: exact GELU and the exporter's SDPA.
+pub fn fused_patterns(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
+    let pos: HashMap<NodeIndex, usize> = model
+        .graph
+        .order
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| (n, i))
+        .collect();
+    let mut out = find_erf_gelu(model, inf);
+    out.extend(find_sdpa(model, inf));
+    for p in &mut out {
+        p.nodes.sort_by_key(|n| pos[n]);
+        p.nodes.dedup();
+    }
+    out.sort_by_key(|p| pos[&p.last()]);
+    out
+}
+
+/// What a node of a fused pattern saves: the inner nodes read nothing; the last one
+/// reads what PyTorch's fused kernel saves.
 #[derive(Debug, Clone, Default)]
 struct Fusion {
     /// Forward tensors the backward reads.
@@ -855,6 +927,25 @@ struct Fusion {
     extras: Vec<Fact>,
     /// Physical dim order of the node's output, when not contiguous-as-shaped.
     out_layout: Option<Vec<usize>>,
+}
+
+/// The per-node view of the patterns.
+fn per_node(patterns: &[FusedPattern]) -> HashMap<NodeIndex, Fusion> {
+    let mut out = HashMap::new();
+    for p in patterns {
+        for &n in &p.nodes {
+            out.insert(n, Fusion::default());
+        }
+        out.insert(
+            p.last(),
+            Fusion {
+                reads: p.reads.clone(),
+                extras: p.extras.clone(),
+                out_layout: p.out_layout.clone(),
+            },
+        );
+    }
+    out
 }
 
 /// Consumers of a tensor, in execution order.
@@ -869,9 +960,9 @@ fn consumers(model: &Model, t: TensorId) -> Vec<NodeIndex> {
 
 /// Finds exact-GELU subgraphs `Mul(Mul(x, Add(Erf(Div(x, √2)), 1)), 0.5)` (the 0.5
 /// multiply last or absent): PyTorch runs `F.gelu` fused and saves only `x`.
-fn find_erf_gelu(model: &Model, inf: &Inferred) -> HashMap<NodeIndex, Fusion> {
+fn find_erf_gelu(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
     let g = &model.graph;
-    let mut out = HashMap::new();
+    let mut out = Vec::new();
     let is_const = |t: TensorId| inf.facts[t].value.is_some() || g.tensor(t).init.is_some();
     let single = |t: TensorId, op: &str| match consumers(model, t).as_slice() {
         [c] if g.node(*c).op_type == op => Some(*c),
@@ -915,16 +1006,13 @@ fn find_erf_gelu(model: &Model, inf: &Inferred) -> HashMap<NodeIndex, Fusion> {
             .and_then(|t| single(t, "Mul"))
             .filter(|&m| g.node(m).inputs.iter().flatten().any(|&t| is_const(t)))
             .unwrap_or(mul);
-        for node in [div, ix, add, mul, last] {
-            out.insert(node, Fusion::default());
-        }
-        out.insert(
-            last,
-            Fusion {
-                reads: vec![x],
-                ..Default::default()
-            },
-        );
+        out.push(FusedPattern {
+            kind: FusedKind::Gelu,
+            nodes: vec![div, ix, add, mul, last],
+            reads: vec![x],
+            extras: Vec::new(),
+            out_layout: None,
+        });
     }
     out
 }
@@ -936,9 +1024,9 @@ fn find_erf_gelu(model: &Model, inf: &Inferred) -> HashMap<NodeIndex, Fusion> {
 /// (float32, `[batch, heads, queries]`), and writes its output in `[B, S, H, D]`
 /// order. Eager attention (HF BERT/GPT-2: `q @ kᵀ` then a division) does not match
 /// and is differentiated op by op, as PyTorch does.
-fn find_sdpa(model: &Model, inf: &Inferred) -> HashMap<NodeIndex, Fusion> {
+fn find_sdpa(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
     let g = &model.graph;
-    let mut out = HashMap::new();
+    let mut out = Vec::new();
     let is_const = |t: TensorId| inf.facts[t].value.is_some() || g.tensor(t).init.is_some();
     let producer = |t: TensorId| g.tensor(t).producer;
     let out0 = |n: NodeIndex| g.node(n).outputs.first().copied().flatten();
@@ -1015,9 +1103,7 @@ fn find_sdpa(model: &Model, inf: &Inferred) -> HashMap<NodeIndex, Fusion> {
             continue;
         }
         pattern.push(m1);
-        for n in pattern {
-            out.insert(n, Fusion::default());
-        }
+        pattern.push(*m2);
         let lse = Fact::new(DType::F32, shape[..3].to_vec());
         // The kernel writes its output in its query's memory layout, which is the
         // layout the model's following transpose (back to tokens × features) restores:
@@ -1031,14 +1117,13 @@ fn find_sdpa(model: &Model, inf: &Inferred) -> HashMap<NodeIndex, Fusion> {
                 .map(|p| p.iter().map(|&d| d as usize).collect()),
             _ => None,
         };
-        out.insert(
-            *m2,
-            Fusion {
-                reads: vec![qk[0], qk[1], v, o],
-                extras: vec![lse],
-                out_layout,
-            },
-        );
+        out.push(FusedPattern {
+            kind: FusedKind::Sdpa,
+            nodes: pattern,
+            reads: vec![qk[0], qk[1], v, o],
+            extras: vec![lse],
+            out_layout,
+        });
     }
     out
 }

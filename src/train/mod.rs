@@ -5,7 +5,10 @@
 pub mod autodiff;
 pub mod policy;
 
-pub use autodiff::{build_schedule, Schedule, Step, StepKind, Storage, StorageId, StorageKind};
+pub use autodiff::{
+    build_schedule, fused_patterns, FusedKind, FusedPattern, Schedule, Step, StepKind, Storage,
+    StorageId, StorageKind,
+};
 pub use policy::Precision;
 
 use std::fmt;
