@@ -91,6 +91,9 @@ pub struct VerifyReport {
     /// The planner's predicted overhead (recomputed cost / step cost, in the plan's
     /// cost unit: FLOPs unless the plan was made with measured costs).
     pub predicted_overhead: f64,
+    /// What `predicted_overhead` counts: `flops`, or `seconds` for a plan made
+    /// with measured costs (`plan --costs`).
+    pub cost_unit: String,
     /// Seconds the planned run spent recomputing (executions after a step's first),
     /// over `baseline_seconds`: the overhead measured inside the run, free of the
     /// noise between two runs.
@@ -255,16 +258,19 @@ pub fn verify(
     let g = step.graph();
     let base_plan = g.no_recompute_plan();
     let base = replay(g, &base_plan).map_err(Error::Graph)?;
+    let mut unit = "flops".to_string();
     let (planned, predicted, budget, from, predicted_overhead) = match plan_source {
         PlanSource::File(f) => {
             let peak = f.check_against(g, source)?;
-            let cost = replay(g, &f.plan).map_err(Error::Plan)?.recompute_cost;
+            // In the file's own costs (FLOPs, or the seconds it was planned with).
+            let cost = replay(&f.graph, &f.plan).map_err(Error::Plan)?.recompute_cost;
+            unit = f.cost_unit.clone();
             (
                 f.plan.clone(),
                 peak,
                 f.budget_bytes,
                 "file".to_string(),
-                cost / g.base_cost().max(f64::MIN_POSITIVE),
+                cost / f.graph.base_cost().max(f64::MIN_POSITIVE),
             )
         }
         PlanSource::Given { plan, label } => {
@@ -360,6 +366,7 @@ pub fn verify(
         planned_seconds: p.seconds,
         measured_overhead: p.seconds / b.seconds.max(f64::MIN_POSITIVE) - 1.0,
         predicted_overhead,
+        cost_unit: unit,
         measured_recompute_overhead: p.recompute_seconds / b.seconds.max(f64::MIN_POSITIVE),
         baseline_flops: base_flops,
         baseline_gflops_per_second: base_flops / b.seconds.max(f64::MIN_POSITIVE) / 1e9,
@@ -425,13 +432,14 @@ impl VerifyReport {
             self.loss
         ));
         s.push_str(&format!(
-            "time         baseline {:.3} s ({:.2} GFLOP/s), planned {:.3} s: {:+.1}% measured ({:+.1}% in recomputation), {:+.1}% predicted\n",
+            "time         baseline {:.3} s ({:.2} GFLOP/s), planned {:.3} s: {:+.1}% measured ({:+.1}% in recomputation), {:+.1}% predicted ({})\n",
             self.baseline_seconds,
             self.baseline_gflops_per_second,
             self.planned_seconds,
             self.measured_overhead * 100.0,
             self.measured_recompute_overhead * 100.0,
-            self.predicted_overhead * 100.0
+            self.predicted_overhead * 100.0,
+            self.cost_unit
         ));
         s
     }
