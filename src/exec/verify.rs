@@ -263,7 +263,9 @@ pub fn verify(
         PlanSource::File(f) => {
             let peak = f.check_against(g, source)?;
             // In the file's own costs (FLOPs, or the seconds it was planned with).
-            let cost = replay(&f.graph, &f.plan).map_err(Error::Plan)?.recompute_cost;
+            let cost = replay(&f.graph, &f.plan)
+                .map_err(Error::Plan)?
+                .recompute_cost;
             unit = f.cost_unit.clone();
             (
                 f.plan.clone(),
