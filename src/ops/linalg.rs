@@ -374,7 +374,7 @@ impl Op for Gemm {
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::new(
             &[CUBLAS_SGEMM, "strided_copy_b4"],
-            &[CUBLAS_SGEMM, "reduce_f32"],
+            &[CUBLAS_SGEMM, "reduce_f32", "strided_copy_b4"],
         )
     }
 }

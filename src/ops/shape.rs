@@ -1473,7 +1473,7 @@ impl Op for Expand {
     }
     /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::new(COPIES, &["reduce_f32"])
+        CudaKernels::new(COPIES, &["reduce_f32", "strided_copy_b4"])
     }
 }
 

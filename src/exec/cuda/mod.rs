@@ -259,6 +259,17 @@ impl Device {
         Ok(self.stream.synchronize()?)
     }
 
+    /// Compiles and loads every kernel of kernels/ now (a training step calls it
+    /// before its `cuMemGetInfo` mark: loaded modules take device memory).
+    pub fn preload(&self) -> Result<()> {
+        for src in crate::exec::cuda_src::SOURCES {
+            for k in src.kernels() {
+                self.function(k)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Kernel `name` of kernels/, compiling its source with NVRTC on first use
     /// (once per source and process).
     pub fn function(&self, name: &'static str) -> Result<CudaFunction> {

@@ -182,7 +182,11 @@ pub fn forward(dev: &Device, cx: &DevKernelCx) -> Result<(Vec<DeviceTensor>, Pat
         {
             compare_fwd(dev, cx)?
         }
-        "Where" if f32_in(1) && f32_in(2) => where_fwd(dev, cx)?,
+        "Where"
+            if f32_in(1) && f32_in(2) && cx.opt(0).is_some_and(|c| c.dtype() == DType::Bool) =>
+        {
+            where_fwd(dev, cx)?
+        }
         "Clip" if f32_in(0) => clip_fwd(dev, cx)?,
         "Dropout" if f32_in(0) => dropout_fwd(dev, cx)?,
         "MatMul" if f32_in(0) && f32_in(1) => matmul_fwd(dev, cx)?,
@@ -228,7 +232,9 @@ pub fn backward(dev: &Device, cx: &DevBackwardCx) -> Result<(Vec<Option<DeviceTe
     let mut res: Vec<(usize, DeviceTensor)> = match op {
         _ if unary_code(op, cx.attrs())?.is_some() && f32_in(0) => unary_bwd(dev, cx)?,
         "Add" | "Sub" | "Mul" | "Div" | "Pow" if f32_in(0) && f32_in(1) => binary_bwd(dev, cx)?,
-        "Where" if f32_in(1) && f32_in(2) => where_bwd(dev, cx)?,
+        "Where" if f32_in(1) && f32_in(2) && cx.input(0)?.dtype == DType::Bool => {
+            where_bwd(dev, cx)?
+        }
         "Clip" if f32_in(0) => clip_bwd(dev, cx)?,
         "Dropout" if f32_in(0) => dropout_bwd(dev, cx)?,
         "MatMul" if f32_in(0) && f32_in(1) => matmul_bwd(dev, cx)?,
@@ -1000,7 +1006,9 @@ fn dropout_fwd(dev: &Device, cx: &DevKernelCx) -> Result<Vec<DeviceTensor>> {
         let ones = Tensor::bool(x.shape.clone(), vec![true; n]);
         let m = dev.upload(&ones)?;
         drop(mask);
-        return finish_dropout(dev, cx, y, m, false);
+        // Training with dropping switched off still saves its (all-true) mask,
+        // as the CPU kernel does.
+        return finish_dropout(dev, cx, y, m, training);
     }
     finish_dropout(dev, cx, y, mask, training)
 }
