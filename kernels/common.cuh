@@ -15,6 +15,7 @@ struct Strided {
     long long shape[MP_MAX_RANK];
     long long st[MP_MAX_OPS][MP_MAX_RANK];
 };
+static_assert(sizeof(Strided) == 264, "Strided must match exec::cuda::Strided");
 
 // Offsets of the `nops` operands at row-major index `o` of the iteration space.
 __device__ __forceinline__ void mp_offsets(const Strided& d, long long o, long long* off, int nops) {
@@ -64,3 +65,4 @@ __device__ __forceinline__ double mp_block_sum(double v, double* sh) {
 struct Win {
     long long h, w, oh, ow, kh, kw, sh, sw, dh, dw, ph, pw, padded_h, padded_w;
 };
+static_assert(sizeof(Win) == 112, "Win must match exec::cuda::Win");

@@ -579,17 +579,14 @@ fn cases(r: &mut Rng) -> Vec<Case> {
     v
 }
 
-#[test]
-fn ops_agree_with_cpu() {
-    let Some(dev) = device("ops_agree_with_cpu") else {
-        return;
-    };
+/// Every case of [`cases`] on `dev`, against the CPU.
+fn run_cases(dev: &Device) {
     eprintln!("device: {} ({})", dev.name().unwrap(), dev.arch());
     let mut r = Rng(0xC0DA);
     let cs = cases(&mut r);
     let mut host = Vec::new();
     for c in &cs {
-        if check(&dev, c, &mut r) == Path::Host {
+        if check(dev, c, &mut r) == Path::Host {
             host.push(c.op);
         }
     }
@@ -601,6 +598,33 @@ fn ops_agree_with_cpu() {
     let m = dev.memory();
     eprintln!("{} op cases agree; memory {m:?}", cs.len());
     assert_eq!(m.live_bytes, 0, "every device tensor was freed");
+}
+
+#[test]
+fn ops_agree_with_cpu() {
+    let Some(dev) = device("ops_agree_with_cpu") else {
+        return;
+    };
+    run_cases(&dev);
+}
+
+/// The same cases on the host emulation of kernels/ (src/exec/cuda/emulate.rs):
+/// the real launchers and kernels, compiled by `c++` (or `$CXX`), no GPU needed.
+#[test]
+fn ops_agree_with_cpu_emulated() {
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    if std::process::Command::new(&cxx)
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("SKIP ops_agree_with_cpu_emulated: no C++ compiler ({cxx})");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let emu = memplan::exec::cuda::emulate::Emulator::build(dir.path(), &cxx)
+        .unwrap_or_else(|e| panic!("{e}"));
+    run_cases(&Device::emulated(emu));
 }
 
 #[test]

@@ -12,6 +12,7 @@
 //!   of src/ops (the kernel names sit beside each op's rules: `Op::cuda_kernels`).
 
 pub mod alloc;
+pub mod emulate;
 pub mod kernels;
 pub mod ops;
 pub mod tensor;
@@ -146,18 +147,34 @@ fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
 /// 32 MiB: NVIDIA's recommendation for Hopper, ample for older GPUs.
 pub const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
 
-/// One GPU: context, stream, cuBLAS handle, kernel cache and memory counter.
-/// Every launch goes on the one stream, in order.
-pub struct Device {
+/// A CUDA device: context, stream, cuBLAS handle (with a counted workspace)
+/// and the NVRTC module cache.
+pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     blas: CudaBlas,
     arch: &'static str,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
-    mem: Arc<MemCounter>,
     /// The cuBLAS workspace (counted as workspace); kept alive with the handle.
     _blas_workspace: cudarc::driver::CudaSlice<u8>,
+}
+
+/// Where a [`Device`] runs its kernels.
+pub enum Backend {
+    /// A GPU.
+    Gpu(Gpu),
+    /// The kernels of kernels/ compiled for the host by a C++ compiler
+    /// ([`emulate`]), run one thread per block, on host memory: the launchers and
+    /// kernels execute without a GPU (tests), GEMMs by a naive loop.
+    Emulated(emulate::Emulator),
+}
+
+/// One device: its backend and memory counter. Every launch goes on one
+/// stream, in order.
+pub struct Device {
+    backend: Backend,
+    mem: Arc<MemCounter>,
 }
 
 impl Device {
@@ -178,14 +195,14 @@ impl Device {
             let (major, minor) = ctx.compute_capability()?;
             let arch = kernels::arch_name(major, minor);
             let mem = Arc::new(MemCounter::default());
-            let mut blas = CudaBlas::new(stream.clone())?;
+            let blas = CudaBlas::new(stream.clone())?;
             let mut ws = stream.alloc_zeros::<u8>(CUBLAS_WORKSPACE_BYTES)?;
             mem.add_workspace(CUBLAS_WORKSPACE_BYTES as u64);
             {
                 use cudarc::driver::DevicePtrMut;
                 let (ptr, _sync) = ws.device_ptr_mut(&stream);
-                // SAFETY: the buffer outlives the handle (both owned by Device,
-                // the handle dropped first: field order).
+                // SAFETY: the buffer outlives the handle (both owned by Gpu, the
+                // handle dropped first: field order).
                 let st = unsafe {
                     cudarc::cublas::sys::cublasSetWorkspace_v2(
                         *blas.handle(),
@@ -205,38 +222,67 @@ impl Device {
                     cudarc::cublas::sys::cublasMath_t::CUBLAS_DEFAULT_MATH,
                 );
             }
-            let _ = &mut blas;
             Ok(Device {
-                ctx,
-                stream,
-                blas,
-                arch,
-                modules: Mutex::new(HashMap::new()),
-                functions: Mutex::new(HashMap::new()),
+                backend: Backend::Gpu(Gpu {
+                    ctx,
+                    stream,
+                    blas,
+                    arch,
+                    modules: Mutex::new(HashMap::new()),
+                    functions: Mutex::new(HashMap::new()),
+                    _blas_workspace: ws,
+                }),
                 mem,
-                _blas_workspace: ws,
             })
         })
     }
 
+    /// A device that runs the kernels on the host through `emulator`.
+    pub fn emulated(emulator: emulate::Emulator) -> Device {
+        Device {
+            backend: Backend::Emulated(emulator),
+            mem: Arc::new(MemCounter::default()),
+        }
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    fn gpu(&self) -> Result<&Gpu> {
+        match &self.backend {
+            Backend::Gpu(g) => Ok(g),
+            Backend::Emulated(_) => Err(CudaError::Unavailable(
+                "this device is the host emulation, not a GPU".into(),
+            )),
+        }
+    }
+
     /// The GPU's name, as the driver reports it.
     pub fn name(&self) -> Result<String> {
-        Ok(self.ctx.name()?)
+        match &self.backend {
+            Backend::Gpu(g) => Ok(g.ctx.name()?),
+            Backend::Emulated(_) => Ok("host emulation of kernels/ (C++)".into()),
+        }
     }
 
     /// The NVRTC architecture the kernels are compiled for (`compute_XY`).
     pub fn arch(&self) -> &'static str {
-        self.arch
+        match &self.backend {
+            Backend::Gpu(g) => g.arch,
+            Backend::Emulated(_) => "host",
+        }
     }
 
-    /// The stream every launch and copy goes on.
-    pub fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
+    /// The stream every launch and copy goes on (GPU only).
+    pub fn stream(&self) -> Result<&Arc<CudaStream>> {
+        Ok(&self.gpu()?.stream)
     }
 
     /// The cuBLAS handle (on [`Device::stream`], with memplan's workspace).
-    pub fn blas(&self) -> &CudaBlas {
-        &self.blas
+    pub fn blas(&self) -> Result<&CudaBlas> {
+        Ok(&self.gpu()?.blas)
     }
 
     /// The live/peak counter of this device's tensors.
@@ -244,32 +290,40 @@ impl Device {
         &self.mem
     }
 
-    /// The memory report: tensors live and peak, workspace, and the driver's view.
+    /// The memory report: tensors live and peak, workspace.
     pub fn memory(&self) -> MemoryReport {
         self.mem.report()
     }
 
     /// `cuMemGetInfo`: free and total bytes of the device.
     pub fn mem_get_info(&self) -> Result<(usize, usize)> {
-        Ok(self.ctx.mem_get_info()?)
+        Ok(self.gpu()?.ctx.mem_get_info()?)
     }
 
     /// Waits for every queued launch and copy.
     pub fn synchronize(&self) -> Result<()> {
-        Ok(self.stream.synchronize()?)
+        match &self.backend {
+            Backend::Gpu(g) => Ok(g.stream.synchronize()?),
+            Backend::Emulated(_) => Ok(()),
+        }
     }
 
     /// Compiles and loads every kernel of kernels/ now (a training step calls it
     /// before its `cuMemGetInfo` mark: loaded modules take device memory).
     pub fn preload(&self) -> Result<()> {
+        let Backend::Gpu(g) = &self.backend else {
+            return Ok(());
+        };
         for src in crate::exec::cuda_src::SOURCES {
             for k in src.kernels() {
-                self.function(k)?;
+                g.function(k)?;
             }
         }
         Ok(())
     }
+}
 
+impl Gpu {
     /// Kernel `name` of kernels/, compiling its source with NVRTC on first use
     /// (once per source and process).
     pub fn function(&self, name: &'static str) -> Result<CudaFunction> {

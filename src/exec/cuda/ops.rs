@@ -1087,12 +1087,28 @@ fn sgemm(
     let int = |v: usize| -> Result<i32> {
         i32::try_from(v).map_err(|_| CudaError::Blas(format!("dimension {v} exceeds cuBLAS's int")))
     };
+    if let super::Backend::Emulated(_) = dev.backend() {
+        // SAFETY: as below, host buffers of the emulated backend.
+        unsafe {
+            host_sgemm(
+                (ta, tb),
+                (m, n, k),
+                alpha,
+                (a, sa),
+                (b, sb),
+                beta,
+                (c, sc),
+                batch,
+            )
+        };
+        return Ok(());
+    }
     // Row-major C = A·B is column-major Cᵀ = Bᵀ·Aᵀ: swap the operands.
     // SAFETY: the pointers are live device allocations holding `batch` matrices
     // of the given strides (callers size them from the same shapes).
     unsafe {
         cudarc::cublas::result::sgemm_strided_batched(
-            *dev.blas().handle(),
+            *dev.blas()?.handle(),
             op(tb),
             op(ta),
             int(n)?,
@@ -1113,6 +1129,44 @@ fn sgemm(
         )?;
     }
     Ok(())
+}
+
+/// [`sgemm`] on host memory (the emulated backend): a naive loop, f32 sums.
+///
+/// # Safety
+/// The addresses are live host buffers holding `batch` matrices of the strides.
+#[allow(clippy::too_many_arguments)]
+unsafe fn host_sgemm(
+    (ta, tb): (bool, bool),
+    (m, n, k): (usize, usize, usize),
+    alpha: f32,
+    (a, sa): (u64, usize),
+    (b, sb): (u64, usize),
+    beta: f32,
+    (c, sc): (u64, usize),
+    batch: usize,
+) {
+    let (a, b, c) = (a as *const f32, b as *const f32, c as *mut f32);
+    for p in 0..batch {
+        for i in 0..m {
+            for j in 0..n {
+                let mut acc = 0f32;
+                for l in 0..k {
+                    // SAFETY: the caller's contract.
+                    let (x, y) = unsafe {
+                        (
+                            *a.add(p * sa + if ta { l * m + i } else { i * k + l }),
+                            *b.add(p * sb + if tb { j * k + l } else { l * n + j }),
+                        )
+                    };
+                    acc += x * y;
+                }
+                // SAFETY: the caller's contract.
+                let o = unsafe { &mut *c.add(p * sc + i * n + j) };
+                *o = alpha * acc + if beta == 0.0 { 0.0 } else { beta * *o };
+            }
+        }
+    }
 }
 
 /// MatMul's operands as batched matrices: (`[.., m, k]`, `[.., k, n]`), batch

@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 
-use super::{CudaError, Device, MemCounter, Result};
+use super::{Backend, CudaError, Device, MemCounter, Result};
 use crate::exec::broadcast::{bcast_strides, strides};
 use crate::exec::{Elems, Tensor};
 use crate::ir::DType;
@@ -20,6 +20,13 @@ pub enum DeviceBuf {
     I32(CudaSlice<i32>),
     /// bool, one byte per element.
     Bool(CudaSlice<u8>),
+    /// Host memory of the emulated backend (8-byte aligned).
+    Host {
+        /// Element type.
+        dtype: DType,
+        /// The bytes, in 8-byte words.
+        data: Vec<u64>,
+    },
 }
 
 /// A contiguous row-major tensor on the device. Its bytes (element count ×
@@ -48,6 +55,7 @@ impl DeviceTensor {
             DeviceBuf::I64(_) => DType::I64,
             DeviceBuf::I32(_) => DType::I32,
             DeviceBuf::Bool(_) => DType::Bool,
+            DeviceBuf::Host { dtype, .. } => dtype,
         }
     }
 
@@ -100,10 +108,19 @@ pub fn elem_size(dtype: DType) -> Result<usize> {
 #[derive(Debug)]
 pub struct Workspace {
     /// The buffer.
-    pub buf: CudaSlice<f32>,
+    pub buf: WorkspaceBuf,
     ptr: u64,
     bytes: u64,
     counter: Arc<MemCounter>,
+}
+
+/// A workspace's memory.
+#[derive(Debug)]
+pub enum WorkspaceBuf {
+    /// On the GPU.
+    Gpu(CudaSlice<f32>),
+    /// On the host (emulation).
+    Host(Vec<u64>),
 }
 
 impl Workspace {
@@ -119,9 +136,13 @@ impl Drop for Workspace {
     }
 }
 
-fn raw<T>(s: &CudaSlice<T>, dev: &Device) -> u64 {
-    let (p, _sync) = s.device_ptr(dev.stream());
+fn raw<T>(s: &CudaSlice<T>, stream: &Arc<CudaStream>) -> u64 {
+    let (p, _sync) = s.device_ptr(stream);
     p
+}
+
+fn host_words(bytes: usize) -> Vec<u64> {
+    vec![0u64; bytes.div_ceil(8).max(1)]
 }
 
 impl Device {
@@ -129,21 +150,32 @@ impl Device {
     pub fn zeros(&self, dtype: DType, shape: &[usize]) -> Result<DeviceTensor> {
         let n: usize = shape.iter().product();
         let bytes = (n * elem_size(dtype)?) as u64;
-        // cuMemAlloc rejects 0 bytes: empty tensors get one element, count 0.
-        let len = n.max(1);
-        let s = self.stream();
-        let buf = match dtype {
-            DType::F32 => DeviceBuf::F32(s.alloc_zeros::<f32>(len)?),
-            DType::I64 => DeviceBuf::I64(s.alloc_zeros::<i64>(len)?),
-            DType::I32 => DeviceBuf::I32(s.alloc_zeros::<i32>(len)?),
-            DType::Bool => DeviceBuf::Bool(s.alloc_zeros::<u8>(len)?),
-            _ => unreachable!("elem_size accepted it"),
-        };
-        let ptr = match &buf {
-            DeviceBuf::F32(b) => raw(b, self),
-            DeviceBuf::I64(b) => raw(b, self),
-            DeviceBuf::I32(b) => raw(b, self),
-            DeviceBuf::Bool(b) => raw(b, self),
+        let (buf, ptr) = match self.backend() {
+            Backend::Emulated(_) => {
+                let data = host_words(bytes as usize);
+                let ptr = data.as_ptr() as u64;
+                (DeviceBuf::Host { dtype, data }, ptr)
+            }
+            Backend::Gpu(_) => {
+                let s = self.stream()?;
+                // cuMemAlloc rejects 0 bytes: empty tensors get one element, count 0.
+                let len = n.max(1);
+                let buf = match dtype {
+                    DType::F32 => DeviceBuf::F32(s.alloc_zeros::<f32>(len)?),
+                    DType::I64 => DeviceBuf::I64(s.alloc_zeros::<i64>(len)?),
+                    DType::I32 => DeviceBuf::I32(s.alloc_zeros::<i32>(len)?),
+                    DType::Bool => DeviceBuf::Bool(s.alloc_zeros::<u8>(len)?),
+                    _ => unreachable!("elem_size accepted it"),
+                };
+                let ptr = match &buf {
+                    DeviceBuf::F32(b) => raw(b, s),
+                    DeviceBuf::I64(b) => raw(b, s),
+                    DeviceBuf::I32(b) => raw(b, s),
+                    DeviceBuf::Bool(b) => raw(b, s),
+                    DeviceBuf::Host { .. } => unreachable!("a GPU buffer"),
+                };
+                (buf, ptr)
+            }
         };
         self.counter().add(bytes);
         Ok(DeviceTensor {
@@ -157,8 +189,19 @@ impl Device {
 
     /// `n` floats of workspace (zeroed), counted as workspace.
     pub fn workspace(&self, n: usize) -> Result<Workspace> {
-        let buf = self.stream().alloc_zeros::<f32>(n.max(1))?;
-        let ptr = raw(&buf, self);
+        let (buf, ptr) = match self.backend() {
+            Backend::Emulated(_) => {
+                let data = host_words(n * 4);
+                let ptr = data.as_ptr() as u64;
+                (WorkspaceBuf::Host(data), ptr)
+            }
+            Backend::Gpu(_) => {
+                let s = self.stream()?;
+                let buf = s.alloc_zeros::<f32>(n.max(1))?;
+                let ptr = raw(&buf, s);
+                (WorkspaceBuf::Gpu(buf), ptr)
+            }
+        };
         let bytes = (n * 4) as u64;
         self.counter().add_workspace(bytes);
         Ok(Workspace {
@@ -175,7 +218,25 @@ impl Device {
         if t.numel() == 0 {
             return Ok(d);
         }
-        let s = self.stream();
+        if let DeviceBuf::Host { data, .. } = &mut d.buf {
+            let bytes: Vec<u8> = match &t.elems {
+                Elems::F32(v) => v.iter().flat_map(|x| x.to_ne_bytes()).collect(),
+                Elems::I64(v) => v.iter().flat_map(|x| x.to_ne_bytes()).collect(),
+                Elems::I32(v) => v.iter().flat_map(|x| x.to_ne_bytes()).collect(),
+                Elems::Bool(v) => v.iter().map(|&x| x as u8).collect(),
+                _ => unreachable!("zeros refused the dtype"),
+            };
+            // SAFETY: `data` holds at least `bytes.len()` bytes (sized by zeros).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    bytes.as_ptr(),
+                    data.as_mut_ptr() as *mut u8,
+                    bytes.len(),
+                )
+            };
+            return Ok(d);
+        }
+        let s = self.stream()?;
         match (&t.elems, &mut d.buf) {
             (Elems::F32(v), DeviceBuf::F32(b)) => s.memcpy_htod(v, b)?,
             (Elems::I64(v), DeviceBuf::I64(b)) => s.memcpy_htod(v, b)?,
@@ -192,14 +253,43 @@ impl Device {
     /// Copies a device tensor back to the host (synchronizes).
     pub fn download(&self, t: &DeviceTensor) -> Result<Tensor> {
         let n = t.numel();
-        let s = self.stream();
         let elems = match &t.buf {
-            DeviceBuf::F32(b) => Elems::F32(s.clone_dtoh(b)?[..n].to_vec()),
-            DeviceBuf::I64(b) => Elems::I64(s.clone_dtoh(b)?[..n].to_vec()),
-            DeviceBuf::I32(b) => Elems::I32(s.clone_dtoh(b)?[..n].to_vec()),
-            DeviceBuf::Bool(b) => {
-                Elems::Bool(s.clone_dtoh(b)?[..n].iter().map(|&x| x != 0).collect())
+            DeviceBuf::Host { dtype, data } => {
+                // SAFETY: `data` holds n elements of `dtype` (sized by zeros).
+                let bytes = unsafe {
+                    std::slice::from_raw_parts(data.as_ptr() as *const u8, n * elem_size(*dtype)?)
+                };
+                match dtype {
+                    DType::F32 => Elems::F32(
+                        bytes
+                            .chunks_exact(4)
+                            .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
+                            .collect(),
+                    ),
+                    DType::I64 => Elems::I64(
+                        bytes
+                            .chunks_exact(8)
+                            .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
+                            .collect(),
+                    ),
+                    DType::I32 => Elems::I32(
+                        bytes
+                            .chunks_exact(4)
+                            .map(|c| i32::from_ne_bytes(c.try_into().unwrap()))
+                            .collect(),
+                    ),
+                    _ => Elems::Bool(bytes.iter().map(|&x| x != 0).collect()),
+                }
             }
+            DeviceBuf::F32(b) => Elems::F32(self.stream()?.clone_dtoh(b)?[..n].to_vec()),
+            DeviceBuf::I64(b) => Elems::I64(self.stream()?.clone_dtoh(b)?[..n].to_vec()),
+            DeviceBuf::I32(b) => Elems::I32(self.stream()?.clone_dtoh(b)?[..n].to_vec()),
+            DeviceBuf::Bool(b) => Elems::Bool(
+                self.stream()?.clone_dtoh(b)?[..n]
+                    .iter()
+                    .map(|&x| x != 0)
+                    .collect(),
+            ),
         };
         Ok(Tensor::new(t.shape.clone(), elems))
     }
@@ -214,8 +304,28 @@ impl Device {
         if cfg.grid_dim.0 == 0 {
             return Ok(());
         }
-        let f = self.function(name)?;
-        let mut b = self.stream().launch_builder(&f);
+        let g = match self.backend() {
+            Backend::Gpu(g) => g,
+            Backend::Emulated(e) => {
+                let mut ptrs: Vec<*mut std::ffi::c_void> = args
+                    .iter()
+                    .map(|a| match a {
+                        Arg::Ptr(v) | Arg::U64(v) => v as *const u64 as *mut _,
+                        Arg::I64(v) => v as *const i64 as *mut _,
+                        Arg::I32(v) => v as *const i32 as *mut _,
+                        Arg::F32(v) => v as *const f32 as *mut _,
+                        Arg::F64(v) => v as *const f64 as *mut _,
+                        Arg::Strided(v) => v.as_ref() as *const Strided as *mut _,
+                        Arg::Win(v) => v as *const Win as *mut _,
+                    })
+                    .collect();
+                // SAFETY: as for the GPU launch below; host pointers of the
+                // emulated backend's own buffers.
+                return unsafe { e.launch(name, cfg.grid_dim.0, &mut ptrs) };
+            }
+        };
+        let f = g.function(name)?;
+        let mut b = g.stream.launch_builder(&f);
         for a in args {
             match a {
                 Arg::Ptr(v) | Arg::U64(v) => b.arg(v),
@@ -393,3 +503,17 @@ pub struct Win {
 
 // SAFETY: #[repr(C)], plain integers, the layout of the C struct.
 unsafe impl DeviceRepr for Win {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptors_have_the_c_layout() {
+        // kernels/common.cuh static_asserts the same sizes.
+        assert_eq!(std::mem::size_of::<Strided>(), 264);
+        assert_eq!(std::mem::size_of::<Win>(), 112);
+        let d = Strided::broadcast(&[2, 3, 4], &[&[3, 1], &[4]]).unwrap();
+        assert_eq!((d.stride(0, 1), d.stride(0, 2), d.stride(1, 2)), (1, 0, 1));
+    }
+}
