@@ -664,3 +664,82 @@ fn allocator_counts_and_cross_checks() {
         memplan::exec::cuda::CUBLAS_WORKSPACE_BYTES as u64
     );
 }
+
+/// Whole models forward on the emulation against the CPU executor (same seeded
+/// parameters and inputs, Dropout on), rel 1e-4.
+#[test]
+fn models_forward_agree_emulated() {
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    if std::process::Command::new(&cxx)
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("SKIP models_forward_agree_emulated: no C++ compiler ({cxx})");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let emu = memplan::exec::cuda::emulate::Emulator::build(dir.path(), &cxx)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let dev = Device::emulated(emu);
+    models_forward(&dev);
+}
+
+/// The same on a GPU.
+#[test]
+fn models_forward_agree() {
+    let Some(dev) = device("models_forward_agree") else {
+        return;
+    };
+    models_forward(&dev);
+}
+
+fn models_forward(dev: &Device) {
+    use memplan::exec::{random_input, Executor, Options};
+    use memplan::infer::{infer, Bindings};
+    for name in ["mlp", "cnn", "transformer"] {
+        let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("models")
+            .join(format!("{name}.onnx"));
+        let model = memplan::onnx::load_model(&path).unwrap();
+        let inf = infer(
+            &model,
+            &Bindings {
+                batch: Some(2),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let opts = Options::default();
+        let g = &model.graph;
+        let inputs: Vec<Tensor> = g
+            .inputs
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| random_input(&inf.facts[t], 1 + i as u64, 100).unwrap())
+            .collect();
+        let want = Executor::new(&model, &inf, opts)
+            .unwrap()
+            .forward(&inputs)
+            .unwrap();
+        let run = memplan::exec::cuda::run::forward(dev, &model, &inf, opts, &inputs)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        for (k, (got, want)) in run.outputs.iter().zip(&want).enumerate() {
+            agree(&format!("{name} output {k}"), got, want);
+        }
+        let mut host: std::collections::BTreeMap<&str, usize> = Default::default();
+        for op in &run.host_nodes {
+            *host.entry(op.as_str()).or_default() += 1;
+        }
+        eprintln!("{name}: device forward agrees; nodes on the host: {host:?}");
+        for op in host.keys() {
+            assert!(
+                matches!(
+                    *op,
+                    "Constant" | "Shape" | "Gather" | "Unsqueeze" | "Concat"
+                ),
+                "{name}: {op} ran on the host"
+            );
+        }
+    }
+}

@@ -15,6 +15,7 @@ pub mod alloc;
 pub mod emulate;
 pub mod kernels;
 pub mod ops;
+pub mod run;
 pub mod tensor;
 
 use std::collections::HashMap;
