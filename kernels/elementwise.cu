@@ -277,3 +277,37 @@ extern "C" __global__ void sgd_f32(long long n, float lr, const float* g, float*
 extern "C" __global__ void scale_f32(long long n, float s, const float* x, float* y) {
     MP_GRID_LOOP(i, n) y[i] = s * x[i];
 }
+
+// Cast between float32 (0), int64 (1), int32 (2) and bool (3), as Tensor::cast:
+// integers and bools through i64, floats to integers truncated and saturated
+// (NaN to 0, Rust's `as`), to bool `!= 0`.
+extern "C" __global__ void cast_any(int from, int to, long long n, const void* src, void* dst) {
+    MP_GRID_LOOP(i, n) {
+        if (from == 0) {
+            float v = ((const float*)src)[i];
+            if (to == 0) ((float*)dst)[i] = v;
+            else if (to == 3) ((unsigned char*)dst)[i] = v != 0.0f ? 1 : 0;
+            else {
+                double d = (double)v;
+                if (to == 1) {
+                    long long r = d != d ? 0LL
+                        : d >= 9223372036854775807.0 ? 9223372036854775807LL
+                        : d <= -9223372036854775808.0 ? (-9223372036854775807LL - 1) : (long long)d;
+                    ((long long*)dst)[i] = r;
+                } else {
+                    int r = d != d ? 0 : d >= 2147483647.0 ? 2147483647
+                        : d <= -2147483648.0 ? (-2147483647 - 1) : (int)d;
+                    ((int*)dst)[i] = r;
+                }
+            }
+        } else {
+            long long v = from == 1 ? ((const long long*)src)[i]
+                : from == 2 ? (long long)((const int*)src)[i]
+                : (long long)(((const unsigned char*)src)[i] != 0);
+            if (to == 0) ((float*)dst)[i] = (float)v;
+            else if (to == 1) ((long long*)dst)[i] = v;
+            else if (to == 2) ((int*)dst)[i] = (int)v;
+            else ((unsigned char*)dst)[i] = v != 0 ? 1 : 0;
+        }
+    }
+}

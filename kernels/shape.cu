@@ -44,3 +44,21 @@ extern "C" __global__ void gather_bwd_f32(long long outer, long long axis_dim, l
         }
     }
 }
+
+// GatherElements: for every element t of idx (contiguous, shape d.shape),
+// dst[t] = src[off + j * axis_stride], off the source offset of t's coordinate
+// with the axis coordinate dropped (d.st[0]: source strides, 0 on the axis),
+// j = idx[t] (negative from the end; out of range: 0, the CPU rejects it first).
+#define MP_GATHER_ELEMENTS(NAME, T) \
+extern "C" __global__ void NAME(long long n, Strided d, long long axis_stride, long long axis_dim, const long long* idx, const T* src, T* dst) { \
+    MP_GRID_LOOP(t, n) { \
+        long long off[1]; \
+        mp_offsets(d, t, off, 1); \
+        long long j = idx[t]; \
+        if (j < 0) j += axis_dim; \
+        dst[t] = (j < 0 || j >= axis_dim) ? (T)0 : src[off[0] + j * axis_stride]; \
+    } \
+}
+MP_GATHER_ELEMENTS(gather_elements_b1, unsigned char)
+MP_GATHER_ELEMENTS(gather_elements_b4, unsigned int)
+MP_GATHER_ELEMENTS(gather_elements_b8, unsigned long long)

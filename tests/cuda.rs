@@ -574,6 +574,39 @@ fn cases(r: &mut Rng) -> Vec<Case> {
         )
         .attr("axis", Attr::Int(1)),
     );
+    // Casts (ONNX codes: FLOAT 1, INT32 6, INT64 7, BOOL 9), truncation and
+    // saturation included.
+    let xf = Tensor::f32(
+        vec![2, 4],
+        vec![-2.7, -0.5, 0.0, 0.4, 3.9, 1e20, -1e20, f32::NAN],
+    );
+    for to in [1, 6, 7, 9] {
+        v.push(Case::new("Cast", vec![xf.clone()]).attr("to", Attr::Int(to)));
+    }
+    let xi = Tensor::i64(vec![5], vec![-3, 0, 7, 1 << 40, -(1 << 40)]);
+    for to in [1, 6, 9] {
+        v.push(Case::new("Cast", vec![xi.clone()]).attr("to", Attr::Int(to)));
+    }
+    let xb = Tensor::bool(vec![3], vec![true, false, true]);
+    v.push(Case::new("Cast", vec![xb.clone()]).attr("to", Attr::Int(1)));
+    v.push(Case::new("Cast", vec![xb]).attr("to", Attr::Int(7)));
+    v.push(
+        Case::new(
+            "GatherElements",
+            vec![
+                r.t(&[3, 4]),
+                Tensor::i64(vec![3, 2], vec![0, 3, -1, 2, 1, 1]),
+            ],
+        )
+        .attr("axis", Attr::Int(1)),
+    );
+    v.push(Case::new(
+        "GatherElements",
+        vec![
+            Tensor::i64(vec![2, 3], vec![10, 11, 12, 13, 14, 15]),
+            Tensor::i64(vec![1, 3], vec![1, 0, 1]),
+        ],
+    ));
     // A host op (shape computation) through the fallback.
     v.push(Case::new("Shape", vec![r.t(&[2, 3])]));
     v
@@ -742,4 +775,64 @@ fn models_forward(dev: &Device) {
             );
         }
     }
+}
+
+/// Which nodes of the models in models/ the device forward of a training step
+/// (`extras` on) would run on the host: only shape computations (outputs folded
+/// to constants by inference, or small integer tensors) may; data there (a float
+/// or large tensor without a folded value) is listed and fails.
+#[test]
+fn device_coverage_of_models() {
+    use memplan::exec::cuda::ops::forward_path;
+    use memplan::infer::{infer, Bindings};
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models");
+    let mut names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "onnx"))
+        .collect();
+    names.sort();
+    let mut bad = Vec::new();
+    for path in names {
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        let model = memplan::onnx::load_model(&path).unwrap();
+        let inf = infer(
+            &model,
+            &Bindings {
+                batch: Some(1),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let g = &model.graph;
+        let mut host: std::collections::BTreeMap<String, usize> = Default::default();
+        for &ix in &g.order {
+            let node = g.node(ix);
+            let facts: Vec<Option<&Fact>> = node
+                .inputs
+                .iter()
+                .map(|t| t.map(|t| &inf.facts[t]))
+                .collect();
+            let path = forward_path(node, &facts, node.outputs.len(), model.opset(), true).unwrap();
+            if path == Path::Host {
+                *host.entry(node.op_type.clone()).or_default() += 1;
+                let data = node.outputs.iter().flatten().any(|&t| {
+                    let f = &inf.facts[t];
+                    f.value.is_none() && (f.dtype.is_float() || f.numel() > 64)
+                });
+                if data {
+                    bad.push(format!("{name}: {} '{}'", node.op_type, node.name));
+                }
+            }
+        }
+        eprintln!("{name}: on the host: {host:?}");
+    }
+    for b in &bad {
+        eprintln!("float/large data on the host: {b}");
+    }
+    assert!(
+        bad.is_empty(),
+        "{} nodes with data run on the host",
+        bad.len()
+    );
 }

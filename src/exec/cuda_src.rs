@@ -54,7 +54,8 @@ impl Source {
     }
 
     /// Names of the kernels the file defines: every `extern "C" __global__ void
-    /// NAME(`, and the `MP_STRIDED_COPY(NAME, T)` instances.
+    /// NAME(` line, and the instances `MP_MACRO(NAME, T)` of kernel-defining
+    /// macros (whose own body lines end with `\` and are skipped).
     pub fn kernels(&self) -> Vec<&'static str> {
         const ENTRY: &str = "extern \"C\" __global__ void ";
         let mut v = Vec::new();
@@ -67,9 +68,14 @@ impl Source {
                 if let Some(end) = rest.find('(') {
                     v.push(rest[..end].trim());
                 }
-            } else if let Some(rest) = line.strip_prefix("MP_STRIDED_COPY(") {
-                if let Some(end) = rest.find(',') {
-                    v.push(rest[..end].trim());
+            } else if let Some(rest) = line.strip_prefix("MP_") {
+                // A kernel-defining macro's instance: `MP_SOMETHING(NAME, T)`.
+                if let Some((mac, args)) = rest.split_once('(') {
+                    if mac.chars().all(|c| c.is_ascii_uppercase() || c == '_') {
+                        if let Some(end) = args.find(',') {
+                            v.push(args[..end].trim());
+                        }
+                    }
                 }
             }
         }

@@ -518,9 +518,10 @@ impl Op for Cast {
         }
         cx.answer(vec![(0, cx.grad(0)?.into_owned())])
     }
-    /// Runs on the host on the GPU backend (no device kernels yet).
+    /// Device kernels (exec::cuda::ops; float32, int64, int32, bool); the
+    /// backward runs on the host.
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::HOST
+        CudaKernels::new(&["cast_any"], &[])
     }
 }
 

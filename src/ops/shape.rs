@@ -1258,9 +1258,16 @@ impl Op for GatherElements {
         }
         cx.answer(vec![(0, dx)])
     }
-    /// Runs on the host on the GPU backend (no device kernels yet).
+    /// Device kernels (exec::cuda::ops, forward); the backward runs on the host.
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::HOST
+        CudaKernels::new(
+            &[
+                "gather_elements_b1",
+                "gather_elements_b4",
+                "gather_elements_b8",
+            ],
+            &[],
+        )
     }
 }
 

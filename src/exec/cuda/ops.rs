@@ -169,35 +169,92 @@ pub enum Path {
     Host,
 }
 
+/// Where [`forward`] runs a node with these input facts: on the device when a
+/// launcher handles the op for these dtypes (and attributes), else on the host.
+pub fn forward_path(
+    node: &Node,
+    input_facts: &[Option<&Fact>],
+    n_outputs: usize,
+    opset: i64,
+    extras: bool,
+) -> Result<Path> {
+    let op = node.op_type.as_str();
+    let dt = |i: usize| input_facts.get(i).copied().flatten().map(|f| f.dtype);
+    let f32_in = |i: usize| dt(i) == Some(DType::F32);
+    let device = match op {
+        _ if unary_code(op, &node.attrs)?.is_some() => f32_in(0),
+        "Add" | "Sub" | "Mul" | "Div" | "Pow" => f32_in(0) && f32_in(1),
+        "Equal" | "Less" | "LessOrEqual" | "Greater" | "GreaterOrEqual" => f32_in(0) && f32_in(1),
+        "Where" => f32_in(1) && f32_in(2) && dt(0) == Some(DType::Bool),
+        "Clip" | "Dropout" | "MaxPool" | "AveragePool" | "GlobalAveragePool" => f32_in(0),
+        "LayerNormalization" | "Softmax" | "LogSoftmax" => f32_in(0),
+        "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" => f32_in(0),
+        "MatMul" | "Gemm" => f32_in(0) && f32_in(1),
+        "Conv" => {
+            f32_in(0)
+                && f32_in(1)
+                && input_facts
+                    .first()
+                    .copied()
+                    .flatten()
+                    .is_some_and(|f| f.shape.len() <= 4)
+        }
+        "BatchNormalization" => {
+            let training = extras
+                || if opset >= 14 {
+                    node.attrs.int_or("training_mode", 0) != 0
+                } else {
+                    n_outputs > 1
+                };
+            f32_in(0) && training
+        }
+        "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" | "Transpose" | "Expand" | "Concat"
+        | "Split" => dt(0).is_some_and(|d| super::tensor::elem_size(d).is_ok()),
+        "Gather" => f32_in(0) && dt(1) == Some(DType::I64),
+        "GatherElements" => {
+            dt(0).is_some_and(|d| super::tensor::elem_size(d).is_ok()) && dt(1) == Some(DType::I64)
+        }
+        "Cast" | "CastLike" => {
+            let to = node.attrs.int("to").and_then(|c| ops::dtype_attr(c).ok());
+            let to = if op == "CastLike" { dt(1) } else { to };
+            dt(0).is_some_and(cast_code_ok) && to.is_some_and(cast_code_ok)
+        }
+        _ => false,
+    };
+    Ok(if device { Path::Device } else { Path::Host })
+}
+
 /// The forward of one node on the device: one tensor per declared output (omitted
 /// ones included), then the extras when `cx.extras`, as [`crate::ops::Op::forward_cpu`].
+/// [`forward_path`] decides between the device launchers and the host.
 pub fn forward(dev: &Device, cx: &DevKernelCx) -> Result<(Vec<DeviceTensor>, Path)> {
     let op = cx.node.op_type.as_str();
-    let f32_in = |i: usize| cx.opt(i).is_some_and(|t| t.dtype() == DType::F32);
+    if forward_path(
+        cx.node,
+        &cx.input_facts,
+        cx.outputs.len(),
+        cx.opset,
+        cx.extras,
+    )? == Path::Host
+    {
+        return Ok((host_forward(dev, cx)?, Path::Host));
+    }
     let outs = match op {
-        _ if unary_code(op, cx.attrs())?.is_some() && f32_in(0) => unary_fwd(dev, cx)?,
-        "Add" | "Sub" | "Mul" | "Div" | "Pow" if f32_in(0) && f32_in(1) => binary_fwd(dev, cx)?,
-        "Equal" | "Less" | "LessOrEqual" | "Greater" | "GreaterOrEqual"
-            if f32_in(0) && f32_in(1) =>
-        {
-            compare_fwd(dev, cx)?
-        }
-        "Where"
-            if f32_in(1) && f32_in(2) && cx.opt(0).is_some_and(|c| c.dtype() == DType::Bool) =>
-        {
-            where_fwd(dev, cx)?
-        }
-        "Clip" if f32_in(0) => clip_fwd(dev, cx)?,
-        "Dropout" if f32_in(0) => dropout_fwd(dev, cx)?,
-        "MatMul" if f32_in(0) && f32_in(1) => matmul_fwd(dev, cx)?,
-        "Gemm" if f32_in(0) && f32_in(1) => gemm_fwd(dev, cx)?,
-        "Conv" if f32_in(0) && f32_in(1) && conv_window_ok(cx)? => conv_fwd(dev, cx)?,
-        "MaxPool" | "AveragePool" if f32_in(0) => pool_fwd(dev, cx)?,
-        "GlobalAveragePool" if f32_in(0) => gap_fwd(dev, cx)?,
-        "BatchNormalization" if f32_in(0) && bn_training(cx) => bn_fwd(dev, cx)?,
-        "LayerNormalization" if f32_in(0) => ln_fwd(dev, cx)?,
-        "Softmax" | "LogSoftmax" if f32_in(0) => softmax_fwd(dev, cx)?,
-        "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" if f32_in(0) => reduce_fwd(dev, cx)?,
+        _ if unary_code(op, cx.attrs())?.is_some() => unary_fwd(dev, cx)?,
+        "Add" | "Sub" | "Mul" | "Div" | "Pow" => binary_fwd(dev, cx)?,
+        "Equal" | "Less" | "LessOrEqual" | "Greater" | "GreaterOrEqual" => compare_fwd(dev, cx)?,
+        "Where" => where_fwd(dev, cx)?,
+        "Clip" => clip_fwd(dev, cx)?,
+        "Dropout" => dropout_fwd(dev, cx)?,
+        "MatMul" => matmul_fwd(dev, cx)?,
+        "Gemm" => gemm_fwd(dev, cx)?,
+        "Conv" => conv_fwd(dev, cx)?,
+        "MaxPool" | "AveragePool" => pool_fwd(dev, cx)?,
+        "GlobalAveragePool" => gap_fwd(dev, cx)?,
+        "BatchNormalization" => bn_fwd(dev, cx)?,
+        "LayerNormalization" => ln_fwd(dev, cx)?,
+        "Softmax" | "LogSoftmax" => softmax_fwd(dev, cx)?,
+        "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" => reduce_fwd(dev, cx)?,
         "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => {
             vec![copy_as(dev, cx.input(0)?, &cx.out(0)?.shape)?]
         }
@@ -210,10 +267,27 @@ pub fn forward(dev: &Device, cx: &DevKernelCx) -> Result<(Vec<DeviceTensor>, Pat
         }
         "Concat" => concat_fwd(dev, cx)?,
         "Split" => split_fwd(dev, cx)?,
-        "Gather" if f32_in(0) && cx.opt(1).is_some_and(|t| t.dtype() == DType::I64) => {
-            gather_fwd(dev, cx)?
+        "Gather" => gather_fwd(dev, cx)?,
+        "GatherElements" => gather_elements_fwd(dev, cx)?,
+        "Cast" | "CastLike" => {
+            let x = cx.input(0)?;
+            let to = cx.out(0)?.dtype;
+            let y = dev.zeros(to, &x.shape)?;
+            let n = x.numel();
+            dev.launch(
+                "cast_any",
+                n,
+                &[
+                    Arg::I32(cast_code(x.dtype())),
+                    Arg::I32(cast_code(to)),
+                    Arg::n(n),
+                    Arg::t(x),
+                    Arg::t(&y),
+                ],
+            )?;
+            vec![y]
         }
-        _ => return Ok((host_forward(dev, cx)?, Path::Host)),
+        other => unreachable!("forward_path sends {other} to the host"),
     };
     Ok((outs, Path::Device))
 }
@@ -628,6 +702,50 @@ fn gather_fwd(dev: &Device, cx: &DevKernelCx) -> Result<Vec<DeviceTensor>> {
             Arg::n(ad),
             Arg::n(ni),
             Arg::n(inner),
+            Arg::t(idx),
+            Arg::t(x),
+            Arg::t(&y),
+        ],
+    )?;
+    Ok(vec![y])
+}
+
+fn cast_code_ok(d: DType) -> bool {
+    matches!(d, DType::F32 | DType::I64 | DType::I32 | DType::Bool)
+}
+
+/// kernels/elementwise.cu `cast_any`'s type codes.
+fn cast_code(d: DType) -> i32 {
+    match d {
+        DType::F32 => 0,
+        DType::I64 => 1,
+        DType::I32 => 2,
+        _ => 3,
+    }
+}
+
+fn gather_elements_fwd(dev: &Device, cx: &DevKernelCx) -> Result<Vec<DeviceTensor>> {
+    let (x, idx) = (cx.input(0)?, cx.input(1)?);
+    let a = axis(cx.attrs().int_or("axis", 0), x.shape.len())?;
+    let xst = strides(&x.shape);
+    let st: Vec<i64> = (0..x.shape.len())
+        .map(|i| if i == a { 0 } else { xst[i] as i64 })
+        .collect();
+    let y = dev.zeros(x.dtype(), &idx.shape)?;
+    let n = y.numel();
+    let name = match super::tensor::elem_size(x.dtype())? {
+        1 => "gather_elements_b1",
+        8 => "gather_elements_b8",
+        _ => "gather_elements_b4",
+    };
+    dev.launch(
+        name,
+        n,
+        &[
+            Arg::n(n),
+            Arg::Strided(Box::new(Strided::new(&idx.shape, &[st])?)),
+            Arg::n(xst[a]),
+            Arg::n(x.shape[a]),
             Arg::t(idx),
             Arg::t(x),
             Arg::t(&y),
@@ -1443,10 +1561,6 @@ fn to_win(w: &ops::conv::Window) -> Win {
     }
 }
 
-fn conv_window_ok(cx: &DevKernelCx) -> Result<bool> {
-    Ok(cx.input(0)?.shape.len() <= 4)
-}
-
 /// Conv's geometry: (n, c, m, group, window, direct 1×1).
 fn conv_geom(
     attrs: &Attrs,
@@ -1734,15 +1848,6 @@ fn gap_fwd(dev: &Device, cx: &DevKernelCx) -> Result<Vec<DeviceTensor>> {
 }
 
 // ---------------------------------------------------------------- normalization
-
-fn bn_training(cx: &DevKernelCx) -> bool {
-    cx.extras
-        || if cx.opset >= 14 {
-            cx.attrs().int_or("training_mode", 0) != 0
-        } else {
-            cx.outputs.len() > 1
-        }
-}
 
 /// BatchNormalization in training mode (inference mode runs on the host), as
 /// batch_norm_kernel: y, the running statistics, (opset < 14) the batch mean and
