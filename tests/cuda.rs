@@ -780,10 +780,11 @@ fn models_forward(dev: &Device) {
 /// Which nodes of the models in models/ the device forward of a training step
 /// (`extras` on) would run on the host: only shape computations (outputs folded
 /// to constants by inference, or small integer tensors) may; data there (a float
-/// or large tensor without a folded value) is listed and fails.
+/// or large tensor without a folded value) is listed and fails, as is a backward
+/// into a float tensor that runs on the host.
 #[test]
 fn device_coverage_of_models() {
-    use memplan::exec::cuda::ops::forward_path;
+    use memplan::exec::cuda::ops::{backward_path, forward_path};
     use memplan::infer::{infer, Bindings};
     let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models");
     let mut names: Vec<_> = std::fs::read_dir(&dir)
@@ -813,6 +814,39 @@ fn device_coverage_of_models() {
                 .iter()
                 .map(|t| t.map(|t| &inf.facts[t]))
                 .collect();
+            // Backward: any gradient into a float tensor that is not a constant
+            // must be computed on the device.
+            let rule = registry().get(&node.domain, &node.op_type).unwrap();
+            let cx = Cx {
+                node,
+                inputs: facts.clone(),
+                opset: model.opset(),
+            };
+            let outs: Vec<Fact> = node
+                .outputs
+                .iter()
+                .map(|t| {
+                    t.map_or_else(
+                        || Fact::new(memplan::ir::DType::F32, vec![]),
+                        |t| inf.facts[t].clone(),
+                    )
+                })
+                .collect();
+            if let Ok(Some(bw)) = rule.backward(&cx, &outs) {
+                let trains = bw.grads.iter().any(|g| {
+                    facts
+                        .get(g.input)
+                        .copied()
+                        .flatten()
+                        .is_some_and(|f| f.dtype.is_float() && f.value.is_none())
+                });
+                if trains && backward_path(node, &facts) == Path::Host {
+                    bad.push(format!(
+                        "{name}: backward of {} '{}'",
+                        node.op_type, node.name
+                    ));
+                }
+            }
             let path = forward_path(node, &facts, node.outputs.len(), model.opset(), true).unwrap();
             if path == Path::Host {
                 *host.entry(node.op_type.clone()).or_default() += 1;

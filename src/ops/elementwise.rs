@@ -519,9 +519,9 @@ impl Op for Cast {
         cx.answer(vec![(0, cx.grad(0)?.into_owned())])
     }
     /// Device kernels (exec::cuda::ops; float32, int64, int32, bool); the
-    /// backward runs on the host.
+    /// float32 gradient is copied back.
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::new(&["cast_any"], &[])
+        CudaKernels::new(&["cast_any"], &["strided_copy_b4"])
     }
 }
 

@@ -292,30 +292,52 @@ pub fn forward(dev: &Device, cx: &DevKernelCx) -> Result<(Vec<DeviceTensor>, Pat
     Ok((outs, Path::Device))
 }
 
+/// Where [`backward`] runs a node with these input facts.
+pub fn backward_path(node: &Node, input_facts: &[Option<&Fact>]) -> Path {
+    let op = node.op_type.as_str();
+    let dt = |i: usize| input_facts.get(i).copied().flatten().map(|f| f.dtype);
+    let f32_in = |i: usize| dt(i) == Some(DType::F32);
+    let device = match op {
+        _ if unary_code(op, &node.attrs).ok().flatten().is_some() => f32_in(0),
+        "Add" | "Sub" | "Mul" | "Div" | "Pow" | "MatMul" | "Gemm" | "Conv" => {
+            f32_in(0) && f32_in(1)
+        }
+        "Where" => f32_in(1) && f32_in(2) && dt(0) == Some(DType::Bool),
+        "Clip" | "Dropout" | "MaxPool" | "AveragePool" | "GlobalAveragePool" => f32_in(0),
+        "BatchNormalization" | "LayerNormalization" | "Softmax" | "LogSoftmax" => f32_in(0),
+        "ReduceSum" | "ReduceMean" | "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => f32_in(0),
+        "Transpose" | "Expand" | "Split" | "Gather" => f32_in(0),
+        "Concat" => true,
+        // A float32 gradient copied back (the only float type on the device).
+        "Cast" | "CastLike" => f32_in(0),
+        _ => false,
+    };
+    if device {
+        Path::Device
+    } else {
+        Path::Host
+    }
+}
+
 /// The backward of one node on the device: one entry per input slot, `Some`
-/// exactly for the wanted ones, as [`crate::ops::Op::backward_cpu`].
+/// exactly for the wanted ones, as [`crate::ops::Op::backward_cpu`];
+/// [`backward_path`] decides between the device launchers and the host.
 pub fn backward(dev: &Device, cx: &DevBackwardCx) -> Result<(Vec<Option<DeviceTensor>>, Path)> {
     let op = cx.node.op_type.as_str();
-    let f32_in = |i: usize| {
-        cx.inputs
-            .get(i)
-            .copied()
-            .flatten()
-            .is_some_and(|f| f.dtype == DType::F32)
-    };
+    if backward_path(cx.node, &cx.inputs) == Path::Host {
+        return Ok((host_backward(dev, cx)?, Path::Host));
+    }
     let mut res: Vec<(usize, DeviceTensor)> = match op {
-        _ if unary_code(op, cx.attrs())?.is_some() && f32_in(0) => unary_bwd(dev, cx)?,
-        "Add" | "Sub" | "Mul" | "Div" | "Pow" if f32_in(0) && f32_in(1) => binary_bwd(dev, cx)?,
-        "Where" if f32_in(1) && f32_in(2) && cx.input(0)?.dtype == DType::Bool => {
-            where_bwd(dev, cx)?
-        }
-        "Clip" if f32_in(0) => clip_bwd(dev, cx)?,
-        "Dropout" if f32_in(0) => dropout_bwd(dev, cx)?,
-        "MatMul" if f32_in(0) && f32_in(1) => matmul_bwd(dev, cx)?,
-        "Gemm" if f32_in(0) && f32_in(1) => gemm_bwd(dev, cx)?,
-        "Conv" if f32_in(0) && f32_in(1) => conv_bwd(dev, cx)?,
-        "MaxPool" | "AveragePool" if f32_in(0) => pool_bwd(dev, cx)?,
-        "GlobalAveragePool" if f32_in(0) => {
+        _ if unary_code(op, cx.attrs())?.is_some() => unary_bwd(dev, cx)?,
+        "Add" | "Sub" | "Mul" | "Div" | "Pow" => binary_bwd(dev, cx)?,
+        "Where" => where_bwd(dev, cx)?,
+        "Clip" => clip_bwd(dev, cx)?,
+        "Dropout" => dropout_bwd(dev, cx)?,
+        "MatMul" => matmul_bwd(dev, cx)?,
+        "Gemm" => gemm_bwd(dev, cx)?,
+        "Conv" => conv_bwd(dev, cx)?,
+        "MaxPool" | "AveragePool" => pool_bwd(dev, cx)?,
+        "GlobalAveragePool" => {
             let x = cx.input(0)?;
             let g = cx.grad(dev, 0)?;
             let plane: usize = x.shape[2..].iter().product();
@@ -328,23 +350,28 @@ pub fn backward(dev: &Device, cx: &DevBackwardCx) -> Result<(Vec<Option<DeviceTe
             )?;
             vec![(0, dx)]
         }
-        "BatchNormalization" if f32_in(0) => bn_bwd(dev, cx)?,
-        "LayerNormalization" if f32_in(0) => ln_bwd(dev, cx)?,
-        "Softmax" | "LogSoftmax" if f32_in(0) => softmax_bwd(dev, cx)?,
-        "ReduceSum" | "ReduceMean" if f32_in(0) => reduce_bwd(dev, cx)?,
-        "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" if f32_in(0) => {
+        "BatchNormalization" => bn_bwd(dev, cx)?,
+        "LayerNormalization" => ln_bwd(dev, cx)?,
+        "Softmax" | "LogSoftmax" => softmax_bwd(dev, cx)?,
+        "ReduceSum" | "ReduceMean" => reduce_bwd(dev, cx)?,
+        "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => {
             let g = cx.grad(dev, 0)?;
             vec![(0, copy_as(dev, &g, &cx.input(0)?.shape)?)]
         }
-        "Transpose" if f32_in(0) => transpose_bwd(dev, cx)?,
-        "Expand" if f32_in(0) => {
+        "Transpose" => transpose_bwd(dev, cx)?,
+        "Expand" => {
             let g = cx.grad(dev, 0)?;
             vec![(0, sum_to(dev, &g, &cx.input(0)?.shape, 1.0)?)]
         }
         "Concat" => concat_bwd(dev, cx)?,
-        "Split" if f32_in(0) => split_bwd(dev, cx)?,
-        "Gather" if f32_in(0) => gather_bwd(dev, cx)?,
-        _ => return Ok((host_backward(dev, cx)?, Path::Host)),
+        "Split" => split_bwd(dev, cx)?,
+        "Gather" => gather_bwd(dev, cx)?,
+        "Cast" | "CastLike" => {
+            let g = cx.grad(dev, 0)?;
+            g.expect_f32("Cast's incoming gradient")?;
+            vec![(0, copy_as(dev, &g, &cx.input(0)?.shape)?)]
+        }
+        other => unreachable!("backward_path sends {other} to the host"),
     };
     let mut out: Vec<Option<DeviceTensor>> = (0..cx.node.inputs.len()).map(|_| None).collect();
     for (slot, t) in res.drain(..) {
