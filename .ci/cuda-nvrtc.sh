@@ -3,8 +3,9 @@
 # installs NVRTC from the PyPI wheel nvidia-cuda-nvrtc-cu12 (libnvrtc.so.12 and
 # its builtins, no toolkit, no driver) into a cache under the cargo target dir,
 # points the loader at it, and runs tests/cuda.rs with MEMPLAN_REQUIRE_NVRTC=1,
-# so every kernel in kernels/ must compile with NVRTC (a skip is a failure).
-# The GPU tests in it print why they skip (no libcuda here).
+# so every kernel in kernels/ must compile with NVRTC (a skip is a failure), and
+# MEMPLAN_REQUIRE_CXX=1, so the launchers and kernels also run on the host
+# emulation (c++) against the CPU kernels. The GPU tests print why they skip.
 #
 # Environment:
 #   MEMPLAN_NVRTC_WHEEL  a wheel file to install instead of downloading
@@ -26,5 +27,5 @@ test -e "$lib/libnvrtc.so.12" || { echo "cuda-nvrtc: no libnvrtc.so.12 under $li
 # cudarc dlopens "libnvrtc.so.12" (one of the names it tries); NVRTC dlopens its
 # builtins library by name too: both are found through LD_LIBRARY_PATH.
 export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-MEMPLAN_REQUIRE_NVRTC=1 cargo test --features cuda --test cuda -- --nocapture
+MEMPLAN_REQUIRE_NVRTC=1 MEMPLAN_REQUIRE_CXX=1 cargo test --features cuda --test cuda -- --nocapture
 echo "cuda-nvrtc: ok"
