@@ -17,6 +17,9 @@
 //! broadcast axes), [`rng`] (SplitMix64).
 
 pub mod broadcast;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod cuda_src;
 pub mod gemm;
 pub mod grad;
 pub mod rng;

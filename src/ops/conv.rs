@@ -3,8 +3,8 @@
 use rayon::prelude::*;
 
 use super::{
-    dim, no_backward_kernel, no_kernel, numel, Arity, Backward, BackwardCx, Cx, Fact, Grad,
-    KernelCx, Op, Registry, RuleResult, Saved, Storage,
+    dim, no_backward_kernel, no_kernel, numel, Arity, Backward, BackwardCx, CudaKernels, Cx, Fact,
+    Grad, KernelCx, Op, Registry, RuleResult, Saved, Storage, CUBLAS_SGEMM,
 };
 use crate::exec::gemm::{sgemm, Mat};
 use crate::exec::Tensor;
@@ -194,6 +194,13 @@ impl Op for Conv {
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
         conv_backward_kernel(cx)
     }
+    /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::new(
+            &["im2col_f32", CUBLAS_SGEMM, "conv_bias_f32"],
+            &["im2col_f32", "col2im_f32", CUBLAS_SGEMM, "channel_sum_f32"],
+        )
+    }
 }
 
 /// `ConvTranspose(X, W, B?)`, W = `[C, M/group, k...]`.
@@ -276,6 +283,10 @@ impl Op for ConvTranspose {
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
         no_backward_kernel(cx)
     }
+    /// Runs on the host on the GPU backend (no device kernels yet).
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
+    }
 }
 
 /// `MaxPool` / `AveragePool` / `LpPool`. MaxPool's optional second output is int64
@@ -351,6 +362,17 @@ impl Op for Pool {
     /// gradient needs its input and output, which its rule does not save: an error.
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
         pool_backward(cx)
+    }
+    /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
+    fn cuda_kernels(&self, op_type: &str) -> CudaKernels {
+        match op_type {
+            "MaxPool" => CudaKernels::new(
+                &["maxpool2d_fwd_f32", "strided_copy_b8"],
+                &["maxpool2d_bwd_f32"],
+            ),
+            "AveragePool" => CudaKernels::new(&["avgpool2d_fwd_f32"], &["avgpool2d_bwd_f32"]),
+            _ => CudaKernels::HOST,
+        }
     }
 }
 
@@ -438,24 +460,33 @@ impl Op for GlobalPool {
             _ => no_backward_kernel(cx),
         }
     }
+    /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
+    fn cuda_kernels(&self, op_type: &str) -> CudaKernels {
+        match op_type {
+            "GlobalAveragePool" => {
+                CudaKernels::new(&["global_avgpool_fwd_f32"], &["global_avgpool_bwd_f32"])
+            }
+            _ => CudaKernels::HOST,
+        }
+    }
 }
 
 /// A 1-D or 2-D sliding window as 2-D: sizes, kernel, strides, dilations and the
 /// leading pads (top, left), the 1-D case as height 1.
-struct Window {
-    input: [usize; 2],
-    output: [usize; 2],
-    kernel: [usize; 2],
-    strides: [usize; 2],
-    dilations: [usize; 2],
-    pads: [usize; 2],
+pub(crate) struct Window {
+    pub(crate) input: [usize; 2],
+    pub(crate) output: [usize; 2],
+    pub(crate) kernel: [usize; 2],
+    pub(crate) strides: [usize; 2],
+    pub(crate) dilations: [usize; 2],
+    pub(crate) pads: [usize; 2],
     /// Input size plus both pads (AveragePool's `count_include_pad`).
-    padded: [usize; 2],
+    pub(crate) padded: [usize; 2],
 }
 
 /// The window of a Conv or pool from its attributes; `output` is the inferred
 /// spatial output shape (which fixes the SAME padding).
-fn window(
+pub(crate) fn window(
     attrs: &Attrs,
     input: &[usize],
     kernel: &[usize],

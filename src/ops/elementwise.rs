@@ -8,8 +8,8 @@
 use rayon::prelude::*;
 
 use super::{
-    broadcast, dtype_attr, no_backward_kernel, no_gradient, Arity, Backward, BackwardCx, Cx, Fact,
-    Grad, KernelCx, Op, Registry, RuleResult, Saved, Storage,
+    broadcast, dtype_attr, no_backward_kernel, no_gradient, Arity, Backward, BackwardCx,
+    CudaKernels, Cx, Fact, Grad, KernelCx, Op, Registry, RuleResult, Saved, Storage,
 };
 use crate::exec::broadcast::{for_each, zip2};
 use crate::exec::grad::sum_to;
@@ -82,6 +82,17 @@ impl Op for Unary {
     /// `g · f'(x)`, the derivative from the saved input or output as the rule says.
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
         unary_backward(cx, self.keeps)
+    }
+    /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
+    fn cuda_kernels(&self, op_type: &str) -> CudaKernels {
+        match op_type {
+            "Identity" | "Relu" | "Neg" | "Abs" | "Sqrt" | "Reciprocal" | "Exp" | "Log" | "Erf"
+            | "Tanh" | "Sigmoid" | "Gelu" | "LeakyRelu" | "Sin" | "Cos" | "Floor" | "Ceil"
+            | "Softplus" | "HardSigmoid" | "HardSwish" | "Elu" => {
+                CudaKernels::new(&["unary_fwd_f32"], &["unary_bwd_f32"])
+            }
+            _ => CudaKernels::HOST,
+        }
     }
 }
 
@@ -252,6 +263,18 @@ impl Op for Binary {
         }
         binary_backward(cx)
     }
+    /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
+    fn cuda_kernels(&self, op_type: &str) -> CudaKernels {
+        match op_type {
+            "Add" | "Sub" | "Mul" | "Div" | "Pow" => {
+                CudaKernels::new(&["binary_fwd_f32"], &["binary_bwd_f32", "reduce_f32"])
+            }
+            "Equal" | "Less" | "LessOrEqual" | "Greater" | "GreaterOrEqual" => {
+                CudaKernels::new(&["compare_f32"], &[])
+            }
+            _ => CudaKernels::HOST,
+        }
+    }
 }
 
 /// Max, Min, Sum, Mean over 1+ broadcast inputs. FLOPs: one per output element per
@@ -327,6 +350,10 @@ impl Op for Variadic {
     /// input's shape. Max/Min: to the input the forward's left fold selected.
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
         variadic_backward(cx, self.mean)
+    }
+    /// Runs on the host on the GPU backend (no device kernels yet).
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
     }
 }
 
@@ -414,6 +441,10 @@ impl Op for Where {
         }
         cx.answer(res)
     }
+    /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::new(&["where_f32"], &["where_bwd_f32", "reduce_f32"])
+    }
 }
 
 /// `Cast` (attribute `to`) and `CastLike` (type of input 1). Data movement: 0 FLOPs.
@@ -487,6 +518,11 @@ impl Op for Cast {
         }
         cx.answer(vec![(0, cx.grad(0)?.into_owned())])
     }
+    /// Device kernels (exec::cuda::ops; float32, int64, int32, bool); the
+    /// float32 gradient is copied back.
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::new(&["cast_any"], &["strided_copy_b4"])
+    }
 }
 
 /// `Clip(x, min?, max?)` (opset 11+ inputs; older `min`/`max` attributes).
@@ -549,16 +585,20 @@ impl Op for Clip {
             .collect();
         cx.answer(vec![(0, v)])
     }
+    /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::new(&["clip_fwd_f32"], &["clip_bwd_f32"])
+    }
 }
 
 /// `Dropout(x, ratio?, training_mode?) -> (y, mask?)`. The mask is bool, same shape.
 /// Training mode comes from the `training_mode` input (opset 12+) when it is a known
 /// constant. FLOPs: training 2 per element (draw/compare and scale), inference 0.
-struct Dropout;
+pub(crate) struct Dropout;
 
 impl Dropout {
     /// Whether this Dropout drops (training mode).
-    fn training(cx: &Cx) -> bool {
+    pub(crate) fn training(cx: &Cx) -> bool {
         if cx.opset >= 12 {
             cx.opt(2)
                 .and_then(|f| f.value.as_ref())
@@ -570,7 +610,7 @@ impl Dropout {
     }
 
     /// The drop ratio (default 0.5), when known.
-    fn ratio(cx: &Cx) -> f64 {
+    pub(crate) fn ratio(cx: &Cx) -> f64 {
         if cx.opset >= 12 {
             cx.opt(1)
                 .and_then(|f| f.value.as_ref())
@@ -583,7 +623,7 @@ impl Dropout {
 
     /// True when it changes nothing: inference mode or ratio 0 (PyTorch returns the
     /// input itself).
-    fn is_identity(cx: &Cx) -> bool {
+    pub(crate) fn is_identity(cx: &Cx) -> bool {
         !Self::training(cx) || Self::ratio(cx) == 0.0
     }
 }
@@ -670,6 +710,13 @@ impl Op for Dropout {
             .map(|(&g, &k)| if k { g * scale } else { 0.0 })
             .collect();
         cx.answer(vec![(0, v)])
+    }
+    /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::new(
+            &["dropout_fwd_f32", "strided_copy_b1", "strided_copy_b4"],
+            &["dropout_bwd_f32", "strided_copy_b4"],
+        )
     }
 }
 

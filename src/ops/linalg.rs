@@ -3,8 +3,8 @@
 use rayon::prelude::*;
 
 use super::{
-    broadcast, Arity, Backward, BackwardCx, Cx, Fact, Grad, KernelCx, Op, Registry, RuleResult,
-    Saved, Storage,
+    broadcast, Arity, Backward, BackwardCx, CudaKernels, Cx, Fact, Grad, KernelCx, Op, Registry,
+    RuleResult, Saved, Storage, CUBLAS_SGEMM,
 };
 use crate::exec::broadcast::for_each;
 use crate::exec::gemm::{sgemm, Mat};
@@ -199,6 +199,13 @@ impl Op for MatMul {
         }
         cx.answer(res)
     }
+    /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::new(
+            &[CUBLAS_SGEMM, "strided_copy_b4"],
+            &[CUBLAS_SGEMM, "strided_copy_b4", "reduce_f32"],
+        )
+    }
 }
 
 /// `Gemm(A, B, C?) = alpha·A'·B' + beta·C`, A' = transA ? Aᵀ : A.
@@ -362,6 +369,13 @@ impl Op for Gemm {
             res.push((2, sum_to(&gc, &out, &cx.input(2)?.shape)));
         }
         cx.answer(res)
+    }
+    /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::new(
+            &[CUBLAS_SGEMM, "strided_copy_b4"],
+            &[CUBLAS_SGEMM, "reduce_f32", "strided_copy_b4"],
+        )
     }
 }
 

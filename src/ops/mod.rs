@@ -239,6 +239,41 @@ pub trait Op: Send + Sync {
     /// Ops without a gradient answer with [`no_gradient`]; an op with a rule but no
     /// kernel yet with [`no_backward_kernel`].
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>>;
+    /// The CUDA kernels (kernels/*.cu, names as defined there) the GPU backend
+    /// (`exec::cuda::ops`, feature `cuda`) launches for `op_type` (ops sharing an
+    /// impl differ by name). Empty `forward`: the op runs on the host there (the
+    /// CPU kernel on downloaded inputs), as the integer shape computations do.
+    /// cuBLAS GEMMs are listed as [`CUBLAS_SGEMM`].
+    fn cuda_kernels(&self, op_type: &str) -> CudaKernels;
+}
+
+/// Stands for cuBLAS's strided-batched SGEMM in [`CudaKernels`] lists (not a
+/// kernels/ name; skipped by the check that every listed kernel is defined).
+pub const CUBLAS_SGEMM: &str = "cublasSgemmStridedBatched";
+
+/// The CUDA kernels of one op, forward and backward ([`Op::cuda_kernels`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CudaKernels {
+    /// Kernels of the forward launcher.
+    pub forward: &'static [&'static str],
+    /// Kernels of the backward launcher (empty: no gradient, or host).
+    pub backward: &'static [&'static str],
+}
+
+impl CudaKernels {
+    /// An op that runs on the host on the GPU backend.
+    pub const HOST: CudaKernels = CudaKernels {
+        forward: &[],
+        backward: &[],
+    };
+
+    /// `forward` and `backward` kernels.
+    pub const fn new(
+        forward: &'static [&'static str],
+        backward: &'static [&'static str],
+    ) -> CudaKernels {
+        CudaKernels { forward, backward }
+    }
 }
 
 /// Everything a CPU kernel sees of one node: attributes, input values, the output

@@ -4,8 +4,8 @@
 use rayon::prelude::*;
 
 use super::{
-    axis, no_backward_kernel, no_gradient, no_kernel, Arity, Backward, BackwardCx, Cx, Fact, Grad,
-    KernelCx, Op, Registry, RuleResult, Saved, Storage,
+    axis, no_backward_kernel, no_gradient, no_kernel, Arity, Backward, BackwardCx, CudaKernels, Cx,
+    Fact, Grad, KernelCx, Op, Registry, RuleResult, Saved, Storage,
 };
 use crate::exec::broadcast::for_each;
 use crate::exec::grad::sum_to;
@@ -108,6 +108,13 @@ impl Op for BatchNorm {
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
         batch_norm_backward(cx)
     }
+    /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::new(
+            &["bn_stats_f32", "bn_apply_f32", "bn_finish_f32"],
+            &["bn_bwd_reduce_f32", "bn_bwd_dx_f32", "bn_bwd_params_f32"],
+        )
+    }
 }
 
 /// `LayerNormalization(X, Scale, B?) -> (Y, Mean?, InvStdDev?)` over axes `axis..`.
@@ -195,6 +202,18 @@ impl Op for LayerNorm {
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
         layer_norm_backward(cx)
     }
+    /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::new(
+            &["ln_fwd_f32", "strided_copy_b4"],
+            &[
+                "ln_bwd_dx_f32",
+                "ln_bwd_params_f32",
+                "strided_copy_b4",
+                "reduce_f32",
+            ],
+        )
+    }
 }
 
 /// `InstanceNormalization(X, scale, B)` and `GroupNormalization(X, scale, B)`: Y like X.
@@ -258,6 +277,10 @@ impl Op for SameShapeNorm {
     /// No forward kernel yet (which would make the statistics), hence none backward.
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
         no_backward_kernel(cx)
+    }
+    /// Runs on the host on the GPU backend (no device kernels yet).
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
     }
 }
 
@@ -340,6 +363,15 @@ impl Op for Softmax {
         }
         cx.answer(vec![(0, dx)])
     }
+    /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
+    fn cuda_kernels(&self, op_type: &str) -> CudaKernels {
+        match op_type {
+            "Softmax" | "LogSoftmax" => {
+                CudaKernels::new(&["softmax_fwd_f32"], &["softmax_bwd_f32"])
+            }
+            _ => CudaKernels::HOST,
+        }
+    }
 }
 
 /// `LpNormalization(X)` along `axis`: Y like X. FLOPs: 3 per element.
@@ -404,6 +436,10 @@ impl Op for LpNorm {
     /// Not needed by any model in models/ yet.
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
         no_backward_kernel(cx)
+    }
+    /// Runs on the host on the GPU backend (no device kernels yet).
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
     }
 }
 

@@ -1,8 +1,8 @@
 //! Reductions along axes (ReduceSum, ReduceMean, ...), ArgMax/ArgMin, TopK, CumSum.
 
 use super::{
-    axis, dim, no_backward_kernel, no_gradient, no_kernel, Arity, Backward, BackwardCx, Cx, Fact,
-    KernelCx, Op, Registry, RuleResult, Saved, Storage,
+    axis, dim, no_backward_kernel, no_gradient, no_kernel, Arity, Backward, BackwardCx,
+    CudaKernels, Cx, Fact, KernelCx, Op, Registry, RuleResult, Saved, Storage,
 };
 use crate::exec::broadcast::for_each;
 use crate::exec::Tensor;
@@ -284,6 +284,16 @@ impl Op for Reduce {
         }
         cx.answer(vec![(0, dx)])
     }
+    /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
+    fn cuda_kernels(&self, op_type: &str) -> CudaKernels {
+        match op_type {
+            "ReduceSum" | "ReduceMean" => {
+                CudaKernels::new(&["reduce_f32"], &["strided_copy_b4", "scale_f32"])
+            }
+            "ReduceMax" | "ReduceMin" => CudaKernels::new(&["reduce_f32"], &[]),
+            _ => CudaKernels::HOST,
+        }
+    }
 }
 
 /// `ArgMax` / `ArgMin` along `axis`: int64. FLOPs: 1 compare per input element.
@@ -342,6 +352,10 @@ impl Op for ArgReduce {
         }
         Ok(vec![Tensor::i64(cx.out(0)?.shape.clone(), v)])
     }
+    /// Runs on the host on the GPU backend (no device kernels yet).
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
+    }
 }
 
 /// `TopK(X, K) -> (values, indices)`; K must be a constant.
@@ -385,6 +399,10 @@ impl Op for TopK {
     /// No forward kernel yet, hence none backward.
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
         no_backward_kernel(cx)
+    }
+    /// Runs on the host on the GPU backend (no device kernels yet).
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
     }
 }
 
@@ -515,6 +533,10 @@ impl Op for CumSum {
             }
         }
         cx.answer(vec![(0, dx)])
+    }
+    /// Runs on the host on the GPU backend (no device kernels yet).
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
     }
 }
 

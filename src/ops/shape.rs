@@ -7,7 +7,7 @@
 
 use super::{
     axis, broadcast, dim, dtype_attr, no_backward_kernel, no_gradient, numel, Arity, Backward,
-    BackwardCx, Cx, Fact, KernelCx, Op, Registry, RuleResult, Saved, Storage,
+    BackwardCx, CudaKernels, Cx, Fact, KernelCx, Op, Registry, RuleResult, Saved, Storage,
 };
 use crate::exec::broadcast::{affine_offsets, for_each};
 use crate::exec::grad::sum_to;
@@ -143,6 +143,10 @@ impl Op for Constant {
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
         no_gradient(cx)
     }
+    /// Runs on the host on the GPU backend (no device kernels yet).
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
+    }
 }
 
 /// `Shape(x)` with optional `start`/`end` (opset 15): int64 vector, always folded.
@@ -186,6 +190,10 @@ impl Op for ShapeOp {
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
         no_gradient(cx)
     }
+    /// Runs on the host on the GPU backend (no device kernels yet).
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
+    }
 }
 
 /// `Size(x)`: int64 scalar, folded.
@@ -217,6 +225,10 @@ impl Op for Size {
     /// No gradient flows through it.
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
         no_gradient(cx)
+    }
+    /// Runs on the host on the GPU backend (no device kernels yet).
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
     }
 }
 
@@ -296,6 +308,10 @@ impl Op for Reshape {
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
         cx.answer(vec![(0, cx.grad(0)?.into_owned())])
     }
+    /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::new(COPIES, &["strided_copy_b4"])
+    }
 }
 
 /// `Flatten(x)` to 2-D at `axis` (default 1).
@@ -341,6 +357,10 @@ impl Op for Flatten {
     /// The gradient under the input's shape.
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
         cx.answer(vec![(0, cx.grad(0)?.into_owned())])
+    }
+    /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::new(COPIES, &["strided_copy_b4"])
     }
 }
 
@@ -422,6 +442,10 @@ impl Op for Transpose {
             .collect();
         cx.answer(vec![(0, dx)])
     }
+    /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::new(COPIES, &["strided_copy_b4"])
+    }
 }
 
 /// Axes of Squeeze/Unsqueeze: attribute before opset 13, input 1 from 13.
@@ -487,6 +511,10 @@ impl Op for Squeeze {
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
         cx.answer(vec![(0, cx.grad(0)?.into_owned())])
     }
+    /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::new(COPIES, &["strided_copy_b4"])
+    }
 }
 
 /// `Unsqueeze(x, axes)`: inserts size-1 axes at positions of the output.
@@ -542,6 +570,10 @@ impl Op for Unsqueeze {
     /// The gradient under the input's shape.
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
         cx.answer(vec![(0, cx.grad(0)?.into_owned())])
+    }
+    /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::new(COPIES, &["strided_copy_b4"])
     }
 }
 
@@ -680,6 +712,10 @@ impl Op for Concat {
         }
         cx.answer(res)
     }
+    /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::new(COPIES, &["strided_copy_b4"])
+    }
 }
 
 /// `Split(x, split?)` along `axis`: sizes from input 1 (opset 13+) or the `split`
@@ -791,6 +827,10 @@ impl Op for Split {
             }
         }
         cx.answer(vec![(0, v)])
+    }
+    /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::new(COPIES, &["strided_copy_b4"])
     }
 }
 
@@ -945,6 +985,10 @@ impl Op for Slice {
             dx[o] += gv;
         }
         cx.answer(vec![(0, dx)])
+    }
+    /// Runs on the host on the GPU backend (no device kernels yet).
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
     }
 }
 
@@ -1125,6 +1169,10 @@ impl Op for Gather {
         }
         cx.answer(vec![(0, dx)])
     }
+    /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::new(&["gather_f32"], &["gather_bwd_f32"])
+    }
 }
 
 /// `GatherElements(data, indices)`: the shape of `indices`.
@@ -1210,6 +1258,17 @@ impl Op for GatherElements {
         }
         cx.answer(vec![(0, dx)])
     }
+    /// Device kernels (exec::cuda::ops, forward); the backward runs on the host.
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::new(
+            &[
+                "gather_elements_b1",
+                "gather_elements_b4",
+                "gather_elements_b8",
+            ],
+            &[],
+        )
+    }
 }
 
 /// `ConstantOfShape(shape)`, filled with `value` (default float32 0).
@@ -1272,6 +1331,10 @@ impl Op for ConstantOfShape {
     /// No gradient flows through it.
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
         no_gradient(cx)
+    }
+    /// Runs on the host on the GPU backend (no device kernels yet).
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
     }
 }
 
@@ -1345,6 +1408,10 @@ impl Op for Range {
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
         no_gradient(cx)
     }
+    /// Runs on the host on the GPU backend (no device kernels yet).
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
+    }
 }
 
 /// `Expand(x, shape)`: broadcast of `x` to `shape`.
@@ -1410,6 +1477,10 @@ impl Op for Expand {
         let g = cx.grad(0)?;
         let dx = sum_to(&g, &cx.output(0)?.shape, &cx.input(0)?.shape);
         cx.answer(vec![(0, dx)])
+    }
+    /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::new(COPIES, &["reduce_f32", "strided_copy_b4"])
     }
 }
 
@@ -1494,6 +1565,10 @@ impl Op for Tile {
             dx[i] += gv as f64;
         }
         cx.answer(vec![(0, dx.into_iter().map(|v| v as f32).collect())])
+    }
+    /// Runs on the host on the GPU backend (no device kernels yet).
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
     }
 }
 
@@ -1598,6 +1673,10 @@ impl Op for Pad {
             }
         }
         cx.answer(vec![(0, dx)])
+    }
+    /// Runs on the host on the GPU backend (no device kernels yet).
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
     }
 }
 
@@ -1776,6 +1855,10 @@ impl Op for LikeInput {
             _ => no_backward_kernel(cx),
         }
     }
+    /// Runs on the host on the GPU backend (no device kernels yet).
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
+    }
 }
 
 /// `NonZero(x)`: only when `x` is a known constant (its output shape depends on data).
@@ -1834,7 +1917,14 @@ impl Op for NonZero {
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
         no_gradient(cx)
     }
+    /// Runs on the host on the GPU backend (no device kernels yet).
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
+    }
 }
+
+/// The strided copies of the data-movement ops, one per element size.
+const COPIES: &[&str] = &["strided_copy_b1", "strided_copy_b4", "strided_copy_b8"];
 
 /// Registers shape and data-movement ops.
 pub fn register(r: &mut Registry) {

@@ -1,0 +1,313 @@
+// elementwise.cu: unary and binary element-wise ops, comparisons, Where, Clip,
+// Dropout, and their backward. Reference: src/ops/elementwise.rs (unary_fn,
+// unary_derivative, binary_kernel, binary_backward, clip, dropout_kernel).
+// Op codes are `exec::cuda::ops::UnaryOp` / `BinaryOp` (keep in sync).
+
+// Unary op codes.
+#define U_IDENTITY 0
+#define U_RELU 1
+#define U_NEG 2
+#define U_ABS 3
+#define U_SQRT 4
+#define U_RECIPROCAL 5
+#define U_EXP 6
+#define U_LOG 7
+#define U_ERF 8
+#define U_TANH 9
+#define U_SIGMOID 10
+#define U_GELU 11
+#define U_GELU_TANH 12
+#define U_LEAKY_RELU 13
+#define U_SIN 14
+#define U_COS 15
+#define U_FLOOR 16
+#define U_CEIL 17
+#define U_SOFTPLUS 18
+#define U_HARD_SIGMOID 19
+#define U_HARD_SWISH 20
+#define U_ELU 21
+
+__device__ __forceinline__ float mp_sigmoid(float x) {
+    if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
+    float e = expf(x);
+    return e / (1.0f + e);
+}
+__device__ __forceinline__ float mp_softplus(float x) {
+    return fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x)));
+}
+
+__device__ __forceinline__ float mp_unary(int op, float x, float alpha, float beta) {
+    switch (op) {
+    case U_IDENTITY: return x;
+    case U_RELU: return fmaxf(x, 0.0f);
+    case U_NEG: return -x;
+    case U_ABS: return fabsf(x);
+    case U_SQRT: return sqrtf(x);
+    case U_RECIPROCAL: return 1.0f / x;
+    case U_EXP: return expf(x);
+    case U_LOG: return logf(x);
+    case U_ERF: return erff(x);
+    case U_TANH: return tanhf(x);
+    case U_SIGMOID: return mp_sigmoid(x);
+    case U_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    case U_GELU_TANH: {
+        const float c = 0.79788456080286536f;
+        return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+    }
+    case U_LEAKY_RELU: return x < 0.0f ? alpha * x : x;
+    case U_SIN: return sinf(x);
+    case U_COS: return cosf(x);
+    case U_FLOOR: return floorf(x);
+    case U_CEIL: return ceilf(x);
+    case U_SOFTPLUS: return mp_softplus(x);
+    case U_HARD_SIGMOID: return fminf(fmaxf(alpha * x + beta, 0.0f), 1.0f);
+    case U_HARD_SWISH: return x * fminf(fmaxf(x / 6.0f + 0.5f, 0.0f), 1.0f);
+    case U_ELU: return x < 0.0f ? alpha * expm1f(x) : x;
+    default: return __int_as_float(0x7fc00000);
+    }
+}
+
+// f'(s): `s` is the saved input or output, as unary_derivative says per op.
+__device__ __forceinline__ float mp_unary_d(int op, float s, float alpha, float beta) {
+    switch (op) {
+    case U_IDENTITY: return 1.0f;
+    case U_NEG: return -1.0f;
+    case U_FLOOR: case U_CEIL: return 0.0f;
+    case U_ABS: return s == 0.0f ? 0.0f : copysignf(1.0f, s);
+    case U_LOG: return 1.0f / s;
+    case U_ERF: return 1.12837916709551257f * expf(-s * s);
+    case U_SIN: return cosf(s);
+    case U_COS: return -sinf(s);
+    case U_LEAKY_RELU: return s > 0.0f ? 1.0f : alpha;
+    case U_HARD_SIGMOID: {
+        float v = alpha * s + beta;
+        return (v > 0.0f && v < 1.0f) ? alpha : 0.0f;
+    }
+    case U_HARD_SWISH: return s < -3.0f ? 0.0f : (s > 3.0f ? 1.0f : s / 3.0f + 0.5f);
+    case U_SOFTPLUS: return mp_sigmoid(s);
+    case U_GELU: {
+        float cdf = 0.5f * (1.0f + erff(s * 0.70710678118654752f));
+        float pdf = expf(-0.5f * s * s) * (0.5f * 1.12837916709551257f) * 0.70710678118654752f;
+        return cdf + s * pdf;
+    }
+    case U_GELU_TANH: {
+        const float c = 0.79788456080286536f;
+        float t = tanhf(c * (s + 0.044715f * s * s * s));
+        return 0.5f * (1.0f + t) + 0.5f * s * (1.0f - t * t) * c * (1.0f + 3.0f * 0.044715f * s * s);
+    }
+    // From the output y.
+    case U_RELU: return s > 0.0f ? 1.0f : 0.0f;
+    case U_SQRT: return 0.5f / s;
+    case U_RECIPROCAL: return -s * s;
+    case U_EXP: return s;
+    case U_TANH: return 1.0f - s * s;
+    case U_SIGMOID: return s * (1.0f - s);
+    case U_ELU: return s > 0.0f ? 1.0f : s + alpha;
+    default: return __int_as_float(0x7fc00000);
+    }
+}
+
+extern "C" __global__ void unary_fwd_f32(int op, long long n, const float* x, float* y, float alpha, float beta) {
+    MP_GRID_LOOP(i, n) y[i] = mp_unary(op, x[i], alpha, beta);
+}
+
+// dx = g * f'(s); `s` null for ops whose derivative reads nothing.
+extern "C" __global__ void unary_bwd_f32(int op, long long n, const float* g, const float* s, float* dx, float alpha, float beta) {
+    MP_GRID_LOOP(i, n) dx[i] = g[i] * mp_unary_d(op, s ? s[i] : 0.0f, alpha, beta);
+}
+
+// Binary op codes.
+#define B_ADD 0
+#define B_SUB 1
+#define B_MUL 2
+#define B_DIV 3
+#define B_POW 4
+#define B_PRELU 5
+#define B_FMOD 6
+// Comparisons.
+#define C_EQUAL 0
+#define C_LESS 1
+#define C_LESS_EQUAL 2
+#define C_GREATER 3
+#define C_GREATER_EQUAL 4
+
+__device__ __forceinline__ float mp_pow(float x, float y) {
+    if (y == 2.0f) return x * x;
+    if (y == 3.0f) return x * x * x;
+    return powf(x, y);
+}
+
+__device__ __forceinline__ float mp_binary(int op, float a, float b) {
+    switch (op) {
+    case B_ADD: return a + b;
+    case B_SUB: return a - b;
+    case B_MUL: return a * b;
+    case B_DIV: return a / b;
+    case B_POW: return mp_pow(a, b);
+    case B_PRELU: return a < 0.0f ? a * b : a;
+    case B_FMOD: return fmodf(a, b);
+    default: return __int_as_float(0x7fc00000);
+    }
+}
+
+// y = a op b over the broadcast shape; d.st[0] strides of a, d.st[1] of b.
+extern "C" __global__ void binary_fwd_f32(int op, long long n, Strided d, const float* a, const float* b, float* y) {
+    MP_GRID_LOOP(i, n) {
+        long long off[2];
+        mp_offsets(d, i, off, 2);
+        y[i] = mp_binary(op, a[off[0]], b[off[1]]);
+    }
+}
+
+// Gradient of operand `slot` at the broadcast shape (binary_backward's `full`;
+// the caller sums it back to the operand's shape with reduce_f32).
+// d.st[0]: a, d.st[1]: b, d.st[2]: y (the saved output, Pow's exponent gradient).
+// Operands the rule does not save for `slot` may be null.
+extern "C" __global__ void binary_bwd_f32(int op, int slot, long long n, Strided d, const float* g, const float* a, const float* b, const float* y, float* out) {
+    MP_GRID_LOOP(i, n) {
+        long long off[3];
+        mp_offsets(d, i, off, 3);
+        float gv = g[i];
+        float r;
+        switch (op) {
+        case B_ADD: r = gv; break;
+        case B_SUB: r = slot == 0 ? gv : -gv; break;
+        case B_MUL: r = slot == 0 ? gv * b[off[1]] : gv * a[off[0]]; break;
+        case B_DIV:
+            if (slot == 0) r = gv / b[off[1]];
+            else { float bv = b[off[1]]; r = -gv * a[off[0]] / (bv * bv); }
+            break;
+        case B_POW:
+            if (slot == 0) {
+                float x = a[off[0]], e = b[off[1]];
+                float dd = e == 0.0f ? 0.0f : (e == 2.0f ? 2.0f * x : e * powf(x, e - 1.0f));
+                r = gv * dd;
+            } else {
+                float x = a[off[0]];
+                r = x == 0.0f ? 0.0f : gv * y[off[2]] * logf(x);
+            }
+            break;
+        case B_PRELU: {
+            float x = a[off[0]], sl = b[off[1]];
+            if (slot == 0) r = x > 0.0f ? gv : gv * sl;
+            else r = x > 0.0f ? 0.0f : gv * x;
+            break;
+        }
+        default: r = __int_as_float(0x7fc00000);
+        }
+        out[i] = r;
+    }
+}
+
+// Comparisons of floats to bool (one byte per element).
+extern "C" __global__ void compare_f32(int op, long long n, Strided d, const float* a, const float* b, unsigned char* y) {
+    MP_GRID_LOOP(i, n) {
+        long long off[2];
+        mp_offsets(d, i, off, 2);
+        float x = a[off[0]], z = b[off[1]];
+        bool r;
+        switch (op) {
+        case C_EQUAL: r = x == z; break;
+        case C_LESS: r = x < z; break;
+        case C_LESS_EQUAL: r = x <= z; break;
+        case C_GREATER: r = x > z; break;
+        default: r = x >= z; break;
+        }
+        y[i] = r ? 1 : 0;
+    }
+}
+
+// Where(c, x, y) over the broadcast shape: d.st[0] c, d.st[1] x, d.st[2] y.
+extern "C" __global__ void where_f32(long long n, Strided d, const unsigned char* c, const float* x, const float* y, float* out) {
+    MP_GRID_LOOP(i, n) {
+        long long off[3];
+        mp_offsets(d, i, off, 3);
+        out[i] = c[off[0]] ? x[off[1]] : y[off[2]];
+    }
+}
+
+// Where backward: the gradient of x (`slot` 1) or y (`slot` 2) at the broadcast
+// shape, zero where the other branch was taken. d.st[0] strides of c.
+extern "C" __global__ void where_bwd_f32(int slot, long long n, Strided d, const unsigned char* c, const float* g, float* out) {
+    MP_GRID_LOOP(i, n) {
+        long long off[1];
+        mp_offsets(d, i, off, 1);
+        bool take = c[off[0]] != 0;
+        out[i] = (slot == 1) == take ? g[i] : 0.0f;
+    }
+}
+
+extern "C" __global__ void clip_fwd_f32(long long n, const float* x, float* y, float lo, float hi) {
+    MP_GRID_LOOP(i, n) y[i] = fminf(fmaxf(x[i], lo), hi);
+}
+
+extern "C" __global__ void clip_bwd_f32(long long n, const float* g, const float* x, float* dx, float lo, float hi) {
+    MP_GRID_LOOP(i, n) dx[i] = (x[i] >= lo && x[i] <= hi) ? g[i] : 0.0f;
+}
+
+// Training Dropout: keep element i iff rng::unit_f32(seed, i) >= ratio (compared
+// in f64 as the CPU), y = x * scale where kept; mask one byte per element.
+extern "C" __global__ void dropout_fwd_f32(long long n, unsigned long long seed, double ratio, float scale, const float* x, float* y, unsigned char* mask) {
+    MP_GRID_LOOP(i, n) {
+        bool keep = (double)mp_unit_f32(seed, (unsigned long long)i) >= ratio;
+        mask[i] = keep ? 1 : 0;
+        y[i] = keep ? x[i] * scale : 0.0f;
+    }
+}
+
+extern "C" __global__ void dropout_bwd_f32(long long n, float scale, const float* g, const unsigned char* mask, float* dx) {
+    MP_GRID_LOOP(i, n) dx[i] = mask[i] ? g[i] * scale : 0.0f;
+}
+
+extern "C" __global__ void fill_f32(long long n, float v, float* y) {
+    MP_GRID_LOOP(i, n) y[i] = v;
+}
+
+// In-place y += x (gradient accumulation of a tensor read by several nodes).
+extern "C" __global__ void accumulate_f32(long long n, const float* x, float* y) {
+    MP_GRID_LOOP(i, n) y[i] += x[i];
+}
+
+// y -= lr * g (the SGD step of exec::train).
+extern "C" __global__ void sgd_f32(long long n, float lr, const float* g, float* y) {
+    MP_GRID_LOOP(i, n) y[i] -= lr * g[i];
+}
+
+// y = s * x.
+extern "C" __global__ void scale_f32(long long n, float s, const float* x, float* y) {
+    MP_GRID_LOOP(i, n) y[i] = s * x[i];
+}
+
+// Cast between float32 (0), int64 (1), int32 (2) and bool (3), as Tensor::cast:
+// integers and bools through i64, floats to integers truncated and saturated
+// (NaN to 0, Rust's `as`), to bool `!= 0`.
+extern "C" __global__ void cast_any(int from, int to, long long n, const void* src, void* dst) {
+    MP_GRID_LOOP(i, n) {
+        if (from == 0) {
+            float v = ((const float*)src)[i];
+            if (to == 0) ((float*)dst)[i] = v;
+            else if (to == 3) ((unsigned char*)dst)[i] = v != 0.0f ? 1 : 0;
+            else {
+                double d = (double)v;
+                if (to == 1) {
+                    long long r = d != d ? 0LL
+                        : d >= 9223372036854775807.0 ? 9223372036854775807LL
+                        : d <= -9223372036854775808.0 ? (-9223372036854775807LL - 1) : (long long)d;
+                    ((long long*)dst)[i] = r;
+                } else {
+                    int r = d != d ? 0 : d >= 2147483647.0 ? 2147483647
+                        : d <= -2147483648.0 ? (-2147483647 - 1) : (int)d;
+                    ((int*)dst)[i] = r;
+                }
+            }
+        } else {
+            long long v = from == 1 ? ((const long long*)src)[i]
+                : from == 2 ? (long long)((const int*)src)[i]
+                : (long long)(((const unsigned char*)src)[i] != 0);
+            if (to == 0) ((float*)dst)[i] = (float)v;
+            else if (to == 1) ((long long*)dst)[i] = v;
+            else if (to == 2) ((int*)dst)[i] = (int)v;
+            else ((unsigned char*)dst)[i] = v != 0 ? 1 : 0;
+        }
+    }
+}
