@@ -578,6 +578,41 @@ pub fn train_step_on<B: StepBackend>(
         .filter(|(_, st)| st.kind == StepKind::Forward)
         .filter_map(|(i, st)| st.node.map(|n| (n, i)))
         .collect();
+    // A backend that counts its own memory holds every fixed storage from the
+    // start, as the schedule does: a constant a node computes (folded by
+    // inference) is put now, and that node's step keeps it.
+    let mut preloaded = vec![false; n_t];
+    if b.live_bytes().is_some() {
+        for (v, val) in g.values.iter().enumerate() {
+            let ts = &in_storage[v];
+            if !val.fixed
+                || sval[v].is_some()
+                || ts.iter().any(|&t| params[t].is_some() || fwd[t].is_some())
+            {
+                continue;
+            }
+            // The storage's source tensor (not a view of another one in it).
+            let source = ts.iter().copied().find(|&t| {
+                gr.tensor(t).producer.is_none_or(|p| {
+                    gr.node(p)
+                        .inputs
+                        .iter()
+                        .flatten()
+                        .all(|&i| s.tensor_storage[i] != v)
+                })
+            });
+            let Some(t) = source else { continue };
+            let Some(folded) = folded_value(inf, t).map_err(Error::Graph)? else {
+                continue;
+            };
+            let folded = stored(s, t, folded).map_err(Error::Graph)?;
+            if folded.dtype().bytes_for(folded.numel() as u64) != Some(s.storages[v].bytes) {
+                continue;
+            }
+            fwd[t] = Some(b.put(folded).map_err(Error::Graph)?);
+            preloaded[t] = true;
+        }
+    }
     // Fused patterns: each node's pattern; the SDPA logsumexp, computed from the
     // scores when the pattern's Softmax runs and written as the Extra of its last
     // node's forward step (both one kernel on the GPU); the recomputed inner values
@@ -742,7 +777,12 @@ pub fn train_step_on<B: StepBackend>(
                         } else {
                             None
                         };
-                        if let Some(o) = alias {
+                        let all_preloaded = node.outputs.iter().flatten().all(|&t| preloaded[t])
+                            && node.outputs.iter().flatten().next().is_some()
+                            && extras.is_empty();
+                        if all_preloaded {
+                            // A constant put before the first instruction.
+                        } else if let Some(o) = alias {
                             let src = ins[0].ok_or_else(|| err("no input 0".into()))?;
                             let v = b.reshaped(src, inf.facts[o].shape.clone()).map_err(&err)?;
                             fwd[o] = Some(v);
@@ -1283,6 +1323,22 @@ fn run_kernel(
         extras,
     };
     op.forward_cpu(&cx)
+}
+
+/// The value inference folded for tensor `t`, as a tensor of its type.
+fn folded_value(inf: &Inferred, t: TensorId) -> std::result::Result<Option<Tensor>, String> {
+    let f = &inf.facts[t];
+    let Some(val) = &f.value else {
+        return Ok(None);
+    };
+    Ok(Some(match &val.data {
+        crate::ir::value::Data::Float(v) => Tensor::from_f32(
+            f.dtype,
+            f.shape.clone(),
+            v.iter().map(|&x| x as f32).collect(),
+        )?,
+        crate::ir::value::Data::Int(v) => Tensor::from_i64(f.dtype, f.shape.clone(), v.clone())?,
+    }))
 }
 
 /// The inner values of a fused pattern, recomputed at its first backward step: what
