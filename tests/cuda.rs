@@ -1139,3 +1139,77 @@ fn train_step_larger_emulated() {
         device_step(&dev, name, 1, Optimizer::Sgd);
     }
 }
+
+/// `verify` on the device (here the host emulation): both runs' counted
+/// device peaks equal the predicted ones, planned gradients bitwise equal to the
+/// device baseline, gradients against the CPU executor within 1e-4.
+#[test]
+fn verify_on_device_emulated() {
+    use memplan::exec::train::StepOptions;
+    use memplan::exec::verify::{verify_cuda, PlanSource, VerifyOptions};
+    use memplan::infer::{infer, Bindings};
+    use memplan::remat::plan::Solver;
+    use memplan::remat::planfile::StepSource;
+    use memplan::train::{Loss, Optimizer, Precision, TrainOptions};
+    let Some(dev) = emulated("verify_on_device_emulated") else {
+        return;
+    };
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/cnn.onnx");
+    let model = memplan::onnx::load_model(&path).unwrap();
+    let inf = infer(
+        &model,
+        &Bindings {
+            batch: Some(2),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let train = TrainOptions {
+        optimizer: Optimizer::Sgd,
+        precision: Precision::Fp32,
+        loss: Loss::Mean,
+        grads_resident: false,
+    };
+    let source = StepSource::new(&path, Some(2), &Default::default(), &train);
+    let v = verify_cuda(
+        &model,
+        &inf,
+        &source,
+        &PlanSource::Budget {
+            bytes: 1_100_000,
+            solver: Solver::Greedy,
+            time_limit_s: 10.0,
+        },
+        &VerifyOptions {
+            train,
+            step: StepOptions::default(),
+            runs: 1,
+            max_memory: u64::MAX,
+        },
+        &dev,
+    )
+    .unwrap();
+    let r = &v.report;
+    eprintln!("{}", r.to_text());
+    assert_eq!(r.device, "cuda");
+    assert!(r.device_name.is_some());
+    assert_eq!(r.measured_peak_bytes, r.predicted_peak_bytes);
+    assert_eq!(
+        r.baseline_measured_peak_bytes,
+        r.baseline_predicted_peak_bytes
+    );
+    assert!(r.recomputations > 0);
+    assert!(r.gradients_identical && r.updated_params_identical);
+    assert!(r.cpu_max_rel_grad_diff.unwrap() <= 1e-4, "{r:?}");
+    assert!(r.workspace_peak_bytes.is_some());
+    let json = serde_json::to_value(r).unwrap();
+    for k in [
+        "device_name",
+        "mem_get_info_peak_delta_bytes",
+        "workspace_peak_bytes",
+        "cpu_max_rel_grad_diff",
+        "measured_peak_bytes",
+    ] {
+        assert!(json.get(k).is_some(), "{k}");
+    }
+}
