@@ -488,7 +488,7 @@ pub fn train_step_on<B: StepBackend>(
             inputs.len()
         )));
     }
-    b.check(s, opts).map_err(Error::Graph)?;
+    b.check(s, opts).map_err(Error::Plan)?;
     b.begin().map_err(Error::Graph)?;
     let mut alloc = Allocator::new(s.storages.iter().map(|st| st.bytes).collect());
     // Values: forward tensors by tensor id; gradients by tensor id; extras and the
