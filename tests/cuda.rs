@@ -1108,7 +1108,37 @@ fn train_step_agrees_emulated() {
     };
     device_step(&dev, "mlp", 4, Optimizer::Sgd);
     device_step(&dev, "mlp", 4, Optimizer::Adam);
+    device_step(&dev, "mlp", 4, Optimizer::Momentum);
     device_step(&dev, "cnn", 2, Optimizer::Sgd);
+}
+
+/// What the device step cannot run yet is refused before anything runs, in one
+/// line naming it: fused patterns (the transformer's GELU and attention).
+#[test]
+fn train_step_refusals_emulated() {
+    use memplan::exec::cuda::step::DeviceStep;
+    use memplan::exec::train::{train_step_on, StepOptions};
+    let Some(dev) = emulated("train_step_refusals_emulated") else {
+        return;
+    };
+    let su = step_setup("transformer", 2, memplan::train::Optimizer::Sgd);
+    assert!(!su.s.fused.is_empty(), "the transformer has fused patterns");
+    let err = train_step_on(
+        &DeviceStep::new(&dev),
+        &su.model,
+        &su.inf,
+        &su.s,
+        &su.g,
+        &su.g.no_recompute_plan(),
+        &su.params,
+        &su.inputs,
+        &StepOptions::default(),
+    )
+    .expect_err("refused")
+    .to_string();
+    eprintln!("{err}");
+    assert!(err.contains("fused") && !err.contains('\n'), "{err}");
+    assert_eq!(dev.memory().live_bytes, 0, "nothing was allocated");
 }
 
 /// The same on a GPU, plus larger models.

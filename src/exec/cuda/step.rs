@@ -96,11 +96,14 @@ impl StepBackend for DeviceStep<'_> {
                 st.name, st.dtype
             ));
         }
-        if let Some(p) = s.fused.first() {
+        if !s.fused.is_empty() {
+            let mut kinds: Vec<String> = s.fused.iter().map(|p| format!("{:?}", p.kind)).collect();
+            kinds.sort();
+            kinds.dedup();
             return Err(format!(
-                "the device step has no kernel for fused patterns yet ({} fused {:?}, ...); run it on the CPU",
+                "the device step has no kernel for fused patterns yet (this step fuses {}: {}); run it on the CPU",
                 s.fused.len(),
-                p.kind
+                kinds.join(", ")
             ));
         }
         if opts.loss == Loss::Sum {
