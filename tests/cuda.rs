@@ -1127,7 +1127,7 @@ fn device_step(
     }
     let m = dev.memory();
     eprintln!(
-        "{name} ({opt}, batch {batch}) on {}: baseline peak {} B == predicted, {}; workspace peak {} B; {:.1} s",
+        "{name} ({opt}, batch {batch}) on {}: baseline peak {} B == predicted, {}; workspace peak {} B, launch bucket peak (temporaries, outputs in flight) {} B; {:.1} s",
         dev.name().unwrap(),
         base.peak_bytes,
         if cpu_strict {
@@ -1136,6 +1136,7 @@ fn device_step(
             "CPU agreement printed above"
         },
         m.workspace_peak_bytes,
+        m.launch_peak_bytes,
         t0.elapsed().as_secs_f64()
     );
 }
@@ -1292,6 +1293,7 @@ fn verify_on(dev: &Device) {
         "device_name",
         "mem_get_info_peak_delta_bytes",
         "workspace_peak_bytes",
+        "launch_peak_bytes",
         "cpu_max_rel_grad_diff",
         "measured_peak_bytes",
     ] {

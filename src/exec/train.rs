@@ -261,6 +261,12 @@ pub trait StepBackend {
     fn set_apart(&self, t: Self::T) -> Self::T {
         t
     }
+    /// A kernel's output the step stores in its own schedule storage (written
+    /// by the step): counted from now on. A backend may count what its kernels
+    /// allocate apart until then (their temporaries, outputs in flight).
+    fn hold(&self, t: Self::T) -> Self::T {
+        t
+    }
     /// The f64 sum of `t`'s elements.
     fn sum_f64(&self, t: &Self::T) -> std::result::Result<f64, String>;
     /// Runs the forward kernel of `node` on `ins`.
@@ -834,6 +840,7 @@ pub fn train_step_on<B: StepBackend>(
                                 let st = s.tensor_storage[t];
                                 if step.writes.contains(&st) {
                                     check_bytes(st, &v)?;
+                                    v = b.hold(v);
                                 } else if !alloc.is_live(st) {
                                     return Err(err(format!(
                                         "view '{}' of a storage that is not live",
@@ -846,7 +853,7 @@ pub fn train_step_on<B: StepBackend>(
                             }
                             for (&st, v) in extras.iter().zip(outs) {
                                 check_bytes(st, &v)?;
-                                sval[st] = Some(v);
+                                sval[st] = Some(b.hold(v));
                             }
                         }
                     }
@@ -1799,6 +1806,7 @@ fn backward_step<B: StepBackend>(
                 let mut d = cast_to(b, d, s.storages[st].dtype)?;
                 if step.writes.contains(&st) || s.storages[st].persistent {
                     bytes_of(st, &d)?;
+                    d = b.hold(d);
                 } else {
                     // A view the kernel copied.
                     d = b.set_apart(d);
@@ -1819,7 +1827,7 @@ fn backward_step<B: StepBackend>(
                 let acc = gval[t].as_mut().ok_or("accumulated gradient lost")?;
                 let dt = s.storages[existing].dtype;
                 // The partial, in the gradient's type, added in f32 and rounded back.
-                let d = cast_to(b, d, dt)?;
+                let d = b.hold(cast_to(b, d, dt)?);
                 bytes_of(*w, &d)?;
                 b.accumulate(acc, &d)?;
                 partials.push((*w, d));

@@ -131,6 +131,10 @@ pub struct VerifyReport {
     /// peaks: the cuBLAS workspace, im2col columns, BatchNorm statistics, views
     /// the kernels copy; `null` on the CPU.
     pub workspace_peak_bytes: Option<u64>,
+    /// Peak bytes the device launchers held beyond the step's storages over both
+    /// runs (their temporaries and outputs before the step stores them), counted
+    /// apart from the tensor peaks and the workspace; `null` on the CPU.
+    pub launch_peak_bytes: Option<u64>,
     /// On a device: the largest relative difference of a gradient of the
     /// device baseline against the CPU executor's (per tensor
     /// `max|dev − cpu| / max|cpu|`); `null` on the CPU.
@@ -290,6 +294,7 @@ pub fn verify(
 struct DeviceRun {
     mem_get_info_peak_delta_bytes: Option<u64>,
     workspace_peak_bytes: u64,
+    launch_peak_bytes: u64,
 }
 
 /// [`verify`] on a CUDA [`crate::exec::cuda::Device`] (or its host emulation):
@@ -311,6 +316,7 @@ pub fn verify_cuda(
         runs.push(DeviceRun {
             mem_get_info_peak_delta_bytes: b.mem_get_info_peak_delta_bytes(),
             workspace_peak_bytes: b.memory().workspace_peak_bytes,
+            launch_peak_bytes: b.memory().launch_peak_bytes,
         })
     })?;
     // The runs: `o.runs` baseline runs, then `o.runs` planned ones.
@@ -327,6 +333,7 @@ pub fn verify_cuda(
         .filter_map(|d| d.mem_get_info_peak_delta_bytes)
         .max();
     r.workspace_peak_bytes = runs.iter().map(|d| d.workspace_peak_bytes).max();
+    r.launch_peak_bytes = runs.iter().map(|d| d.launch_peak_bytes).max();
     Ok(v)
 }
 
@@ -516,6 +523,7 @@ fn verify_with<B: StepBackend>(
         mem_get_info_peak_delta_bytes: None,
         baseline_mem_get_info_peak_delta_bytes: None,
         workspace_peak_bytes: None,
+        launch_peak_bytes: None,
         cpu_max_rel_grad_diff,
     };
     Ok(Verified { report, costs })
@@ -540,9 +548,10 @@ impl VerifyReport {
         ));
         if let Some(name) = &self.device_name {
             s.push_str(&format!(
-                "device       {} ({name}); workspace peak {} (apart from the tensors)",
+                "device       {} ({name}); workspace peak {}, launch bucket peak {} (apart from the tensors)",
                 self.device,
-                self.workspace_peak_bytes.map_or("?".into(), human_bytes)
+                self.workspace_peak_bytes.map_or("?".into(), human_bytes),
+                self.launch_peak_bytes.map_or("?".into(), human_bytes)
             ));
             if let Some(d) = self.mem_get_info_peak_delta_bytes {
                 s.push_str(&format!("; cuMemGetInfo peak delta {}", human_bytes(d)));

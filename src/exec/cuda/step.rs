@@ -70,6 +70,22 @@ impl<'a> DeviceStep<'a> {
     }
 }
 
+/// The launch bucket on while a launcher runs (off again on drop, errors too).
+struct Launching<'a>(&'a Device);
+
+impl<'a> Launching<'a> {
+    fn new(dev: &'a Device) -> Launching<'a> {
+        dev.counter().set_launching(true);
+        Launching(dev)
+    }
+}
+
+impl Drop for Launching<'_> {
+    fn drop(&mut self) {
+        self.0.counter().set_launching(false);
+    }
+}
+
 fn e<E: std::fmt::Display>(e: E) -> String {
     e.to_string()
 }
@@ -177,6 +193,11 @@ impl StepBackend for DeviceStep<'_> {
         t
     }
 
+    fn hold(&self, mut t: DeviceTensor) -> DeviceTensor {
+        t.hold();
+        t
+    }
+
     fn sum_f64(&self, t: &DeviceTensor) -> Result<f64, String> {
         Ok(self.get(t)?.to_f64s().iter().sum())
     }
@@ -208,6 +229,7 @@ impl StepBackend for DeviceStep<'_> {
             dropout: opts.dropout,
             extras,
         };
+        let _l = Launching::new(self.dev);
         Ok(node_forward(self.dev, &cx).map_err(e)?.0)
     }
 
@@ -239,6 +261,7 @@ impl StepBackend for DeviceStep<'_> {
             wanted,
             dropout: opts.dropout,
         };
+        let _l = Launching::new(self.dev);
         Ok(node_backward(self.dev, &cx).map_err(e)?.0)
     }
 

@@ -32,7 +32,10 @@ pub enum DeviceBuf {
 /// A contiguous row-major tensor on the device. Its bytes (element count ×
 /// element size) are counted live from allocation to drop. An alias
 /// ([`DeviceTensor::alias`]: a view sharing its source's memory) counts nothing;
-/// a tensor set apart ([`DeviceTensor::set_apart`]) counts as workspace.
+/// a tensor set apart ([`DeviceTensor::set_apart`]) counts as workspace; one
+/// allocated while a training step's launcher runs
+/// ([`MemCounter::set_launching`]) counts in the launch bucket until held
+/// ([`DeviceTensor::hold`]).
 #[derive(Debug)]
 pub struct DeviceTensor {
     /// Shape.
@@ -40,17 +43,31 @@ pub struct DeviceTensor {
     buf: Arc<DeviceBuf>,
     ptr: u64,
     bytes: u64,
-    apart: bool,
+    bucket: Bucket,
     counter: Arc<MemCounter>,
+}
+
+/// Which count a [`DeviceTensor`]'s bytes are in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bucket {
+    Tensor,
+    Workspace,
+    Launch,
+}
+
+impl DeviceTensor {
+    fn uncount(&self) {
+        match self.bucket {
+            Bucket::Tensor => self.counter.sub(self.bytes),
+            Bucket::Workspace => self.counter.sub_workspace(self.bytes),
+            Bucket::Launch => self.counter.sub_launch(self.bytes),
+        }
+    }
 }
 
 impl Drop for DeviceTensor {
     fn drop(&mut self) {
-        if self.apart {
-            self.counter.sub_workspace(self.bytes);
-        } else {
-            self.counter.sub(self.bytes);
-        }
+        self.uncount();
     }
 }
 
@@ -101,7 +118,7 @@ impl DeviceTensor {
             buf: self.buf.clone(),
             ptr: self.ptr,
             bytes: 0,
-            apart: false,
+            bucket: Bucket::Tensor,
             counter: self.counter.clone(),
         })
     }
@@ -110,10 +127,20 @@ impl DeviceTensor {
     /// (a copy the step makes that no schedule storage holds, e.g. a strided
     /// view materialized for a contiguous kernel).
     pub fn set_apart(&mut self) {
-        if !self.apart {
-            self.counter.sub(self.bytes);
+        if self.bucket != Bucket::Workspace {
+            self.uncount();
             self.counter.add_workspace(self.bytes);
-            self.apart = true;
+            self.bucket = Bucket::Workspace;
+        }
+    }
+
+    /// Moves a tensor a launcher allocated (launch bucket) into the tensor
+    /// count: the step stores it in its schedule storage.
+    pub fn hold(&mut self) {
+        if self.bucket == Bucket::Launch {
+            self.uncount();
+            self.counter.add(self.bytes);
+            self.bucket = Bucket::Tensor;
         }
     }
 
@@ -215,13 +242,19 @@ impl Device {
                 (buf, ptr)
             }
         };
-        self.counter().add(bytes);
+        let bucket = if self.counter().launching() {
+            self.counter().add_launch(bytes);
+            Bucket::Launch
+        } else {
+            self.counter().add(bytes);
+            Bucket::Tensor
+        };
         Ok(DeviceTensor {
             shape: shape.to_vec(),
             buf: Arc::new(buf),
             ptr,
             bytes,
-            apart: false,
+            bucket,
             counter: self.counter().clone(),
         })
     }
