@@ -154,6 +154,10 @@ enum Command {
         /// SGD learning rate.
         #[arg(long, default_value_t = 0.01)]
         lr: f32,
+        /// Where both runs execute: the CPU executor, or CUDA device 0 (a memplan
+        /// built with `--features cuda`; docs/CUDA.md).
+        #[arg(long, value_enum, default_value_t = ExecDevice::Cpu)]
+        device: ExecDevice,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
@@ -352,6 +356,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             runs,
             write_costs,
             lr,
+            device,
             json,
             training,
         } => run_verify(
@@ -367,6 +372,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 runs,
                 write_costs,
                 lr,
+                device,
             },
             json,
             training,
@@ -642,6 +648,16 @@ struct VerifyArgs {
     runs: usize,
     write_costs: Option<PathBuf>,
     lr: f32,
+    device: ExecDevice,
+}
+
+/// `verify --device`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ExecDevice {
+    /// The CPU executor.
+    Cpu,
+    /// CUDA device 0.
+    Cuda,
 }
 
 fn run_verify(a: VerifyArgs, json: bool, training: TrainArgs) -> anyhow::Result<()> {
@@ -656,10 +672,33 @@ fn run_verify(a: VerifyArgs, json: bool, training: TrainArgs) -> anyhow::Result<
     if !(a.lr.is_finite() && a.lr >= 0.0) {
         bail!("--lr must be a finite number >= 0");
     }
+    // The device first: without one, nothing else is read.
+    #[cfg(not(feature = "cuda"))]
+    if a.device == ExecDevice::Cuda {
+        bail!(
+            "--device cuda needs memplan built with the CUDA backend: cargo build --release --features cuda"
+        );
+    }
+    #[cfg(feature = "cuda")]
+    let dev = match a.device {
+        ExecDevice::Cuda => {
+            Some(memplan::exec::cuda::Device::new(0).map_err(|e| anyhow::anyhow!("{e}"))?)
+        }
+        ExecDevice::Cpu => None,
+    };
     let max_memory = match &a.max_memory {
         Some(m) => memplan::fit::parse_memory(m)
             .map_err(|e| anyhow::anyhow!(e.replace("--memory", "--max-memory")))?,
-        None => available_memory().unwrap_or(u64::MAX),
+        None => {
+            #[cfg(feature = "cuda")]
+            if let Some(d) = &dev {
+                d.mem_get_info().map_or(u64::MAX, |(free, _)| free as u64)
+            } else {
+                available_memory().unwrap_or(u64::MAX)
+            }
+            #[cfg(not(feature = "cuda"))]
+            available_memory().unwrap_or(u64::MAX)
+        }
     };
     // The plan file is read (format, version) before the model is loaded.
     let file = a.plan.as_ref().map(|p| PlanFile::read(p)).transpose()?;
@@ -698,19 +737,20 @@ fn run_verify(a: VerifyArgs, json: bool, training: TrainArgs) -> anyhow::Result<
         loss: opts.loss,
         ..Default::default()
     };
-    let v = verify(
-        &m,
-        &inf,
-        &source,
-        &plan_source,
-        &VerifyOptions {
-            train: opts,
-            step,
-            runs: a.runs,
-            max_memory,
-        },
-    )
-    .with_context(|| path.clone())?;
+    let vo = VerifyOptions {
+        train: opts,
+        step,
+        runs: a.runs,
+        max_memory,
+    };
+    #[cfg(feature = "cuda")]
+    let v = match &dev {
+        Some(d) => memplan::exec::verify::verify_cuda(&m, &inf, &source, &plan_source, &vo, d),
+        None => verify(&m, &inf, &source, &plan_source, &vo),
+    };
+    #[cfg(not(feature = "cuda"))]
+    let v = verify(&m, &inf, &source, &plan_source, &vo);
+    let v = v.with_context(|| path.clone())?;
     if let Some(out) = &a.write_costs {
         std::fs::write(out, serde_json::to_vec_pretty(&v.costs)?)
             .with_context(|| format!("cannot write {}", out.display()))?;

@@ -539,3 +539,37 @@ fn refusals() {
     );
     call(&["--budget", "0.8", "--lr", "NaN"], &["--lr"]);
 }
+
+/// `verify --device cuda` without the `cuda` feature says to build with it; with
+/// the feature and no usable GPU, the probe's one line; with a GPU it runs and
+/// adds the device keys. `--device cpu` (the default) reports `device: "cpu"`.
+#[test]
+fn device_cuda_without_a_gpu_is_one_line() {
+    let m = cnn();
+    let args = ["verify", &m, "--batch", "2", "--budget", "0.8", "--json"];
+    let cpu = ok_json(&args);
+    assert_eq!(cpu["device"], "cpu");
+    assert!(cpu["device_name"].is_null() && cpu["cpu_max_rel_grad_diff"].is_null());
+    for k in KEYS {
+        assert!(cpu.get(k).is_some(), "{k}");
+    }
+    let mut a = args.to_vec();
+    a.extend(["--device", "cuda"]);
+    if !cfg!(feature = "cuda") {
+        fails(&a, &["--device cuda", "--features cuda"]);
+        return;
+    }
+    let (ok, out, err) = run(&a);
+    if ok {
+        let v: Value = serde_json::from_str(&out).unwrap();
+        eprintln!("a GPU ran it: {}", v["device_name"]);
+        assert_eq!(v["device"], "cuda");
+        assert_eq!(v["measured_peak_bytes"], v["predicted_peak_bytes"]);
+        assert!(v["mem_get_info_peak_delta_bytes"].is_u64());
+    } else {
+        eprintln!("no GPU: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains("CUDA"), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}

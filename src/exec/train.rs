@@ -204,9 +204,249 @@ pub struct StepResult {
     pub state: Option<Tensor>,
 }
 
-/// Runs one training step of `model` following `plan` over `g` (made from `s` by
-/// [`crate::remat::from_schedule::from_schedule`]), from parameters `params` (as
-/// [`crate::exec::Executor::params`]) on `inputs` (one per graph input).
+/// What the training step needs of the machine it runs on: values of type `T`,
+/// the kernels, and the few pieces of step glue (casts, gradient accumulation,
+/// the optimizer). [`train_step_on`] follows the plan, the schedule's storages
+/// and its checks once for every backend; [`Cpu`] is the CPU executor, and
+/// `exec::cuda::step::DeviceStep` (feature `cuda`) a CUDA device.
+pub trait StepBackend {
+    /// A value (tensor) held by the step.
+    type T;
+    /// Element type of `t`.
+    fn dtype(t: &Self::T) -> DType;
+    /// Shape of `t`.
+    fn shape(t: &Self::T) -> &[usize];
+    /// Element count of `t`.
+    fn numel(t: &Self::T) -> usize {
+        Self::shape(t).iter().product()
+    }
+    /// Refuses, in one line naming it, what this backend cannot run of the step
+    /// (checked before anything runs).
+    fn check(&self, _s: &Schedule, _opts: &StepOptions) -> std::result::Result<(), String> {
+        Ok(())
+    }
+    /// Called once before the step's first allocation.
+    fn begin(&self) -> std::result::Result<(), String> {
+        Ok(())
+    }
+    /// Called after every plan instruction.
+    fn after_instruction(&self) -> std::result::Result<(), String> {
+        Ok(())
+    }
+    /// A host value held by the step (counted where the backend counts).
+    fn put(&self, t: Tensor) -> std::result::Result<Self::T, String>;
+    /// A host value the step uses transiently, in no schedule storage (a folded
+    /// shape argument): not counted as a tensor of the step.
+    fn put_apart(&self, t: Tensor) -> std::result::Result<Self::T, String> {
+        self.put(t)
+    }
+    /// The host copy of `t`.
+    fn get(&self, t: &Self::T) -> std::result::Result<Tensor, String>;
+    /// `t` converted to `dt`.
+    fn cast(&self, t: &Self::T, dt: DType) -> std::result::Result<Self::T, String>;
+    /// `t`'s elements under `shape` (a view: no allocation where the backend
+    /// can alias).
+    fn reshaped(&self, t: &Self::T, shape: Vec<usize>) -> std::result::Result<Self::T, String>;
+    /// Another handle on `t` (same shape).
+    fn dup(&self, t: &Self::T) -> std::result::Result<Self::T, String> {
+        self.reshaped(t, Self::shape(t).to_vec())
+    }
+    /// Whether whole-tensor views (reshape-like ops, the identity) are made by
+    /// aliasing their source instead of running their kernel.
+    fn aliases_views(&self) -> bool {
+        false
+    }
+    /// A kernel's output held in no storage of its own (a view the kernel
+    /// copied): the backend stops counting it as a tensor of the step.
+    fn set_apart(&self, t: Self::T) -> Self::T {
+        t
+    }
+    /// A kernel's output the step stores in its own schedule storage (written
+    /// by the step): counted from now on. A backend may count what its kernels
+    /// allocate apart until then (their temporaries, outputs in flight).
+    fn hold(&self, t: Self::T) -> Self::T {
+        t
+    }
+    /// The f64 sum of `t`'s elements.
+    fn sum_f64(&self, t: &Self::T) -> std::result::Result<f64, String>;
+    /// Runs the forward kernel of `node` on `ins`.
+    fn forward(
+        &self,
+        model: &Model,
+        inf: &Inferred,
+        node: &crate::ir::Node,
+        ins: Vec<Option<&Self::T>>,
+        opts: &StepOptions,
+        extras: bool,
+    ) -> std::result::Result<Vec<Self::T>, String>;
+    /// Runs the backward kernel of `node`: one gradient per input slot (`None`
+    /// where not wanted).
+    #[allow(clippy::too_many_arguments)]
+    fn backward(
+        &self,
+        model: &Model,
+        inf: &Inferred,
+        node: &crate::ir::Node,
+        saved: Vec<(Saved, &Self::T)>,
+        grads: Vec<Option<&Self::T>>,
+        wanted: Vec<usize>,
+        opts: &StepOptions,
+    ) -> std::result::Result<Vec<Option<Self::T>>, String>;
+    /// `acc += d` (f32 addition, rounded to `acc`'s type).
+    fn accumulate(&self, acc: &mut Self::T, d: &Self::T) -> std::result::Result<(), String>;
+    /// The optimizer update in place (see [`StepOptions`]); the foreach Adam
+    /// temporary, `None` for the others.
+    fn optimizer(
+        &self,
+        s: &Schedule,
+        gval: &[Option<Self::T>],
+        params: &mut [Option<Self::T>],
+        state: Option<&mut Self::T>,
+        opts: &StepOptions,
+    ) -> std::result::Result<Option<Self::T>, String>;
+    /// `log Σ exp` along the last axis (f32, accumulated in f64).
+    fn logsumexp_last(&self, x: &Self::T) -> std::result::Result<Self::T, String>;
+    /// Live bytes of the step's tensors as the backend counts them (`None`:
+    /// the schedule's [`Allocator`] is the count).
+    fn live_bytes(&self) -> Option<u64> {
+        None
+    }
+    /// Peak of [`StepBackend::live_bytes`] since [`StepBackend::begin`].
+    fn peak_bytes(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// The CPU executor: host [`Tensor`]s, the CPU kernels of src/ops; half-precision
+/// values computed in f32.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Cpu;
+
+impl StepBackend for Cpu {
+    type T = Tensor;
+    fn dtype(t: &Tensor) -> DType {
+        t.dtype()
+    }
+    fn shape(t: &Tensor) -> &[usize] {
+        &t.shape
+    }
+    fn put(&self, t: Tensor) -> std::result::Result<Tensor, String> {
+        Ok(t)
+    }
+    fn get(&self, t: &Tensor) -> std::result::Result<Tensor, String> {
+        Ok(t.clone())
+    }
+    fn cast(&self, t: &Tensor, dt: DType) -> std::result::Result<Tensor, String> {
+        t.cast(dt)
+    }
+    fn reshaped(&self, t: &Tensor, shape: Vec<usize>) -> std::result::Result<Tensor, String> {
+        t.reshaped(shape)
+    }
+    fn sum_f64(&self, t: &Tensor) -> std::result::Result<f64, String> {
+        Ok(t.to_f64s().iter().sum())
+    }
+    fn forward(
+        &self,
+        model: &Model,
+        inf: &Inferred,
+        node: &crate::ir::Node,
+        ins: Vec<Option<&Tensor>>,
+        opts: &StepOptions,
+        extras: bool,
+    ) -> std::result::Result<Vec<Tensor>, String> {
+        run_kernel(model, inf, node, ins, opts, extras)
+    }
+    fn backward(
+        &self,
+        model: &Model,
+        inf: &Inferred,
+        node: &crate::ir::Node,
+        saved: Vec<(Saved, &Tensor)>,
+        grads: Vec<Option<&Tensor>>,
+        wanted: Vec<usize>,
+        opts: &StepOptions,
+    ) -> std::result::Result<Vec<Option<Tensor>>, String> {
+        let (op, cx) = rule_cx(model, inf, node)?;
+        // Half-precision values are computed in f32.
+        let widen = |v: &Tensor| -> std::result::Result<Option<Tensor>, String> {
+            if v.dtype().is_float() && v.dtype() != DType::F32 {
+                v.cast(DType::F32).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        let wide_saved: Vec<Option<Tensor>> = saved
+            .iter()
+            .map(|(_, v)| widen(v))
+            .collect::<std::result::Result<_, _>>()?;
+        let saved: Vec<(Saved, &Tensor)> = saved
+            .iter()
+            .zip(&wide_saved)
+            .map(|(&(sv, v), w)| (sv, w.as_ref().unwrap_or(v)))
+            .collect();
+        let wide_grads: Vec<Option<Tensor>> = grads
+            .iter()
+            .map(|g| match g {
+                Some(g) => widen(g),
+                None => Ok(None),
+            })
+            .collect::<std::result::Result<_, _>>()?;
+        let grads: Vec<Option<&Tensor>> = grads
+            .iter()
+            .zip(&wide_grads)
+            .map(|(g, w)| w.as_ref().or(*g))
+            .collect();
+        let bcx = BackwardCx {
+            node,
+            inputs: cx.inputs.clone(),
+            outputs: node
+                .outputs
+                .iter()
+                .map(|t| t.map(|t| &inf.facts[t]))
+                .collect(),
+            opset: model.opset(),
+            saved,
+            grads,
+            wanted,
+            dropout: opts.dropout,
+        };
+        op.backward_cpu(&bcx)
+    }
+    fn accumulate(&self, acc: &mut Tensor, d: &Tensor) -> std::result::Result<(), String> {
+        let dt = acc.dtype();
+        if let crate::exec::Elems::F32(a) = &mut acc.elems {
+            for (a, b) in a.iter_mut().zip(d.as_f32()?) {
+                *a += b;
+            }
+        } else {
+            let sum: Vec<f32> = acc
+                .to_f32()?
+                .iter()
+                .zip(d.to_f32()?.iter())
+                .map(|(a, b)| a + b)
+                .collect();
+            *acc = Tensor::from_f32(dt, acc.shape.clone(), sum)?;
+        }
+        Ok(())
+    }
+    fn optimizer(
+        &self,
+        s: &Schedule,
+        gval: &[Option<Tensor>],
+        params: &mut [Option<Tensor>],
+        state: Option<&mut Tensor>,
+        opts: &StepOptions,
+    ) -> std::result::Result<Option<Tensor>, String> {
+        optimizer_step(s, gval, params, state, opts)
+    }
+    fn logsumexp_last(&self, x: &Tensor) -> std::result::Result<Tensor, String> {
+        logsumexp_last(x)
+    }
+}
+
+/// Runs one training step of `model` on the CPU following `plan` over `g` (made
+/// from `s` by [`crate::remat::from_schedule::from_schedule`]), from parameters
+/// `params` (as [`crate::exec::Executor::params`]) on `inputs` (one per graph input).
 #[allow(clippy::too_many_arguments)]
 pub fn train_step(
     model: &Model,
@@ -215,6 +455,24 @@ pub fn train_step(
     g: &RematGraph,
     plan: &[PlanOp],
     params: &[Option<Tensor>],
+    inputs: &[Tensor],
+    opts: &StepOptions,
+) -> Result<StepResult> {
+    train_step_on(&Cpu, model, inf, s, g, plan, params, inputs, opts)
+}
+
+/// [`train_step`] on backend `b`: the same plan, storages and checks; the
+/// measured peak is the backend's count where it has one
+/// ([`StepBackend::peak_bytes`]), else the schedule [`Allocator`]'s.
+#[allow(clippy::too_many_arguments)]
+pub fn train_step_on<B: StepBackend>(
+    b: &B,
+    model: &Model,
+    inf: &Inferred,
+    s: &Schedule,
+    g: &RematGraph,
+    plan: &[PlanOp],
+    params_in: &[Option<Tensor>],
     inputs: &[Tensor],
     opts: &StepOptions,
 ) -> Result<StepResult> {
@@ -236,19 +494,24 @@ pub fn train_step(
             inputs.len()
         )));
     }
+    b.check(s, opts).map_err(Error::Plan)?;
+    b.begin().map_err(Error::Graph)?;
     let mut alloc = Allocator::new(s.storages.iter().map(|st| st.bytes).collect());
     // Values: forward tensors by tensor id; gradients by tensor id; extras and the
     // loss by storage id. Each lives in one storage.
-    let mut fwd: Vec<Option<Tensor>> = vec![None; n_t];
-    let mut gval: Vec<Option<Tensor>> = vec![None; n_t];
+    let none = |n: usize| -> Vec<Option<B::T>> { (0..n).map(|_| None).collect() };
+    let mut fwd: Vec<Option<B::T>> = none(n_t);
+    let mut gval: Vec<Option<B::T>> = none(n_t);
     let mut gstore: Vec<Option<StorageId>> = vec![None; n_t];
-    let mut sval: Vec<Option<Tensor>> = vec![None; s.storages.len()];
-    let mut params: Vec<Option<Tensor>> = params.to_vec();
-    params.resize(n_t, None);
+    let mut sval: Vec<Option<B::T>> = none(s.storages.len());
     // Parameters and the batch in their storage's type (pure bf16: bf16).
-    for (t, p) in params.iter_mut().enumerate() {
-        if let Some(v) = p.take() {
-            *p = Some(stored(s, t, v).map_err(Error::Graph)?);
+    let mut params: Vec<Option<B::T>> = none(n_t);
+    for (t, p) in params_in.iter().enumerate().take(n_t) {
+        if let Some(v) = p {
+            params[t] = Some(
+                b.put(stored(s, t, v.clone()).map_err(Error::Graph)?)
+                    .map_err(Error::Graph)?,
+            );
         }
     }
     for (v, val) in g.values.iter().enumerate() {
@@ -287,7 +550,7 @@ pub fn train_step(
                 s.storages[st].bytes
             )));
         }
-        sval[st] = Some(z);
+        sval[st] = Some(b.put(z).map_err(Error::Graph)?);
     }
     for (&t, x) in gr.inputs.iter().zip(inputs) {
         let f = &inf.facts[t];
@@ -301,7 +564,10 @@ pub fn train_step(
                 f.shape
             )));
         }
-        fwd[t] = Some(stored(s, t, x.clone()).map_err(Error::Graph)?);
+        fwd[t] = Some(
+            b.put(stored(s, t, x.clone()).map_err(Error::Graph)?)
+                .map_err(Error::Graph)?,
+        );
     }
     // Storage -> forward tensors held in it.
     let mut in_storage: Vec<Vec<TensorId>> = vec![Vec::new(); s.storages.len()];
@@ -318,6 +584,41 @@ pub fn train_step(
         .filter(|(_, st)| st.kind == StepKind::Forward)
         .filter_map(|(i, st)| st.node.map(|n| (n, i)))
         .collect();
+    // A backend that counts its own memory holds every fixed storage from the
+    // start, as the schedule does: a constant a node computes (folded by
+    // inference) is put now, and that node's step keeps it.
+    let mut preloaded = vec![false; n_t];
+    if b.live_bytes().is_some() {
+        for (v, val) in g.values.iter().enumerate() {
+            let ts = &in_storage[v];
+            if !val.fixed
+                || sval[v].is_some()
+                || ts.iter().any(|&t| params[t].is_some() || fwd[t].is_some())
+            {
+                continue;
+            }
+            // The storage's source tensor (not a view of another one in it).
+            let source = ts.iter().copied().find(|&t| {
+                gr.tensor(t).producer.is_none_or(|p| {
+                    gr.node(p)
+                        .inputs
+                        .iter()
+                        .flatten()
+                        .all(|&i| s.tensor_storage[i] != v)
+                })
+            });
+            let Some(t) = source else { continue };
+            let Some(folded) = folded_value(inf, t).map_err(Error::Graph)? else {
+                continue;
+            };
+            let folded = stored(s, t, folded).map_err(Error::Graph)?;
+            if folded.dtype().bytes_for(folded.numel() as u64) != Some(s.storages[v].bytes) {
+                continue;
+            }
+            fwd[t] = Some(b.put(folded).map_err(Error::Graph)?);
+            preloaded[t] = true;
+        }
+    }
     // Fused patterns: each node's pattern; the SDPA logsumexp, computed from the
     // scores when the pattern's Softmax runs and written as the Extra of its last
     // node's forward step (both one kernel on the GPU); the recomputed inner values
@@ -328,8 +629,8 @@ pub fn train_step(
         .enumerate()
         .flat_map(|(k, p)| p.nodes.iter().map(move |&n| (n, k)))
         .collect();
-    let mut lse: Vec<Option<Tensor>> = vec![None; s.fused.len()];
-    let mut recomputed: Vec<Option<Recomputed>> = (0..s.fused.len()).map(|_| None).collect();
+    let mut lse: Vec<Option<B::T>> = none(s.fused.len());
+    let mut recomputed: Vec<Option<Recomputed<B::T>>> = (0..s.fused.len()).map(|_| None).collect();
     let mut bw_left = vec![0usize; s.fused.len()];
     for st in &s.steps {
         if let Some(&k) = st.node.and_then(|n| pattern_of.get(&n)) {
@@ -390,9 +691,11 @@ pub fn train_step(
                     }
                 }
                 executions[i] += 1;
-                let check_bytes = |st: StorageId, t: &Tensor| -> Result<()> {
+                let check_bytes = |st: StorageId, t: &B::T| -> Result<()> {
                     let want = s.storages[st].bytes;
-                    let have = t.dtype().bytes_for(t.numel() as u64).unwrap_or(u64::MAX);
+                    let have = B::dtype(t)
+                        .bytes_for(B::numel(t) as u64)
+                        .unwrap_or(u64::MAX);
                     if want != have {
                         return Err(err(format!(
                             "writes {have} bytes into '{}' of {want}",
@@ -413,7 +716,7 @@ pub fn train_step(
                             .collect();
                         for t in node.inputs.iter().flatten() {
                             ensure_value(
-                                model, inf, s, &step_of, &alloc, &params, &mut fwd, opts, *t, 0,
+                                b, model, inf, s, &step_of, &alloc, &params, &mut fwd, opts, *t, 0,
                             )
                             .map_err(&err)?;
                         }
@@ -430,9 +733,8 @@ pub fn train_step(
                                 let v = params[t]
                                     .as_ref()
                                     .or(fwd[t].as_ref())
-                                    .ok_or_else(|| err(format!("input {slot} has no value")))?
-                                    .cast(s.storages[c].dtype)
-                                    .map_err(&err)?;
+                                    .ok_or_else(|| err(format!("input {slot} has no value")))?;
+                                let v = b.cast(v, s.storages[c].dtype).map_err(&err)?;
                                 check_bytes(c, &v)?;
                                 sval[c] = Some(v);
                             } else if sval[c].is_none() {
@@ -442,7 +744,7 @@ pub fn train_step(
                                 )));
                             }
                         }
-                        let ins: Vec<Option<&Tensor>> = node
+                        let ins: Vec<Option<&B::T>> = node
                             .inputs
                             .iter()
                             .enumerate()
@@ -471,78 +773,103 @@ pub fn train_step(
                                 // f32 copy under AMP).
                                 let x =
                                     ins[0].ok_or_else(|| err("the scores have no value".into()))?;
-                                lse[k] = Some(logsumexp_last(x).map_err(&err)?);
+                                lse[k] = Some(b.logsumexp_last(x).map_err(&err)?);
                             }
                         }
-                        let mut outs = run_kernel(
-                            model,
-                            inf,
-                            node,
-                            ins,
-                            opts,
-                            !extras.is_empty() && pattern.is_none(),
-                        )
-                        .map_err(&err)?;
-                        if let Some(k) = pattern {
-                            let p = &s.fused[k];
-                            if ix == p.last() && !extras.is_empty() {
-                                let l = lse[k].clone().ok_or_else(|| {
-                                    err("the attention's logsumexp was not computed".into())
-                                })?;
-                                outs.push(l);
+                        // A whole-tensor view (reshape-like, the identity) is its
+                        // source under the inferred shape where the backend aliases.
+                        let alias = if b.aliases_views() && extras.is_empty() && pattern.is_none() {
+                            whole_view(model, inf, s, node).map_err(&err)?
+                        } else {
+                            None
+                        };
+                        let all_preloaded = node.outputs.iter().flatten().all(|&t| preloaded[t])
+                            && node.outputs.iter().flatten().next().is_some()
+                            && extras.is_empty();
+                        if all_preloaded {
+                            // A constant put before the first instruction.
+                        } else if let Some(o) = alias {
+                            let src = ins[0].ok_or_else(|| err("no input 0".into()))?;
+                            let v = b.reshaped(src, inf.facts[o].shape.clone()).map_err(&err)?;
+                            fwd[o] = Some(v);
+                        } else {
+                            let mut outs = b
+                                .forward(
+                                    model,
+                                    inf,
+                                    node,
+                                    ins,
+                                    opts,
+                                    !extras.is_empty() && pattern.is_none(),
+                                )
+                                .map_err(&err)?;
+                            if let Some(k) = pattern {
+                                let p = &s.fused[k];
+                                if ix == p.last() && !extras.is_empty() {
+                                    let l = lse[k].as_ref().ok_or_else(|| {
+                                        err("the attention's logsumexp was not computed".into())
+                                    })?;
+                                    outs.push(b.dup(l).map_err(&err)?);
+                                }
                             }
-                        }
-                        let n_out = node.outputs.len();
-                        if outs.len() != n_out + extras.len() {
-                            return Err(err(format!(
-                                "the kernel gave {} tensors for {} outputs and {} extras",
-                                outs.len(),
-                                n_out,
-                                extras.len()
-                            )));
-                        }
-                        let mut outs = outs.into_iter();
-                        for t in &node.outputs {
-                            let v = outs.next().expect("counted");
-                            let Some(t) = *t else { continue };
-                            let f = &inf.facts[t];
-                            if v.dtype() != f.dtype || v.shape != f.shape {
+                            let n_out = node.outputs.len();
+                            if outs.len() != n_out + extras.len() {
                                 return Err(err(format!(
-                                    "output '{}' is {} {:?}, inference says {} {:?}",
-                                    gr.tensor(t).name,
-                                    v.dtype(),
-                                    v.shape,
-                                    f.dtype,
-                                    f.shape
+                                    "the kernel gave {} tensors for {} outputs and {} extras",
+                                    outs.len(),
+                                    n_out,
+                                    extras.len()
                                 )));
                             }
-                            let v = stored(s, t, v).map_err(&err)?;
-                            let st = s.tensor_storage[t];
-                            if step.writes.contains(&st) {
+                            let mut outs = outs.into_iter();
+                            for t in &node.outputs {
+                                let v = outs.next().expect("counted");
+                                let Some(t) = *t else { continue };
+                                let f = &inf.facts[t];
+                                if B::dtype(&v) != f.dtype || B::shape(&v) != f.shape.as_slice() {
+                                    return Err(err(format!(
+                                        "output '{}' is {} {:?}, inference says {} {:?}",
+                                        gr.tensor(t).name,
+                                        B::dtype(&v),
+                                        B::shape(&v),
+                                        f.dtype,
+                                        f.shape
+                                    )));
+                                }
+                                let mut v = store(b, s, t, v).map_err(&err)?;
+                                let st = s.tensor_storage[t];
+                                if step.writes.contains(&st) {
+                                    check_bytes(st, &v)?;
+                                    v = b.hold(v);
+                                } else if !alloc.is_live(st) {
+                                    return Err(err(format!(
+                                        "view '{}' of a storage that is not live",
+                                        gr.tensor(t).name
+                                    )));
+                                } else {
+                                    v = b.set_apart(v);
+                                }
+                                fwd[t] = Some(v);
+                            }
+                            for (&st, v) in extras.iter().zip(outs) {
                                 check_bytes(st, &v)?;
-                            } else if !alloc.is_live(st) {
-                                return Err(err(format!(
-                                    "view '{}' of a storage that is not live",
-                                    gr.tensor(t).name
-                                )));
+                                sval[st] = Some(b.hold(v));
                             }
-                            fwd[t] = Some(v);
-                        }
-                        for (&st, v) in extras.iter().zip(outs) {
-                            check_bytes(st, &v)?;
-                            sval[st] = Some(v);
                         }
                     }
                     StepKind::Loss => {
                         let y = fwd[out0]
                             .as_ref()
                             .ok_or_else(|| err("no model output".into()))?;
-                        let sum: f64 = y.to_f64s().iter().sum();
+                        let sum: f64 = b.sum_f64(y).map_err(&err)?;
                         loss_f64 = match opts.loss {
-                            Loss::Mean => sum / y.numel().max(1) as f64,
+                            Loss::Mean => sum / B::numel(y).max(1) as f64,
                             Loss::Sum => sum,
                         };
-                        sval[step.writes[0]] = Some(Tensor::f32(vec![], vec![loss_f64 as f32]));
+                        sval[step.writes[0]] = Some(
+                            b.put(Tensor::f32(vec![], vec![loss_f64 as f32]))
+                                .map_err(&err)?,
+                        );
                     }
                     StepKind::Backward if step.node.is_none() => {
                         // The loss's backward: d loss / d output.
@@ -557,14 +884,26 @@ pub fn train_step(
                         let st = step.writes[0];
                         let dt = s.storages[st].dtype;
                         let g0 = g0.cast(dt).map_err(&err)?;
-                        check_bytes(st, &g0)?;
-                        gval[out0] = Some(match opts.loss {
-                            Loss::Mean => g0,
-                            Loss::Sum => {
-                                Tensor::from_f32(dt, f.shape.clone(), vec![1.0; f.numel() as usize])
-                                    .map_err(&err)?
-                            }
-                        });
+                        if dt.bytes_for(g0.numel() as u64) != Some(s.storages[st].bytes) {
+                            return Err(err(format!(
+                                "writes {} bytes into '{}' of {}",
+                                dt.bytes_for(g0.numel() as u64).unwrap_or(u64::MAX),
+                                s.storages[st].name,
+                                s.storages[st].bytes
+                            )));
+                        }
+                        gval[out0] = Some(
+                            b.put(match opts.loss {
+                                Loss::Mean => g0,
+                                Loss::Sum => Tensor::from_f32(
+                                    dt,
+                                    f.shape.clone(),
+                                    vec![1.0; f.numel() as usize],
+                                )
+                                .map_err(&err)?,
+                            })
+                            .map_err(&err)?,
+                        );
                         gstore[out0] = Some(st);
                     }
                     StepKind::Backward => {
@@ -582,13 +921,14 @@ pub fn train_step(
                             }
                             for &t in &p.reads {
                                 ensure_value(
-                                    model, inf, s, &step_of, &alloc, &params, &mut fwd, opts, t, 0,
+                                    b, model, inf, s, &step_of, &alloc, &params, &mut fwd, opts, t,
+                                    0,
                                 )
                                 .map_err(&err)?;
                             }
                             recomputed[k] = Some(
                                 recompute_pattern(
-                                    model, inf, s, p, &step_of, &params, &fwd, &sval, opts,
+                                    b, model, inf, s, p, &step_of, &params, &fwd, &sval, opts,
                                 )
                                 .map_err(&err)?,
                             );
@@ -597,12 +937,14 @@ pub fn train_step(
                             let st = s.tensor_storage[*t];
                             if st != usize::MAX && step.reads.contains(&st) {
                                 ensure_value(
-                                    model, inf, s, &step_of, &alloc, &params, &mut fwd, opts, *t, 0,
+                                    b, model, inf, s, &step_of, &alloc, &params, &mut fwd, opts,
+                                    *t, 0,
                                 )
                                 .map_err(&err)?;
                             }
                         }
-                        backward_step(
+                        let partials = backward_step(
+                            b,
                             model,
                             inf,
                             s,
@@ -616,6 +958,10 @@ pub fn train_step(
                             opts,
                         )
                         .map_err(&err)?;
+                        // A partial gradient lives in its storage until freed.
+                        for (w, d) in partials {
+                            sval[w] = Some(d);
+                        }
                         if let Some(k) = pattern {
                             bw_left[k] -= 1;
                             if bw_left[k] == 0 {
@@ -624,14 +970,15 @@ pub fn train_step(
                         }
                     }
                     StepKind::Optimizer => {
-                        let temp = optimizer_step(
-                            s,
-                            &gval,
-                            &mut params,
-                            state_st.and_then(|st| sval[st].as_mut()),
-                            opts,
-                        )
-                        .map_err(&err)?;
+                        let temp = b
+                            .optimizer(
+                                s,
+                                &gval,
+                                &mut params,
+                                state_st.and_then(|st| sval[st].as_mut()),
+                                opts,
+                            )
+                            .map_err(&err)?;
                         let temps: Vec<StorageId> = step
                             .writes
                             .iter()
@@ -660,7 +1007,8 @@ pub fn train_step(
                 }
             }
         }
-        live_after.push(alloc.current);
+        live_after.push(b.live_bytes().unwrap_or(alloc.current));
+        b.after_instruction().map_err(Error::Graph)?;
     }
     if let Some(i) = executions.iter().position(|&e| e == 0) {
         return Err(Error::Graph(format!(
@@ -672,27 +1020,40 @@ pub fn train_step(
         .with_grad
         .iter()
         .map(|&t| {
-            gval[t]
-                .clone()
-                .ok_or_else(|| Error::Graph(format!("no gradient for '{}'", gr.tensor(t).name)))
+            let v = gval[t]
+                .as_ref()
+                .ok_or_else(|| Error::Graph(format!("no gradient for '{}'", gr.tensor(t).name)))?;
+            b.get(v).map_err(Error::Graph)
         })
         .collect::<Result<Vec<_>>>()?;
     let output = fwd[out0]
-        .clone()
-        .or_else(|| params[out0].clone())
+        .as_ref()
+        .or(params[out0].as_ref())
         .ok_or_else(|| Error::Graph("the model output was freed".into()))?;
+    let output = b.get(output).map_err(Error::Graph)?;
+    let seconds = t_start.elapsed().as_secs_f64();
+    let params = params
+        .iter()
+        .map(|p| p.as_ref().map(|p| b.get(p)).transpose())
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(Error::Graph)?;
+    let state = state_st
+        .and_then(|st| sval[st].as_ref())
+        .map(|v| b.get(v))
+        .transpose()
+        .map_err(Error::Graph)?;
     Ok(StepResult {
         loss: loss_f64,
         output,
         grads,
         params,
-        peak_bytes: alloc.peak,
+        peak_bytes: b.peak_bytes().unwrap_or(alloc.peak),
         live_after,
         executions,
         step_seconds,
         recompute_seconds,
-        seconds: t_start.elapsed().as_secs_f64(),
-        state: state_st.and_then(|st| sval[st].clone()),
+        seconds,
+        state,
     })
 }
 
@@ -700,7 +1061,7 @@ pub fn train_step(
 /// place on `params` and `state`. Gives the foreach Adam temporary
 /// (`sqrt(exp_avg_sq) / sqrt(1 − β2ᵗ) + ε` of every parameter at once, which the
 /// schedule counts as one OptimizerTemp storage), `None` for the others.
-fn optimizer_step(
+pub(crate) fn optimizer_step(
     s: &Schedule,
     gval: &[Option<Tensor>],
     params: &mut [Option<Tensor>],
@@ -832,6 +1193,54 @@ fn stored(s: &Schedule, t: TensorId, v: Tensor) -> std::result::Result<Tensor, S
     }
 }
 
+/// [`stored`] for a backend value.
+fn store<B: StepBackend>(
+    b: &B,
+    s: &Schedule,
+    t: TensorId,
+    v: B::T,
+) -> std::result::Result<B::T, String> {
+    let st = s.tensor_storage.get(t).copied().unwrap_or(usize::MAX);
+    if st == usize::MAX || !B::dtype(&v).is_float() {
+        return Ok(v);
+    }
+    let dt = s.storages[st].dtype;
+    if dt.is_float() && dt != B::dtype(&v) {
+        b.cast(&v, dt)
+    } else {
+        Ok(v)
+    }
+}
+
+/// When `node`'s forward is a whole-tensor view: its only output (output 0),
+/// held in input 0's storage, an op that keeps every element in place (reshape,
+/// flatten, squeeze, unsqueeze, identity...) with as many elements and the same
+/// type: that output.
+fn whole_view(
+    model: &Model,
+    inf: &Inferred,
+    s: &Schedule,
+    node: &crate::ir::Node,
+) -> std::result::Result<Option<TensorId>, String> {
+    let (Some(Some(src)), Some(&Some(o))) = (node.inputs.first(), node.outputs.first()) else {
+        return Ok(None);
+    };
+    if node.outputs.iter().skip(1).any(Option::is_some) {
+        return Ok(None);
+    }
+    let st = s.tensor_storage[o];
+    if st == usize::MAX || st != s.tensor_storage[*src] {
+        return Ok(None);
+    }
+    let (op, cx) = rule_cx(model, inf, node)?;
+    let keeps_order = matches!(
+        op.storage(&cx),
+        crate::ops::Storage::View | crate::ops::Storage::Reshape
+    );
+    let (a, b) = (&inf.facts[*src], &inf.facts[o]);
+    Ok((keeps_order && a.numel() == b.numel() && a.dtype == b.dtype).then_some(o))
+}
+
 /// A node's op rules and the context they take (input facts from inference).
 fn rule_cx<'a>(
     model: &'a Model,
@@ -854,15 +1263,17 @@ fn rule_cx<'a>(
 }
 
 /// Runs the forward kernel of `node` on the values at hand.
-fn forward_kernel(
+#[allow(clippy::too_many_arguments)]
+fn forward_kernel<B: StepBackend>(
+    b: &B,
     model: &Model,
     inf: &Inferred,
     node: &crate::ir::Node,
-    params: &[Option<Tensor>],
-    fwd: &[Option<Tensor>],
+    params: &[Option<B::T>],
+    fwd: &[Option<B::T>],
     opts: &StepOptions,
     extras: bool,
-) -> std::result::Result<Vec<Tensor>, String> {
+) -> std::result::Result<Vec<B::T>, String> {
     let mut ins = Vec::with_capacity(node.inputs.len());
     for (slot, t) in node.inputs.iter().enumerate() {
         match t {
@@ -876,7 +1287,7 @@ fn forward_kernel(
             }
         }
     }
-    run_kernel(model, inf, node, ins, opts, extras)
+    b.forward(model, inf, node, ins, opts, extras)
 }
 
 /// Runs the forward kernel of `node` on the given input values.
@@ -921,18 +1332,33 @@ fn run_kernel(
     op.forward_cpu(&cx)
 }
 
+/// The value inference folded for tensor `t`, as a tensor of its type.
+fn folded_value(inf: &Inferred, t: TensorId) -> std::result::Result<Option<Tensor>, String> {
+    let f = &inf.facts[t];
+    let Some(val) = &f.value else {
+        return Ok(None);
+    };
+    Ok(Some(match &val.data {
+        crate::ir::value::Data::Float(v) => Tensor::from_f32(
+            f.dtype,
+            f.shape.clone(),
+            v.iter().map(|&x| x as f32).collect(),
+        )?,
+        crate::ir::value::Data::Int(v) => Tensor::from_i64(f.dtype, f.shape.clone(), v.clone())?,
+    }))
+}
+
 /// The inner values of a fused pattern, recomputed at its first backward step: what
 /// the fused backward kernel makes on the fly from what its forward saved. They are
 /// transient, not counted (on the GPU they live inside the fused kernel), and are
 /// dropped after the pattern's last backward step.
-#[derive(Debug, Default)]
-struct Recomputed {
+struct Recomputed<T> {
     /// Every input and output of the pattern's nodes.
-    vals: HashMap<TensorId, Tensor>,
+    vals: HashMap<TensorId, T>,
     /// Each node's own extras (Dropout's mask, regenerated from its seed).
-    extras: HashMap<NodeIndex, Vec<Tensor>>,
+    extras: HashMap<NodeIndex, Vec<T>>,
     /// SDPA: the logsumexp of the recomputed scores.
-    lse: Option<Tensor>,
+    lse: Option<T>,
 }
 
 /// Recomputes pattern `p`'s forward values from what its backward step reads (its
@@ -943,24 +1369,29 @@ struct Recomputed {
 /// SDPA: the recomputed output and logsumexp must equal the saved ones bitwise
 /// (the saved logsumexp is the fused forward's Extra).
 #[allow(clippy::too_many_arguments)]
-fn recompute_pattern(
+fn recompute_pattern<B: StepBackend>(
+    b: &B,
     model: &Model,
     inf: &Inferred,
     s: &Schedule,
     p: &FusedPattern,
     step_of: &HashMap<NodeIndex, usize>,
-    params: &[Option<Tensor>],
-    fwd: &[Option<Tensor>],
-    sval: &[Option<Tensor>],
+    params: &[Option<B::T>],
+    fwd: &[Option<B::T>],
+    sval: &[Option<B::T>],
     opts: &StepOptions,
-) -> std::result::Result<Recomputed, String> {
+) -> std::result::Result<Recomputed<B::T>, String> {
     let gr = &model.graph;
     let inside: HashSet<TensorId> = p
         .nodes
         .iter()
         .flat_map(|&n| gr.node(n).outputs.iter().flatten().copied())
         .collect();
-    let mut r = Recomputed::default();
+    let mut r = Recomputed {
+        vals: HashMap::new(),
+        extras: HashMap::new(),
+        lse: None,
+    };
     for &n in &p.nodes {
         let node = gr.node(n);
         for &t in node.inputs.iter().flatten() {
@@ -977,11 +1408,11 @@ fn recompute_pattern(
                         | StorageKind::Input
                 );
             let v = if p.reads.contains(&t) || fixed || params[t].is_some() {
-                params[t]
+                let v = params[t]
                     .as_ref()
                     .or(fwd[t].as_ref())
-                    .cloned()
-                    .ok_or_else(|| format!("'{}' has no value", gr.tensor(t).name))?
+                    .ok_or_else(|| format!("'{}' has no value", gr.tensor(t).name))?;
+                b.dup(v)?
             } else if let Some(val) = &inf.facts[t].value {
                 let f = &inf.facts[t];
                 let v = match &val.data {
@@ -994,7 +1425,7 @@ fn recompute_pattern(
                         Tensor::from_i64(f.dtype, f.shape.clone(), v.clone())?
                     }
                 };
-                stored(s, t, v)?
+                b.put_apart(stored(s, t, v)?)?
             } else {
                 return Err(format!(
                     "'{}', an input of the fused {:?} pattern at '{}', is an activation the \
@@ -1012,29 +1443,29 @@ fn recompute_pattern(
             .get(&n)
             .map(|&i| &s.steps[i])
             .ok_or("a pattern node without a forward step")?;
-        let mut casts: Vec<Option<Tensor>> = Vec::with_capacity(node.inputs.len());
+        let mut casts: Vec<Option<B::T>> = Vec::with_capacity(node.inputs.len());
         for (slot, t) in node.inputs.iter().enumerate() {
             casts.push(match (*t, fstep.slots.get(slot)) {
                 (Some(t), Some(&Some(c))) if s.storages[c].kind == StorageKind::Cast => {
-                    Some(r.vals[&t].cast(s.storages[c].dtype)?)
+                    Some(b.cast(&r.vals[&t], s.storages[c].dtype)?)
                 }
                 _ => None,
             });
         }
-        let ins: Vec<Option<&Tensor>> = node
+        let ins: Vec<Option<&B::T>> = node
             .inputs
             .iter()
             .zip(&casts)
             .map(|(t, c)| c.as_ref().or(t.map(|t| &r.vals[&t])))
             .collect();
         if p.kind == FusedKind::Sdpa && node.op_type == "Softmax" {
-            r.lse = Some(logsumexp_last(ins[0].ok_or("no Softmax input")?)?);
+            r.lse = Some(b.logsumexp_last(ins[0].ok_or("no Softmax input")?)?);
         }
-        let mut outs = run_kernel(model, inf, node, ins, opts, node.op_type == "Dropout")?;
+        let mut outs = b.forward(model, inf, node, ins, opts, node.op_type == "Dropout")?;
         let ex = outs.split_off(node.outputs.len().min(outs.len()));
         for (o, v) in node.outputs.iter().zip(outs) {
             if let Some(o) = *o {
-                r.vals.insert(o, stored(s, o, v)?);
+                r.vals.insert(o, store(b, s, o, v)?);
             }
         }
         r.extras.insert(n, ex);
@@ -1042,7 +1473,10 @@ fn recompute_pattern(
     if p.kind == FusedKind::Sdpa {
         let last = gr.node(p.last());
         let o = last.outputs[0].ok_or("the attention output is omitted")?;
-        let same = |a: &Tensor, b: &Tensor| {
+        let same = |a: &B::T, c: &B::T| {
+            let (Ok(a), Ok(b)) = (b.get(a), b.get(c)) else {
+                return false;
+            };
             a.shape == b.shape
                 && a.dtype() == b.dtype()
                 && match (a.to_f32(), b.to_f32()) {
@@ -1099,14 +1533,15 @@ fn logsumexp_last(x: &Tensor) -> std::result::Result<Tensor, String> {
 /// and recomputed. The view's kernel runs again, allocating nothing, as a view costs
 /// nothing on the GPU; any other missing value is an error.
 #[allow(clippy::too_many_arguments)]
-fn ensure_value(
+fn ensure_value<B: StepBackend>(
+    b: &B,
     model: &Model,
     inf: &Inferred,
     s: &Schedule,
     step_of: &std::collections::HashMap<petgraph::stable_graph::NodeIndex, usize>,
     alloc: &Allocator,
-    params: &[Option<Tensor>],
-    fwd: &mut [Option<Tensor>],
+    params: &[Option<B::T>],
+    fwd: &mut [Option<B::T>],
     opts: &StepOptions,
     t: TensorId,
     depth: usize,
@@ -1144,6 +1579,7 @@ fn ensure_value(
         );
         if o0 == t && keeps_order && inf.facts[src].numel() == inf.facts[t].numel() {
             ensure_value(
+                b,
                 model,
                 inf,
                 s,
@@ -1155,11 +1591,10 @@ fn ensure_value(
                 src,
                 depth + 1,
             )?;
-            let v = params[src]
-                .as_ref()
-                .or(fwd[src].as_ref())
-                .expect("ensured")
-                .reshaped(inf.facts[t].shape.clone())?;
+            let v = b.reshaped(
+                params[src].as_ref().or(fwd[src].as_ref()).expect("ensured"),
+                inf.facts[t].shape.clone(),
+            )?;
             fwd[t] = Some(v);
             return Ok(());
         }
@@ -1177,10 +1612,15 @@ fn ensure_value(
         match folded {
             Some(val) if params[i].is_none() && fwd[i].is_none() => {
                 let f = &inf.facts[i];
-                fwd[i] = Some(Tensor::from_i64(f.dtype, f.shape.clone(), val.to_ints())?);
+                fwd[i] = Some(b.put_apart(Tensor::from_i64(
+                    f.dtype,
+                    f.shape.clone(),
+                    val.to_ints(),
+                )?)?);
                 borrowed.push(i);
             }
             _ => ensure_value(
+                b,
                 model,
                 inf,
                 s,
@@ -1194,7 +1634,7 @@ fn ensure_value(
             )?,
         }
     }
-    let outs = forward_kernel(model, inf, node, params, fwd, opts, false);
+    let outs = forward_kernel(b, model, inf, node, params, fwd, opts, false);
     for i in borrowed {
         fwd[i] = None;
     }
@@ -1204,7 +1644,7 @@ fn ensure_value(
     for (o, v) in node.outputs.iter().zip(outs) {
         if let Some(o) = *o {
             if !step.writes.contains(&s.tensor_storage[o]) {
-                fwd[o] = Some(stored(s, o, v)?);
+                fwd[o] = Some(b.set_apart(store(b, s, o, v)?));
             }
         }
     }
@@ -1216,19 +1656,20 @@ fn ensure_value(
 /// says (a new storage, a view of the incoming gradient, or a partial added into the
 /// existing gradient).
 #[allow(clippy::too_many_arguments)]
-fn backward_step(
+fn backward_step<B: StepBackend>(
+    b: &B,
     model: &Model,
     inf: &Inferred,
     s: &Schedule,
     i: usize,
-    params: &[Option<Tensor>],
-    fwd: &[Option<Tensor>],
-    sval: &[Option<Tensor>],
-    rec: Option<&Recomputed>,
-    gval: &mut [Option<Tensor>],
+    params: &[Option<B::T>],
+    fwd: &[Option<B::T>],
+    sval: &[Option<B::T>],
+    rec: Option<&Recomputed<B::T>>,
+    gval: &mut [Option<B::T>],
     gstore: &mut [Option<StorageId>],
     opts: &StepOptions,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<Vec<(StorageId, B::T)>, String> {
     let gr = &model.graph;
     let step = &s.steps[i];
     let ix = step.node.expect("backward of a node");
@@ -1286,57 +1727,36 @@ fn backward_step(
         };
         saved.push((sv, v.ok_or_else(|| format!("saved {sv:?} is not live"))?));
     }
-    // Half-precision values are computed in f32.
-    let widen = |v: &Tensor| -> std::result::Result<Option<Tensor>, String> {
-        if v.dtype().is_float() && v.dtype() != DType::F32 {
-            v.cast(DType::F32).map(Some)
-        } else {
-            Ok(None)
-        }
-    };
-    let wide_saved: Vec<Option<Tensor>> = saved
-        .iter()
-        .map(|(_, v)| widen(v))
-        .collect::<std::result::Result<_, _>>()?;
-    let saved: Vec<(Saved, &Tensor)> = saved
-        .iter()
-        .zip(&wide_saved)
-        .map(|(&(sv, v), w)| (sv, w.as_ref().unwrap_or(v)))
-        .collect();
     let incoming: Vec<Option<StorageId>> = node
         .outputs
         .iter()
         .map(|t| t.and_then(|t| gstore[t]))
         .collect();
-    let wide_grads: Vec<Option<Tensor>> = node
+    // A whole-tensor view's gradient is the incoming gradient under the input's
+    // shape where the backend aliases (its storage is the incoming one).
+    if b.aliases_views() && rec.is_none() && wanted == [0] {
+        let t = node.inputs[0].ok_or("wanted gradient of an omitted input")?;
+        let own = format!("{}/grad", gr.tensor(t).name);
+        let writes_own = step.writes.iter().any(|&w| s.storages[w].name == own);
+        let o = node.outputs.first().copied().flatten();
+        if let (Some(o), Some(Some(st)), None, false) = (o, incoming.first(), gstore[t], writes_own)
+        {
+            if whole_view(model, inf, s, node)? == Some(o) && !s.storages[*st].persistent {
+                let g = gval[o].as_ref().ok_or("no incoming gradient")?;
+                let d = b.reshaped(g, inf.facts[t].shape.clone())?;
+                gstore[t] = Some(*st);
+                gval[t] = Some(d);
+                return Ok(Vec::new());
+            }
+        }
+    }
+    let grads: Vec<Option<&B::T>> = node
         .outputs
         .iter()
-        .map(|t| match t.and_then(|t| gval[t].as_ref()) {
-            Some(g) => widen(g),
-            None => Ok(None),
-        })
-        .collect::<std::result::Result<_, _>>()?;
-    let grads: Vec<Option<&Tensor>> = node
-        .outputs
-        .iter()
-        .zip(&wide_grads)
-        .map(|(t, w)| w.as_ref().or(t.and_then(|t| gval[t].as_ref())))
+        .map(|t| t.and_then(|t| gval[t].as_ref()))
         .collect();
-    let bcx = BackwardCx {
-        node,
-        inputs: cx.inputs.clone(),
-        outputs: node
-            .outputs
-            .iter()
-            .map(|t| t.map(|t| &inf.facts[t]))
-            .collect(),
-        opset: model.opset(),
-        saved,
-        grads,
-        wanted: wanted.clone(),
-        dropout: opts.dropout,
-    };
-    let mut dx = op.backward_cpu(&bcx)?;
+    let mut dx = b.backward(model, inf, node, saved, grads, wanted.clone(), opts)?;
+    let mut partials = Vec::new();
     for &slot in &wanted {
         let t = node.inputs[slot].ok_or("wanted gradient of an omitted input")?;
         let d = dx
@@ -1344,8 +1764,10 @@ fn backward_step(
             .and_then(Option::take)
             .ok_or_else(|| format!("no gradient for input {slot}"))?;
         let name = &gr.tensor(t).name;
-        let bytes_of = |st: StorageId, d: &Tensor| -> std::result::Result<(), String> {
-            let have = d.dtype().bytes_for(d.numel() as u64).unwrap_or(u64::MAX);
+        let bytes_of = |st: StorageId, d: &B::T| -> std::result::Result<(), String> {
+            let have = B::dtype(d)
+                .bytes_for(B::numel(d) as u64)
+                .unwrap_or(u64::MAX);
             if have != s.storages[st].bytes {
                 return Err(format!(
                     "gradient of '{name}' is {have} bytes, '{}' has {}",
@@ -1381,9 +1803,13 @@ fn backward_step(
                         .ok_or("a view gradient without an incoming one")?,
                 };
                 // In the storage's type (the cast back of autocast's backward).
-                let d = d.cast(s.storages[st].dtype)?;
+                let mut d = cast_to(b, d, s.storages[st].dtype)?;
                 if step.writes.contains(&st) || s.storages[st].persistent {
                     bytes_of(st, &d)?;
+                    d = b.hold(d);
+                } else {
+                    // A view the kernel copied.
+                    d = b.set_apart(d);
                 }
                 gstore[t] = Some(st);
                 gval[t] = Some(d);
@@ -1401,23 +1827,21 @@ fn backward_step(
                 let acc = gval[t].as_mut().ok_or("accumulated gradient lost")?;
                 let dt = s.storages[existing].dtype;
                 // The partial, in the gradient's type, added in f32 and rounded back.
-                let d = d.cast(dt)?;
+                let d = b.hold(cast_to(b, d, dt)?);
                 bytes_of(*w, &d)?;
-                if let crate::exec::Elems::F32(a) = &mut acc.elems {
-                    for (a, b) in a.iter_mut().zip(d.as_f32()?) {
-                        *a += b;
-                    }
-                } else {
-                    let sum: Vec<f32> = acc
-                        .to_f32()?
-                        .iter()
-                        .zip(d.to_f32()?.iter())
-                        .map(|(a, b)| a + b)
-                        .collect();
-                    *acc = Tensor::from_f32(dt, acc.shape.clone(), sum)?;
-                }
+                b.accumulate(acc, &d)?;
+                partials.push((*w, d));
             }
         }
     }
-    Ok(())
+    Ok(partials)
+}
+
+/// `v` in `dt` (itself when it is already).
+fn cast_to<B: StepBackend>(b: &B, v: B::T, dt: DType) -> std::result::Result<B::T, String> {
+    if B::dtype(&v) == dt {
+        Ok(v)
+    } else {
+        b.cast(&v, dt)
+    }
 }

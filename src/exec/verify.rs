@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::train::{train_step, StepOptions, StepResult};
+use super::train::{train_step_on, Cpu, StepBackend, StepOptions, StepResult};
 use super::{random_input, Executor, Options, Tensor};
 use crate::error::{Error, Result};
 use crate::infer::Inferred;
@@ -117,6 +117,28 @@ pub struct VerifyReport {
     pub measured_peak_step: String,
     /// Runs of each step.
     pub runs: usize,
+    /// Where the step ran: `cpu` or `cuda` (`verify --device`).
+    pub device: String,
+    /// The GPU's name (`cuda`; the host emulation names itself); `null` on the CPU.
+    pub device_name: Option<String>,
+    /// `cuMemGetInfo`'s largest drop in free bytes during the planned run (the
+    /// driver's view, in its page granularity, beside the counted peak); `null`
+    /// on the CPU and the emulation.
+    pub mem_get_info_peak_delta_bytes: Option<u64>,
+    /// The same for the baseline run.
+    pub baseline_mem_get_info_peak_delta_bytes: Option<u64>,
+    /// Peak device workspace bytes over both runs, counted apart from the tensor
+    /// peaks: the cuBLAS workspace, im2col columns, BatchNorm statistics, views
+    /// the kernels copy; `null` on the CPU.
+    pub workspace_peak_bytes: Option<u64>,
+    /// Peak bytes the device launchers held beyond the step's storages over both
+    /// runs (their temporaries and outputs before the step stores them), counted
+    /// apart from the tensor peaks and the workspace; `null` on the CPU.
+    pub launch_peak_bytes: Option<u64>,
+    /// On a device: the largest relative difference of a gradient of the
+    /// device baseline against the CPU executor's (per tensor
+    /// `max|dev − cpu| / max|cpu|`); `null` on the CPU.
+    pub cpu_max_rel_grad_diff: Option<f64>,
 }
 
 /// A model's training step, built and mapped onto the rematerialization graph.
@@ -150,7 +172,7 @@ impl<'a> Step<'a> {
         &self.graph
     }
 
-    /// Runs the step once following `plan`.
+    /// Runs the step once on the CPU following `plan`.
     pub fn run(
         &self,
         plan: &[Op],
@@ -158,7 +180,20 @@ impl<'a> Step<'a> {
         inputs: &[Tensor],
         opts: &StepOptions,
     ) -> Result<StepResult> {
-        train_step(
+        self.run_on(&Cpu, plan, params, inputs, opts)
+    }
+
+    /// Runs the step once on backend `b` following `plan`.
+    pub fn run_on<B: StepBackend>(
+        &self,
+        b: &B,
+        plan: &[Op],
+        params: &[Option<Tensor>],
+        inputs: &[Tensor],
+        opts: &StepOptions,
+    ) -> Result<StepResult> {
+        train_step_on(
+            b,
             self.model,
             self.inf,
             &self.schedule,
@@ -195,7 +230,8 @@ pub fn seeded_inputs(model: &Model, inf: &Inferred) -> Result<Vec<Tensor>> {
 }
 
 /// Runs `runs` times; the result of the fastest run.
-fn fastest(
+fn fastest<B: StepBackend>(
+    b: &B,
     step: &Step,
     plan: &[Op],
     params: &[Option<Tensor>],
@@ -205,8 +241,8 @@ fn fastest(
 ) -> Result<StepResult> {
     let mut best: Option<StepResult> = None;
     for _ in 0..runs.max(1) {
-        let r = step.run(plan, params, inputs, opts)?;
-        if best.as_ref().is_none_or(|b| r.seconds < b.seconds) {
+        let r = step.run_on(b, plan, params, inputs, opts)?;
+        if best.as_ref().is_none_or(|x| r.seconds < x.seconds) {
             best = Some(r);
         }
     }
@@ -240,13 +276,97 @@ pub struct Verified {
     pub costs: BTreeMap<String, f64>,
 }
 
-/// Verifies the step of `model` (inferred as `inf`, from `source`) against `plan`.
+/// Verifies the step of `model` (inferred as `inf`, from `source`) against `plan`,
+/// on the CPU.
 pub fn verify(
     model: &Model,
     inf: &Inferred,
     source: &StepSource,
     plan_source: &PlanSource,
     o: &VerifyOptions,
+) -> Result<Verified> {
+    verify_with(&Cpu, model, inf, source, plan_source, o, &mut |_| {})
+}
+
+/// What a device run measured besides the step's result.
+#[cfg(feature = "cuda")]
+#[derive(Debug, Clone, Default)]
+struct DeviceRun {
+    mem_get_info_peak_delta_bytes: Option<u64>,
+    workspace_peak_bytes: u64,
+    launch_peak_bytes: u64,
+}
+
+/// [`verify`] on a CUDA [`crate::exec::cuda::Device`] (or its host emulation):
+/// both runs on the device, measured peaks the device counter's; the device
+/// baseline's gradients are also compared with the CPU executor's
+/// (`cpu_max_rel_grad_diff`).
+#[cfg(feature = "cuda")]
+pub fn verify_cuda(
+    model: &Model,
+    inf: &Inferred,
+    source: &StepSource,
+    plan_source: &PlanSource,
+    o: &VerifyOptions,
+    dev: &crate::exec::cuda::Device,
+) -> Result<Verified> {
+    let b = crate::exec::cuda::step::DeviceStep::new(dev);
+    let mut runs: Vec<DeviceRun> = Vec::new();
+    let mut v = verify_with(&b, model, inf, source, plan_source, o, &mut |b| {
+        runs.push(DeviceRun {
+            mem_get_info_peak_delta_bytes: b.mem_get_info_peak_delta_bytes(),
+            workspace_peak_bytes: b.memory().workspace_peak_bytes,
+            launch_peak_bytes: b.memory().launch_peak_bytes,
+        })
+    })?;
+    // The runs: `o.runs` baseline runs, then `o.runs` planned ones.
+    let n = o.runs.max(1);
+    let r = &mut v.report;
+    r.device = "cuda".into();
+    r.device_name = Some(dev.name().map_err(|e| Error::Graph(e.to_string()))?);
+    r.baseline_mem_get_info_peak_delta_bytes = runs[..n]
+        .iter()
+        .filter_map(|d| d.mem_get_info_peak_delta_bytes)
+        .max();
+    r.mem_get_info_peak_delta_bytes = runs[n..]
+        .iter()
+        .filter_map(|d| d.mem_get_info_peak_delta_bytes)
+        .max();
+    r.workspace_peak_bytes = runs.iter().map(|d| d.workspace_peak_bytes).max();
+    r.launch_peak_bytes = runs.iter().map(|d| d.launch_peak_bytes).max();
+    Ok(v)
+}
+
+/// The largest per-tensor `max|a − b| / max|b|`.
+fn max_rel_diff(a: &[Tensor], b: &[Tensor]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| {
+            let (x, y) = (x.to_f64s(), y.to_f64s());
+            let scale = y.iter().fold(0f64, |m, v| m.max(v.abs()));
+            let d = x
+                .iter()
+                .zip(&y)
+                .fold(0f64, |m, (p, q)| m.max((p - q).abs()));
+            if d == 0.0 {
+                0.0
+            } else {
+                d / scale.max(f64::MIN_POSITIVE)
+            }
+        })
+        .fold(0f64, f64::max)
+}
+
+/// [`verify`] on backend `b`; `after_run` is called after every run.
+#[allow(clippy::too_many_arguments)]
+fn verify_with<B: StepBackend>(
+    b: &B,
+    model: &Model,
+    inf: &Inferred,
+    source: &StepSource,
+    plan_source: &PlanSource,
+    o: &VerifyOptions,
+    after_run: &mut dyn FnMut(&B),
 ) -> Result<Verified> {
     let step = Step::new(model, inf, &o.train, &source.model)?;
     // The executor runs the step the schedule was built for.
@@ -323,8 +443,27 @@ pub fn verify(
     .params()
     .to_vec();
     let inputs = seeded_inputs(model, inf)?;
-    let b = fastest(&step, &base_plan, &params, &inputs, &step_opts, o.runs)?;
-    let p = fastest(&step, &planned, &params, &inputs, &step_opts, o.runs)?;
+    let on_device = b.live_bytes().is_some();
+    let mut run = |plan: &[Op]| -> Result<StepResult> {
+        let mut best: Option<StepResult> = None;
+        for _ in 0..o.runs.max(1) {
+            let r = fastest(b, &step, plan, &params, &inputs, &step_opts, 1)?;
+            after_run(b);
+            if best.as_ref().is_none_or(|x| r.seconds < x.seconds) {
+                best = Some(r);
+            }
+        }
+        Ok(best.expect("ran at least once"))
+    };
+    let base_run = run(&base_plan)?;
+    let p = run(&planned)?;
+    let b = base_run;
+    let cpu_max_rel_grad_diff = if on_device {
+        let c = step.run(&base_plan, &params, &inputs, &step_opts)?;
+        Some(max_rel_diff(&b.grads, &c.grads))
+    } else {
+        None
+    };
     let (gradients_identical, max_abs_grad_diff) = compare(&p.grads, &b.grads);
     let (pa, pb): (Vec<Tensor>, Vec<Tensor>) = p
         .params
@@ -379,6 +518,13 @@ pub fn verify(
         recomputations: p.executions.iter().map(|&e| e.saturating_sub(1)).sum(),
         measured_peak_step: peak_step,
         runs: o.runs.max(1),
+        device: "cpu".into(),
+        device_name: None,
+        mem_get_info_peak_delta_bytes: None,
+        baseline_mem_get_info_peak_delta_bytes: None,
+        workspace_peak_bytes: None,
+        launch_peak_bytes: None,
+        cpu_max_rel_grad_diff,
     };
     Ok(Verified { report, costs })
 }
@@ -400,6 +546,21 @@ impl VerifyReport {
             self.model,
             self.batch.map_or("as exported".into(), |b| b.to_string())
         ));
+        if let Some(name) = &self.device_name {
+            s.push_str(&format!(
+                "device       {} ({name}); workspace peak {}, launch bucket peak {} (apart from the tensors)",
+                self.device,
+                self.workspace_peak_bytes.map_or("?".into(), human_bytes),
+                self.launch_peak_bytes.map_or("?".into(), human_bytes)
+            ));
+            if let Some(d) = self.mem_get_info_peak_delta_bytes {
+                s.push_str(&format!("; cuMemGetInfo peak delta {}", human_bytes(d)));
+            }
+            if let Some(r) = self.cpu_max_rel_grad_diff {
+                s.push_str(&format!("; gradients vs CPU: max rel diff {r:.1e}"));
+            }
+            s.push('\n');
+        }
         s.push_str(&format!(
             "plan         {} (budget {}), {} recomputations\n",
             self.plan_source,

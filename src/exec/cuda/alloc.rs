@@ -22,6 +22,10 @@ pub struct MemCounter {
     allocations: AtomicU64,
     workspace_live: AtomicU64,
     workspace_peak: AtomicU64,
+    /// Whether a launcher runs for a training step ([`MemCounter::set_launching`]).
+    launching: std::sync::atomic::AtomicBool,
+    launch_live: AtomicU64,
+    launch_peak: AtomicU64,
     /// `cuMemGetInfo` free bytes at the last [`MemCounter::mark`], and the
     /// lowest free bytes sampled since.
     driver: Mutex<Option<(u64, u64)>>,
@@ -40,6 +44,10 @@ pub struct MemoryReport {
     pub workspace_bytes: u64,
     /// Highest workspace bytes live since the last reset.
     pub workspace_peak_bytes: u64,
+    /// Highest bytes of tensors a launcher allocated while launching for a
+    /// training step and that the step had not yet stored (its outputs in flight,
+    /// its temporaries), since the last reset: apart from tensors and workspace.
+    pub launch_peak_bytes: u64,
 }
 
 /// The driver's view beside the counted one (see the module docs).
@@ -48,7 +56,8 @@ pub struct DriverCheck {
     /// `free(mark) − min free(sampled since)`: the most device memory in use
     /// beyond what was in use at the mark, as the driver saw it.
     pub mem_get_info_peak_delta_bytes: u64,
-    /// Counted tensor peak plus workspace peak over the same span.
+    /// Counted tensor peak plus workspace and launch peaks over the same span
+    /// (an upper bound of what was counted at once).
     pub counted_peak_bytes: u64,
 }
 
@@ -76,8 +85,33 @@ impl MemCounter {
         self.workspace_live.fetch_sub(bytes, Ordering::SeqCst);
     }
 
+    /// While on, new tensors count in the launch bucket (a training step's
+    /// launcher running; the step moves what it stores into the tensor count
+    /// with [`crate::exec::cuda::DeviceTensor::hold`]).
+    pub fn set_launching(&self, on: bool) {
+        self.launching.store(on, Ordering::SeqCst);
+    }
+
+    /// Whether [`MemCounter::set_launching`] is on.
+    pub fn launching(&self) -> bool {
+        self.launching.load(Ordering::SeqCst)
+    }
+
+    /// Registers launch bytes.
+    pub fn add_launch(&self, bytes: u64) {
+        let now = self.launch_live.fetch_add(bytes, Ordering::SeqCst) + bytes;
+        self.launch_peak.fetch_max(now, Ordering::SeqCst);
+    }
+
+    /// Unregisters launch bytes.
+    pub fn sub_launch(&self, bytes: u64) {
+        self.launch_live.fetch_sub(bytes, Ordering::SeqCst);
+    }
+
     /// Restarts the peaks at the live values (the start of a measured step).
     pub fn reset_peak(&self) {
+        self.launch_peak
+            .store(self.launch_live.load(Ordering::SeqCst), Ordering::SeqCst);
         self.peak
             .store(self.live.load(Ordering::SeqCst), Ordering::SeqCst);
         self.workspace_peak
@@ -93,6 +127,7 @@ impl MemCounter {
             allocations: self.allocations.load(Ordering::SeqCst),
             workspace_bytes: self.workspace_live.load(Ordering::SeqCst),
             workspace_peak_bytes: self.workspace_peak.load(Ordering::SeqCst),
+            launch_peak_bytes: self.launch_peak.load(Ordering::SeqCst),
         }
     }
 
@@ -115,7 +150,7 @@ impl MemCounter {
         let r = self.report();
         Some(DriverCheck {
             mem_get_info_peak_delta_bytes: mark.saturating_sub(low),
-            counted_peak_bytes: r.peak_bytes + r.workspace_peak_bytes,
+            counted_peak_bytes: r.peak_bytes + r.workspace_peak_bytes + r.launch_peak_bytes,
         })
     }
 }

@@ -16,6 +16,7 @@ pub mod emulate;
 pub mod kernels;
 pub mod ops;
 pub mod run;
+pub mod step;
 pub mod tensor;
 
 use std::collections::HashMap;

@@ -30,27 +30,51 @@ pub enum DeviceBuf {
 }
 
 /// A contiguous row-major tensor on the device. Its bytes (element count ×
-/// element size) are counted live from allocation to drop.
+/// element size) are counted live from allocation to drop. An alias
+/// ([`DeviceTensor::alias`]: a view sharing its source's memory) counts nothing;
+/// a tensor set apart ([`DeviceTensor::set_apart`]) counts as workspace; one
+/// allocated while a training step's launcher runs
+/// ([`MemCounter::set_launching`]) counts in the launch bucket until held
+/// ([`DeviceTensor::hold`]).
 #[derive(Debug)]
 pub struct DeviceTensor {
     /// Shape.
     pub shape: Vec<usize>,
-    buf: DeviceBuf,
+    buf: Arc<DeviceBuf>,
     ptr: u64,
     bytes: u64,
+    bucket: Bucket,
     counter: Arc<MemCounter>,
+}
+
+/// Which count a [`DeviceTensor`]'s bytes are in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bucket {
+    Tensor,
+    Workspace,
+    Launch,
+}
+
+impl DeviceTensor {
+    fn uncount(&self) {
+        match self.bucket {
+            Bucket::Tensor => self.counter.sub(self.bytes),
+            Bucket::Workspace => self.counter.sub_workspace(self.bytes),
+            Bucket::Launch => self.counter.sub_launch(self.bytes),
+        }
+    }
 }
 
 impl Drop for DeviceTensor {
     fn drop(&mut self) {
-        self.counter.sub(self.bytes);
+        self.uncount();
     }
 }
 
 impl DeviceTensor {
     /// Element type.
     pub fn dtype(&self) -> DType {
-        match self.buf {
+        match *self.buf {
             DeviceBuf::F32(_) => DType::F32,
             DeviceBuf::I64(_) => DType::I64,
             DeviceBuf::I32(_) => DType::I32,
@@ -77,6 +101,47 @@ impl DeviceTensor {
     /// The storage.
     pub fn buf(&self) -> &DeviceBuf {
         &self.buf
+    }
+
+    /// A view of the same memory under `shape` (same element count), counting
+    /// nothing: the memory stays allocated while the source or any alias lives,
+    /// and is counted by the source alone.
+    pub fn alias(&self, shape: Vec<usize>) -> Result<DeviceTensor> {
+        if shape.iter().product::<usize>() != self.numel() {
+            return Err(CudaError::Kernel(format!(
+                "an alias {shape:?} of a {:?} tensor",
+                self.shape
+            )));
+        }
+        Ok(DeviceTensor {
+            shape,
+            buf: self.buf.clone(),
+            ptr: self.ptr,
+            bytes: 0,
+            bucket: Bucket::Tensor,
+            counter: self.counter.clone(),
+        })
+    }
+
+    /// Moves this tensor's bytes from the tensor count to the workspace count
+    /// (a copy the step makes that no schedule storage holds, e.g. a strided
+    /// view materialized for a contiguous kernel).
+    pub fn set_apart(&mut self) {
+        if self.bucket != Bucket::Workspace {
+            self.uncount();
+            self.counter.add_workspace(self.bytes);
+            self.bucket = Bucket::Workspace;
+        }
+    }
+
+    /// Moves a tensor a launcher allocated (launch bucket) into the tensor
+    /// count: the step stores it in its schedule storage.
+    pub fn hold(&mut self) {
+        if self.bucket == Bucket::Launch {
+            self.uncount();
+            self.counter.add(self.bytes);
+            self.bucket = Bucket::Tensor;
+        }
     }
 
     /// An error unless the tensor is float32.
@@ -177,12 +242,19 @@ impl Device {
                 (buf, ptr)
             }
         };
-        self.counter().add(bytes);
+        let bucket = if self.counter().launching() {
+            self.counter().add_launch(bytes);
+            Bucket::Launch
+        } else {
+            self.counter().add(bytes);
+            Bucket::Tensor
+        };
         Ok(DeviceTensor {
             shape: shape.to_vec(),
-            buf,
+            buf: Arc::new(buf),
             ptr,
             bytes,
+            bucket,
             counter: self.counter().clone(),
         })
     }
@@ -215,10 +287,28 @@ impl Device {
     /// Copies a host tensor to the device (float16/bfloat16 are refused).
     pub fn upload(&self, t: &Tensor) -> Result<DeviceTensor> {
         let mut d = self.zeros(t.dtype(), &t.shape)?;
-        if t.numel() == 0 {
-            return Ok(d);
+        self.write(&mut d, t)?;
+        Ok(d)
+    }
+
+    /// Copies a host tensor into device tensor `d` of the same dtype and
+    /// element count, in place (`d` must not be aliased).
+    pub fn write(&self, d: &mut DeviceTensor, t: &Tensor) -> Result<()> {
+        if d.dtype() != t.dtype() || d.numel() != t.numel() {
+            return Err(CudaError::Kernel(format!(
+                "writing a {} {:?} tensor into a {} {:?} one",
+                t.dtype(),
+                t.shape,
+                d.dtype(),
+                d.shape
+            )));
         }
-        if let DeviceBuf::Host { data, .. } = &mut d.buf {
+        if t.numel() == 0 {
+            return Ok(());
+        }
+        let buf = Arc::get_mut(&mut d.buf)
+            .ok_or_else(|| CudaError::Kernel("writing into an aliased tensor".into()))?;
+        if let DeviceBuf::Host { data, .. } = buf {
             let bytes: Vec<u8> = match &t.elems {
                 Elems::F32(v) => v.iter().flat_map(|x| x.to_ne_bytes()).collect(),
                 Elems::I64(v) => v.iter().flat_map(|x| x.to_ne_bytes()).collect(),
@@ -234,10 +324,10 @@ impl Device {
                     bytes.len(),
                 )
             };
-            return Ok(d);
+            return Ok(());
         }
         let s = self.stream()?;
-        match (&t.elems, &mut d.buf) {
+        match (&t.elems, buf) {
             (Elems::F32(v), DeviceBuf::F32(b)) => s.memcpy_htod(v, b)?,
             (Elems::I64(v), DeviceBuf::I64(b)) => s.memcpy_htod(v, b)?,
             (Elems::I32(v), DeviceBuf::I32(b)) => s.memcpy_htod(v, b)?,
@@ -247,13 +337,13 @@ impl Device {
             }
             _ => unreachable!("zeros made the tensor's dtype"),
         }
-        Ok(d)
+        Ok(())
     }
 
     /// Copies a device tensor back to the host (synchronizes).
     pub fn download(&self, t: &DeviceTensor) -> Result<Tensor> {
         let n = t.numel();
-        let elems = match &t.buf {
+        let elems = match &*t.buf {
             DeviceBuf::Host { dtype, data } => {
                 // SAFETY: `data` holds n elements of `dtype` (sized by zeros).
                 let bytes = unsafe {

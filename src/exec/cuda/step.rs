@@ -1,0 +1,354 @@
+//! The training step on a [`Device`]: [`DeviceStep`] is the
+//! [`StepBackend`] that `exec::train::train_step_on` drives over a plan, so the
+//! device follows the same schedule, storages and checks as the CPU executor.
+//!
+//! Every value the step holds is a [`DeviceTensor`] counted by the device's
+//! [`super::MemCounter`] from allocation to drop, and each lives exactly as long
+//! as its schedule storage: a whole-tensor view (reshape, flatten, squeeze,
+//! unsqueeze, identity) is an alias of its source ([`DeviceTensor::alias`],
+//! counting nothing) instead of the launcher's copy, on the forward and for its
+//! gradient; a view the kernels must copy (a strided view, a Split, an inner
+//! Slice) is counted apart, as workspace ([`DeviceTensor::set_apart`]). So the
+//! counted tensor peak equals `remat::graph::replay`'s peak of the same plan.
+//!
+//! Device glue: gradient accumulation (`accumulate_f32`), SGD (`sgd_f32`); the
+//! other optimizers (momentum, Adam, AdamW, weight decay) run on the host from
+//! downloaded gradients and write the parameters and state back into their device
+//! tensors (their storages never move); the loss is summed on the host from the
+//! downloaded output (a scalar). Refused, in one line, before anything runs:
+//! half-precision policies, fused patterns (exact GELU, SDPA), `Loss::Sum`, resident
+//! gradients (see docs/CUDA.md).
+
+use std::cell::Cell;
+
+use super::ops::{backward as node_backward, forward as node_forward};
+use super::ops::{DevBackwardCx, DevKernelCx};
+use super::tensor::Arg;
+use super::{Device, DeviceTensor, MemoryReport};
+use crate::exec::train::{optimizer_step, StepBackend, StepOptions};
+use crate::exec::{rng, Tensor};
+use crate::infer::Inferred;
+use crate::ir::{DType, Model, Node};
+use crate::ops::Saved;
+use crate::train::{Loss, Optimizer, Schedule, StorageKind};
+
+/// A training step's backend on a [`Device`]; its counts start at
+/// [`StepBackend::begin`].
+pub struct DeviceStep<'a> {
+    dev: &'a Device,
+    base: Cell<u64>,
+    driver: Cell<bool>,
+}
+
+impl<'a> DeviceStep<'a> {
+    /// The backend on `dev`.
+    pub fn new(dev: &'a Device) -> DeviceStep<'a> {
+        DeviceStep {
+            dev,
+            base: Cell::new(0),
+            driver: Cell::new(false),
+        }
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Device {
+        self.dev
+    }
+
+    /// The device's memory counts now (tensors, workspace apart).
+    pub fn memory(&self) -> MemoryReport {
+        self.dev.memory()
+    }
+
+    /// `cuMemGetInfo`'s largest drop in free bytes during the step (GPU only;
+    /// sampled after every plan instruction).
+    pub fn mem_get_info_peak_delta_bytes(&self) -> Option<u64> {
+        self.dev
+            .counter()
+            .driver_check()
+            .map(|c| c.mem_get_info_peak_delta_bytes)
+    }
+}
+
+/// The launch bucket on while a launcher runs (off again on drop, errors too).
+struct Launching<'a>(&'a Device);
+
+impl<'a> Launching<'a> {
+    fn new(dev: &'a Device) -> Launching<'a> {
+        dev.counter().set_launching(true);
+        Launching(dev)
+    }
+}
+
+impl Drop for Launching<'_> {
+    fn drop(&mut self) {
+        self.0.counter().set_launching(false);
+    }
+}
+
+fn e<E: std::fmt::Display>(e: E) -> String {
+    e.to_string()
+}
+
+impl StepBackend for DeviceStep<'_> {
+    type T = DeviceTensor;
+
+    fn dtype(t: &DeviceTensor) -> DType {
+        t.dtype()
+    }
+
+    fn shape(t: &DeviceTensor) -> &[usize] {
+        &t.shape
+    }
+
+    fn check(&self, s: &Schedule, opts: &StepOptions) -> Result<(), String> {
+        if let Some(st) = s
+            .storages
+            .iter()
+            .find(|st| matches!(st.dtype, DType::F16 | DType::BF16))
+        {
+            return Err(format!(
+                "the device step runs float32 only: '{}' is {} (a half-precision policy); run it on the CPU",
+                st.name, st.dtype
+            ));
+        }
+        if !s.fused.is_empty() {
+            let mut kinds: Vec<String> = s.fused.iter().map(|p| format!("{:?}", p.kind)).collect();
+            kinds.sort();
+            kinds.dedup();
+            return Err(format!(
+                "the device step has no kernel for fused patterns yet (this step fuses {}: {}); run it on the CPU",
+                s.fused.len(),
+                kinds.join(", ")
+            ));
+        }
+        if opts.loss == Loss::Sum {
+            return Err("the device step supports the mean loss only (--loss mean)".into());
+        }
+        if s.storages
+            .iter()
+            .any(|st| st.kind == StorageKind::ParamGrad && st.persistent)
+        {
+            return Err("the device step does not keep resident gradients yet".into());
+        }
+        Ok(())
+    }
+
+    fn begin(&self) -> Result<(), String> {
+        self.dev.preload().map_err(e)?;
+        self.dev.synchronize().map_err(e)?;
+        let c = self.dev.counter();
+        c.reset_peak();
+        self.base.set(c.report().live_bytes);
+        if let Ok((free, _)) = self.dev.mem_get_info() {
+            c.mark(free as u64);
+            self.driver.set(true);
+        }
+        Ok(())
+    }
+
+    fn after_instruction(&self) -> Result<(), String> {
+        if self.driver.get() {
+            self.dev.synchronize().map_err(e)?;
+            let (free, _) = self.dev.mem_get_info().map_err(e)?;
+            self.dev.counter().sample(free as u64);
+        }
+        Ok(())
+    }
+
+    fn put(&self, t: Tensor) -> Result<DeviceTensor, String> {
+        self.dev.upload(&t).map_err(e)
+    }
+
+    fn put_apart(&self, t: Tensor) -> Result<DeviceTensor, String> {
+        let mut d = self.dev.upload(&t).map_err(e)?;
+        d.set_apart();
+        Ok(d)
+    }
+
+    fn get(&self, t: &DeviceTensor) -> Result<Tensor, String> {
+        self.dev.download(t).map_err(e)
+    }
+
+    fn cast(&self, t: &DeviceTensor, dt: DType) -> Result<DeviceTensor, String> {
+        if t.dtype() == dt {
+            return self.dup(t);
+        }
+        Err(format!(
+            "the device step does not convert {} to {dt} (float32 only)",
+            t.dtype()
+        ))
+    }
+
+    fn reshaped(&self, t: &DeviceTensor, shape: Vec<usize>) -> Result<DeviceTensor, String> {
+        t.alias(shape).map_err(e)
+    }
+
+    fn aliases_views(&self) -> bool {
+        true
+    }
+
+    fn set_apart(&self, mut t: DeviceTensor) -> DeviceTensor {
+        t.set_apart();
+        t
+    }
+
+    fn hold(&self, mut t: DeviceTensor) -> DeviceTensor {
+        t.hold();
+        t
+    }
+
+    fn sum_f64(&self, t: &DeviceTensor) -> Result<f64, String> {
+        Ok(self.get(t)?.to_f64s().iter().sum())
+    }
+
+    fn forward(
+        &self,
+        model: &Model,
+        inf: &Inferred,
+        node: &Node,
+        ins: Vec<Option<&DeviceTensor>>,
+        opts: &StepOptions,
+        extras: bool,
+    ) -> Result<Vec<DeviceTensor>, String> {
+        let cx = DevKernelCx {
+            node,
+            inputs: ins,
+            input_facts: node
+                .inputs
+                .iter()
+                .map(|t| t.map(|t| &inf.facts[t]))
+                .collect(),
+            outputs: node
+                .outputs
+                .iter()
+                .map(|t| t.map(|t| &inf.facts[t]))
+                .collect(),
+            opset: model.opset(),
+            seed: rng::name_seed(opts.seed, &node.name),
+            dropout: opts.dropout,
+            extras,
+        };
+        let _l = Launching::new(self.dev);
+        Ok(node_forward(self.dev, &cx).map_err(e)?.0)
+    }
+
+    fn backward(
+        &self,
+        model: &Model,
+        inf: &Inferred,
+        node: &Node,
+        saved: Vec<(Saved, &DeviceTensor)>,
+        grads: Vec<Option<&DeviceTensor>>,
+        wanted: Vec<usize>,
+        opts: &StepOptions,
+    ) -> Result<Vec<Option<DeviceTensor>>, String> {
+        let cx = DevBackwardCx {
+            node,
+            inputs: node
+                .inputs
+                .iter()
+                .map(|t| t.map(|t| &inf.facts[t]))
+                .collect(),
+            outputs: node
+                .outputs
+                .iter()
+                .map(|t| t.map(|t| &inf.facts[t]))
+                .collect(),
+            opset: model.opset(),
+            saved,
+            grads,
+            wanted,
+            dropout: opts.dropout,
+        };
+        let _l = Launching::new(self.dev);
+        Ok(node_backward(self.dev, &cx).map_err(e)?.0)
+    }
+
+    fn accumulate(&self, acc: &mut DeviceTensor, d: &DeviceTensor) -> Result<(), String> {
+        acc.expect_f32("an accumulated gradient").map_err(e)?;
+        d.expect_f32("a partial gradient").map_err(e)?;
+        if acc.numel() != d.numel() {
+            return Err("a partial gradient does not match its gradient".into());
+        }
+        let n = acc.numel();
+        self.dev
+            .launch("accumulate_f32", n, &[Arg::n(n), Arg::t(d), Arg::t(acc)])
+            .map_err(e)
+    }
+
+    fn optimizer(
+        &self,
+        s: &Schedule,
+        gval: &[Option<DeviceTensor>],
+        params: &mut [Option<DeviceTensor>],
+        state: Option<&mut DeviceTensor>,
+        opts: &StepOptions,
+    ) -> Result<Option<DeviceTensor>, String> {
+        let wd = opts.weight_decay.unwrap_or(0.0);
+        if opts.optimizer == Optimizer::Sgd && wd == 0.0 {
+            // On the device: p -= lr·g, the CPU's f32 formula.
+            for &t in &s.with_grad {
+                let g = gval[t].as_ref().ok_or("a parameter has no gradient")?;
+                let p = params[t].as_ref().ok_or("a parameter has no value")?;
+                p.expect_f32("a parameter").map_err(e)?;
+                if g.numel() != p.numel() {
+                    return Err("a gradient does not match its parameter".into());
+                }
+                let n = p.numel();
+                self.dev
+                    .launch(
+                        "sgd_f32",
+                        n,
+                        &[Arg::n(n), Arg::F32(opts.lr), Arg::t(g), Arg::t(p)],
+                    )
+                    .map_err(e)?;
+            }
+            return Ok(None);
+        }
+        // On the host: the CPU's update from downloaded values, written back in
+        // place (each parameter and the state keep their device storage).
+        let n_t = params.len();
+        let mut hg: Vec<Option<Tensor>> = vec![None; n_t];
+        let mut hp: Vec<Option<Tensor>> = vec![None; n_t];
+        for &t in &s.with_grad {
+            hg[t] = gval[t].as_ref().map(|v| self.get(v)).transpose()?;
+            hp[t] = params[t].as_ref().map(|v| self.get(v)).transpose()?;
+        }
+        let mut hs = state.as_ref().map(|v| self.get(v)).transpose()?;
+        let temp = optimizer_step(s, &hg, &mut hp, hs.as_mut(), opts)?;
+        for &t in &s.with_grad {
+            if let (Some(d), Some(h)) = (params[t].as_mut(), hp[t].as_ref()) {
+                self.dev.write(d, h).map_err(e)?;
+            }
+        }
+        if let (Some(d), Some(h)) = (state, hs.as_ref()) {
+            self.dev.write(d, h).map_err(e)?;
+        }
+        temp.map(|t| self.put(t)).transpose()
+    }
+
+    fn logsumexp_last(&self, _x: &DeviceTensor) -> Result<DeviceTensor, String> {
+        Err("the device step has no fused attention kernel yet".into())
+    }
+
+    fn live_bytes(&self) -> Option<u64> {
+        Some(
+            self.dev
+                .counter()
+                .report()
+                .live_bytes
+                .saturating_sub(self.base.get()),
+        )
+    }
+
+    fn peak_bytes(&self) -> Option<u64> {
+        Some(
+            self.dev
+                .counter()
+                .report()
+                .peak_bytes
+                .saturating_sub(self.base.get()),
+        )
+    }
+}
