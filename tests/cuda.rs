@@ -19,8 +19,10 @@
 //!   (`exec::cuda::step::DeviceStep`) following a baseline and planned schedules:
 //!   counted device peak == replay's, live bytes per instruction == the CPU
 //!   allocator's, gradients against the CPU executor, planned runs bitwise equal
-//!   to the device baseline. `train_step_refusals_emulated`: fused patterns are
-//!   refused in one line. `verify_on_device[_emulated]`: `verify_cuda`.
+//!   to the device baseline. `train_step_fused_emulated`: the transformer (fused
+//!   exact GELU and SDPA, the logsumexp through the host), the same checks.
+//!   `train_step_refusals_emulated`: a half-precision policy is refused in one
+//!   line. `verify_on_device[_emulated]`: `verify_cuda`.
 //! - ignored: `train_step_larger_emulated` (mobilenet_v2, resnet18 on the
 //!   emulation), `resnet18_relu_sign_flips_emulated` (why resnet18's gradients
 //!   differ from the CPU's: ReLU inputs within rounding of 0).
@@ -898,9 +900,18 @@ struct StepSetup {
 }
 
 fn step_setup(name: &str, batch: u64, opt: memplan::train::Optimizer) -> StepSetup {
+    step_setup_with(name, batch, opt, memplan::train::Precision::Fp32)
+}
+
+fn step_setup_with(
+    name: &str,
+    batch: u64,
+    opt: memplan::train::Optimizer,
+    precision: memplan::train::Precision,
+) -> StepSetup {
     use memplan::exec::{random_input, Executor, Options};
     use memplan::infer::{infer, Bindings};
-    use memplan::train::{build_schedule, Loss, Precision, TrainOptions};
+    use memplan::train::{build_schedule, Loss, TrainOptions};
     let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("models")
         .join(format!("{name}.onnx"));
@@ -915,7 +926,7 @@ fn step_setup(name: &str, batch: u64, opt: memplan::train::Optimizer) -> StepSet
     .unwrap();
     let topts = TrainOptions {
         optimizer: opt,
-        precision: Precision::Fp32,
+        precision,
         loss: Loss::Mean,
         grads_resident: false,
     };
@@ -1155,8 +1166,22 @@ fn train_step_agrees_emulated() {
     device_step(&dev, "cnn", 2, Optimizer::Sgd, true);
 }
 
+/// The transformer on the host emulation: its fused patterns (exact GELU, SDPA)
+/// run op by op on the device kernels, the attention's logsumexp through the host
+/// (uploaded into its Extra storage), so the counted peak is still replay's.
+#[test]
+fn train_step_fused_emulated() {
+    use memplan::train::Optimizer;
+    let Some(dev) = emulated("train_step_fused_emulated") else {
+        return;
+    };
+    let su = step_setup("transformer", 2, Optimizer::Sgd);
+    assert!(!su.s.fused.is_empty(), "the transformer has fused patterns");
+    device_step(&dev, "transformer", 2, Optimizer::Sgd, true);
+}
+
 /// What the device step cannot run yet is refused before anything runs, in one
-/// line naming it: fused patterns (the transformer's GELU and attention).
+/// line naming it: a half-precision policy (amp-fp16).
 #[test]
 fn train_step_refusals_emulated() {
     use memplan::exec::cuda::step::DeviceStep;
@@ -1164,8 +1189,12 @@ fn train_step_refusals_emulated() {
     let Some(dev) = emulated("train_step_refusals_emulated") else {
         return;
     };
-    let su = step_setup("transformer", 2, memplan::train::Optimizer::Sgd);
-    assert!(!su.s.fused.is_empty(), "the transformer has fused patterns");
+    let su = step_setup_with(
+        "mlp",
+        4,
+        memplan::train::Optimizer::Sgd,
+        memplan::train::Precision::AmpFp16,
+    );
     let err = train_step_on(
         &DeviceStep::new(&dev),
         &su.model,
@@ -1180,7 +1209,10 @@ fn train_step_refusals_emulated() {
     .expect_err("refused")
     .to_string();
     eprintln!("{err}");
-    assert!(err.contains("fused") && !err.contains('\n'), "{err}");
+    assert!(
+        err.contains("half-precision") && !err.contains('\n'),
+        "{err}"
+    );
     assert_eq!(dev.memory().live_bytes, 0, "nothing was allocated");
 }
 
@@ -1194,6 +1226,7 @@ fn train_step_agrees() {
     device_step(&dev, "mlp", 4, Optimizer::Sgd, true);
     device_step(&dev, "mlp", 4, Optimizer::Adam, true);
     device_step(&dev, "cnn", 2, Optimizer::Sgd, true);
+    device_step(&dev, "transformer", 2, Optimizer::Sgd, true);
     device_step(&dev, "resnet18", 2, Optimizer::Sgd, false);
     device_step(&dev, "mobilenet_v2", 2, Optimizer::Sgd, false);
 }

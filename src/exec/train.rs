@@ -304,8 +304,10 @@ pub trait StepBackend {
         state: Option<&mut Self::T>,
         opts: &StepOptions,
     ) -> std::result::Result<Option<Self::T>, String>;
-    /// `log Σ exp` along the last axis (f32, accumulated in f64).
-    fn logsumexp_last(&self, x: &Self::T) -> std::result::Result<Self::T, String>;
+    /// `log Σ exp` along the last axis (f32, accumulated in f64), as a host value:
+    /// the step keeps it on the host (transient, not a tensor of the step) until the
+    /// SDPA's last forward step puts it into its Extra storage.
+    fn logsumexp_last(&self, x: &Self::T) -> std::result::Result<Tensor, String>;
     /// Live bytes of the step's tensors as the backend counts them (`None`:
     /// the schedule's [`Allocator`] is the count).
     fn live_bytes(&self) -> Option<u64> {
@@ -629,7 +631,7 @@ pub fn train_step_on<B: StepBackend>(
         .enumerate()
         .flat_map(|(k, p)| p.nodes.iter().map(move |&n| (n, k)))
         .collect();
-    let mut lse: Vec<Option<B::T>> = none(s.fused.len());
+    let mut lse: Vec<Option<Tensor>> = (0..s.fused.len()).map(|_| None).collect();
     let mut recomputed: Vec<Option<Recomputed<B::T>>> = (0..s.fused.len()).map(|_| None).collect();
     let mut bw_left = vec![0usize; s.fused.len()];
     for st in &s.steps {
@@ -809,7 +811,7 @@ pub fn train_step_on<B: StepBackend>(
                                     let l = lse[k].as_ref().ok_or_else(|| {
                                         err("the attention's logsumexp was not computed".into())
                                     })?;
-                                    outs.push(b.dup(l).map_err(&err)?);
+                                    outs.push(b.put(l.clone()).map_err(&err)?);
                                 }
                             }
                             let n_out = node.outputs.len();
@@ -1357,8 +1359,8 @@ struct Recomputed<T> {
     vals: HashMap<TensorId, T>,
     /// Each node's own extras (Dropout's mask, regenerated from its seed).
     extras: HashMap<NodeIndex, Vec<T>>,
-    /// SDPA: the logsumexp of the recomputed scores.
-    lse: Option<T>,
+    /// SDPA: the logsumexp of the recomputed scores (a host value).
+    lse: Option<Tensor>,
 }
 
 /// Recomputes pattern `p`'s forward values from what its backward step reads (its
@@ -1473,10 +1475,7 @@ fn recompute_pattern<B: StepBackend>(
     if p.kind == FusedKind::Sdpa {
         let last = gr.node(p.last());
         let o = last.outputs[0].ok_or("the attention output is omitted")?;
-        let same = |a: &B::T, c: &B::T| {
-            let (Ok(a), Ok(b)) = (b.get(a), b.get(c)) else {
-                return false;
-            };
+        let same_host = |a: &Tensor, b: &Tensor| {
             a.shape == b.shape
                 && a.dtype() == b.dtype()
                 && match (a.to_f32(), b.to_f32()) {
@@ -1486,6 +1485,10 @@ fn recompute_pattern<B: StepBackend>(
                         .all(|(u, v)| u.to_bits() == v.to_bits()),
                     _ => false,
                 }
+        };
+        let same = |a: &B::T, c: &B::T| match (b.get(a), b.get(c)) {
+            (Ok(a), Ok(c)) => same_host(&a, &c),
+            _ => false,
         };
         if !fwd[o].as_ref().is_some_and(|v| same(v, &r.vals[&o])) {
             return Err("the recomputed attention output differs from the saved one".into());
@@ -1502,7 +1505,7 @@ fn recompute_pattern<B: StepBackend>(
             })
             .and_then(|&e| sval[e].as_ref())
             .ok_or("the saved logsumexp is not live")?;
-        if !same(saved, &lse) {
+        if !b.get(saved).is_ok_and(|v| same_host(&v, &lse)) {
             return Err("the recomputed logsumexp differs from the saved one".into());
         }
     }
@@ -1511,7 +1514,7 @@ fn recompute_pattern<B: StepBackend>(
 
 /// `log Σ exp` along the last axis (the logsumexp flash attention saves per query
 /// row), accumulated in f64, as f32.
-fn logsumexp_last(x: &Tensor) -> std::result::Result<Tensor, String> {
+pub(crate) fn logsumexp_last(x: &Tensor) -> std::result::Result<Tensor, String> {
     let xs = x.to_f32()?;
     let (&n, rows) = x.shape.split_last().ok_or("a scalar has no last axis")?;
     let v = xs

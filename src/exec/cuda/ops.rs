@@ -783,7 +783,27 @@ fn gather_elements_fwd(dev: &Device, cx: &DevKernelCx) -> Result<Vec<DeviceTenso
 
 fn gather_bwd(dev: &Device, cx: &DevBackwardCx) -> Result<Vec<(usize, DeviceTensor)>> {
     let f = cx.input(0)?;
-    let idx = cx.saved(Saved::Input(1))?;
+    // A constant scalar index (a `select`) is not saved: its value, uploaded (a
+    // launch temporary).
+    let held;
+    let idx = match cx.saved_opt(Saved::Input(1)) {
+        Some(i) => i,
+        None => {
+            let v = cx
+                .input(1)?
+                .value
+                .as_ref()
+                .ok_or_else(|| {
+                    CudaError::Kernel(
+                        "the backward kernel reads Input(1), which was not saved for it".into(),
+                    )
+                })?
+                .to_ints();
+            let t = Tensor::from_i64(DType::I64, vec![v.len()], v).map_err(CudaError::Kernel)?;
+            held = dev.upload(&t)?;
+            &held
+        }
+    };
     let ax = axis(cx.attrs().int_or("axis", 0), f.shape.len())?;
     let [outer, ad, ni, inner] = gather_dims(&f.shape, idx.numel(), ax);
     let g = cx.grad(dev, 0)?;

@@ -15,9 +15,19 @@
 //! other optimizers (momentum, Adam, AdamW, weight decay) run on the host from
 //! downloaded gradients and write the parameters and state back into their device
 //! tensors (their storages never move); the loss is summed on the host from the
-//! downloaded output (a scalar). Refused, in one line, before anything runs:
-//! half-precision policies, fused patterns (exact GELU, SDPA), `Loss::Sum`, resident
-//! gradients (see docs/CUDA.md).
+//! downloaded output (a scalar).
+//!
+//! Fused patterns (exact GELU, SDPA) run op by op as on the CPU: each node on its
+//! device kernel; the SDPA logsumexp, which has no device kernel, from the
+//! downloaded scores by the CPU's code, kept on the host (a transient host value,
+//! not device memory) until the pattern's last forward step uploads it into its
+//! Extra storage, so the device counts exactly the schedule's bytes. The inner
+//! values recomputed at the pattern's first backward step come from the device
+//! kernels and are never held in a schedule storage: launch temporaries, outside
+//! the tensor count (inside the fused kernel on the CPU's accounting too).
+//!
+//! Refused, in one line, before anything runs: half-precision policies,
+//! `Loss::Sum`, resident gradients (see docs/CUDA.md).
 
 use std::cell::Cell;
 
@@ -25,7 +35,7 @@ use super::ops::{backward as node_backward, forward as node_forward};
 use super::ops::{DevBackwardCx, DevKernelCx};
 use super::tensor::Arg;
 use super::{Device, DeviceTensor, MemoryReport};
-use crate::exec::train::{optimizer_step, StepBackend, StepOptions};
+use crate::exec::train::{logsumexp_last, optimizer_step, StepBackend, StepOptions};
 use crate::exec::{rng, Tensor};
 use crate::infer::Inferred;
 use crate::ir::{DType, Model, Node};
@@ -110,16 +120,6 @@ impl StepBackend for DeviceStep<'_> {
             return Err(format!(
                 "the device step runs float32 only: '{}' is {} (a half-precision policy); run it on the CPU",
                 st.name, st.dtype
-            ));
-        }
-        if !s.fused.is_empty() {
-            let mut kinds: Vec<String> = s.fused.iter().map(|p| format!("{:?}", p.kind)).collect();
-            kinds.sort();
-            kinds.dedup();
-            return Err(format!(
-                "the device step has no kernel for fused patterns yet (this step fuses {}: {}); run it on the CPU",
-                s.fused.len(),
-                kinds.join(", ")
             ));
         }
         if opts.loss == Loss::Sum {
@@ -328,8 +328,10 @@ impl StepBackend for DeviceStep<'_> {
         temp.map(|t| self.put(t)).transpose()
     }
 
-    fn logsumexp_last(&self, _x: &DeviceTensor) -> Result<DeviceTensor, String> {
-        Err("the device step has no fused attention kernel yet".into())
+    fn logsumexp_last(&self, x: &DeviceTensor) -> Result<Tensor, String> {
+        // No device kernel: the scores downloaded, the CPU's logsumexp, kept on the
+        // host until the attention's last forward step uploads it into its Extra.
+        logsumexp_last(&self.get(x)?)
     }
 
     fn live_bytes(&self) -> Option<u64> {
