@@ -590,6 +590,19 @@ fn cases(r: &mut Rng) -> Vec<Case> {
         )
         .attr("axis", Attr::Int(1)),
     );
+    // A constant scalar index (a `select`: its backward saves nothing and reads
+    // the index from its fact).
+    v.push(Case::new(
+        "Gather",
+        vec![r.t(&[4, 5]), Tensor::i64(vec![], vec![2])],
+    ));
+    v.push(
+        Case::new(
+            "Gather",
+            vec![r.t(&[3, 5, 4]), Tensor::i64(vec![], vec![-1])],
+        )
+        .attr("axis", Attr::Int(1)),
+    );
     // Casts (ONNX codes: FLOAT 1, INT32 6, INT64 7, BOOL 9), truncation and
     // saturation included.
     let xf = Tensor::f32(
