@@ -116,48 +116,12 @@ enum Command {
         #[command(flatten)]
         training: TrainArgs,
     },
-    /// Run the training step on the CPU, without recomputation and following a plan,
-    /// and compare: measured peak against predicted, gradients bit for bit, time.
+    /// Run the training step (CPU, or a CUDA GPU with --device cuda) without
+    /// recomputation and following a plan, and compare: measured peak against
+    /// predicted, gradients bit for bit, time.
     Verify {
-        /// The ONNX file.
-        model: PathBuf,
-        /// Batch size.
-        #[arg(long)]
-        batch: Option<u64>,
-        /// Binds another named dimension (repeatable).
-        #[arg(long = "dim", value_name = "NAME=VALUE")]
-        dims: Vec<String>,
-        /// A plan written by `memplan plan -o` for this model, batch and options.
-        #[arg(long, value_name = "plan.json", conflicts_with = "budget")]
-        plan: Option<PathBuf>,
-        /// Plan now under this budget: a size (`8GiB`) or, below 1, a fraction of the
-        /// no-recompute peak.
-        #[arg(long, required_unless_present = "plan")]
-        budget: Option<String>,
-        /// Planner (with --budget).
-        #[arg(long, value_enum, default_value_t = Solver::Ilp)]
-        solver: Solver,
-        /// Planner time limit in seconds (with --budget).
-        #[arg(long, default_value_t = 10.0)]
-        time_limit: f64,
-        /// Refuse to run when the predicted peak exceeds this (default: the machine's
-        /// available memory).
-        #[arg(long, value_name = "SIZE")]
-        max_memory: Option<String>,
-        /// Runs of each step; times are the fastest run.
-        #[arg(long, default_value_t = 1)]
-        runs: usize,
-        /// Write the baseline run's measured seconds per node (what `plan --costs`
-        /// reads).
-        #[arg(long, value_name = "costs.json")]
-        write_costs: Option<PathBuf>,
-        /// SGD learning rate.
-        #[arg(long, default_value_t = 0.01)]
-        lr: f32,
-        /// Where both runs execute: the CPU executor, or CUDA device 0 (a memplan
-        /// built with `--features cuda`; docs/CUDA.md).
-        #[arg(long, value_enum, default_value_t = ExecDevice::Cpu)]
-        device: ExecDevice,
+        #[command(flatten)]
+        args: VerifyArgs,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
@@ -345,38 +309,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             training,
         ),
         Command::Verify {
-            model,
-            batch,
-            dims,
-            plan,
-            budget,
-            solver,
-            time_limit,
-            max_memory,
-            runs,
-            write_costs,
-            lr,
-            device,
+            args,
             json,
             training,
-        } => run_verify(
-            VerifyArgs {
-                model,
-                batch,
-                dims,
-                plan,
-                budget,
-                solver,
-                time_limit,
-                max_memory,
-                runs,
-                write_costs,
-                lr,
-                device,
-            },
-            json,
-            training,
-        ),
+        } => run_verify(args, json, training),
         Command::Bench {
             graphs,
             budgets,
@@ -636,18 +572,46 @@ fn run_plan(
 }
 
 /// `verify`'s arguments.
+#[derive(clap::Args)]
 struct VerifyArgs {
+    /// The ONNX file.
     model: PathBuf,
+    /// Batch size.
+    #[arg(long)]
     batch: Option<u64>,
+    /// Binds another named dimension (repeatable).
+    #[arg(long = "dim", value_name = "NAME=VALUE")]
     dims: Vec<String>,
+    /// A plan written by `memplan plan -o` for this model, batch and options.
+    #[arg(long, value_name = "plan.json", conflicts_with = "budget")]
     plan: Option<PathBuf>,
+    /// Plan now under this budget: a size (`8GiB`) or, below 1, a fraction of the
+    /// no-recompute peak.
+    #[arg(long, required_unless_present = "plan")]
     budget: Option<String>,
+    /// Planner (with --budget).
+    #[arg(long, value_enum, default_value_t = Solver::Ilp)]
     solver: Solver,
+    /// Planner time limit in seconds (with --budget).
+    #[arg(long, default_value_t = 10.0)]
     time_limit: f64,
+    /// Refuse to run when the predicted peak exceeds this (default: the machine's
+    /// available memory).
+    #[arg(long, value_name = "SIZE")]
     max_memory: Option<String>,
+    /// Runs of each step; times are the fastest run.
+    #[arg(long, default_value_t = 1)]
     runs: usize,
+    /// Write the baseline run's measured seconds per node (what `plan --costs`
+    /// reads).
+    #[arg(long, value_name = "costs.json")]
     write_costs: Option<PathBuf>,
+    /// Learning rate of the update (every optimizer).
+    #[arg(long, default_value_t = 0.01)]
     lr: f32,
+    /// Where both runs execute: the CPU executor, or CUDA device 0 (a memplan
+    /// built with `--features cuda`; docs/CUDA.md).
+    #[arg(long, value_enum, default_value_t = ExecDevice::Cpu)]
     device: ExecDevice,
 }
 
