@@ -340,20 +340,24 @@ fn bad_plans_are_rejected_before_running() {
         ps,
     ]);
     assert!(ok, "{err}");
-    let base = ["verify", m.as_str(), "--plan", ps, "--optimizer", "sgd"];
-    let with = |extra: &[&str]| -> Vec<String> {
-        base.iter()
-            .chain(extra)
-            .map(|s| s.to_string())
-            .collect::<Vec<_>>()
-    };
-    let call = |extra: &[&str], needles: &[&str]| {
-        let a = with(extra);
-        let a: Vec<&str> = a.iter().map(String::as_str).collect();
-        fails(&a, needles);
+    // `verify` of cnn at `batch` with the plan file `plan` (SGD) fails with `needles`.
+    let rejects = |batch: &str, plan: &str, needles: &[&str]| {
+        fails(
+            &[
+                "verify",
+                &m,
+                "--batch",
+                batch,
+                "--plan",
+                plan,
+                "--optimizer",
+                "sgd",
+            ],
+            needles,
+        );
     };
     // Another batch, another model, other options.
-    call(&["--batch", "4"], &["made for batch 2", "batch 4"]);
+    rejects("4", ps, &["made for batch 2", "batch 4"]);
     let mlp = common::shipped("mlp.onnx").display().to_string();
     fails(
         &[
@@ -382,51 +386,15 @@ fn bad_plans_are_rejected_before_running() {
     let mut v2 = doc.clone();
     v2["version"] = 2.into();
     let q = write("v2.json", &v2);
-    fails(
-        &[
-            "verify",
-            &m,
-            "--batch",
-            "2",
-            "--plan",
-            &q,
-            "--optimizer",
-            "sgd",
-        ],
-        &["version 2 is unknown"],
-    );
+    rejects("2", &q, &["version 2 is unknown"]);
     // Not a plan.
     let q = write("other.json", &serde_json::json!({"a": 1}));
-    fails(
-        &[
-            "verify",
-            &m,
-            "--batch",
-            "2",
-            "--plan",
-            &q,
-            "--optimizer",
-            "sgd",
-        ],
-        &["not a memplan plan"],
-    );
+    rejects("2", &q, &["not a memplan plan"]);
     // A file without the `step` key (older writers) is still matched by its graph.
     let mut nostep = doc.clone();
     nostep.as_object_mut().unwrap().remove("step");
     let q = write("nostep.json", &nostep);
-    fails(
-        &[
-            "verify",
-            &m,
-            "--batch",
-            "4",
-            "--plan",
-            &q,
-            "--optimizer",
-            "sgd",
-        ],
-        &["bytes in the plan", "another batch"],
-    );
+    rejects("4", &q, &["bytes in the plan", "another batch"]);
     // A schedule that reads a freed value: move a free to right after its producer.
     let plan = doc["plan"].as_array().unwrap().clone();
     let values = doc["graph"]["values"].as_array().unwrap();
@@ -464,36 +432,12 @@ fn bad_plans_are_rejected_before_running() {
     let mut bad = doc.clone();
     bad["plan"] = Value::Array(broken.expect("a free after a read"));
     let q = write("freed.json", &bad);
-    fails(
-        &[
-            "verify",
-            &m,
-            "--batch",
-            "2",
-            "--plan",
-            &q,
-            "--optimizer",
-            "sgd",
-        ],
-        &["the plan is invalid", "which is not live"],
-    );
+    rejects("2", &q, &["the plan is invalid", "which is not live"]);
     // A predicted peak the plan does not replay to.
     let mut lie = doc.clone();
     lie["predicted_peak_bytes"] = 1.into();
     let q = write("lie.json", &lie);
-    fails(
-        &[
-            "verify",
-            &m,
-            "--batch",
-            "2",
-            "--plan",
-            &q,
-            "--optimizer",
-            "sgd",
-        ],
-        &["predicted_peak_bytes is 1"],
-    );
+    rejects("2", &q, &["predicted_peak_bytes is 1"]);
     // Missing file.
     fails(
         &[
