@@ -922,7 +922,7 @@ fn step_setup_with(
     opt: memplan::train::Optimizer,
     precision: memplan::train::Precision,
 ) -> StepSetup {
-    use memplan::exec::{random_input, Executor, Options};
+    use memplan::exec::{Executor, Options};
     use memplan::infer::{infer, Bindings};
     use memplan::train::{build_schedule, Loss, TrainOptions};
     let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -949,13 +949,7 @@ fn step_setup_with(
         .unwrap()
         .params()
         .to_vec();
-    let inputs = model
-        .graph
-        .inputs
-        .iter()
-        .enumerate()
-        .map(|(k, &t)| random_input(&inf.facts[t], 100 + k as u64, 10).unwrap())
-        .collect();
+    let inputs = memplan::exec::verify::seeded_inputs(&model, &inf).unwrap();
     StepSetup {
         name: name.into(),
         opt,
@@ -1354,7 +1348,7 @@ fn verify_on(dev: &Device) {
 #[test]
 #[ignore]
 fn resnet18_relu_sign_flips_emulated() {
-    use memplan::exec::{random_input, Executor, Options};
+    use memplan::exec::{Executor, Options};
     use memplan::infer::{infer, Bindings};
     let Some(dev) = emulated("resnet18_relu_sign_flips_emulated") else {
         return;
@@ -1382,13 +1376,7 @@ fn resnet18_relu_sign_flips_emulated() {
         model.graph.outputs.push(*t);
     }
     let opts = Options::default();
-    let inputs: Vec<Tensor> = model
-        .graph
-        .inputs
-        .iter()
-        .enumerate()
-        .map(|(k, &t)| random_input(&inf.facts[t], 100 + k as u64, 10).unwrap())
-        .collect();
+    let inputs: Vec<Tensor> = memplan::exec::verify::seeded_inputs(&model, &inf).unwrap();
     let cpu = Executor::new(&model, &inf, opts)
         .unwrap()
         .forward(&inputs)

@@ -33,7 +33,7 @@
 mod common;
 
 use memplan::exec::train::{train_step, StepOptions, StepResult};
-use memplan::exec::{random_input, Executor, Options, Tensor};
+use memplan::exec::{Executor, Options, Tensor};
 use memplan::infer::{infer, Bindings, Inferred};
 use memplan::ir::Model;
 use memplan::memory::simulate;
@@ -86,13 +86,7 @@ fn setup_from(model: Model, name: &str, batch: u64, opts: TrainOptions) -> Setup
         .unwrap()
         .params()
         .to_vec();
-    let inputs = model
-        .graph
-        .inputs
-        .iter()
-        .enumerate()
-        .map(|(k, &t)| random_input(&inf.facts[t], 100 + k as u64, 10).unwrap())
-        .collect();
+    let inputs = memplan::exec::verify::seeded_inputs(&model, &inf).unwrap();
     Setup {
         opt: opts.optimizer,
         model,
