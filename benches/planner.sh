@@ -9,7 +9,7 @@ out=${1:-target/planner-bench}
 mkdir -p "$out"
 cargo build --release -q
 m=${CARGO_TARGET_DIR:-target}/release/memplan
-g=../shared/benchmarks/remat-graphs
+g=tests/data/remat-graphs
 # ilp and the baselines: 10 s per budget point.
 $m bench "$g"/*.json --budgets 0.9,0.8,0.7,0.5 --solvers ilp,greedy,sqrt \
   --time-limit 10 --csv >"$out/dags.csv"

@@ -59,9 +59,9 @@ fn model_graph(name: &str, b: u64) -> RematGraph {
     from_schedule(&s, name)
 }
 
-fn shared_dag(name: &str) -> PathBuf {
+fn bench_dag(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/benchmarks/remat-graphs")
+        .join("tests/data/remat-graphs")
         .join(name)
 }
 
@@ -175,7 +175,7 @@ fn measured_costs_replace_flops_and_change_the_plan() {
     assert!(out.contains("(seconds)"), "{out}");
 
     // A benchmark DAG takes costs by its node names too.
-    let dag = shared_dag("vgg16_train.json");
+    let dag = bench_dag("vgg16_train.json");
     let d = load_dag(&dag).unwrap();
     let costs: Vec<(String, f64)> = d.nodes.iter().map(|n| (n.name.clone(), 0.5)).collect();
     let f = write_costs(dir.path(), "dag.json", &costs);
@@ -375,7 +375,7 @@ fn pareto_curve_is_monotone_and_fits() {
     check_curve(&json, Some(base), "resnet18 library");
 
     // The default solver (ilp) on a benchmark DAG, and on a small model.
-    let dag = shared_dag("vgg16_train.json");
+    let dag = bench_dag("vgg16_train.json");
     let v = ok_json(&[
         "plan",
         "--pareto",

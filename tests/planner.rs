@@ -24,10 +24,10 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 
 fn dag(name: &str) -> RematGraph {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/benchmarks/remat-graphs")
+        .join("tests/data/remat-graphs")
         .join(name);
     load_dag(&p)
-        .unwrap_or_else(|e| panic!("{}: {e} (CI lays shared/ beside the clone)", p.display()))
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
 fn base_peak(g: &RematGraph) -> u64 {

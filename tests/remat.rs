@@ -30,10 +30,10 @@ fn model_graph(name: &str, b: u64) -> (RematGraph, u64) {
     (from_schedule(&s, name), peak)
 }
 
-fn shared_dags() -> Vec<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/benchmarks/remat-graphs");
+fn bench_dags() -> Vec<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/remat-graphs");
     let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e} (CI lays shared/ beside the clone)", dir.display()))
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
         .collect();
@@ -63,7 +63,7 @@ fn schedule_graph_keeps_the_training_memory_model() {
 
 #[test]
 fn shared_benchmark_graphs_load() {
-    let dags = shared_dags();
+    let dags = bench_dags();
     assert!(dags.len() >= 11, "{dags:?}");
     for p in &dags {
         let g = load_dag(p).unwrap();
@@ -90,7 +90,7 @@ fn shared_benchmark_graphs_load() {
 
 #[test]
 fn baselines_replay_and_fit_what_they_claim() {
-    let mut graphs: Vec<RematGraph> = shared_dags().iter().map(|p| load_dag(p).unwrap()).collect();
+    let mut graphs: Vec<RematGraph> = bench_dags().iter().map(|p| load_dag(p).unwrap()).collect();
     graphs.push(model_graph("resnet18", 8).0);
     graphs.push(model_graph("transformer", 8).0);
     for g in &graphs {

@@ -165,3 +165,42 @@ fn slices_and_splits() {
     assert_eq!(shape_of(&model, &inf, "q"), vec![2, 7, 5]);
     assert_eq!(shape_of(&model, &inf, "f"), vec![2, 15]);
 }
+
+#[test]
+fn zero_element_constant_is_a_complete_constant() {
+    // transformers' mask code: Constant(dims [0], no data) → ConstantOfShape → a
+    // scalar. A 0-element tensor needs no data; it is not a shape-only initializer.
+    let empty = memplan::onnx::proto::TensorProto {
+        name: Some("empty".into()),
+        dims: vec![0],
+        data_type: Some(7),
+        ..Default::default()
+    };
+    let mut c = node("Constant", "c", &[], &["shape"]);
+    c.attribute.push(memplan::onnx::proto::AttributeProto {
+        name: Some("value".into()),
+        r#type: Some(memplan::onnx::proto::attribute_proto::AttributeType::Tensor as i32),
+        t: Some(empty),
+        ..Default::default()
+    });
+    let m = model(
+        vec![
+            c,
+            node("ConstantOfShape", "cos", &["shape"], &["s"]),
+            node("Cast", "cast", &["s"], &["sf"]),
+            node("Add", "add", &["x", "sf"], &["y"]),
+        ]
+        .into_iter()
+        .map(|n| if n.name() == "cast" { with_int(n, "to", 1) } else { n })
+        .collect(),
+        vec![],
+        vec![value_info("x", 1, &[D::S("batch"), D::N(4)])],
+        vec![value_info("y", 1, &[D::S("batch"), D::N(4)])],
+    );
+    let (model, inf) = run(m, 2);
+    assert_eq!(shape_of(&model, &inf, "shape"), vec![0]);
+    assert_eq!(value_of(&model, &inf, "shape"), Vec::<i64>::new());
+    assert_eq!(shape_of(&model, &inf, "s"), Vec::<usize>::new());
+    assert_eq!(value_of(&model, &inf, "s"), vec![0]);
+    assert_eq!(shape_of(&model, &inf, "y"), vec![2, 4]);
+}
