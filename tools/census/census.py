@@ -536,6 +536,9 @@ def worker_measure(e, batches):
             "grads_bytes": common["grads_bytes"],
             "input_bytes": common["input_bytes"],
             "saved_hook_minus_walk_bytes": analysis["saved_hook_minus_walk_bytes"],
+            "saved_by_grad_fn_attr": analysis["saved_by_grad_fn_attr"],
+            "view_vs_storage": analysis["view_vs_storage"],
+            "phase_peak_delta_bytes": entry.get("phase_peak_delta_bytes"),
             "profiler_check": entry.get("check", {}),
             "seconds": round(time.time() - t0, 1),
         }
@@ -668,9 +671,10 @@ def run_memplan(memplan, path, batch, timeout):
             if "panicked" in x and k + 1 < len(lines):
                 line = x.strip() + " " + lines[k + 1].strip()
                 break
-        return {"status": "panic", "reason": line[:300], "seconds": dt}
+        return {"status": "panic", "reason": line.replace(path, os.path.basename(path))[:300], "seconds": dt}
     if p.returncode != 0:
         first = err.splitlines()[0] if err else "exit code %d" % p.returncode
+        first = first.replace(path, os.path.basename(path))
         return {"status": "error", "reason": first[:300], "seconds": dt}
     try:
         j = json.loads(p.stdout)
@@ -973,6 +977,19 @@ def cmd_report(a, entries):
                 n, m["family"], b, c["pytorch_saved_bytes"], c.get("memplan_saved_bytes", "—"),
                 flag(ds, SAVED_TOL) or "—", c["pytorch_step_peak_bytes"], c.get("memplan_peak_bytes", "—"),
                 flag(dp, PEAK_TOL) or "—"))
+    off = []
+    for n, m in models.items():
+        pt = m.get("pytorch")
+        if not pt or "status" in pt:
+            continue
+        for b in MEASURE_BATCHES:
+            c = pt.get("batch_%d" % b) or {}
+            if c.get("within_tolerance") is False:
+                off.append("%s b%d (saved %+.2f %%, peak %+.2f %%)" % (n, b, c["saved_diff_pct"], c["peak_diff_pct"]))
+    n_cmp = sum(1 for m in models.values() if m.get("pytorch") and "status" not in m["pytorch"]
+                for b in MEASURE_BATCHES if (m["pytorch"].get("batch_%d" % b) or {}).get("within_tolerance") is not None)
+    w("")
+    w("Compared: %d (model, batch) pairs; beyond tolerance: %d%s" % (n_cmp, len(off), (": " + "; ".join(off)) if off else "."))
     failed_meas = [(n, m["pytorch"]) for n, m in models.items() if m.get("pytorch") and "status" in m["pytorch"]]
     if failed_meas:
         w("")
@@ -1059,10 +1076,35 @@ def cmd_subset(a, entries):
     log("subset: %d files, %d ok, %.1f MB" % (len(files), manifest["counts"]["ok"], total / 1e6))
 
 
+def cmd_check(a, entries):
+    """The count lines of docs/CENSUS.md equal results.json's suites, and results.json's suites equal
+    the counts recomputed from its models (exit status 1 otherwise)."""
+    res = _load(RESULTS, None)
+    bad = []
+    with open(DOC) as f:
+        doc = f.read()
+    pat = re.compile(r"^([\w-]+): (\d+) attempted, (\d+) exported, (\d+) profiled$", re.M)
+    found = {m.group(1): tuple(int(x) for x in m.groups()[1:]) for m in pat.finditer(doc)}
+    for s, c in res["suites"].items():
+        want = (c["attempted"], c["exported"], c["profiled"])
+        ms = [m for m in res["models"].values() if m["suite"] == s]
+        recount = (len(ms), sum(1 for m in ms if m["status"] not in ("export_failed", "not_exported")),
+                   sum(1 for m in ms if m["status"] == "ok"))
+        if found.get(s) != want:
+            bad.append("%s: CENSUS.md says %s, results.json %s" % (s, found.get(s), want))
+        if recount != want:
+            bad.append("%s: results.json suites %s, its models %s" % (s, want, recount))
+    for line in bad:
+        log("MISMATCH " + line)
+    if bad:
+        sys.exit(1)
+    log("counts consistent: " + "; ".join(count_line(s, c) for s, c in res["suites"].items()))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for c in ("export", "profile", "measure", "report", "subset", "all", "list"):
+    for c in ("export", "profile", "measure", "report", "subset", "all", "list", "check"):
         p = sub.add_parser(c)
         p.add_argument("--only")
         p.add_argument("--subset", action="store_true")
