@@ -191,7 +191,13 @@ fn zero_element_constant_is_a_complete_constant() {
             node("Add", "add", &["x", "sf"], &["y"]),
         ]
         .into_iter()
-        .map(|n| if n.name() == "cast" { with_int(n, "to", 1) } else { n })
+        .map(|n| {
+            if n.name() == "cast" {
+                with_int(n, "to", 1)
+            } else {
+                n
+            }
+        })
         .collect(),
         vec![],
         vec![value_info("x", 1, &[D::S("batch"), D::N(4)])],

@@ -200,7 +200,10 @@ pub fn tensor_data(t: &proto::TensorProto) -> std::result::Result<TensorData, St
                 }
                 Payload::Typed(d)
             }
-            None if !t.string_data.is_empty() => Payload::ShapeOnly,
+            // A 0-element tensor needs no data: it is a complete constant (the
+            // dims [0] shape list transformers' mask code feeds ConstantOfShape).
+            None if numel == 0 && dtype.is_float() => Payload::Typed(Data::Float(Vec::new())),
+            None if numel == 0 && dtype != DType::String => Payload::Typed(Data::Int(Vec::new())),
             None => Payload::ShapeOnly,
         }
     };

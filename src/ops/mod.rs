@@ -20,6 +20,7 @@ pub mod conv;
 pub mod elementwise;
 pub mod linalg;
 pub mod norm;
+pub mod random;
 pub mod reduce;
 pub mod shape;
 
@@ -521,6 +522,7 @@ pub fn registry() -> &'static Registry {
         linalg::register(&mut r);
         conv::register(&mut r);
         norm::register(&mut r);
+        random::register(&mut r);
         reduce::register(&mut r);
         shape::register(&mut r);
         r
