@@ -200,6 +200,30 @@ def build(name):
 
         m = BertExport(BertConfig(attn_implementation="eager"))
         spec, outs = [("input_ids", "int64", [128])], ["last_hidden_state", "pooler_output"]
+    elif name in ("llama_small", "roberta_mlm"):
+        # Small configs (hidden 128, 2 layers, vocab 1000, seq 64), eager attention:
+        # llama_small is an untied decoder with SiLU-gated MLPs (the exporter writes
+        # F.silu as Sigmoid + Mul); roberta_mlm a masked LM whose output projection is
+        # tied to the word embeddings (one parameter read by a Gather and a MatMul).
+        import transformers
+
+        _patch_transformers()
+        small = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256,
+                     vocab_size=1000, attn_implementation="eager")
+        if name == "llama_small":
+            cfg = transformers.LlamaConfig(num_key_value_heads=4, max_position_embeddings=128,
+                                           use_cache=False, **small)
+            base = transformers.LlamaForCausalLM
+        else:
+            cfg = transformers.RobertaConfig(max_position_embeddings=130, **small)
+            base = transformers.RobertaForMaskedLM
+
+        class LMExport(base):
+            def forward(self, input_ids):
+                return super().forward(input_ids=input_ids, return_dict=False)[0]
+
+        m = LMExport(cfg)
+        spec, outs = [("input_ids", "int64", [64])], ["logits"]
     else:
         raise KeyError(name)
 
@@ -229,6 +253,8 @@ MODELS = collections.OrderedDict(
         ("vit_b_16", ("torchscript", True)),
         ("bert_base", ("torchscript", True)),
         ("gpt2", ("torchscript", True)),
+        ("llama_small", ("torchscript", False)),
+        ("roberta_mlm", ("torchscript", False)),
         ("resnet18_dynamo", ("dynamo", True)),
         ("gpt2_dynamo", ("dynamo", True)),
     ]
@@ -411,8 +437,16 @@ def torch_dtype_str(t):
 def torch_counts(model):
     params = sum(p.numel() for p in model.parameters())
     pbytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    fb = [b for b in model.buffers() if b.is_floating_point()]
-    nfb = [b for b in model.buffers() if not b.is_floating_point()]
+    # Non-persistent buffers (e.g. rotary inv_freq) are not in the state dict; the
+    # exporter inlines them as constants of the computation, not initializers.
+    persistent = [
+        b
+        for mod in model.modules()
+        for n, b in mod.named_buffers(recurse=False)
+        if n not in getattr(mod, "_non_persistent_buffers_set", set())
+    ]
+    fb = [b for b in persistent if b.is_floating_point()]
+    nfb = [b for b in persistent if not b.is_floating_point()]
     buffers = sum(b.numel() for b in fb)
     bbytes = sum(b.numel() * b.element_size() for b in fb)
     return {

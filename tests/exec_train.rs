@@ -346,6 +346,50 @@ fn transformer_fused_gelu_baseline_gradients_and_plan() {
     planned_identical(&su, &r);
 }
 
+/// Tied input/output embeddings (one parameter read by a Gather and, through a
+/// Transpose, by a MatMul): the first contribution is a view of the MatMul's
+/// gradient, the second is added out of place, as autograd does. Measured peak ==
+/// predicted, gradients by finite differences, planned runs bitwise.
+#[test]
+fn tied_embeddings_baseline_gradients_and_plan() {
+    let (su, r) = baseline_peak_matches("roberta_mlm", 2);
+    let sums =
+        su.s.steps
+            .iter()
+            .filter(|st| {
+                st.writes.iter().any(|&w| {
+                    let name = &su.s.storages[w].name;
+                    su.s.storages[w].kind == memplan::train::StorageKind::ParamGrad
+                        && st
+                            .writes
+                            .iter()
+                            .any(|&p| su.s.storages[p].name == format!("{name}+"))
+                })
+            })
+            .count();
+    assert_eq!(
+        sums, 1,
+        "one out-of-place accumulation (the tied embedding)"
+    );
+    check_gradients(&su, &r);
+    planned_identical(&su, &r);
+}
+
+/// SiLU as the exporter writes it (Sigmoid + Mul), fused: only `x` saved, the
+/// sigmoid recomputed at the pattern's backward.
+#[test]
+fn llama_fused_silu_baseline_gradients_and_plan() {
+    let (su, r) = baseline_peak_matches("llama_small", 2);
+    let silu =
+        su.s.fused
+            .iter()
+            .filter(|p| p.kind == memplan::train::FusedKind::Silu)
+            .count();
+    assert_eq!(silu, 2, "one SiLU per decoder layer");
+    check_gradients(&su, &r);
+    planned_identical(&su, &r);
+}
+
 #[test]
 fn bad_plans_and_schedules_are_rejected() {
     let su = setup("mlp", 2);

@@ -329,8 +329,8 @@ fn load_checkmate(path: &Path) -> RematGraph {
 
 #[test]
 fn vgg16_at_90_percent_matches_the_published_optimum() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data/remat-graphs/vgg16_train.json");
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/remat-graphs/vgg16_train.json");
     if !path.exists() {
         eprintln!("skipped: {} not found", path.display());
         return;

@@ -26,8 +26,7 @@ fn dag(name: &str) -> RematGraph {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/data/remat-graphs")
         .join(name);
-    load_dag(&p)
-        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    load_dag(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
 fn base_peak(g: &RematGraph) -> u64 {

@@ -28,7 +28,11 @@ fn nothing_reads_outside_the_repository() {
     for d in ["src", "tests", "benches", ".ci"] {
         scan(&root.join(d), &needle, &mut hits);
     }
-    assert!(hits.is_empty(), "reads outside the repository:\n{}", hits.join("\n"));
+    assert!(
+        hits.is_empty(),
+        "reads outside the repository:\n{}",
+        hits.join("\n")
+    );
 }
 
 #[test]
@@ -38,7 +42,13 @@ fn benchmark_graphs_are_in_the_repository() {
     assert!(readme.contains("Checkmate") && readme.contains("Moccasin"));
     let n = std::fs::read_dir(&dir)
         .unwrap()
-        .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "json"))
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "json")
+        })
         .count();
     assert_eq!(n, 11);
 }

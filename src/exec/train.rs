@@ -28,12 +28,12 @@
 //! after a `Compute` that is the step's high-water mark (its writes are allocated
 //! before its kernel runs, and nothing is freed inside a step).
 //!
-//! Fused patterns ([`crate::train::FusedPattern`]: exact GELU, SDPA) run op by op
+//! Fused patterns ([`crate::train::FusedPattern`]: exact GELU, SiLU, SDPA) run op by op
 //! forward, each node's step writing what the schedule says; the SDPA's Softmax
 //! step also computes the per-row logsumexp of its scores, which the pattern's last
 //! forward step writes as its Extra (the exact bytes the schedule counts; on the GPU
 //! both are one kernel). At the pattern's first backward step (its last node's), the
-//! pattern's inner forward values are recomputed from what that step reads (GELU:
+//! pattern's inner forward values are recomputed from what that step reads (GELU, SiLU:
 //! `x`; SDPA: q, k, v, the output, the logsumexp) and fixed storages, Dropout masks
 //! regenerated from their node's seed, autocast copies made again; these values are transient and not counted,
 //! as they live inside the fused backward kernel, and are dropped after the
@@ -62,7 +62,7 @@
 //! temporaries bf16 too, the update computed in f32 and rounded back.
 //!
 //! Supported: fp32, amp-fp16, amp-bf16, bf16; `Loss::Mean` or `Loss::Sum`; SGD,
-//! momentum, Adam, AdamW; gradients resident or not; the fused exact GELU and SDPA
+//! momentum, Adam, AdamW; gradients resident or not; the fused exact GELU, SiLU and SDPA
 //! (under every policy). Not run: a fused pattern whose input is an activation the
 //! fused kernel does not save and that has no folded value (refused, named).
 
@@ -1824,6 +1824,29 @@ fn backward_step<B: StepBackend>(
                     .iter()
                     .find(|&&w| s.storages[w].name == tmp)
                     .ok_or_else(|| format!("accumulating into '{name}' without a partial"))?;
+                // Out of place (the gradient so far is a view autograd cannot add
+                // into): a new sum in the step's own `.grad` storage; the old one
+                // is freed by the plan after this step.
+                let own = format!("{name}/grad");
+                if let Some(sum) = step
+                    .writes
+                    .iter()
+                    .copied()
+                    .find(|&w| s.storages[w].name == own)
+                {
+                    let dt = s.storages[sum].dtype;
+                    let d = b.hold(cast_to(b, d, dt)?);
+                    bytes_of(*w, &d)?;
+                    let old = gval[t].as_ref().ok_or("accumulated gradient lost")?;
+                    let mut total = b.get(old)?;
+                    Cpu.accumulate(&mut total, &b.get(&d)?)?;
+                    let total = b.hold(b.put(total)?);
+                    bytes_of(sum, &total)?;
+                    gstore[t] = Some(sum);
+                    gval[t] = Some(total);
+                    partials.push((*w, d));
+                    continue;
+                }
                 if !step.updates.contains(&existing) {
                     return Err(format!("'{name}' accumulated but not updated"));
                 }

@@ -13,7 +13,7 @@
 //! kernel saves): the exact GELU exporters write as `x · (erf(x/√2) + 1) · 0.5`
 //! (`F.gelu` saves only `x`), and the exporter's decomposition of
 //! `scaled_dot_product_attention` (flash attention saves q, k, v, the output and a
-//! logsumexp). The tanh GELU and eager attention are left as written, since the
+//! logsumexp), and SiLU written as `x · sigmoid(x)` (`F.silu` saves only `x`). The tanh GELU and eager attention are left as written, since the
 //! models that use them (GPT-2's `NewGELUActivation`, HF eager attention) run them op
 //! by op.
 
@@ -629,6 +629,9 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         }
     };
     let grads_resident = b.opts.grads_resident;
+    // Parameters whose gradient so far is one contribution that autograd cannot add
+    // into in place (see below).
+    let mut view_grad = vec![false; n_t];
     for (step, &ix) in g.order.iter().enumerate().rev() {
         let node = g.node(ix);
         let out_grads: Vec<StorageId> = node
@@ -685,9 +688,72 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
                 }
             }
             // The gradient: a view of the incoming one through view ops, else new.
+            //
+            // Parameters, as autograd does it (torch/csrc/autograd/input_buffer.cpp,
+            // accumulate_grad.h): each use of a parameter gives one contribution;
+            // the engine sums them in the input buffer of the parameter's
+            // AccumulateGrad, which then steals the sum as `.grad` (no copy: the
+            // step ends with one gradient per parameter). A contribution that is a
+            // view (a parameter read through a transpose or reshape: `TBackward0`,
+            // `ViewBackward0` of the incoming gradient, or a Gemm's transposed
+            // operand) costs nothing and cannot be added into in place
+            // (`can_accumulate_inplace` wants the last reference to a dense
+            // tensor), so the next contribution is added out of place: for a
+            // moment the view, the new contribution and their sum are all live
+            // (tied input/output embeddings: three weight-sized tensors at the
+            // embedding's backward). The sum is a fresh tensor, so any later
+            // contribution is added into it in place. Measured on PyTorch 2.15 CPU
+            // (tools/census, docs/CENSUS.md). With resident gradients (gradient
+            // accumulation) every contribution is added into `.grad` in place.
             let param = g.tensor(t).kind == TensorKind::Parameter;
+            let view_op = node.op_type == "Transpose"
+                || matches!(
+                    rules[step].storage,
+                    ops::Storage::View | ops::Storage::Reshape
+                );
+            let param_view = param && view_op && !grads_resident && out_grads.len() == 1 && {
+                let og = &b.storages[out_grads[0]];
+                og.kind == StorageKind::ActivationGrad
+                    && !og.persistent
+                    && og.dtype == prec.master()
+                    && Some(og.bytes) == prec.master().bytes_for(inf.facts[t].numel())
+            };
             match grad[t] {
                 None if is_view && !param && out_grads.len() == 1 => grad[t] = Some(out_grads[0]),
+                None if param_view => {
+                    let og = out_grads[0];
+                    b.storages[og].kind = StorageKind::ParamGrad;
+                    b.storages[og].held = true;
+                    grad[t] = Some(og);
+                    view_grad[t] = true;
+                }
+                Some(existing) if param && view_grad[t] && !grads_resident => {
+                    // Out of place: partial + sum written, the view freed after it.
+                    let dt = b.storages[existing].dtype;
+                    let tmp = b.new_storage(
+                        &format!("{}/grad+", g.tensor(t).name),
+                        &inf.facts[t],
+                        dt,
+                        StorageKind::GradTemp,
+                    );
+                    let sum = b.new_storage(
+                        &format!("{}/grad", g.tensor(t).name),
+                        &inf.facts[t],
+                        dt,
+                        StorageKind::ParamGrad,
+                    );
+                    b.storages[sum].held = true;
+                    b.storages[existing].held = false;
+                    b.storages[existing].kind = StorageKind::GradTemp;
+                    writes.push(tmp);
+                    writes.push(sum);
+                    reads.push(tmp);
+                    if !reads.contains(&existing) {
+                        reads.push(existing);
+                    }
+                    grad[t] = Some(sum);
+                    view_grad[t] = false;
+                }
                 None => {
                     let kind = if param {
                         StorageKind::ParamGrad
@@ -704,6 +770,14 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
                     if param {
                         b.storages[s].held = true;
                         b.storages[s].persistent = grads_resident;
+                        // Gemm's transposed operand: PyTorch's addmm reads `W.t()`, and
+                        // the weight's gradient is `TBackward0`'s view of mm's.
+                        let trans = match gr.input {
+                            0 => "transA",
+                            1 => "transB",
+                            _ => "",
+                        };
+                        view_grad[t] = node.op_type == "Gemm" && node.attrs.int_or(trans, 0) != 0;
                     }
                     if !b.storages[s].persistent {
                         writes.push(s);
@@ -867,6 +941,8 @@ pub enum FusedKind {
     /// `scaled_dot_product_attention` (flash attention): saves q, k, v, the output
     /// and the per-row logsumexp.
     Sdpa,
+    /// SiLU (`F.silu`, `nn.SiLU`): saves only its input.
+    Silu,
 }
 
 /// A recognised fused pattern: nodes PyTorch runs as one kernel. The schedule keeps
@@ -898,7 +974,7 @@ impl FusedPattern {
     }
 }
 
-/// Every fused pattern of the model: exact GELU and the exporter's SDPA.
+/// Every fused pattern of the model: exact GELU, SiLU and the exporter's SDPA.
 pub fn fused_patterns(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
     let pos: HashMap<NodeIndex, usize> = model
         .graph
@@ -908,6 +984,7 @@ pub fn fused_patterns(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
         .map(|(i, &n)| (n, i))
         .collect();
     let mut out = find_erf_gelu(model, inf);
+    out.extend(find_silu(model, inf));
     out.extend(find_sdpa(model, inf));
     for p in &mut out {
         p.nodes.sort_by_key(|n| pos[n]);
@@ -1009,6 +1086,52 @@ fn find_erf_gelu(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
         out.push(FusedPattern {
             kind: FusedKind::Gelu,
             nodes: vec![div, ix, add, mul, last],
+            reads: vec![x],
+            extras: Vec::new(),
+            out_layout: None,
+        });
+    }
+    out
+}
+
+/// Finds SiLU as exporters write it, `Mul(x, Sigmoid(x))` (either operand order),
+/// where the sigmoid feeds only that multiply: PyTorch runs `F.silu` as one op whose
+/// backward (`SiluBackward0`) saves only `x`, where the op-by-op rules would save
+/// `x` and `sigmoid(x)`. (A model that writes `x * torch.sigmoid(x)` by hand saves
+/// both in PyTorch; the exported graphs are the same, and `F.silu` is what
+/// torchvision, timm and transformers use.)
+fn find_silu(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
+    let g = &model.graph;
+    let mut out = Vec::new();
+    for &ix in &g.order {
+        let n = g.node(ix);
+        if n.op_type != "Sigmoid" {
+            continue;
+        }
+        let (Some(x), Some(s)) = (
+            n.inputs.first().copied().flatten(),
+            n.outputs.first().copied().flatten(),
+        ) else {
+            continue;
+        };
+        if !inf.facts[x].dtype.is_float() || inf.facts[x].value.is_some() {
+            continue;
+        }
+        let [mul] = consumers(model, s)[..] else {
+            continue;
+        };
+        let m = g.node(mul);
+        let ins: Vec<Option<TensorId>> = m.inputs.clone();
+        let is_silu = m.op_type == "Mul"
+            && (ins == [Some(x), Some(s)] || ins == [Some(s), Some(x)])
+            && inf.facts[s].shape == inf.facts[x].shape
+            && !g.outputs.contains(&s);
+        if !is_silu {
+            continue;
+        }
+        out.push(FusedPattern {
+            kind: FusedKind::Silu,
+            nodes: vec![ix, mul],
             reads: vec![x],
             extras: Vec::new(),
             out_layout: None,

@@ -17,7 +17,7 @@
 //! tensors (their storages never move); the loss is summed on the host from the
 //! downloaded output (a scalar).
 //!
-//! Fused patterns (exact GELU, SDPA) run op by op as on the CPU: each node on its
+//! Fused patterns (exact GELU, SiLU, SDPA) run op by op as on the CPU: each node on its
 //! device kernel; the SDPA logsumexp, which has no device kernel, from the
 //! downloaded scores by the CPU's code, kept on the host (a transient host value,
 //! not device memory) until the pattern's last forward step uploads it into its
