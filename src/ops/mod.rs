@@ -21,6 +21,7 @@ pub mod elementwise;
 pub mod linalg;
 pub mod norm;
 pub mod reduce;
+pub mod resize;
 pub mod shape;
 
 /// What shape inference knows about one tensor: type, concrete shape, and its value
@@ -522,6 +523,7 @@ pub fn registry() -> &'static Registry {
         conv::register(&mut r);
         norm::register(&mut r);
         reduce::register(&mut r);
+        resize::register(&mut r);
         shape::register(&mut r);
         r
     })
