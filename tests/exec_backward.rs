@@ -1066,3 +1066,39 @@ fn resize_modes() {
     }
     report("resize", &st);
 }
+
+/// Einsum: every operand's gradient, for batched matmuls, attention scores,
+/// ellipsis broadcasting (the broadcast operand's gradient summed back), diagonals
+/// (scattered back), full and partial sums, implicit outputs, three operands.
+#[test]
+fn einsum_forms() {
+    let mut st = Stats::default();
+    let forms: &[(&str, &[&[usize]])] = &[
+        ("bij,bjk->bik", &[&[2, 3, 4], &[2, 4, 5]]),
+        (
+            "b h q d, b h k d -> b h q k",
+            &[&[2, 2, 3, 4], &[2, 2, 5, 4]],
+        ),
+        ("...ij,...jk->...ik", &[&[2, 1, 3, 4], &[3, 4, 2]]),
+        ("ii->i", &[&[4, 4]]),
+        ("ij->", &[&[3, 5]]),
+        ("ab,bc,cd->ad", &[&[2, 3], &[3, 4], &[4, 2]]),
+        ("ij,jk", &[&[2, 3], &[3, 2]]),
+        ("...ii->...i", &[&[2, 3, 3]]),
+        ("bhid,ij->bhid", &[&[1, 2, 3, 2], &[3, 3]]),
+        ("...ij->ij", &[&[2, 3, 2]]),
+        ("ij,k->k", &[&[3, 4], &[5]]),
+        ("iij,jk->ik", &[&[3, 3, 2], &[2, 4]]),
+        ("bn,bn->b", &[&[3, 4], &[3, 4]]),
+        ("i,j->ij", &[&[3], &[4]]),
+    ];
+    for seed in 0..SEEDS {
+        let mut r = Rng(2100 + seed);
+        for (eq, shapes) in forms {
+            let ins: Vec<Tensor> = shapes.iter().map(|s| r.t(s)).collect();
+            let c = Case::new("Einsum", ins).attr("equation", Attr::String(eq.to_string()));
+            check(&c, &mut r, &mut st);
+        }
+    }
+    report("einsum", &st);
+}

@@ -928,3 +928,92 @@ fn resize_nearest_keeps_integer_dtypes_and_half_precision() {
         "float16 bicubic",
     );
 }
+
+/// `seq` with the pattern shifted by `off` (distinct operands).
+fn seq_off(shape: &[usize], scale: f32, off: usize) -> Tensor {
+    let n: usize = shape.iter().product();
+    Tensor::f32(
+        shape.to_vec(),
+        (0..n)
+            .map(|i| (((i + off) * 37 % 101) as f32 - 50.0) * scale)
+            .collect(),
+    )
+}
+
+/// Einsum against torch.einsum: expected values made by /work/venv/bin/python
+/// with torch 2 (float32) on `seq_off(shape, 0.1, 7·j)` for operand j (the
+/// script's description kept above each case). The TorchScript exporter keeps
+/// torch's spaces in the equation, so one case has them.
+#[test]
+fn einsum_matches_torch() {
+    #[rustfmt::skip]
+    let cases: Vec<(&str, &[&[usize]], &[usize], &[f32])> = vec![
+    // torch.einsum('bij,bjk->bik') of seq [[2, 3, 4], [2, 4, 2]] (operand j offset 7j): shape [2, 3, 2]
+    ("bij,bjk->bik", &[&[2, 3, 4], &[2, 4, 2]], &[2, 3, 2], &[-2.29799995e+01, -1.18100004e+01, 8.98000050e+00, 4.86999989e+00, -1.36000013e+01, 3.16500015e+01, -2.46800022e+01, 5.29000044e+00, 2.13900013e+01, -1.13900013e+01, -2.74800014e+01, 6.26999998e+00]),
+    // torch.einsum('b h q d, b h k d -> b h q k') of seq [[1, 2, 3, 4], [1, 2, 2, 4]] (operand j offset 7j): shape [1, 2, 3, 2]
+    ("b h q d, b h k d -> b h q k", &[&[1, 2, 3, 4], &[1, 2, 2, 4]], &[1, 2, 3, 2], &[-2.08199997e+01, 4.60800018e+01, 2.19400005e+01, -1.26800003e+01, -1.71100006e+01, 3.29999924e+00, 1.99800014e+01, -1.66900005e+01, -7.99000025e+00, 3.29999924e+00, 1.85799999e+01, -1.71100025e+01]),
+    // torch.einsum('...ij,...jk->...ik') of seq [[2, 1, 2, 3], [3, 3, 2]] (operand j offset 7j): shape [2, 3, 2, 2]
+    ("...ij,...jk->...ik", &[&[2, 1, 2, 3], &[3, 3, 2]], &[2, 3, 2, 2], &[-1.21800003e+01, -2.66100006e+01, -1.81800003e+01, -2.15100002e+01, -1.99799995e+01, 1.60900002e+01, -1.99799995e+01, 1.70900002e+01, -2.77800026e+01, 2.14200001e+01, -2.17800026e+01, 1.83199997e+01, -2.41800022e+01, -1.64099998e+01, 1.72900009e+01, -1.20999956e+00, -1.99799995e+01, 1.80900002e+01, 7.29000044e+00, 8.98999977e+00, -1.57800007e+01, 1.52200012e+01, -2.71000028e+00, -1.81800003e+01]),
+    // torch.einsum('ii->i') of seq [[4, 4]] (operand j offset 7j): shape [4]
+    ("ii->i", &[&[4, 4]], &[4], &[-5.00000000e+00, 3.40000010e+00, 1.70000005e+00, 0.00000000e+00]),
+    // torch.einsum('ij->') of seq [[3, 5]] (operand j offset 7j): shape []
+    ("ij->", &[&[3, 5]], &[], &[-9.69999981e+00]),
+    // torch.einsum('ab,bc,cd->ad') of seq [[2, 3], [3, 4], [4, 2]] (operand j offset 7j): shape [2, 2]
+    ("ab,bc,cd->ad", &[&[2, 3], &[3, 4], &[4, 2]], &[2, 2], &[-5.11880035e+01, 2.93810005e+01, -1.04180012e+01, -1.18900013e+00]),
+    // torch.einsum('ij,jk') of seq [[2, 3], [3, 2]] (operand j offset 7j): shape [2, 2]
+    ("ij,jk", &[&[2, 3], &[3, 2]], &[2, 2], &[-1.21800003e+01, -2.66100006e+01, -1.81800003e+01, -2.15100002e+01]),
+    // torch.einsum('...ii->...i') of seq [[2, 3, 3]] (operand j offset 7j): shape [2, 3]
+    ("...ii->...i", &[&[2, 3, 3]], &[2, 3], &[-5.00000000e+00, -3.00000012e-01, 4.40000010e+00, -2.00000000e+00, 2.70000005e+00, -2.70000005e+00]),
+    // torch.einsum('bhid,ij->bhid') of seq [[1, 2, 3, 2], [3, 3]] (operand j offset 7j): shape [1, 2, 3, 2]
+    ("bhid,ij->bhid", &[&[1, 2, 3, 2], &[3, 3]], &[1, 2, 3, 2], &[-1.55000000e+01, -4.03000021e+00, -9.60000038e+00, 1.60000000e+01, 3.00000012e-01, -3.40000010e+00, -9.29999924e+00, 2.16999984e+00, -1.76000004e+01, 8.00000000e+00, -1.70000005e+00, 4.70000029e+00]),
+    // torch.einsum('...ij->ij') of seq [[2, 3, 2]] (operand j offset 7j): shape [3, 2]
+    ("...ij->ij", &[&[2, 3, 2]], &[3, 2], &[-8.00000000e+00, -6.00000083e-01, 6.80000019e+00, -6.00000000e+00, 1.40000010e+00, -1.30000019e+00]),
+    ];
+    for (eq, shapes, out, want) in cases {
+        let ins: Vec<Tensor> = shapes
+            .iter()
+            .enumerate()
+            .map(|(j, s)| seq_off(s, 0.1, 7 * j))
+            .collect();
+        let y = run_op("Einsum", &[("equation", Attr::String(eq.into()))], &ins, 1).remove(0);
+        assert_eq!(y.shape, out.to_vec(), "{eq}");
+        assert_close(y.as_f32().unwrap(), want, 1e-6, eq);
+    }
+}
+
+/// A MaxViT-sized attention einsum (one block-attention stage at batch 2):
+/// checked against a naive loop, and fast enough.
+#[test]
+fn einsum_maxvit_sized() {
+    let (b, h, n, d) = (32, 2, 49, 32);
+    let q = seq_off(&[b, h, n, d], 0.01, 0);
+    let k = seq_off(&[b, h, n, d], 0.01, 5);
+    let t = Instant::now();
+    let y = run_op(
+        "Einsum",
+        &[(
+            "equation",
+            Attr::String("b h i d, b h j d -> b h i j".into()),
+        )],
+        &[q.clone(), k.clone()],
+        1,
+    )
+    .remove(0);
+    let secs = t.elapsed().as_secs_f64();
+    let (qv, kv) = (q.as_f32().unwrap(), k.as_f32().unwrap());
+    let mut want = vec![0f32; b * h * n * n];
+    for bh in 0..b * h {
+        for i in 0..n {
+            for j in 0..n {
+                let mut acc = 0f64;
+                for x in 0..d {
+                    acc += qv[(bh * n + i) * d + x] as f64 * kv[(bh * n + j) * d + x] as f64;
+                }
+                want[(bh * n + i) * n + j] = acc as f32;
+            }
+        }
+    }
+    assert_close(y.as_f32().unwrap(), &want, 1e-5, "maxvit attention");
+    eprintln!("einsum [{b}, {h}, {n}, {d}] scores: {secs:.3}s");
+    assert!(secs < 10.0, "{secs}s");
+}

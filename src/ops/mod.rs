@@ -17,6 +17,7 @@ use crate::exec::Tensor;
 use crate::ir::{Attrs, DType, Node, Value};
 
 pub mod conv;
+pub mod einsum;
 pub mod elementwise;
 pub mod linalg;
 pub mod norm;
@@ -521,6 +522,7 @@ pub fn registry() -> &'static Registry {
         elementwise::register(&mut r);
         linalg::register(&mut r);
         conv::register(&mut r);
+        einsum::register(&mut r);
         norm::register(&mut r);
         reduce::register(&mut r);
         resize::register(&mut r);
