@@ -983,3 +983,122 @@ fn kernels_refuse_unsaved_tensors() {
         .unwrap_err();
     assert!(err.contains("does not save"), "{err}");
 }
+
+/// Resize: every mode and coordinate transform, scales and sizes (roi and the
+/// unused one empty, as exporters write them), down- and upsampling, 1-D to 3-D.
+#[test]
+fn resize_modes() {
+    let mut st = Stats::default();
+    let s = |v: &str| Attr::String(v.into());
+    let empty = || Tensor::f32(vec![0], vec![]);
+    let coords = [
+        "half_pixel",
+        "pytorch_half_pixel",
+        "align_corners",
+        "asymmetric",
+        "half_pixel_symmetric",
+    ];
+    for seed in 0..SEEDS {
+        let mut r = Rng(1900 + seed);
+        for mode in ["nearest", "linear", "cubic"] {
+            for (ci, coord) in coords.iter().enumerate() {
+                // 2-D, sizes (one axis up, one down).
+                let shape = vec![r.u(1, 2), r.u(1, 2), r.u(2, 5), r.u(3, 6)];
+                let sizes = [
+                    shape[0] as i64,
+                    shape[1] as i64,
+                    r.u(1, 9) as i64,
+                    r.u(2, 9) as i64,
+                ];
+                let nearest = ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"][ci % 4];
+                let c = Case::new("Resize", vec![r.t(&shape), empty(), empty(), i64s(&sizes)])
+                    .attr("mode", s(mode))
+                    .attr("coordinate_transformation_mode", s(coord))
+                    .attr("nearest_mode", s(nearest))
+                    .attr("exclude_outside", Attr::Int((seed % 2) as i64))
+                    .consts(&[1, 2])
+                    .opset(19);
+                check(&c, &mut r, &mut st);
+                // Scales on the last axis only (roi omitted by an empty tensor).
+                let shape = vec![r.u(1, 2), r.u(2, 4), r.u(2, 5)];
+                let sc = Tensor::f32(vec![3], vec![1.0, 1.0, [0.6, 1.5, 2.0, 3.0][r.u(0, 3)]]);
+                let c = Case::new("Resize", vec![r.t(&shape), empty(), sc])
+                    .attr("mode", s(mode))
+                    .attr("coordinate_transformation_mode", s(coord))
+                    .consts(&[1, 2])
+                    .opset(19);
+                check(&c, &mut r, &mut st);
+            }
+        }
+        // Trilinear, as F.interpolate(mode="trilinear") exports it.
+        let shape = vec![1, r.u(1, 2), r.u(2, 3), r.u(2, 3), r.u(2, 4)];
+        let sizes = [
+            1,
+            shape[1] as i64,
+            r.u(2, 5) as i64,
+            r.u(3, 5) as i64,
+            r.u(2, 6) as i64,
+        ];
+        let c = Case::new("Resize", vec![r.t(&shape), empty(), empty(), i64s(&sizes)])
+            .attr("mode", s("linear"))
+            .attr("coordinate_transformation_mode", s("half_pixel"))
+            .consts(&[1, 2]);
+        check(&c, &mut r, &mut st);
+        // Opset 10: Resize(X, scales), nearest upsampling.
+        let c = Case::new(
+            "Resize",
+            vec![r.t(&[1, 2, 3]), Tensor::f32(vec![3], vec![1.0, 2.0, 2.0])],
+        )
+        .consts(&[1])
+        .opset(10);
+        check(&c, &mut r, &mut st);
+        // Opset 18 axes with keep_aspect_ratio_policy.
+        let c = Case::new(
+            "Resize",
+            vec![r.t(&[2, 3, 4, 5]), empty(), empty(), i64s(&[7, 7])],
+        )
+        .attr("mode", s("linear"))
+        .attr("axes", ints(&[2, 3]))
+        .attr("keep_aspect_ratio_policy", s("not_larger"))
+        .consts(&[1, 2])
+        .opset(18);
+        check(&c, &mut r, &mut st);
+    }
+    report("resize", &st);
+}
+
+/// Einsum: every operand's gradient, for batched matmuls, attention scores,
+/// ellipsis broadcasting (the broadcast operand's gradient summed back), diagonals
+/// (scattered back), full and partial sums, implicit outputs, three operands.
+#[test]
+fn einsum_forms() {
+    let mut st = Stats::default();
+    let forms: &[(&str, &[&[usize]])] = &[
+        ("bij,bjk->bik", &[&[2, 3, 4], &[2, 4, 5]]),
+        (
+            "b h q d, b h k d -> b h q k",
+            &[&[2, 2, 3, 4], &[2, 2, 5, 4]],
+        ),
+        ("...ij,...jk->...ik", &[&[2, 1, 3, 4], &[3, 4, 2]]),
+        ("ii->i", &[&[4, 4]]),
+        ("ij->", &[&[3, 5]]),
+        ("ab,bc,cd->ad", &[&[2, 3], &[3, 4], &[4, 2]]),
+        ("ij,jk", &[&[2, 3], &[3, 2]]),
+        ("...ii->...i", &[&[2, 3, 3]]),
+        ("bhid,ij->bhid", &[&[1, 2, 3, 2], &[3, 3]]),
+        ("...ij->ij", &[&[2, 3, 2]]),
+        ("ij,k->k", &[&[3, 4], &[5]]),
+        ("iij,jk->ik", &[&[3, 3, 2], &[2, 4]]),
+        ("bn,bn->b", &[&[3, 4], &[3, 4]]),
+        ("i,j->ij", &[&[3], &[4]]),
+    ];
+    for seed in 0..SEEDS {
+        let mut r = Rng(2100 + seed);
+        for (eq, shapes) in forms {
+            let ins: Vec<Tensor> = shapes.iter().map(|s| r.t(s)).collect();
+            let c = Case::new("Einsum", ins).attr("equation", Attr::String(eq.to_string()));
+            check(&c, &mut r, &mut st);
+        }
+    }
+    report("einsum", &st);
+}

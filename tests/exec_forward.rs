@@ -11,8 +11,10 @@
 //!   rule (so kernel and rule are checked to agree).
 //! - Every shape-only model in models/ runs at batch 1 with seeded parameters and
 //!   gives finite outputs of the inferred shapes.
-// Naive references index by formula; single inputs are cloned into op input lists.
+// Naive references index by formula; single inputs are cloned into op input lists;
+// reference constants are printed with 9 significant digits (f32 round trip).
 #![allow(
+    clippy::excessive_precision,
     clippy::needless_range_loop,
     clippy::cloned_ref_to_slice_refs,
     clippy::type_complexity
@@ -144,6 +146,19 @@ fn run_op_opts(
     n_out: usize,
     dropout: bool,
 ) -> Vec<Tensor> {
+    run_op_consts(op, attrs, inputs, n_out, dropout, &[])
+}
+
+/// [`run_op_opts`] with the float inputs `consts` folded into their facts (as
+/// constants, e.g. Resize's `scales`).
+fn run_op_consts(
+    op: &str,
+    attrs: &[(&str, Attr)],
+    inputs: &[Tensor],
+    n_out: usize,
+    dropout: bool,
+    consts: &[usize],
+) -> Vec<Tensor> {
     let node = Node {
         name: format!("test_{op}"),
         op_type: op.into(),
@@ -158,7 +173,20 @@ fn run_op_opts(
         ),
     };
     let rule = registry().get("", op).unwrap();
-    let facts: Vec<Fact> = inputs.iter().map(fact_of).collect();
+    let facts: Vec<Fact> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let mut f = fact_of(t);
+            if consts.contains(&i) {
+                f.value = Some(Value {
+                    shape: t.shape.clone(),
+                    data: memplan::ir::Data::Float(t.to_f64s()),
+                });
+            }
+            f
+        })
+        .collect();
     let cx = Cx {
         node: &node,
         inputs: facts.iter().map(Some).collect(),
@@ -729,4 +757,263 @@ fn seeded_parameters_are_deterministic() {
         .unwrap()
         .iter()
         .all(|&v| (0.5..1.5).contains(&v)));
+}
+
+// ---------------------------------------------------------------------------
+// Resize against PyTorch's F.interpolate (and onnxruntime for ONNX-only forms).
+//
+// Expected values made by /work/venv/bin/python with torch 2 / onnxruntime (the
+// script's lines, kept with each constant): input `seq(shape, 0.1)`, each call
+// exported with the TorchScript exporter at opset 17 (the attributes it wrote are
+// the ones used below) and run with onnxruntime, which agreed with PyTorch to the
+// difference printed. The last two are ONNX forms PyTorch does not export,
+// computed by onnxruntime and checked against the ONNX reference implementation.
+#[rustfmt::skip]
+mod resize_ref {
+// nearest_scale2: input [1, 2, 3, 4] {'scale_factor': 2.0, 'mode': 'nearest'}: exporter attrs {'coordinate_transformation_mode': b'asymmetric', 'cubic_coeff_a': -0.75, 'mode': b'nearest', 'nearest_mode': b'floor'}, inputs ['x', '', '/Constant_output_0']; onnxruntime max diff 0.0e+00
+pub const NEAREST_SCALE2: [f32; 96] = [-5.00000000e+00, -5.00000000e+00, -1.30000007e+00, -1.30000007e+00, 2.40000010e+00, 2.40000010e+00, -4.00000000e+00, -4.00000000e+00, -5.00000000e+00, -5.00000000e+00, -1.30000007e+00, -1.30000007e+00, 2.40000010e+00, 2.40000010e+00, -4.00000000e+00, -4.00000000e+00, -3.00000012e-01, -3.00000012e-01, 3.40000010e+00, 3.40000010e+00, -3.00000000e+00, -3.00000000e+00, 6.99999988e-01, 6.99999988e-01, -3.00000012e-01, -3.00000012e-01, 3.40000010e+00, 3.40000010e+00, -3.00000000e+00, -3.00000000e+00, 6.99999988e-01, 6.99999988e-01, 4.40000010e+00, 4.40000010e+00, -2.00000000e+00, -2.00000000e+00, 1.70000005e+00, 1.70000005e+00, -4.70000029e+00, -4.70000029e+00, 4.40000010e+00, 4.40000010e+00, -2.00000000e+00, -2.00000000e+00, 1.70000005e+00, 1.70000005e+00, -4.70000029e+00, -4.70000029e+00, -1.00000000e+00, -1.00000000e+00, 2.70000005e+00, 2.70000005e+00, -3.70000005e+00, -3.70000005e+00, 0.00000000e+00, 0.00000000e+00, -1.00000000e+00, -1.00000000e+00, 2.70000005e+00, 2.70000005e+00, -3.70000005e+00, -3.70000005e+00, 0.00000000e+00, 0.00000000e+00, 3.70000005e+00, 3.70000005e+00, -2.70000005e+00, -2.70000005e+00, 1.00000000e+00, 1.00000000e+00, 4.70000029e+00, 4.70000029e+00, 3.70000005e+00, 3.70000005e+00, -2.70000005e+00, -2.70000005e+00, 1.00000000e+00, 1.00000000e+00, 4.70000029e+00, 4.70000029e+00, -1.70000005e+00, -1.70000005e+00, 2.00000000e+00, 2.00000000e+00, -4.40000010e+00, -4.40000010e+00, -6.99999988e-01, -6.99999988e-01, -1.70000005e+00, -1.70000005e+00, 2.00000000e+00, 2.00000000e+00, -4.40000010e+00, -4.40000010e+00, -6.99999988e-01, -6.99999988e-01];
+// nearest_sizes: input [1, 1, 3, 4] {'size': (5, 7), 'mode': 'nearest'}: exporter attrs {'coordinate_transformation_mode': b'asymmetric', 'cubic_coeff_a': -0.75, 'mode': b'nearest', 'nearest_mode': b'floor'}, inputs ['x', '', '', '/Concat_output_0']; onnxruntime max diff 0.0e+00
+pub const NEAREST_SIZES: [f32; 35] = [-5.00000000e+00, -5.00000000e+00, -1.30000007e+00, -1.30000007e+00, 2.40000010e+00, 2.40000010e+00, -4.00000000e+00, -5.00000000e+00, -5.00000000e+00, -1.30000007e+00, -1.30000007e+00, 2.40000010e+00, 2.40000010e+00, -4.00000000e+00, -3.00000012e-01, -3.00000012e-01, 3.40000010e+00, 3.40000010e+00, -3.00000000e+00, -3.00000000e+00, 6.99999988e-01, -3.00000012e-01, -3.00000012e-01, 3.40000010e+00, 3.40000010e+00, -3.00000000e+00, -3.00000000e+00, 6.99999988e-01, 4.40000010e+00, 4.40000010e+00, -2.00000000e+00, -2.00000000e+00, 1.70000005e+00, 1.70000005e+00, -4.70000029e+00];
+// bilinear_half_pixel: input [1, 1, 3, 4] {'size': (5, 3), 'mode': 'bilinear', 'align_corners': False}: exporter attrs {'coordinate_transformation_mode': b'half_pixel', 'cubic_coeff_a': -0.75, 'mode': b'linear', 'nearest_mode': b'floor'}, inputs ['x', '', '', '/Concat_output_0']; onnxruntime max diff 1.7e-06
+pub const BILINEAR_HALF_PIXEL: [f32; 15] = [-4.38333321e+00, 5.50000012e-01, -2.93333435e+00, -2.50333309e+00, 4.10000056e-01, -1.72666693e+00, 3.16666722e-01, 2.00000048e-01, 8.33339095e-02, 2.12666726e+00, -1.00000240e-02, -2.14666796e+00, 3.33333349e+00, -1.49999946e-01, -3.63333464e+00];
+// bilinear_align_corners: input [1, 1, 3, 4] {'size': (5, 7), 'mode': 'bilinear', 'align_corners': True}: exporter attrs {'coordinate_transformation_mode': b'align_corners', 'cubic_coeff_a': -0.75, 'mode': b'linear', 'nearest_mode': b'floor'}, inputs ['x', '', '', '/Concat_output_0']; onnxruntime max diff 2.4e-07
+pub const BILINEAR_ALIGN_CORNERS: [f32; 35] = [-5.00000000e+00, -3.15000010e+00, -1.30000007e+00, 5.50000012e-01, 2.40000010e+00, -7.99999952e-01, -4.00000000e+00, -2.65000010e+00, -8.00000072e-01, 1.04999995e+00, 3.75000000e-01, -2.99999952e-01, -9.74999964e-01, -1.64999998e+00, -3.00000012e-01, 1.55000007e+00, 3.40000010e+00, 2.00000048e-01, -3.00000000e+00, -1.14999998e+00, 6.99999988e-01, 2.04999995e+00, 1.37500000e+00, 7.00000048e-01, 2.50000358e-02, -6.49999976e-01, -1.32500005e+00, -2.00000024e+00, 4.40000010e+00, 1.20000005e+00, -2.00000000e+00, -1.49999976e-01, 1.70000005e+00, -1.50000012e+00, -4.70000029e+00];
+// bicubic: input [1, 1, 3, 4] {'size': (5, 7), 'mode': 'bicubic', 'align_corners': False}: exporter attrs {'coordinate_transformation_mode': b'half_pixel', 'cubic_coeff_a': -0.75, 'mode': b'cubic', 'nearest_mode': b'floor'}, inputs ['x', '', '', '/Concat_output_0']; onnxruntime max diff 3.8e-06
+pub const BICUBIC: [f32; 35] = [-5.81830311e+00, -4.47762203e+00, -2.17859626e+00, 1.62137556e+00, 2.71243787e+00, -1.65288782e+00, -5.18238640e+00, -3.95404983e+00, -1.94808245e+00, 7.02791631e-01, 1.01888692e+00, -1.77655101e-01, -1.24811280e+00, -1.96162534e+00, -6.67101085e-01, 1.35433805e+00, 3.48392940e+00, 1.99999407e-01, -3.08392859e+00, -9.54335809e-01, 1.06710088e+00, 3.16097665e+00, 2.12752414e+00, 6.19260371e-01, -1.07574768e-01, -6.56453550e-01, -1.72691321e+00, -2.44042754e+00, 5.58238888e+00, 2.05288696e+00, -2.31243968e+00, -1.83599472e-01, 1.94523752e+00, -2.42008805e+00, -5.94958639e+00];
+// trilinear: input [1, 1, 2, 3, 2] {'size': (3, 5, 3), 'mode': 'trilinear', 'align_corners': False}: exporter attrs {'coordinate_transformation_mode': b'half_pixel', 'cubic_coeff_a': -0.75, 'mode': b'linear', 'nearest_mode': b'floor'}, inputs ['x', '', '', '/Concat_output_0']; onnxruntime max diff 2.4e-07
+pub const TRILINEAR: [f32; 45] = [-5.00000000e+00, -3.15000010e+00, -1.30000007e+00, -2.03999972e+00, -2.21000004e+00, -2.38000011e+00, 2.40000010e+00, -7.99999952e-01, -4.00000000e+00, 7.79999614e-01, 6.10000372e-01, 4.40001011e-01, -3.00000012e-01, 1.55000007e+00, 3.40000010e+00, -4.00000000e+00, -2.15000010e+00, -3.00000042e-01, -1.03999972e+00, -1.20999992e+00, -1.38000011e+00, 3.40000010e+00, 2.00000048e-01, -3.00000000e+00, 1.77999973e+00, 9.49999690e-02, -1.58999979e+00, 7.00000048e-01, 2.49999762e-02, -6.50000095e-01, -3.00000000e+00, -1.14999998e+00, 6.99999988e-01, -3.99996638e-02, -2.09999889e-01, -3.80000114e-01, 4.40000010e+00, 1.20000005e+00, -2.00000000e+00, 2.77999973e+00, -4.20000434e-01, -3.62000060e+00, 1.70000005e+00, -1.50000012e+00, -4.70000029e+00];
+// linear_1d: input [1, 2, 5] {'size': 8, 'mode': 'linear', 'align_corners': False}: exporter attrs {'coordinate_transformation_mode': b'half_pixel', 'cubic_coeff_a': -0.75, 'mode': b'linear', 'nearest_mode': b'floor'}, inputs ['x', '', '', '/Concat_output_0']; onnxruntime max diff 2.4e-07
+pub const LINEAR_1D: [f32; 16] = [-5.00000000e+00, -3.38124990e+00, -1.06875002e+00, 1.24375010e+00, 4.00000066e-01, -3.59999990e+00, -1.91875005e+00, -3.00000012e-01, 3.40000010e+00, 6.00000024e-01, -2.76874995e+00, -4.56250012e-01, 1.85625005e+00, 4.16874981e+00, 8.00000072e-01, -2.00000000e+00];
+// nearest_half_pixel: input [1, 1, 3, 4] attrs {'mode': 'nearest'} sizes [1, 1, 5, 7]: onnxruntime, ONNX reference max diff 0.0e+00
+pub const NEAREST_HALF_PIXEL: [f32; 35] = [-5.00000000e+00, -5.00000000e+00, -1.30000007e+00, -1.30000007e+00, 2.40000010e+00, -4.00000000e+00, -4.00000000e+00, -5.00000000e+00, -5.00000000e+00, -1.30000007e+00, -1.30000007e+00, 2.40000010e+00, -4.00000000e+00, -4.00000000e+00, -3.00000012e-01, -3.00000012e-01, 3.40000010e+00, 3.40000010e+00, -3.00000000e+00, 6.99999988e-01, 6.99999988e-01, 4.40000010e+00, 4.40000010e+00, -2.00000000e+00, -2.00000000e+00, 1.70000005e+00, -4.70000029e+00, -4.70000029e+00, 4.40000010e+00, 4.40000010e+00, -2.00000000e+00, -2.00000000e+00, 1.70000005e+00, -4.70000029e+00, -4.70000029e+00];
+// cubic_exclude_outside: input [1, 1, 3, 4] attrs {'mode': 'cubic', 'exclude_outside': 1, 'cubic_coeff_a': -0.5} sizes [1, 1, 5, 7]: onnxruntime, ONNX reference max diff 2.4e-06
+pub const CUBIC_EXCLUDE_OUTSIDE: [f32; 35] = [-5.64822865e+00, -4.40749264e+00, -1.95928431e+00, 1.25530672e+00, 2.62044048e+00, -2.02095795e+00, -4.92287731e+00, -3.89132452e+00, -2.29648662e+00, 4.11405563e-01, 8.52751672e-01, 1.77595437e-01, -1.39445031e+00, -2.30050039e+00, -5.93510389e-01, 1.06195486e+00, 3.42913985e+00, 1.99999973e-01, -3.02914000e+00, -6.61954880e-01, 9.93509114e-01, 3.18861651e+00, 2.11008978e+00, 2.42874026e-01, -7.11755306e-02, -3.08224916e-01, -1.88027167e+00, -2.78632236e+00, 5.32287931e+00, 2.42095828e+00, -2.22044015e+00, -1.76415101e-01, 1.86760998e+00, -2.77378869e+00, -5.67570782e+00];
+}
+
+fn resize_attrs(mode: &str, coord: &str, nearest: &str) -> Vec<(&'static str, Attr)> {
+    vec![
+        ("mode", Attr::String(mode.into())),
+        ("coordinate_transformation_mode", Attr::String(coord.into())),
+        ("nearest_mode", Attr::String(nearest.into())),
+        ("cubic_coeff_a", Attr::Float(-0.75)),
+    ]
+}
+
+/// Resize with `sizes` (roi and scales empty tensors, as exporters write them).
+fn resize_sizes(attrs: &[(&str, Attr)], x: Tensor, sizes: &[i64]) -> Tensor {
+    let empty = Tensor::f32(vec![0], vec![]);
+    let sizes = Tensor::i64(vec![sizes.len()], sizes.to_vec());
+    run_op_consts(
+        "Resize",
+        attrs,
+        &[x, empty.clone(), empty, sizes],
+        1,
+        true,
+        &[1, 2],
+    )
+    .remove(0)
+}
+
+#[test]
+fn resize_matches_pytorch_interpolate() {
+    use resize_ref::*;
+    // F.interpolate(scale_factor=2, mode="nearest"): scales, asymmetric + floor.
+    let sc = Tensor::f32(vec![4], vec![1.0, 1.0, 2.0, 2.0]);
+    let empty = Tensor::f32(vec![0], vec![]);
+    let y = run_op_consts(
+        "Resize",
+        &resize_attrs("nearest", "asymmetric", "floor"),
+        &[seq(&[1, 2, 3, 4], 0.1), empty, sc],
+        1,
+        true,
+        &[1, 2],
+    )
+    .remove(0);
+    assert_eq!(y.shape, vec![1, 2, 6, 8]);
+    assert_eq!(
+        y.as_f32().unwrap(),
+        &NEAREST_SCALE2[..],
+        "nearest is a gather: exact"
+    );
+    let near = resize_attrs("nearest", "asymmetric", "floor");
+    let y = resize_sizes(&near, seq(&[1, 1, 3, 4], 0.1), &[1, 1, 5, 7]);
+    assert_eq!(y.as_f32().unwrap(), &NEAREST_SIZES[..]);
+    // ONNX's default nearest: half_pixel + round_prefer_floor.
+    let y = resize_sizes(
+        &[("mode", Attr::String("nearest".into()))],
+        seq(&[1, 1, 3, 4], 0.1),
+        &[1, 1, 5, 7],
+    );
+    assert_eq!(y.as_f32().unwrap(), &NEAREST_HALF_PIXEL[..]);
+    let cases: Vec<(&str, Vec<(&str, Attr)>, Vec<usize>, Vec<i64>, &[f32])> = vec![
+        (
+            "bilinear half_pixel",
+            resize_attrs("linear", "half_pixel", "floor"),
+            vec![1, 1, 3, 4],
+            vec![1, 1, 5, 3],
+            &BILINEAR_HALF_PIXEL,
+        ),
+        // pytorch_half_pixel equals half_pixel for outputs longer than 1.
+        (
+            "bilinear pytorch_half_pixel",
+            resize_attrs("linear", "pytorch_half_pixel", "floor"),
+            vec![1, 1, 3, 4],
+            vec![1, 1, 5, 3],
+            &BILINEAR_HALF_PIXEL,
+        ),
+        (
+            "bilinear align_corners",
+            resize_attrs("linear", "align_corners", "floor"),
+            vec![1, 1, 3, 4],
+            vec![1, 1, 5, 7],
+            &BILINEAR_ALIGN_CORNERS,
+        ),
+        (
+            "bicubic",
+            resize_attrs("cubic", "half_pixel", "floor"),
+            vec![1, 1, 3, 4],
+            vec![1, 1, 5, 7],
+            &BICUBIC,
+        ),
+        (
+            "trilinear",
+            resize_attrs("linear", "half_pixel", "floor"),
+            vec![1, 1, 2, 3, 2],
+            vec![1, 1, 3, 5, 3],
+            &TRILINEAR,
+        ),
+        (
+            "linear 1-D",
+            resize_attrs("linear", "half_pixel", "floor"),
+            vec![1, 2, 5],
+            vec![1, 2, 8],
+            &LINEAR_1D,
+        ),
+        (
+            "cubic exclude_outside a=-0.5",
+            vec![
+                ("mode", Attr::String("cubic".into())),
+                ("exclude_outside", Attr::Int(1)),
+                ("cubic_coeff_a", Attr::Float(-0.5)),
+            ],
+            vec![1, 1, 3, 4],
+            vec![1, 1, 5, 7],
+            &CUBIC_EXCLUDE_OUTSIDE,
+        ),
+    ];
+    for (what, attrs, shape, sizes, want) in cases {
+        let y = resize_sizes(&attrs, seq(&shape, 0.1), &sizes);
+        let want_shape: Vec<usize> = sizes.iter().map(|&s| s as usize).collect();
+        assert_eq!(y.shape, want_shape, "{what}");
+        assert_close(y.as_f32().unwrap(), want, 2e-6, what);
+    }
+}
+
+#[test]
+fn resize_nearest_keeps_integer_dtypes_and_half_precision() {
+    let x = Tensor::i64(vec![1, 3], vec![4, 5, 6]);
+    let y = resize_sizes(&resize_attrs("nearest", "asymmetric", "floor"), x, &[1, 6]);
+    assert_eq!(y, Tensor::i64(vec![1, 6], vec![4, 4, 5, 5, 6, 6]));
+    let xh = seq(&[1, 1, 3, 4], 0.1).cast(DType::F16).unwrap();
+    let y = resize_sizes(
+        &resize_attrs("cubic", "half_pixel", "floor"),
+        xh,
+        &[1, 1, 5, 7],
+    );
+    assert_eq!(y.dtype(), DType::F16);
+    assert_close(
+        &y.to_f32().unwrap(),
+        &resize_ref::BICUBIC,
+        3e-3,
+        "float16 bicubic",
+    );
+}
+
+/// `seq` with the pattern shifted by `off` (distinct operands).
+fn seq_off(shape: &[usize], scale: f32, off: usize) -> Tensor {
+    let n: usize = shape.iter().product();
+    Tensor::f32(
+        shape.to_vec(),
+        (0..n)
+            .map(|i| (((i + off) * 37 % 101) as f32 - 50.0) * scale)
+            .collect(),
+    )
+}
+
+/// Einsum against torch.einsum: expected values made by /work/venv/bin/python
+/// with torch 2 (float32) on `seq_off(shape, 0.1, 7·j)` for operand j (the
+/// script's description kept above each case). The TorchScript exporter keeps
+/// torch's spaces in the equation, so one case has them.
+#[test]
+fn einsum_matches_torch() {
+    #[rustfmt::skip]
+    let cases: Vec<(&str, &[&[usize]], &[usize], &[f32])> = vec![
+    // torch.einsum('bij,bjk->bik') of seq [[2, 3, 4], [2, 4, 2]] (operand j offset 7j): shape [2, 3, 2]
+    ("bij,bjk->bik", &[&[2, 3, 4], &[2, 4, 2]], &[2, 3, 2], &[-2.29799995e+01, -1.18100004e+01, 8.98000050e+00, 4.86999989e+00, -1.36000013e+01, 3.16500015e+01, -2.46800022e+01, 5.29000044e+00, 2.13900013e+01, -1.13900013e+01, -2.74800014e+01, 6.26999998e+00]),
+    // torch.einsum('b h q d, b h k d -> b h q k') of seq [[1, 2, 3, 4], [1, 2, 2, 4]] (operand j offset 7j): shape [1, 2, 3, 2]
+    ("b h q d, b h k d -> b h q k", &[&[1, 2, 3, 4], &[1, 2, 2, 4]], &[1, 2, 3, 2], &[-2.08199997e+01, 4.60800018e+01, 2.19400005e+01, -1.26800003e+01, -1.71100006e+01, 3.29999924e+00, 1.99800014e+01, -1.66900005e+01, -7.99000025e+00, 3.29999924e+00, 1.85799999e+01, -1.71100025e+01]),
+    // torch.einsum('...ij,...jk->...ik') of seq [[2, 1, 2, 3], [3, 3, 2]] (operand j offset 7j): shape [2, 3, 2, 2]
+    ("...ij,...jk->...ik", &[&[2, 1, 2, 3], &[3, 3, 2]], &[2, 3, 2, 2], &[-1.21800003e+01, -2.66100006e+01, -1.81800003e+01, -2.15100002e+01, -1.99799995e+01, 1.60900002e+01, -1.99799995e+01, 1.70900002e+01, -2.77800026e+01, 2.14200001e+01, -2.17800026e+01, 1.83199997e+01, -2.41800022e+01, -1.64099998e+01, 1.72900009e+01, -1.20999956e+00, -1.99799995e+01, 1.80900002e+01, 7.29000044e+00, 8.98999977e+00, -1.57800007e+01, 1.52200012e+01, -2.71000028e+00, -1.81800003e+01]),
+    // torch.einsum('ii->i') of seq [[4, 4]] (operand j offset 7j): shape [4]
+    ("ii->i", &[&[4, 4]], &[4], &[-5.00000000e+00, 3.40000010e+00, 1.70000005e+00, 0.00000000e+00]),
+    // torch.einsum('ij->') of seq [[3, 5]] (operand j offset 7j): shape []
+    ("ij->", &[&[3, 5]], &[], &[-9.69999981e+00]),
+    // torch.einsum('ab,bc,cd->ad') of seq [[2, 3], [3, 4], [4, 2]] (operand j offset 7j): shape [2, 2]
+    ("ab,bc,cd->ad", &[&[2, 3], &[3, 4], &[4, 2]], &[2, 2], &[-5.11880035e+01, 2.93810005e+01, -1.04180012e+01, -1.18900013e+00]),
+    // torch.einsum('ij,jk') of seq [[2, 3], [3, 2]] (operand j offset 7j): shape [2, 2]
+    ("ij,jk", &[&[2, 3], &[3, 2]], &[2, 2], &[-1.21800003e+01, -2.66100006e+01, -1.81800003e+01, -2.15100002e+01]),
+    // torch.einsum('...ii->...i') of seq [[2, 3, 3]] (operand j offset 7j): shape [2, 3]
+    ("...ii->...i", &[&[2, 3, 3]], &[2, 3], &[-5.00000000e+00, -3.00000012e-01, 4.40000010e+00, -2.00000000e+00, 2.70000005e+00, -2.70000005e+00]),
+    // torch.einsum('bhid,ij->bhid') of seq [[1, 2, 3, 2], [3, 3]] (operand j offset 7j): shape [1, 2, 3, 2]
+    ("bhid,ij->bhid", &[&[1, 2, 3, 2], &[3, 3]], &[1, 2, 3, 2], &[-1.55000000e+01, -4.03000021e+00, -9.60000038e+00, 1.60000000e+01, 3.00000012e-01, -3.40000010e+00, -9.29999924e+00, 2.16999984e+00, -1.76000004e+01, 8.00000000e+00, -1.70000005e+00, 4.70000029e+00]),
+    // torch.einsum('...ij->ij') of seq [[2, 3, 2]] (operand j offset 7j): shape [3, 2]
+    ("...ij->ij", &[&[2, 3, 2]], &[3, 2], &[-8.00000000e+00, -6.00000083e-01, 6.80000019e+00, -6.00000000e+00, 1.40000010e+00, -1.30000019e+00]),
+    ];
+    for (eq, shapes, out, want) in cases {
+        let ins: Vec<Tensor> = shapes
+            .iter()
+            .enumerate()
+            .map(|(j, s)| seq_off(s, 0.1, 7 * j))
+            .collect();
+        let y = run_op("Einsum", &[("equation", Attr::String(eq.into()))], &ins, 1).remove(0);
+        assert_eq!(y.shape, out.to_vec(), "{eq}");
+        assert_close(y.as_f32().unwrap(), want, 1e-6, eq);
+    }
+}
+
+/// A MaxViT-sized attention einsum (one block-attention stage at batch 2):
+/// checked against a naive loop, and fast enough.
+#[test]
+fn einsum_maxvit_sized() {
+    let (b, h, n, d) = (32, 2, 49, 32);
+    let q = seq_off(&[b, h, n, d], 0.01, 0);
+    let k = seq_off(&[b, h, n, d], 0.01, 5);
+    let t = Instant::now();
+    let y = run_op(
+        "Einsum",
+        &[(
+            "equation",
+            Attr::String("b h i d, b h j d -> b h i j".into()),
+        )],
+        &[q.clone(), k.clone()],
+        1,
+    )
+    .remove(0);
+    let secs = t.elapsed().as_secs_f64();
+    let (qv, kv) = (q.as_f32().unwrap(), k.as_f32().unwrap());
+    let mut want = vec![0f32; b * h * n * n];
+    for bh in 0..b * h {
+        for i in 0..n {
+            for j in 0..n {
+                let mut acc = 0f64;
+                for x in 0..d {
+                    acc += qv[(bh * n + i) * d + x] as f64 * kv[(bh * n + j) * d + x] as f64;
+                }
+                want[(bh * n + i) * n + j] = acc as f32;
+            }
+        }
+    }
+    assert_close(y.as_f32().unwrap(), &want, 1e-5, "maxvit attention");
+    eprintln!("einsum [{b}, {h}, {n}, {d}] scores: {secs:.3}s");
+    assert!(secs < 10.0, "{secs}s");
 }

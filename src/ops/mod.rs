@@ -17,11 +17,13 @@ use crate::exec::Tensor;
 use crate::ir::{Attrs, DType, Node, Value};
 
 pub mod conv;
+pub mod einsum;
 pub mod elementwise;
 pub mod linalg;
 pub mod norm;
 pub mod random;
 pub mod reduce;
+pub mod resize;
 pub mod shape;
 
 /// What shape inference knows about one tensor: type, concrete shape, and its value
@@ -521,9 +523,11 @@ pub fn registry() -> &'static Registry {
         elementwise::register(&mut r);
         linalg::register(&mut r);
         conv::register(&mut r);
+        einsum::register(&mut r);
         norm::register(&mut r);
         random::register(&mut r);
         reduce::register(&mut r);
+        resize::register(&mut r);
         shape::register(&mut r);
         r
     })

@@ -48,7 +48,9 @@ pub enum OpClass {
 /// The autocast class of an ONNX op type: the one table of the policy.
 pub fn op_class(op_type: &str) -> OpClass {
     match op_type {
-        "Conv" | "ConvTranspose" | "MatMul" | "Gemm" => OpClass::Half,
+        // Einsum is not on autocast's lists itself, but torch.einsum runs as bmm,
+        // which is: its result is the half type.
+        "Conv" | "ConvTranspose" | "MatMul" | "Gemm" | "Einsum" => OpClass::Half,
         "Softmax"
         | "LogSoftmax"
         | "LayerNormalization"
