@@ -1042,13 +1042,14 @@ def cmd_report(a, entries):
 
 
 def _reason_key(r):
-    """Group key of a failure reason: drop node names / numbers that differ between models."""
+    """Group key of a failure reason: drop the file name, node names and numbers in names."""
     if not r:
         return ""
-    r = re.sub(r"'[^']*'", "'…'", r)
-    r = re.sub(r"\"[^\"]*\"", "\"…\"", r)
-    r = re.sub(r"\d+", "N", r)
-    return r[:200]
+    r = re.sub(r"^error: [\w.-]+\.onnx: ", "", r)
+    r = re.sub(r" \(node '[^']*'\)?", "", r)
+    r = re.sub(r"\[Caused by.*", "", r)
+    r = re.sub(r"Please feel free.*", "", r)
+    return r.strip()[:200]
 
 
 def cmd_subset(a, entries):
