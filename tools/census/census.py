@@ -940,7 +940,8 @@ def cmd_report(a, entries):
       "flattened in order; first output = the logits: googlenet/inception_v3 in train mode also return "
       "their auxiliary logits, segmentation models `out` then `aux`).")
     w("")
-    w("* torchvision classification: input [batch, 3, 224, 224] (inception_v3: 299); segmentation "
+    w("* torchvision classification: input [batch, 3, 224, 224] (inception_v3: 299; googlenet: 256, so "
+      "that the adaptive pooling of its train-mode aux heads divides their 16 x 16 input); segmentation "
       "(`aux_loss=True` where the model has one): 224; video [batch, 3, 16, 112, 112] (mvit and s3d, "
       "which need it: 16 x 224 x 224). Detection (train mode with one fixed target box per image; "
       "outputs = sum of the losses, then each loss) and optical flow (RAFT, 4 flow updates, "
@@ -1019,6 +1020,13 @@ def cmd_report(a, entries):
     w("")
     w("A `—` for memplan means memplan did not profile the model (see its status below).")
     w("")
+    notes = os.path.join(HERE, "NOTES.md")
+    if os.path.exists(notes):
+        w("### Notes on the flagged rows")
+        w("")
+        with open(notes) as f:
+            w(f.read().rstrip())
+        w("")
     # per-model tables
     for s in suites:
         w("## %s" % s)
