@@ -572,6 +572,18 @@ fn cases(r: &mut Rng) -> Vec<Case> {
         .outs(3, 3)
         .opset(13),
     );
+    // Slice on the device: one block along one axis with step 1 (rotate_half).
+    for (starts, ends, axes) in [(0, 4, -1), (4, i64::MAX, -1), (-2, 3, 1)] {
+        v.push(Case::new(
+            "Slice",
+            vec![
+                r.t(&[2, 3, 8]),
+                Tensor::i64(vec![1], vec![starts]),
+                Tensor::i64(vec![1], vec![ends]),
+                Tensor::i64(vec![1], vec![axes]),
+            ],
+        ));
+    }
     v.push(Case::new(
         "Expand",
         vec![r.t(&[3, 1]), Tensor::i64(vec![3], vec![2, 3, 4])],

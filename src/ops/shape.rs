@@ -986,9 +986,10 @@ impl Op for Slice {
         }
         cx.answer(vec![(0, dx)])
     }
-    /// Runs on the host on the GPU backend (no device kernels yet).
+    /// On the device one block along one axis with step 1 (`x[..., a:b]`, as
+    /// rotary embeddings slice); any other slice runs on the host there.
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::HOST
+        CudaKernels::new(COPIES, &["strided_copy_b4"])
     }
 }
 

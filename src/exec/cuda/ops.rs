@@ -211,6 +211,10 @@ pub fn forward_path(
         "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" | "Transpose" | "Expand" | "Concat"
         | "Split" => dt(0).is_some_and(|d| super::tensor::elem_size(d).is_ok()),
         "Gather" => f32_in(0) && dt(1) == Some(DType::I64),
+        "Slice" => {
+            dt(0).is_some_and(|d| super::tensor::elem_size(d).is_ok())
+                && slice_block(input_facts, opset).is_some()
+        }
         "GatherElements" => {
             dt(0).is_some_and(|d| super::tensor::elem_size(d).is_ok()) && dt(1) == Some(DType::I64)
         }
@@ -267,6 +271,14 @@ pub fn forward(dev: &Device, cx: &DevKernelCx) -> Result<(Vec<DeviceTensor>, Pat
         }
         "Concat" => concat_fwd(dev, cx)?,
         "Split" => split_fwd(dev, cx)?,
+        "Slice" => {
+            let x = cx.input(0)?;
+            let (ax, off) = slice_block(&cx.input_facts, cx.opset)
+                .ok_or_else(|| CudaError::Kernel("Slice is not one block".into()))?;
+            let part = dev.zeros(x.dtype(), &cx.out(0)?.shape)?;
+            block_copy(dev, x, &part, ax, off, false)?;
+            vec![part]
+        }
         "Gather" => gather_fwd(dev, cx)?,
         "GatherElements" => gather_elements_fwd(dev, cx)?,
         "Cast" | "CastLike" => {
@@ -307,6 +319,7 @@ pub fn backward_path(node: &Node, input_facts: &[Option<&Fact>]) -> Path {
         "BatchNormalization" | "LayerNormalization" | "Softmax" | "LogSoftmax" => f32_in(0),
         "ReduceSum" | "ReduceMean" | "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => f32_in(0),
         "Transpose" | "Expand" | "Split" | "Gather" => f32_in(0),
+        "Slice" => f32_in(0) && slice_block(input_facts, 13).is_some(),
         "Concat" => true,
         // A float32 gradient copied back (the only float type on the device).
         "Cast" | "CastLike" => f32_in(0),
@@ -365,6 +378,15 @@ pub fn backward(dev: &Device, cx: &DevBackwardCx) -> Result<(Vec<Option<DeviceTe
         }
         "Concat" => concat_bwd(dev, cx)?,
         "Split" => split_bwd(dev, cx)?,
+        "Slice" => {
+            let f = cx.input(0)?;
+            let (ax, off) = slice_block(&cx.inputs, 13)
+                .ok_or_else(|| CudaError::Kernel("Slice is not one block".into()))?;
+            let g = cx.grad(dev, 0)?;
+            let dx = dev.zeros(DType::F32, &f.shape)?;
+            block_copy(dev, &dx, &g, ax, off, true)?;
+            vec![(0, dx)]
+        }
         "Gather" => gather_bwd(dev, cx)?,
         "Cast" | "CastLike" => {
             let g = cx.grad(dev, 0)?;
@@ -705,6 +727,54 @@ fn split_bwd(dev: &Device, cx: &DevBackwardCx) -> Result<Vec<(usize, DeviceTenso
         off += of.shape[ax];
     }
     Ok(vec![(0, dx)])
+}
+
+/// A Slice (opset 10+, every argument a folded constant) that takes one
+/// contiguous block along at most one axis with step 1 (`x[..., a:b]`, as
+/// rotary embeddings' `rotate_half` does): that axis and the block's start.
+/// Anything else (steps, several sliced axes) runs on the host.
+fn slice_block(facts: &[Option<&Fact>], opset: i64) -> Option<(usize, usize)> {
+    if opset < 10 {
+        return None;
+    }
+    let x = facts
+        .first()
+        .copied()
+        .flatten()
+        .filter(|x| !x.shape.is_empty())?;
+    let ints = |i: usize| -> Option<Option<Vec<i64>>> {
+        match facts.get(i).copied().flatten() {
+            None => Some(None),
+            Some(f) => Some(Some(f.value.as_ref()?.to_ints())),
+        }
+    };
+    let (starts, ends) = (ints(1)??, ints(2)??);
+    let r = x.shape.len() as i64;
+    let axes = match ints(3)? {
+        Some(a) => a
+            .iter()
+            .map(|&v| usize::try_from(if v < 0 { v + r } else { v }).ok())
+            .collect::<Option<Vec<_>>>()?,
+        None => (0..starts.len()).collect(),
+    };
+    let steps = ints(4)?.unwrap_or_else(|| vec![1; starts.len()]);
+    if steps.iter().any(|&s| s != 1) || axes.len() != starts.len() || ends.len() != starts.len() {
+        return None;
+    }
+    let mut block = None;
+    for (k, &a) in axes.iter().enumerate() {
+        let d = *x.shape.get(a)? as i64;
+        let norm = |v: i64| if v < 0 { v.saturating_add(d) } else { v }.clamp(0, d);
+        let (b, e) = (norm(starts[k]), norm(ends[k]));
+        if b == 0 && e >= d {
+            continue;
+        }
+        if block.is_some() {
+            return None;
+        }
+        block = Some((a, b as usize));
+    }
+    Some(block.unwrap_or((0, 0)))
 }
 
 fn gather_dims(data: &[usize], n_idx: usize, ax: usize) -> [usize; 4] {
