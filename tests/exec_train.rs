@@ -390,6 +390,23 @@ fn llama_fused_silu_baseline_gradients_and_plan() {
     planned_identical(&su, &r);
 }
 
+/// `F.gelu(approximate="tanh")` written out by the exporter (Gemma's MLP, from the
+/// census subset), fused: only `x` saved, the inner values recomputed at the
+/// pattern's backward.
+#[test]
+fn gemma_fused_tanh_gelu_baseline_gradients_and_plan() {
+    let (su, r) = baseline_peak_matches("census/hf_gemma", 1);
+    let n = su
+        .s
+        .fused
+        .iter()
+        .filter(|p| p.kind == memplan::train::FusedKind::GeluTanh)
+        .count();
+    assert_eq!(n, 2, "one tanh GELU per decoder layer");
+    check_gradients(&su, &r);
+    planned_identical(&su, &r);
+}
+
 #[test]
 fn bad_plans_and_schedules_are_rejected() {
     let su = setup("mlp", 2);

@@ -11,11 +11,12 @@
 //!
 //! Recognised fusions (PyTorch runs these as one kernel; memplan models what that
 //! kernel saves): the exact GELU exporters write as `x · (erf(x/√2) + 1) · 0.5`
-//! (`F.gelu` saves only `x`), and the exporter's decomposition of
-//! `scaled_dot_product_attention` (flash attention saves q, k, v, the output and a
-//! logsumexp), and SiLU written as `x · sigmoid(x)` (`F.silu` saves only `x`). The tanh GELU and eager attention are left as written, since the
-//! models that use them (GPT-2's `NewGELUActivation`, HF eager attention) run them op
-//! by op.
+//! (`F.gelu` saves only `x`), `F.gelu(approximate="tanh")` written out (saves only
+//! `x`), SiLU written as `x · sigmoid(x)` (`F.silu` saves only `x`), and the
+//! exporter's decomposition of `scaled_dot_product_attention` (flash attention
+//! saves q, k, v, the output and a logsumexp). GPT-2's hand-written tanh GELU
+//! (`NewGELUActivation`, with `torch.pow`) and eager attention are left as written,
+//! since PyTorch runs them op by op.
 
 use std::collections::HashMap;
 
@@ -943,6 +944,8 @@ pub enum FusedKind {
     Sdpa,
     /// SiLU (`F.silu`, `nn.SiLU`): saves only its input.
     Silu,
+    /// The tanh GELU (`F.gelu(x, approximate="tanh")`): saves only its input.
+    GeluTanh,
 }
 
 /// A recognised fused pattern: nodes PyTorch runs as one kernel. The schedule keeps
@@ -974,7 +977,7 @@ impl FusedPattern {
     }
 }
 
-/// Every fused pattern of the model: exact GELU, SiLU and the exporter's SDPA.
+/// Every fused pattern of the model: exact and tanh GELU, SiLU and the exporter's SDPA.
 pub fn fused_patterns(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
     let pos: HashMap<NodeIndex, usize> = model
         .graph
@@ -985,6 +988,7 @@ pub fn fused_patterns(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
         .collect();
     let mut out = find_erf_gelu(model, inf);
     out.extend(find_silu(model, inf));
+    out.extend(find_tanh_gelu(model, inf));
     out.extend(find_sdpa(model, inf));
     for p in &mut out {
         p.nodes.sort_by_key(|n| pos[n]);
@@ -1136,6 +1140,103 @@ fn find_silu(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
             extras: Vec::new(),
             out_layout: None,
         });
+    }
+    out
+}
+
+/// Finds the tanh GELU as the TorchScript exporter writes `F.gelu(x,
+/// approximate="tanh")` (Gemma, StarCoder2, timm's `gelu_tanh`):
+/// `0.5 · (x · (1 + tanh(k · (x + c · x · (x · x)))))`, with `x · x · x` as two
+/// multiplies. PyTorch runs it as one op (`GeluBackward0`) that saves only `x`.
+/// GPT-2's `NewGELUActivation` writes the same formula in Python with `torch.pow`
+/// (`Pow(x, 3)` in the graph) and is run op by op in PyTorch too, so it is left
+/// alone; so are other hand-written variants (BLOOM's).
+fn find_tanh_gelu(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
+    let g = &model.graph;
+    let mut out = Vec::new();
+    let is_const = |t: TensorId| inf.facts[t].value.is_some() || g.tensor(t).init.is_some();
+    let single = |t: TensorId, op: &str| match consumers(model, t).as_slice() {
+        [c] if g.node(*c).op_type == op && !g.outputs.contains(&t) => Some(*c),
+        _ => None,
+    };
+    let out0 = |n: NodeIndex| g.node(n).outputs.first().copied().flatten();
+    let producer = |t: TensorId, op: &str| {
+        g.tensor(t)
+            .producer
+            .filter(|&p| g.node(p).op_type == op && out0(p) == Some(t))
+    };
+    // The non-constant operand of a binary node with one constant operand.
+    let var_of = |n: NodeIndex| -> Option<TensorId> {
+        let ins: Vec<TensorId> = g.node(n).inputs.iter().flatten().copied().collect();
+        match ins.as_slice() {
+            [a, b] if is_const(*a) && !is_const(*b) => Some(*b),
+            [a, b] if is_const(*b) && !is_const(*a) => Some(*a),
+            _ => None,
+        }
+    };
+    let operands =
+        |n: NodeIndex| -> Vec<TensorId> { g.node(n).inputs.iter().flatten().copied().collect() };
+    for &ix in &g.order {
+        if g.node(ix).op_type != "Tanh" {
+            continue;
+        }
+        let found = (|| {
+            // Backward from the tanh: k · (x + c · x³).
+            let m3_out = g.node(ix).inputs.first().copied().flatten()?;
+            let m3 = producer(m3_out, "Mul")?;
+            let a0_out = var_of(m3)?;
+            let a0 = producer(a0_out, "Add")?;
+            let (x, m2_out) = match operands(a0).as_slice() {
+                [p, q] if producer(*q, "Mul").is_some() && !is_const(*p) => (*p, *q),
+                [q, p] if producer(*q, "Mul").is_some() && !is_const(*p) => (*p, *q),
+                _ => return None,
+            };
+            let m2 = producer(m2_out, "Mul")?;
+            let m1_out = var_of(m2)?;
+            let m1 = producer(m1_out, "Mul")?;
+            let m0_out = match operands(m1).as_slice() {
+                [a, b] if *a == x && *b != x => *b,
+                [b, a] if *a == x && *b != x => *b,
+                _ => return None,
+            };
+            let m0 = producer(m0_out, "Mul")?;
+            if operands(m0) != [x, x] {
+                return None;
+            }
+            // Forward from the tanh: x · (1 + tanh(..)), then an optional · 0.5.
+            let a1 = single(out0(ix)?, "Add")?;
+            var_of(a1)?;
+            let m4 = single(out0(a1)?, "Mul")?;
+            if !operands(m4).contains(&x) {
+                return None;
+            }
+            let last = out0(m4)
+                .and_then(|t| single(t, "Mul"))
+                .filter(|&m| var_of(m).is_some())
+                .unwrap_or(m4);
+            // Every inner value feeds only the pattern.
+            for (t, op) in [
+                (m0_out, "Mul"),
+                (m1_out, "Mul"),
+                (m2_out, "Add"),
+                (a0_out, "Mul"),
+                (m3_out, "Tanh"),
+            ] {
+                single(t, op)?;
+            }
+            Some((x, vec![m0, m1, m2, a0, m3, ix, a1, m4, last]))
+        })();
+        if let Some((x, nodes)) = found {
+            if inf.facts[x].dtype.is_float() {
+                out.push(FusedPattern {
+                    kind: FusedKind::GeluTanh,
+                    nodes,
+                    reads: vec![x],
+                    extras: Vec::new(),
+                    out_layout: None,
+                });
+            }
+        }
     }
     out
 }
