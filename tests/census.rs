@@ -68,8 +68,16 @@ fn stated_counts_are_the_results() {
             s["exported"].as_u64().unwrap(),
             s["profiled"].as_u64().unwrap(),
         ];
-        assert_eq!(stated.get(suite), Some(&want), "{suite}: CENSUS.md vs results.json");
-        assert_eq!(from_models.get(suite), Some(&want), "{suite}: per-model list");
+        assert_eq!(
+            stated.get(suite),
+            Some(&want),
+            "{suite}: CENSUS.md vs results.json"
+        );
+        assert_eq!(
+            from_models.get(suite),
+            Some(&want),
+            "{suite}: per-model list"
+        );
     }
     // The bar: at least 95 % of what exports profiles.
     for suite in ["torchvision", "transformers"] {
@@ -108,7 +116,10 @@ fn subset_reproduces_the_census() {
         );
         let status = if out.status.success() { "ok" } else { "error" };
         if status != want["status"].as_str().unwrap() {
-            bad.push(format!("{file}: {status}, census {}: {stderr}", want["status"]));
+            bad.push(format!(
+                "{file}: {status}, census {}: {stderr}",
+                want["status"]
+            ));
             continue;
         }
         if status == "error" {
@@ -120,7 +131,10 @@ fn subset_reproduces_the_census() {
             };
             let reason = after(want["reason"].as_str().unwrap_or(""));
             let first = stderr.lines().next().unwrap_or("");
-            if stderr.lines().count() != 1 || reason.is_empty() || !after(first).starts_with(&reason) {
+            if stderr.lines().count() != 1
+                || reason.is_empty()
+                || !after(first).starts_with(&reason)
+            {
                 bad.push(format!("{file}: error '{first}', census '{reason}'"));
             }
             continue;
@@ -133,5 +147,9 @@ fn subset_reproduces_the_census() {
             }
         }
     }
-    assert!(bad.is_empty(), "the census subset changed:\n{}", bad.join("\n"));
+    assert!(
+        bad.is_empty(),
+        "the census subset changed:\n{}",
+        bad.join("\n")
+    );
 }
