@@ -329,10 +329,17 @@ impl Op for Pool {
         });
         k.saturating_mul(out[0].numel())
     }
-    /// MaxPool saves its input and the int64 argmax indices (shaped like the output);
-    /// average pooling needs only shapes. Backward FLOPs: one per input element.
+    /// MaxPool saves its input and the int64 argmax indices (shaped like the output).
+    /// AveragePool's gradient needs only shapes, but PyTorch's `avg_pool2d` backward
+    /// (`AvgPool2DBackward0`, also what `AdaptiveAvgPool2d` to a size other than 1
+    /// runs) keeps its input all the same (`_saved_self`; measured in the census:
+    /// DenseNet's transition layers). LpPool saves nothing. Backward FLOPs: one per
+    /// input element.
     fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
         let n = cx.inputs[0].map_or(0, Fact::numel);
+        if cx.node.op_type == "AveragePool" {
+            return Ok(Some(Backward::each(&[0], &[Saved::Input(0)], n)));
+        }
         if self.max {
             Ok(Some(Backward {
                 grads: vec![Grad {
