@@ -396,12 +396,11 @@ fn llama_fused_silu_baseline_gradients_and_plan() {
 #[test]
 fn gemma_fused_tanh_gelu_baseline_gradients_and_plan() {
     let (su, r) = baseline_peak_matches("census/hf_gemma", 1);
-    let n = su
-        .s
-        .fused
-        .iter()
-        .filter(|p| p.kind == memplan::train::FusedKind::GeluTanh)
-        .count();
+    let n =
+        su.s.fused
+            .iter()
+            .filter(|p| p.kind == memplan::train::FusedKind::GeluTanh)
+            .count();
     assert_eq!(n, 2, "one tanh GELU per decoder layer");
     check_gradients(&su, &r);
     planned_identical(&su, &r);
