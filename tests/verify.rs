@@ -75,7 +75,7 @@ fn verify_model(name: &str, batch: u64) -> (VerifyReport, VerifyReport) {
 }
 
 fn verify_path(path: &std::path::Path, name: &str, batch: u64) -> (VerifyReport, VerifyReport) {
-    let model = load_model(&path).unwrap();
+    let model = load_model(path).unwrap();
     let inf = infer(
         &model,
         &Bindings {
