@@ -1102,3 +1102,47 @@ fn einsum_forms() {
     }
     report("einsum", &st);
 }
+
+/// GatherND: the data gradient (scatter-add of the output gradient, repeated tuples
+/// adding), batch_dims 0..2, element and slice tuples, negative indices, int64 and
+/// int32 indices, reading only the saved indices.
+#[test]
+fn gathernd_forms() {
+    let mut st = Stats::default();
+    for seed in 0..SEEDS {
+        let mut r = Rng(2300 + seed);
+        for b in 0..3usize {
+            let rank = b + r.u(1, 3);
+            let shape = r.shape(rank, 1, 4);
+            let k = r.u(1, rank - b);
+            let t = r.u(1, 5);
+            // Indices [shape[..b], t, k], each component in [-d, d).
+            let mut ishape = shape[..b].to_vec();
+            ishape.extend([t, k]);
+            let tuples: usize = ishape[..b + 1].iter().product();
+            let mut ind = Vec::with_capacity(tuples * k);
+            for _ in 0..tuples {
+                for j in 0..k {
+                    let d = shape[b + j] as i64;
+                    ind.push(r.u(0, 2 * d as usize - 1) as i64 - d);
+                }
+            }
+            let mut it = Tensor::i64(ishape, ind);
+            if r.coin() {
+                it = it.cast(DType::I32).unwrap();
+            }
+            let c = Case::new("GatherND", vec![r.t(&shape), it])
+                .attr("batch_dims", Attr::Int(b as i64))
+                .opset(if b == 0 && r.coin() { 11 } else { 13 });
+            check(&c, &mut r, &mut st);
+        }
+        // Repeated tuples add.
+        let it = Tensor::i64(vec![4, 1], vec![1, 1, -2, 0]);
+        check(
+            &Case::new("GatherND", vec![r.t(&[3, 2]), it]),
+            &mut r,
+            &mut st,
+        );
+    }
+    report("gathernd", &st);
+}

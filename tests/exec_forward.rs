@@ -1017,3 +1017,56 @@ fn einsum_maxvit_sized() {
     eprintln!("einsum [{b}, {h}, {n}, {d}] scores: {secs:.3}s");
     assert!(secs < 10.0, "{secs}s");
 }
+
+// ---------------------------------------------------------------------------
+// GatherND and GridSample against PyTorch.
+//
+// Expected values made by /work/venv/bin/python with torch 2.15 (float32, CPU)
+// by tests/data/ops/reference_gathernd_gridsample.py, which prints these
+// constants (its description of each kept above it): GatherND as PyTorch's
+// advanced indexing (`x[i0, i1]`, which the TorchScript exporter writes as
+// GatherND; batch_dims 1 as `x[arange(B)[:, None], i..]`), GridSample as
+// F.grid_sample. Inputs: `seq(shape, 0.1)` and `grid_seq(shape)`.
+#[rustfmt::skip]
+mod gathernd_ref {
+// x[i0, i1] of seq([3, 4, 2], 0.1), indices [[2,1],[0,3],[-1,0],[1,-2],[2,1]]: shape [5, 2]
+pub const GATHERND_B0: [f32; 10] = [1.00000000e+00, 4.69999981e+00, -3.00000000e+00, 6.99999988e-01, 3.70000005e+00, -2.70000005e+00, -1.00000000e+00, 2.70000005e+00, 1.00000000e+00, 4.69999981e+00];
+// x[arange(2)[:, None], ind[..., 0]] of seq([2, 3, 4], 0.1), indices [[[2],[0],[2]],[[1],[-1],[0]]]: shape [2, 3, 4]
+pub const GATHERND_B1: [f32; 24] = [4.40000010e+00, -2.00000000e+00, 1.70000005e+00, -4.69999981e+00, -5.00000000e+00, -1.29999995e+00, 2.40000010e+00, -4.00000000e+00, 4.40000010e+00, -2.00000000e+00, 1.70000005e+00, -4.69999981e+00, 3.70000005e+00, -2.70000005e+00, 1.00000000e+00, 4.69999981e+00, -1.70000005e+00, 2.00000000e+00, -4.40000010e+00, -6.99999988e-01, -1.00000000e+00, 2.70000005e+00, -3.70000005e+00, 0.00000000e+00];
+// x[arange(2)[:, None], ind[..., 0], ind[..., 1]] of seq([2, 3, 4], 0.1), indices [[[2,3],[0,-1]],[[1,1],[-3,2]]]: shape [2, 2]
+pub const GATHERND_B1_FULL: [f32; 4] = [-4.69999981e+00, -4.00000000e+00, -2.70000005e+00, -3.70000005e+00];
+}
+
+#[test]
+fn gathernd_matches_pytorch_indexing() {
+    use gathernd_ref::*;
+    let b = |v: i64| vec![("batch_dims", Attr::Int(v))];
+    let ind = Tensor::i64(vec![5, 2], vec![2, 1, 0, 3, -1, 0, 1, -2, 2, 1]);
+    let y = run_op("GatherND", &[], &[seq(&[3, 4, 2], 0.1), ind.clone()], 1).remove(0);
+    assert_eq!(y.shape, vec![5, 2]);
+    // A gather is exact; the script's seq rounds (k - 50) · 0.1 from f64, ours
+    // multiplies in f32: an ulp apart.
+    assert_close(y.as_f32().unwrap(), &GATHERND_B0, 1e-6, "batch_dims 0");
+    // int32 indices give the same.
+    let ind32 = ind.cast(DType::I32).unwrap();
+    let y32 = run_op("GatherND", &b(0), &[seq(&[3, 4, 2], 0.1), ind32], 1).remove(0);
+    assert_eq!(y32, y);
+    let ind = Tensor::i64(vec![2, 3, 1], vec![2, 0, 2, 1, -1, 0]);
+    let y = run_op("GatherND", &b(1), &[seq(&[2, 3, 4], 0.1), ind], 1).remove(0);
+    assert_eq!(y.shape, vec![2, 3, 4]);
+    assert_close(y.as_f32().unwrap(), &GATHERND_B1, 1e-6, "batch_dims 1");
+    let ind = Tensor::i64(vec![2, 2, 2], vec![2, 3, 0, -1, 1, 1, -3, 2]);
+    let y = run_op("GatherND", &b(1), &[seq(&[2, 3, 4], 0.1), ind], 1).remove(0);
+    assert_eq!(y.shape, vec![2, 2]);
+    assert_close(
+        y.as_f32().unwrap(),
+        &GATHERND_B1_FULL,
+        1e-6,
+        "batch_dims 1, full",
+    );
+    // Any dtype: int64 data, the ONNX spec's example 5 (batch_dims 1).
+    let x = Tensor::i64(vec![2, 2, 2], (0..8).collect());
+    let ind = Tensor::i64(vec![2, 1], vec![1, 0]);
+    let y = run_op("GatherND", &b(1), &[x, ind], 1).remove(0);
+    assert_eq!(y, Tensor::i64(vec![2, 2], vec![2, 3, 4, 5]));
+}

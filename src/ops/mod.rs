@@ -19,6 +19,7 @@ use crate::ir::{Attrs, DType, Node, Value};
 pub mod conv;
 pub mod einsum;
 pub mod elementwise;
+pub mod gather_nd;
 pub mod linalg;
 pub mod norm;
 pub mod random;
@@ -524,6 +525,7 @@ pub fn registry() -> &'static Registry {
         linalg::register(&mut r);
         conv::register(&mut r);
         einsum::register(&mut r);
+        gather_nd::register(&mut r);
         norm::register(&mut r);
         random::register(&mut r);
         reduce::register(&mut r);
