@@ -20,6 +20,7 @@ pub mod conv;
 pub mod einsum;
 pub mod elementwise;
 pub mod gather_nd;
+pub mod grid_sample;
 pub mod linalg;
 pub mod norm;
 pub mod random;
@@ -526,6 +527,7 @@ pub fn registry() -> &'static Registry {
         conv::register(&mut r);
         einsum::register(&mut r);
         gather_nd::register(&mut r);
+        grid_sample::register(&mut r);
         norm::register(&mut r);
         random::register(&mut r);
         reduce::register(&mut r);
