@@ -1102,3 +1102,127 @@ fn einsum_forms() {
     }
     report("einsum", &st);
 }
+
+/// GatherND: the data gradient (scatter-add of the output gradient, repeated tuples
+/// adding), batch_dims 0..2, element and slice tuples, negative indices, int64 and
+/// int32 indices, reading only the saved indices.
+#[test]
+fn gathernd_forms() {
+    let mut st = Stats::default();
+    for seed in 0..SEEDS {
+        let mut r = Rng(2300 + seed);
+        for b in 0..3usize {
+            let rank = b + r.u(1, 3);
+            let shape = r.shape(rank, 1, 4);
+            let k = r.u(1, rank - b);
+            let t = r.u(1, 5);
+            // Indices [shape[..b], t, k], each component in [-d, d).
+            let mut ishape = shape[..b].to_vec();
+            ishape.extend([t, k]);
+            let tuples: usize = ishape[..b + 1].iter().product();
+            let mut ind = Vec::with_capacity(tuples * k);
+            for _ in 0..tuples {
+                for j in 0..k {
+                    let d = shape[b + j] as i64;
+                    ind.push(r.u(0, 2 * d as usize - 1) as i64 - d);
+                }
+            }
+            let mut it = Tensor::i64(ishape, ind);
+            if r.coin() {
+                it = it.cast(DType::I32).unwrap();
+            }
+            let c = Case::new("GatherND", vec![r.t(&shape), it])
+                .attr("batch_dims", Attr::Int(b as i64))
+                .opset(if b == 0 && r.coin() { 11 } else { 13 });
+            check(&c, &mut r, &mut st);
+        }
+        // Repeated tuples add.
+        let it = Tensor::i64(vec![4, 1], vec![1, 1, -2, 0]);
+        check(
+            &Case::new("GatherND", vec![r.t(&[3, 2]), it]),
+            &mut r,
+            &mut st,
+        );
+    }
+    report("gathernd", &st);
+}
+
+/// A grid for `x_shape` ([N, C, D1..Dr]) with `outs` points per batch element,
+/// whose source coordinates `k + f` sit inside cells (fraction f in [0.15, 0.4]
+/// or [0.6, 0.85]: away from the integers where the taps change and from the
+/// half-integers where nearest rounds and reflection (align_corners=0) folds), k
+/// from -2 to size (outside the input, so every padding mode matters). The
+/// largest step ε·size/2 stays well inside those margins.
+fn cell_grid(r: &mut Rng, x_shape: &[usize], outs: &[usize], align: bool) -> Tensor {
+    let rank = x_shape.len() - 2;
+    let mut shape = vec![x_shape[0]];
+    shape.extend(outs);
+    shape.push(rank);
+    let pts: usize = shape[..rank + 1].iter().product();
+    let mut v = Vec::with_capacity(pts * rank);
+    for _ in 0..pts {
+        for d in 0..rank {
+            let size = x_shape[2 + rank - 1 - d] as f32;
+            let k = r.u(0, size as usize + 2) as f32 - 2.0;
+            let f = if r.coin() {
+                r.f(0.15, 0.4)
+            } else {
+                r.f(0.6, 0.85)
+            };
+            let u = k + f;
+            let g = if align {
+                if size > 1.0 {
+                    u * 2.0 / (size - 1.0) - 1.0
+                } else {
+                    f - 0.5
+                }
+            } else {
+                (2.0 * u + 1.0) / size - 1.0
+            };
+            v.push(g);
+        }
+    }
+    Tensor::f32(shape, v)
+}
+
+/// GridSample: input and grid gradients, every mode × padding × align_corners in
+/// 2-D (opset 16), and linear and nearest in 3-D (opset 20), grid points inside
+/// cells ([`cell_grid`]) so the sampled function is smooth at the step.
+#[test]
+fn gridsample_modes() {
+    let mut st = Stats::default();
+    let s = |v: &str| Attr::String(v.into());
+    for seed in 0..SEEDS {
+        let mut r = Rng(2500 + seed);
+        for mode in ["bilinear", "nearest", "bicubic"] {
+            for pad in ["zeros", "border", "reflection"] {
+                for align in [false, true] {
+                    let xs = vec![r.u(1, 2), r.u(1, 3), r.u(1, 4), r.u(2, 5)];
+                    let outs = [r.u(1, 3), r.u(1, 4)];
+                    let g = cell_grid(&mut r, &xs, &outs, align);
+                    let c = Case::new("GridSample", vec![r.t(&xs), g])
+                        .attr("mode", s(mode))
+                        .attr("padding_mode", s(pad))
+                        .attr("align_corners", Attr::Int(align as i64))
+                        .opset(16);
+                    check(&c, &mut r, &mut st);
+                }
+            }
+        }
+        for mode in ["linear", "nearest"] {
+            for pad in ["zeros", "border", "reflection"] {
+                let align = r.coin();
+                let xs = vec![1, r.u(1, 2), r.u(2, 3), r.u(1, 3), r.u(2, 4)];
+                let outs = [r.u(1, 2), r.u(1, 3), r.u(1, 3)];
+                let g = cell_grid(&mut r, &xs, &outs, align);
+                let c = Case::new("GridSample", vec![r.t(&xs), g])
+                    .attr("mode", s(mode))
+                    .attr("padding_mode", s(pad))
+                    .attr("align_corners", Attr::Int(align as i64))
+                    .opset(20);
+                check(&c, &mut r, &mut st);
+            }
+        }
+    }
+    report("gridsample", &st);
+}

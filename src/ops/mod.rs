@@ -19,6 +19,8 @@ use crate::ir::{Attrs, DType, Node, Value};
 pub mod conv;
 pub mod einsum;
 pub mod elementwise;
+pub mod gather_nd;
+pub mod grid_sample;
 pub mod linalg;
 pub mod norm;
 pub mod random;
@@ -524,6 +526,8 @@ pub fn registry() -> &'static Registry {
         linalg::register(&mut r);
         conv::register(&mut r);
         einsum::register(&mut r);
+        gather_nd::register(&mut r);
+        grid_sample::register(&mut r);
         norm::register(&mut r);
         random::register(&mut r);
         reduce::register(&mut r);
