@@ -128,13 +128,14 @@ fn verify_path(path: &std::path::Path, name: &str, batch: u64) -> (VerifyReport,
     (a, b)
 }
 
-/// One model per op the census added (tests/data/ops/export.py made them): Resize
+/// One model per op the census added (tests/data/ops/export*.py made them): Resize
 /// (four modes), Einsum (MaxViT-style), stochastic depth (RandomUniformLike) with
-/// SiLU. Measured peak == predicted, baseline and planned, gradients bitwise.
+/// SiLU, GatherND (boolean-mask indexing), GridSample (bilinear). Measured peak ==
+/// predicted, baseline and planned, gradients bitwise.
 #[test]
 fn census_ops_measured_equals_predicted() {
     let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/ops");
-    for name in ["resize", "einsum", "droppath"] {
+    for name in ["resize", "einsum", "droppath", "gathernd", "gridsample"] {
         let (a, b) = verify_path(&dir.join(format!("{name}.onnx")), name, 2);
         assert!(
             a.recomputations + b.recomputations > 0,

@@ -1,9 +1,10 @@
-"""Tiny models for the GatherND and GridSample export check (not committed as
-.onnx): the TorchScript exporter, training mode, opset 17. Boolean-mask indexing
+"""Tiny models for GatherND and GridSample (gathernd.onnx and gridsample.onnx next to
+this script are its output, committed; tests/verify.rs runs them): the TorchScript
+exporter, training mode, opset 17. Boolean-mask indexing
 `x[mask]` is what that exporter writes as NonZero -> Transpose -> GatherND (tensor
 indices `x[i0, i1]` become Gather ops); F.grid_sample becomes GridSample-16.
 
-    /work/venv/bin/python tests/data/ops/export_gathernd_gridsample.py OUTDIR
+    python tests/data/ops/export_gathernd_gridsample.py tests/data/ops
     cargo run -- profile OUTDIR/gathernd.onnx --batch 2 --train
     cargo run -- profile OUTDIR/gridsample.onnx --batch 2 --train
 """
