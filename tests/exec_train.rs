@@ -53,17 +53,17 @@ struct Setup {
     inputs: Vec<Tensor>,
 }
 
+fn sgd_fp32() -> TrainOptions {
+    TrainOptions {
+        optimizer: Optimizer::Sgd,
+        precision: Precision::Fp32,
+        loss: Loss::Mean,
+        grads_resident: false,
+    }
+}
+
 fn setup(name: &str, batch: u64) -> Setup {
-    setup_with(
-        name,
-        batch,
-        TrainOptions {
-            optimizer: Optimizer::Sgd,
-            precision: Precision::Fp32,
-            loss: Loss::Mean,
-            grads_resident: false,
-        },
-    )
+    setup_with(name, batch, sgd_fp32())
 }
 
 fn setup_with(name: &str, batch: u64, opts: TrainOptions) -> Setup {
@@ -402,6 +402,37 @@ fn gemma_fused_tanh_gelu_baseline_gradients_and_plan() {
             .filter(|p| p.kind == memplan::train::FusedKind::GeluTanh)
             .count();
     assert_eq!(n, 2, "one tanh GELU per decoder layer");
+    check_gradients(&su, &r);
+    planned_identical(&su, &r);
+}
+
+/// A node reading one tensor at two slots (`Mul(h, h)`, `Mul(w, w)`: squares the
+/// exporter writes): the first slot's gradient is new, the second is added into it
+/// in place, never out of place.
+#[test]
+fn squares_accumulate_in_place() {
+    use common::{model, node, value_info, weight, with_int, D};
+    let p = model(
+        vec![
+            with_int(node("Gemm", "fc", &["x", "w", "b"], &["h"]), "transB", 1),
+            node("Mul", "sq", &["h", "h"], &["h2"]),
+            node("Mul", "wsq", &["s", "s"], &["s2"]),
+            node("Mul", "y", &["h2", "s2"], &["out"]),
+        ],
+        vec![weight("w", &[4, 3]), weight("b", &[4]), weight("s", &[4])],
+        vec![value_info("x", 1, &[D::S("batch"), D::N(3)])],
+        vec![value_info("out", 1, &[D::S("batch"), D::N(4)])],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = common::write_tmp(&dir, "sq.onnx", &common::encode(&p));
+    let su = setup_from(load_model(&path).unwrap(), "squares", 2, sgd_fp32());
+    let updates =
+        su.s.steps
+            .iter()
+            .filter(|st| !st.updates.is_empty())
+            .count();
+    assert_eq!(updates, 2, "h and s: one in-place accumulation each");
+    let (su, r) = baseline_of(su, 2);
     check_gradients(&su, &r);
     planned_identical(&su, &r);
 }

@@ -1828,12 +1828,15 @@ fn backward_step<B: StepBackend>(
                 // into): a new sum in the step's own `.grad` storage; the old one
                 // is freed by the plan after this step.
                 let own = format!("{name}/grad");
-                if let Some(sum) = step
+                // (Not a first gradient this step wrote for another slot of the same
+                // node, `Mul(x, x)`: that one is updated in place.)
+                let sum = step
                     .writes
                     .iter()
                     .copied()
                     .find(|&w| s.storages[w].name == own)
-                {
+                    .filter(|&w| w != existing && !step.updates.contains(&existing));
+                if let Some(sum) = sum {
                     let dt = s.storages[sum].dtype;
                     let d = b.hold(cast_to(b, d, dt)?);
                     bytes_of(*w, &d)?;

@@ -1154,7 +1154,12 @@ fn find_silu(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
 fn find_tanh_gelu(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
     let g = &model.graph;
     let mut out = Vec::new();
-    let is_const = |t: TensorId| inf.facts[t].value.is_some() || g.tensor(t).init.is_some();
+    // Constants: folded values and initializers that are not parameters (a learnable
+    // coefficient makes it another function, which PyTorch differentiates op by op).
+    let is_const = |t: TensorId| {
+        inf.facts[t].value.is_some()
+            || (g.tensor(t).init.is_some() && g.tensor(t).kind != TensorKind::Parameter)
+    };
     let single = |t: TensorId, op: &str| match consumers(model, t).as_slice() {
         [c] if g.node(*c).op_type == op && !g.outputs.contains(&t) => Some(*c),
         _ => None,
@@ -1186,23 +1191,26 @@ fn find_tanh_gelu(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
             let m3 = producer(m3_out, "Mul")?;
             let a0_out = var_of(m3)?;
             let a0 = producer(a0_out, "Add")?;
-            let (x, m2_out) = match operands(a0).as_slice() {
-                [p, q] if producer(*q, "Mul").is_some() && !is_const(*p) => (*p, *q),
-                [q, p] if producer(*q, "Mul").is_some() && !is_const(*p) => (*p, *q),
+            // `x + c · x · (x · x)`, the sum's operands in either order.
+            type Cube = (NodeIndex, TensorId, NodeIndex, TensorId, NodeIndex);
+            let cube_of = |m2_out: TensorId, x: TensorId| -> Option<Cube> {
+                let m2 = producer(m2_out, "Mul")?;
+                let m1_out = var_of(m2)?;
+                let m1 = producer(m1_out, "Mul")?;
+                let m0_out = match operands(m1).as_slice() {
+                    [a, b] | [b, a] if *a == x && *b != x => *b,
+                    _ => return None,
+                };
+                let m0 = producer(m0_out, "Mul")?;
+                (operands(m0) == [x, x]).then_some((m2, m1_out, m1, m0_out, m0))
+            };
+            let (x, m2_out, (m2, m1_out, m1, m0_out, m0)) = match operands(a0).as_slice() {
+                [p, q] => [(*p, *q), (*q, *p)]
+                    .into_iter()
+                    .filter(|&(x, _)| !is_const(x))
+                    .find_map(|(x, m2_out)| cube_of(m2_out, x).map(|c| (x, m2_out, c)))?,
                 _ => return None,
             };
-            let m2 = producer(m2_out, "Mul")?;
-            let m1_out = var_of(m2)?;
-            let m1 = producer(m1_out, "Mul")?;
-            let m0_out = match operands(m1).as_slice() {
-                [a, b] if *a == x && *b != x => *b,
-                [b, a] if *a == x && *b != x => *b,
-                _ => return None,
-            };
-            let m0 = producer(m0_out, "Mul")?;
-            if operands(m0) != [x, x] {
-                return None;
-            }
             // Forward from the tanh: x · (1 + tanh(..)), then an optional · 0.5.
             let a1 = single(out0(ix)?, "Add")?;
             var_of(a1)?;
