@@ -8,8 +8,8 @@
 use rayon::prelude::*;
 
 use super::{
-    Arity, Backward, BackwardCx, CudaKernels, Cx, Fact, Grad, KernelCx, Op, Registry, RuleResult,
-    Saved, Storage,
+    Arity, Backward, BackwardCx, CudaKernels, Cx, Fact, KernelCx, Op, Registry, RuleResult, Saved,
+    Storage,
 };
 use crate::exec::Tensor;
 use crate::ir::Attrs;
@@ -529,17 +529,7 @@ impl Op for GridSample {
             e.saturating_mul(2 * t * (1 + r))
                 .saturating_add(pts.saturating_mul(4 * r + 2 * wf))
         };
-        Ok(Some(Backward {
-            grads: vec![
-                Grad {
-                    input: 0,
-                    needs: needs.clone(),
-                },
-                Grad { input: 1, needs },
-            ],
-            extras: vec![],
-            flops,
-        }))
+        Ok(Some(Backward::each(&[0, 1], &needs, flops)))
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New

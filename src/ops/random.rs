@@ -23,8 +23,8 @@
 //! needs.
 
 use super::{
-    dtype_attr, no_gradient, Arity, Backward, BackwardCx, CudaKernels, Cx, Fact, Grad, KernelCx,
-    Op, Registry, RuleResult, Storage,
+    dtype_attr, no_gradient, Arity, Backward, BackwardCx, CudaKernels, Cx, Fact, KernelCx, Op,
+    Registry, RuleResult, Storage,
 };
 use crate::exec::{rng, Tensor};
 use crate::ir::DType;
@@ -171,14 +171,7 @@ impl Op for Bernoulli {
             return Ok(None);
         }
         let _ = cx;
-        Ok(Some(Backward {
-            grads: vec![Grad {
-                input: 0,
-                needs: Vec::new(),
-            }],
-            extras: Vec::new(),
-            flops: 0,
-        }))
+        Ok(Some(Backward::each(&[0], &[], 0)))
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New

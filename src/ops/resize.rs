@@ -5,8 +5,8 @@
 use rayon::prelude::*;
 
 use super::{
-    axis, Arity, Backward, BackwardCx, CudaKernels, Cx, Fact, Grad, KernelCx, Op, Registry,
-    RuleResult, Storage,
+    axis, Arity, Backward, BackwardCx, CudaKernels, Cx, Fact, KernelCx, Op, Registry, RuleResult,
+    Storage,
 };
 use crate::exec::broadcast::strides;
 use crate::exec::Tensor;
@@ -574,14 +574,7 @@ impl Op for Resize {
     /// backward keep only the sizes and scales: nothing is saved. Backward FLOPs:
     /// the forward's (the same weights scattered).
     fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
-        Ok(Some(Backward {
-            grads: vec![Grad {
-                input: 0,
-                needs: vec![],
-            }],
-            extras: vec![],
-            flops: self.flops(cx, out),
-        }))
+        Ok(Some(Backward::each(&[0], &[], self.flops(cx, out))))
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New

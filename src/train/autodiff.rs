@@ -970,6 +970,17 @@ pub struct FusedPattern {
 }
 
 impl FusedPattern {
+    /// An activation PyTorch runs as one op that saves only its input `x`.
+    fn of_input(kind: FusedKind, nodes: Vec<NodeIndex>, x: TensorId) -> FusedPattern {
+        FusedPattern {
+            kind,
+            nodes,
+            reads: vec![x],
+            extras: Vec::new(),
+            out_layout: None,
+        }
+    }
+
     /// The last node (execution order): the one whose steps carry the fused kernel's
     /// reads and extras.
     pub fn last(&self) -> NodeIndex {
@@ -1087,13 +1098,11 @@ fn find_erf_gelu(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
             .and_then(|t| single(t, "Mul"))
             .filter(|&m| g.node(m).inputs.iter().flatten().any(|&t| is_const(t)))
             .unwrap_or(mul);
-        out.push(FusedPattern {
-            kind: FusedKind::Gelu,
-            nodes: vec![div, ix, add, mul, last],
-            reads: vec![x],
-            extras: Vec::new(),
-            out_layout: None,
-        });
+        out.push(FusedPattern::of_input(
+            FusedKind::Gelu,
+            vec![div, ix, add, mul, last],
+            x,
+        ));
     }
     out
 }
@@ -1125,21 +1134,14 @@ fn find_silu(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
             continue;
         };
         let m = g.node(mul);
-        let ins: Vec<Option<TensorId>> = m.inputs.clone();
         let is_silu = m.op_type == "Mul"
-            && (ins == [Some(x), Some(s)] || ins == [Some(s), Some(x)])
+            && (m.inputs == [Some(x), Some(s)] || m.inputs == [Some(s), Some(x)])
             && inf.facts[s].shape == inf.facts[x].shape
             && !g.outputs.contains(&s);
         if !is_silu {
             continue;
         }
-        out.push(FusedPattern {
-            kind: FusedKind::Silu,
-            nodes: vec![ix, mul],
-            reads: vec![x],
-            extras: Vec::new(),
-            out_layout: None,
-        });
+        out.push(FusedPattern::of_input(FusedKind::Silu, vec![ix, mul], x));
     }
     out
 }
@@ -1236,13 +1238,7 @@ fn find_tanh_gelu(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
         })();
         if let Some((x, nodes)) = found {
             if inf.facts[x].dtype.is_float() {
-                out.push(FusedPattern {
-                    kind: FusedKind::GeluTanh,
-                    nodes,
-                    reads: vec![x],
-                    extras: Vec::new(),
-                    out_layout: None,
-                });
+                out.push(FusedPattern::of_input(FusedKind::GeluTanh, nodes, x));
             }
         }
     }
