@@ -1286,14 +1286,47 @@ fn verify_on_device() {
 }
 
 fn verify_on(dev: &Device) {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/cnn.onnx");
+    let r = verify_report(dev, &path, 1_100_000);
+    assert!(r.recomputations > 0);
+    let json = serde_json::to_value(&r).unwrap();
+    for k in [
+        "device_name",
+        "mem_get_info_peak_delta_bytes",
+        "workspace_peak_bytes",
+        "launch_peak_bytes",
+        "cpu_max_rel_grad_diff",
+        "measured_peak_bytes",
+    ] {
+        assert!(json.get(k).is_some(), "{k}");
+    }
+}
+
+/// The copies torch.matmul and torch.einsum save (an expanded one among them) are
+/// allocated on the device at the schedule's size: measured == predicted.
+#[test]
+fn strided_matmul_copies_on_device_emulated() {
+    if let Some(dev) = emulated("strided_matmul_copies_on_device_emulated") {
+        let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data/ops/strided_matmul.onnx");
+        verify_report(&dev, &path, u64::MAX);
+    }
+}
+
+/// `verify` on the device at batch 2 under `budget` bytes (greedy): measured ==
+/// predicted with and without the plan, gradients as on the CPU.
+fn verify_report(
+    dev: &Device,
+    path: &std::path::Path,
+    budget: u64,
+) -> memplan::exec::verify::VerifyReport {
     use memplan::exec::train::StepOptions;
     use memplan::exec::verify::{verify_cuda, PlanSource, VerifyOptions};
     use memplan::infer::{infer, Bindings};
     use memplan::remat::plan::Solver;
     use memplan::remat::planfile::StepSource;
     use memplan::train::{Loss, Optimizer, Precision, TrainOptions};
-    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/cnn.onnx");
-    let model = memplan::onnx::load_model(&path).unwrap();
+    let model = memplan::onnx::load_model(path).unwrap();
     let inf = infer(
         &model,
         &Bindings {
@@ -1308,13 +1341,13 @@ fn verify_on(dev: &Device) {
         loss: Loss::Mean,
         grads_resident: false,
     };
-    let source = StepSource::new(&path, Some(2), &Default::default(), &train);
+    let source = StepSource::new(path, Some(2), &Default::default(), &train);
     let v = verify_cuda(
         &model,
         &inf,
         &source,
         &PlanSource::Budget {
-            bytes: 1_100_000,
+            bytes: budget,
             solver: Solver::Greedy,
             time_limit_s: 10.0,
         },
@@ -1336,21 +1369,10 @@ fn verify_on(dev: &Device) {
         r.baseline_measured_peak_bytes,
         r.baseline_predicted_peak_bytes
     );
-    assert!(r.recomputations > 0);
     assert!(r.gradients_identical && r.updated_params_identical);
     assert!(r.cpu_max_rel_grad_diff.unwrap() <= 1e-4, "{r:?}");
     assert!(r.workspace_peak_bytes.is_some());
-    let json = serde_json::to_value(r).unwrap();
-    for k in [
-        "device_name",
-        "mem_get_info_peak_delta_bytes",
-        "workspace_peak_bytes",
-        "launch_peak_bytes",
-        "cpu_max_rel_grad_diff",
-        "measured_peak_bytes",
-    ] {
-        assert!(json.get(k).is_some(), "{k}");
-    }
+    v.report
 }
 
 /// Why resnet18's gradients can differ from the CPU's beyond 1e-4 below some

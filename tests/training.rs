@@ -250,3 +250,41 @@ fn sqrt_checkpointing_saves_memory_at_one_extra_forward() {
             .ceil()) as usize
     );
 }
+
+/// torch.matmul and torch.einsum copy strided operands before `bmm` saves them
+/// (tests/data/ops/export_strided.py): memplan's saved bytes equal PyTorch's to the
+/// byte, at a batch of 1 (where a batch dim merges with anything, so fewer copies)
+/// and of 3, and the copies are `copy` storages read by backward.
+#[test]
+fn strided_matmul_operands_are_saved_as_pytorch_copies_them() {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/ops");
+    let text = std::fs::read_to_string(dir.join("strided_matmul.json")).unwrap();
+    let r: Value = serde_json::from_str(&text).unwrap();
+    let model = load_model(&dir.join("strided_matmul.onnx")).unwrap();
+    let mut copies_at = Vec::new();
+    for b in [1u64, 3] {
+        let inf = infer(
+            &model,
+            &Bindings {
+                batch: Some(b),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let s = build_schedule(&model, &inf, &TrainOptions::default()).unwrap();
+        let want = r[format!("batch_{b}")].as_u64().unwrap();
+        assert_eq!(s.saved_activation_bytes(), want, "batch {b}");
+        let copies: Vec<_> = s
+            .storages
+            .iter()
+            .filter(|st| st.kind == memplan::train::StorageKind::Copy)
+            .collect();
+        assert!(copies.iter().all(|c| c.saved), "every copy is saved here");
+        copies_at.push(copies.len());
+    }
+    // Batch 1: every reshape is a view (a batch of one merges with any dim) but the
+    // einsum's right operand, summed over `j` first. Batch 3: q·scale (laid out like
+    // q, TensorIterator's rule) is copied by each of its three bmm uses, k^T, v and the
+    // expanded operand once each, the folded transpose once, plus that sum.
+    assert_eq!(copies_at, vec![1, 8]);
+}

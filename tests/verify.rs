@@ -135,7 +135,14 @@ fn verify_path(path: &std::path::Path, name: &str, batch: u64) -> (VerifyReport,
 #[test]
 fn census_ops_measured_equals_predicted() {
     let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/ops");
-    for name in ["resize", "einsum", "droppath", "gathernd", "gridsample"] {
+    for name in [
+        "resize",
+        "einsum",
+        "droppath",
+        "gathernd",
+        "gridsample",
+        "strided_matmul",
+    ] {
         let (a, b) = verify_path(&dir.join(format!("{name}.onnx")), name, 2);
         assert!(
             a.recomputations + b.recomputations > 0,

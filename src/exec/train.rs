@@ -244,6 +244,10 @@ pub trait StepBackend {
     fn get(&self, t: &Self::T) -> std::result::Result<Tensor, String>;
     /// `t` converted to `dt`.
     fn cast(&self, t: &Self::T, dt: DType) -> std::result::Result<Self::T, String>;
+    /// A copy of `t` in memory of its own, allocated for `alloc` elements' shape
+    /// (a [`StorageKind::Copy`] storage: larger than `t` where PyTorch copies an
+    /// expanded operand), holding `t`'s values under `t`'s shape.
+    fn copy(&self, t: &Self::T, alloc: &[usize]) -> std::result::Result<Self::T, String>;
     /// `t`'s elements under `shape` (a view: no allocation where the backend
     /// can alias).
     fn reshaped(&self, t: &Self::T, shape: Vec<usize>) -> std::result::Result<Self::T, String>;
@@ -340,6 +344,10 @@ impl StepBackend for Cpu {
     }
     fn cast(&self, t: &Tensor, dt: DType) -> std::result::Result<Tensor, String> {
         t.cast(dt)
+    }
+    /// Memory is the schedule's here: the value alone.
+    fn copy(&self, t: &Tensor, _alloc: &[usize]) -> std::result::Result<Tensor, String> {
+        Ok(t.clone())
     }
     fn reshaped(&self, t: &Tensor, shape: Vec<usize>) -> std::result::Result<Tensor, String> {
         t.reshaped(shape)
@@ -728,7 +736,8 @@ pub fn train_step_on<B: StepBackend>(
                             let (Some(t), Some(&Some(c))) = (*t, step.slots.get(slot)) else {
                                 continue;
                             };
-                            if s.storages[c].kind != StorageKind::Cast {
+                            let kind = s.storages[c].kind;
+                            if !matches!(kind, StorageKind::Cast | StorageKind::Copy) {
                                 continue;
                             }
                             if step.writes.contains(&c) {
@@ -736,6 +745,16 @@ pub fn train_step_on<B: StepBackend>(
                                     .as_ref()
                                     .or(fwd[t].as_ref())
                                     .ok_or_else(|| err(format!("input {slot} has no value")))?;
+                                if kind == StorageKind::Copy {
+                                    // Held as its source; an expanded copy is accounted
+                                    // at its expanded size by the schedule.
+                                    let v = b.copy(v, &s.storages[c].shape).map_err(&err)?;
+                                    if s.storages[c].shape.as_slice() == B::shape(&v) {
+                                        check_bytes(c, &v)?;
+                                    }
+                                    sval[c] = Some(b.hold(v));
+                                    continue;
+                                }
                                 let v = b.cast(v, s.storages[c].dtype).map_err(&err)?;
                                 check_bytes(c, &v)?;
                                 sval[c] = Some(v);
@@ -753,7 +772,7 @@ pub fn train_step_on<B: StepBackend>(
                             .map(|(slot, t)| {
                                 let t = (*t)?;
                                 match step.slots.get(slot) {
-                                    Some(&Some(c)) if s.storages[c].kind == StorageKind::Cast => {
+                                    Some(&Some(c)) if is_copy(s.storages[c].kind) => {
                                         sval[c].as_ref()
                                     }
                                     _ => params[t].as_ref().or(fwd[t].as_ref()),
@@ -1451,6 +1470,9 @@ fn recompute_pattern<B: StepBackend>(
                 (Some(t), Some(&Some(c))) if s.storages[c].kind == StorageKind::Cast => {
                     Some(b.cast(&r.vals[&t], s.storages[c].dtype)?)
                 }
+                (Some(t), Some(&Some(c))) if s.storages[c].kind == StorageKind::Copy => {
+                    Some(b.copy(&r.vals[&t], &s.storages[c].shape)?)
+                }
                 _ => None,
             });
         }
@@ -1718,7 +1740,7 @@ fn backward_step<B: StepBackend>(
         let v = match sv {
             // An input read through an autocast copy: the copy.
             Saved::Input(k) if rec.is_none() => match fstep.slots.get(k) {
-                Some(&Some(c)) if s.storages[c].kind == StorageKind::Cast => sval[c].as_ref(),
+                Some(&Some(c)) if is_copy(s.storages[c].kind) => sval[c].as_ref(),
                 _ => node.inputs.get(k).copied().flatten().and_then(value),
             },
             Saved::Input(k) => node.inputs.get(k).copied().flatten().and_then(value),
@@ -1867,6 +1889,11 @@ fn backward_step<B: StepBackend>(
 }
 
 /// `v` in `dt` (itself when it is already).
+/// A storage an input slot is read through: an autocast copy or a contiguous copy.
+fn is_copy(kind: StorageKind) -> bool {
+    matches!(kind, StorageKind::Cast | StorageKind::Copy)
+}
+
 fn cast_to<B: StepBackend>(b: &B, v: B::T, dt: DType) -> std::result::Result<B::T, String> {
     if B::dtype(&v) == dt {
         Ok(v)

@@ -7,8 +7,8 @@ use std::collections::BTreeSet;
 use rayon::prelude::*;
 
 use super::{
-    Arity, Backward, BackwardCx, CudaKernels, Cx, Fact, Grad, KernelCx, Op, Registry, RuleResult,
-    Saved, Storage,
+    layout, Arity, Backward, BackwardCx, CudaKernels, Cx, Fact, Grad, KernelCx, Op, Registry,
+    RuleResult, Saved, Storage,
 };
 use crate::exec::broadcast::{affine_offsets, strides};
 use crate::exec::gemm::{sgemm, Mat};
@@ -464,6 +464,101 @@ fn spec_of(equation: Option<&str>, shapes: &[&[usize]]) -> RuleResult<Spec> {
     spec(equation.ok_or("missing attribute 'equation'")?, shapes)
 }
 
+/// What `torch.einsum` saves of two operands in place of the operands themselves
+/// (aten/src/ATen/native/Linear.cpp, `einsum` and `sumproduct_pair`): each operand is
+/// permuted to one label order (the output's labels, then the contracted ones in
+/// label order) with size-1 dims for its missing labels; a contracted label only
+/// one operand has is summed out at once; then left is permuted to (both, left only,
+/// contracted) and right to (both, contracted, right only), each reshaped to 3-D
+/// for `bmm`, whose backward saves them. An operand summed early, or whose reshape
+/// is no view ([`layout::view`]), is saved as a new tensor of the 3-D shape.
+/// Equations with a repeated label in one operand (a diagonal) or nothing to
+/// contract (an outer product, run as `mul`) save the operands as they are.
+fn pair_copies(
+    s: &Spec,
+    shapes: &[&[usize]],
+    strides: &[Option<&[usize]>],
+) -> Vec<(usize, Vec<usize>)> {
+    if s.ops
+        .iter()
+        .any(|o| (0..o.len()).any(|i| o[i + 1..].contains(&o[i])))
+    {
+        return Vec::new();
+    }
+    let mut order = s.out.clone();
+    let mut contracted: Vec<usize> = s
+        .ops
+        .iter()
+        .flatten()
+        .copied()
+        .filter(|l| !s.out.contains(l))
+        .collect();
+    contracted.sort_unstable();
+    contracted.dedup();
+    if contracted.is_empty() {
+        return Vec::new();
+    }
+    let n_out = order.len();
+    order.extend(&contracted);
+    // Each operand in the global order: (size, stride) per label.
+    let global = |j: usize| -> Vec<(usize, Option<usize>)> {
+        order
+            .iter()
+            .map(|l| match s.ops[j].iter().position(|x| x == l) {
+                Some(a) => (
+                    shapes[j][a],
+                    strides.get(j).copied().flatten().map(|st| st[a]),
+                ),
+                None => (1, Some(0)),
+            })
+            .collect()
+    };
+    let (mut left, mut right) = (global(0), global(1));
+    let mut summed = [false, false];
+    let (mut lro, mut lo, mut ro, mut sum) = (vec![], vec![], vec![], vec![]);
+    for i in 0..order.len() {
+        let (sl, sr) = (left[i].0 != 1, right[i].0 != 1);
+        if i >= n_out {
+            if sl && sr {
+                sum.push(i);
+            } else if sl {
+                left[i].0 = 1;
+                summed[0] = true;
+            } else if sr {
+                right[i].0 = 1;
+                summed[1] = true;
+            }
+        } else if sl && sr {
+            lro.push(i);
+        } else if sl {
+            lo.push(i);
+        } else {
+            ro.push(i);
+        }
+    }
+    let size = |t: &[(usize, Option<usize>)], dims: &[usize]| -> usize {
+        dims.iter().map(|&d| t[d].0).product()
+    };
+    let lperm: Vec<usize> = [&lro[..], &lo, &sum, &ro].concat();
+    let rperm: Vec<usize> = [&lro[..], &sum, &ro, &lo].concat();
+    let lnew = vec![size(&left, &lro), size(&left, &lo), size(&left, &sum)];
+    let rnew = vec![size(&right, &lro), size(&right, &sum), size(&right, &ro)];
+    let mut out = Vec::new();
+    for (j, t, perm, new) in [(0, &left, &lperm, lnew), (1, &right, &rperm, rnew)] {
+        let sh: Vec<usize> = perm.iter().map(|&d| t[d].0).collect();
+        let st: Option<Vec<usize>> = perm.iter().map(|&d| t[d].1).collect();
+        let copies = summed[j]
+            || match st {
+                Some(st) => layout::view(&sh, &st, &new).is_none(),
+                None => true,
+            };
+        if copies {
+            out.push((j, new));
+        }
+    }
+    out
+}
+
 /// `Einsum(inputs...)` with attribute `equation`.
 ///
 /// Shape: the output labels' sizes; a letter's sizes must agree everywhere,
@@ -554,6 +649,26 @@ impl Op for Einsum {
     /// New, to be safe: a pure permutation or diagonal is a view in PyTorch.
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
+    }
+    /// The `bmm` operands of a two-operand einsum ([`pair_copies`]).
+    fn saved_copies(
+        &self,
+        cx: &Cx,
+        strides: &[Option<&[usize]>],
+        _requires: &[bool],
+    ) -> Vec<(usize, Vec<usize>)> {
+        let Some(shapes) = cx
+            .inputs
+            .iter()
+            .map(|f| f.map(|f| f.shape.as_slice()))
+            .collect::<Option<Vec<_>>>()
+        else {
+            return Vec::new();
+        };
+        match spec_of(cx.attrs().string("equation"), &shapes) {
+            Ok(s) if shapes.len() == 2 => pair_copies(&s, &shapes, strides),
+            _ => Vec::new(),
+        }
     }
     /// f32 (half types widened, rounded back): each operand's diagonals taken and
     /// broadcast ellipsis dims expanded, labels needed nowhere later summed, then

@@ -76,6 +76,16 @@ impl Op for Unary {
             Storage::New
         }
     }
+    /// TensorIterator's output layout.
+    fn out_strides(
+        &self,
+        cx: &Cx,
+        _k: usize,
+        out: &Fact,
+        strides: &[Option<&[usize]>],
+    ) -> Vec<usize> {
+        super::elementwise_strides(cx, out, strides)
+    }
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         unary_kernel(cx, self.bool_out)
     }
@@ -252,6 +262,16 @@ impl Op for Binary {
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
     }
+    /// TensorIterator's output layout.
+    fn out_strides(
+        &self,
+        cx: &Cx,
+        _k: usize,
+        out: &Fact,
+        strides: &[Option<&[usize]>],
+    ) -> Vec<usize> {
+        super::elementwise_strides(cx, out, strides)
+    }
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         binary_kernel(cx, matches!(self.kind, BinKind::Compare(_)))
     }
@@ -412,6 +432,16 @@ impl Op for Where {
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
     }
+    /// TensorIterator's output layout.
+    fn out_strides(
+        &self,
+        cx: &Cx,
+        _k: usize,
+        out: &Fact,
+        strides: &[Option<&[usize]>],
+    ) -> Vec<usize> {
+        super::elementwise_strides(cx, out, strides)
+    }
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         where_kernel(cx)
     }
@@ -507,6 +537,16 @@ impl Op for Cast {
             _ => Storage::New,
         }
     }
+    /// TensorIterator's output layout.
+    fn out_strides(
+        &self,
+        cx: &Cx,
+        _k: usize,
+        out: &Fact,
+        strides: &[Option<&[usize]>],
+    ) -> Vec<usize> {
+        super::elementwise_strides(cx, out, strides)
+    }
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         Ok(vec![cx.input(0)?.cast(cx.out(0)?.dtype)?])
     }
@@ -550,6 +590,16 @@ impl Op for Clip {
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
+    }
+    /// TensorIterator's output layout.
+    fn out_strides(
+        &self,
+        cx: &Cx,
+        _k: usize,
+        out: &Fact,
+        strides: &[Option<&[usize]>],
+    ) -> Vec<usize> {
+        super::elementwise_strides(cx, out, strides)
     }
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         clip_kernel(cx)

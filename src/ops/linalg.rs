@@ -3,8 +3,8 @@
 use rayon::prelude::*;
 
 use super::{
-    broadcast, Arity, Backward, BackwardCx, CudaKernels, Cx, Fact, Grad, KernelCx, Op, Registry,
-    RuleResult, Saved, Storage, CUBLAS_SGEMM,
+    broadcast, layout, Arity, Backward, BackwardCx, CudaKernels, Cx, Fact, Grad, KernelCx, Op,
+    Registry, RuleResult, Saved, Storage, CUBLAS_SGEMM,
 };
 use crate::exec::broadcast::for_each;
 use crate::exec::gemm::{sgemm, Mat};
@@ -51,6 +51,134 @@ pub fn matmul_shape(a: &[usize], b: &[usize]) -> RuleResult<(Vec<usize>, usize)>
     Ok((out, k))
 }
 
+/// One `torch.matmul` operand: shape, strides (`None`: unknown, taken as not
+/// viewable) and requires_grad.
+pub type MatMulOperand<'a> = (&'a [usize], Option<&'a [usize]>, bool);
+
+/// The operands `torch.matmul` copies, with the copy's shape, following
+/// `_matmul_impl` (aten/src/ATen/native/LinearAlgebra.cpp): 1-D and 2-D operands go
+/// to dot/mv/mm as they are; a ≥3-D operand against a ≤2-D one is folded to 2-D
+/// (`should_fold`: always when the smaller operand requires grad, else when the
+/// larger one's leading dims are contiguous), everything else is expanded to the
+/// broadcast batch and reshaped to 3-D for `bmm`. A reshape that is no view
+/// ([`layout::view`]) copies, and `MmBackward0`/`BmmBackward0` save the copy.
+/// (The 2-D @ ≥3-D fold also makes the output contiguous through a transposed
+/// temporary: an output-sized transient not modelled.)
+pub fn matmul_copies(a: MatMulOperand, b: MatMulOperand) -> Vec<(usize, Vec<usize>)> {
+    let ((ash, ast, areq), (bsh, bst, breq)) = (a, b);
+    let (da, db) = (ash.len(), bsh.len());
+    if da == 0 || db == 0 || (da <= 2 && db <= 2) {
+        return Vec::new();
+    }
+    let copies = |sh: &[usize], st: Option<&[usize]>, new: &[usize]| -> bool {
+        sh != new && st.is_none_or(|st| layout::view(sh, st, new).is_none())
+    };
+    // should_fold.
+    let a_larger = da >= db;
+    let (t1sh, t1st): (Vec<usize>, Option<Vec<usize>>) = if a_larger {
+        (ash.to_vec(), ast.map(<[usize]>::to_vec))
+    } else {
+        // b.mT: the last two dims swapped.
+        let mut sh = bsh.to_vec();
+        sh.swap(db - 1, db - 2);
+        let st = bst.map(|st| {
+            let mut st = st.to_vec();
+            st.swap(db - 1, db - 2);
+            st
+        });
+        (sh, st)
+    };
+    let (dim_t1, dim_t2) = if a_larger { (da, db) } else { (db, da) };
+    let fold = dim_t1 >= 3 && dim_t2 <= 2 && {
+        let t2_req = if a_larger { breq } else { areq };
+        t2_req
+            || (da != 2
+                && (t1sh.contains(&0)
+                    || t1st.as_ref().is_some_and(|st| {
+                        (0..dim_t1 - 2).all(|i| st[i] == st[i + 1].saturating_mul(t1sh[i + 1]))
+                    })))
+    };
+    if fold {
+        let last = t1sh[dim_t1 - 1];
+        let folded = vec![t1sh[..dim_t1 - 1].iter().product(), last];
+        let slot = if a_larger { 0 } else { 1 };
+        return if copies(&t1sh, t1st.as_deref(), &folded) {
+            vec![(slot, folded)]
+        } else {
+            Vec::new()
+        };
+    }
+    // 3-D @ 3-D with one batch of 1 that requires grad: squeezed, then folded.
+    if da == 3 && db == 3 && ash[0] != bsh[0] {
+        let squeeze =
+            |sh: &[usize], st: Option<&[usize]>| (sh[1..].to_vec(), st.map(|st| st[1..].to_vec()));
+        if ash[0] == 1 && areq {
+            let (sh, st) = squeeze(ash, ast);
+            return matmul_copies((&sh, st.as_deref(), areq), b);
+        }
+        if bsh[0] == 1 && breq {
+            let (sh, st) = squeeze(bsh, bst);
+            return matmul_copies(a, (&sh, st.as_deref(), breq));
+        }
+    }
+    // bmm: expand to the broadcast batch, reshape to 3-D.
+    let batch_of = |sh: &[usize]| sh[..sh.len().saturating_sub(2)].to_vec();
+    let Ok(batch) = broadcast(&[&batch_of(ash), &batch_of(bsh)]) else {
+        return Vec::new();
+    };
+    let prod: usize = batch.iter().product();
+    let mut out = Vec::new();
+    let n = if da > 1 { ash[da - 2] } else { 1 };
+    let m1 = ash[da - 1];
+    let mut a_to = batch.clone();
+    a_to.extend([n, m1]);
+    let a_src = if da == 1 { vec![1, m1] } else { ash.to_vec() };
+    let a_src_st = ast.map(|st| {
+        if da == 1 {
+            vec![m1, st[0]]
+        } else {
+            st.to_vec()
+        }
+    });
+    if let Some(c) = expanded_copy(&a_src, a_src_st.as_deref(), &a_to, &[prod, n, m1]) {
+        out.push((0, c));
+    }
+    let b_to: Vec<usize>;
+    let b_new: Vec<usize>;
+    if db == 1 {
+        b_to = batch.iter().copied().chain([bsh[0]]).collect();
+        b_new = vec![prod, bsh[0]];
+    } else {
+        b_to = batch
+            .iter()
+            .copied()
+            .chain([bsh[db - 2], bsh[db - 1]])
+            .collect();
+        b_new = vec![prod, bsh[db - 2], bsh[db - 1]];
+    }
+    if let Some(c) = expanded_copy(bsh, bst, &b_to, &b_new) {
+        out.push((1, c));
+    }
+    out
+}
+
+/// `x.expand(to).reshape(new)`: the copy's shape where the reshape copies.
+fn expanded_copy(
+    sh: &[usize],
+    st: Option<&[usize]>,
+    to: &[usize],
+    new: &[usize],
+) -> Option<Vec<usize>> {
+    if to == new {
+        return None;
+    }
+    let copies = match st {
+        Some(st) => layout::view(to, &layout::expand(sh, st, to), new).is_none(),
+        None => true,
+    };
+    copies.then(|| new.to_vec())
+}
+
 impl Op for MatMul {
     fn arity(&self) -> Arity {
         Arity::new(2, 2, 1, 1)
@@ -84,6 +212,20 @@ impl Op for MatMul {
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
+    }
+    /// `torch.matmul`'s reshapes to `mm`/`bmm` operands ([`matmul_copies`]).
+    fn saved_copies(
+        &self,
+        cx: &Cx,
+        strides: &[Option<&[usize]>],
+        requires: &[bool],
+    ) -> Vec<(usize, Vec<usize>)> {
+        let (Some(Some(a)), Some(Some(b))) = (cx.inputs.first(), cx.inputs.get(1)) else {
+            return Vec::new();
+        };
+        let st = |k: usize| strides.get(k).copied().flatten();
+        let req = |k: usize| requires.get(k).copied().unwrap_or(false);
+        matmul_copies((&a.shape, st(0), req(0)), (&b.shape, st(1), req(1)))
     }
     /// f32 (half types widened, result rounded back); each broadcast batch element
     /// is one GEMM, run in parallel.
@@ -400,5 +542,46 @@ mod tests {
             vec![8, 6, 3, 5]
         );
         assert!(matmul_shape(&[2, 3], &[4, 5]).is_err());
+    }
+
+    #[test]
+    fn matmul_copies_follow_torch_matmul() {
+        use super::super::layout::{contiguous, permuted};
+        let c = |sh: &[usize]| contiguous(sh);
+        // Contiguous 4-D operands: bmm views, nothing copied.
+        let (a, b) = ([2, 4, 6, 8], [2, 4, 8, 6]);
+        assert!(matmul_copies((&a, Some(&c(&a)), true), (&b, Some(&c(&b)), true)).is_empty());
+        // k^T of a [B, N, H, D] tensor: B and H cannot merge, the copy is saved...
+        let kt = [2, 4, 8, 6];
+        let kt_st = permuted(&kt, &[0, 3, 1, 2]);
+        assert_eq!(
+            matmul_copies((&a, Some(&c(&a)), true), (&kt, Some(&kt_st), true)),
+            vec![(1, vec![8, 8, 6])]
+        );
+        // ... but a batch of one merges with anything.
+        let (a1, kt1) = ([1, 4, 6, 8], [1, 4, 8, 6]);
+        let kt1_st = permuted(&kt1, &[0, 3, 1, 2]);
+        assert!(matmul_copies((&a1, Some(&c(&a1)), true), (&kt1, Some(&kt1_st), true)).is_empty());
+        // An operand broadcast over heads is copied at the expanded size.
+        let kv = [2, 1, 8, 6];
+        assert_eq!(
+            matmul_copies((&a, Some(&c(&a)), true), (&kv, Some(&c(&kv)), true)),
+            vec![(1, vec![8, 8, 6])]
+        );
+        // A Linear on a transposed input (the weight requires grad): folded, copied.
+        let (x, w) = ([2, 16, 6], [6, 5]);
+        let x_st = permuted(&x, &[0, 2, 1]);
+        assert_eq!(
+            matmul_copies((&x, Some(&x_st), false), (&w, Some(&[1, 6]), true)),
+            vec![(0, vec![32, 6])]
+        );
+        // A frozen weight against the same input: no fold (leading dims not
+        // contiguous), a 3-D bmm of the same shape, nothing copied.
+        assert!(matmul_copies((&x, Some(&x_st), false), (&w, Some(&[1, 6]), false)).is_empty());
+        // Unknown strides reshape by copy.
+        assert_eq!(
+            matmul_copies((&a, None, true), (&b, Some(&c(&b)), true)),
+            vec![(0, vec![8, 6, 8])]
+        );
     }
 }

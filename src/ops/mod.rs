@@ -21,6 +21,7 @@ pub mod einsum;
 pub mod elementwise;
 pub mod gather_nd;
 pub mod grid_sample;
+pub mod layout;
 pub mod linalg;
 pub mod norm;
 pub mod random;
@@ -218,7 +219,20 @@ impl Backward {
     }
 }
 
-/// The rules every supported op must give. No defaults: an op cannot be half-written.
+/// The layout of an element-wise op's output ([`Op::out_strides`]).
+pub fn elementwise_strides(cx: &Cx, out: &Fact, strides: &[Option<&[usize]>]) -> Vec<usize> {
+    let ins: Vec<(&[usize], Option<&[usize]>)> = cx
+        .inputs
+        .iter()
+        .zip(strides)
+        .filter_map(|(f, st)| f.map(|f| (f.shape.as_slice(), *st)))
+        .collect();
+    layout::elementwise(&out.shape, &ins)
+}
+
+/// The rules every supported op must give. No defaults (an op cannot be half-written),
+/// except the layout facts that only view ops, element-wise ops and the matrix
+/// products have ([`Op::view_strides`], [`Op::out_strides`], [`Op::saved_copies`]).
 pub trait Op: Send + Sync {
     /// Input/output counts accepted.
     fn arity(&self) -> Arity;
@@ -232,6 +246,46 @@ pub trait Op: Send + Sync {
     /// How the output relates to input 0's storage in PyTorch: most ops write a new
     /// tensor; view ops (reshape, transpose, slice...) alias their input.
     fn storage(&self, cx: &Cx) -> Storage;
+    /// A view op's output `k` (of fact `out`) as strides over input 0's storage, given
+    /// input 0's strides ([`layout`]); `None` where it is no view under them (a
+    /// reshape that copies). Read only where [`Op::storage`] is not
+    /// [`Storage::New`]. Default: an output of input 0's shape keeps its strides.
+    fn view_strides(&self, cx: &Cx, k: usize, out: &Fact, strides: &[usize]) -> Option<Vec<usize>> {
+        let _ = k;
+        cx.inputs
+            .first()
+            .copied()
+            .flatten()
+            .filter(|x| x.shape == out.shape)
+            .map(|_| strides.to_vec())
+    }
+    /// The strides of new output `k` (of fact `out`), given each input's strides
+    /// (`None`: omitted or unknown). Default: contiguous; element-wise ops follow
+    /// their inputs' layout ([`layout::elementwise`]).
+    fn out_strides(
+        &self,
+        cx: &Cx,
+        k: usize,
+        out: &Fact,
+        strides: &[Option<&[usize]>],
+    ) -> Vec<usize> {
+        let _ = (cx, k, strides);
+        layout::contiguous(&out.shape)
+    }
+    /// Input slots that PyTorch's kernel copies into fresh contiguous memory before
+    /// its backward saves them (then the copy, not the input, is what is saved), with
+    /// the copy's shape: `torch.matmul` reshaping a strided operand for `bmm`.
+    /// `strides`: each input's strides (`None`: omitted, or a layout memplan does not
+    /// follow); `requires`: whether each input requires grad. Default: none.
+    fn saved_copies(
+        &self,
+        cx: &Cx,
+        strides: &[Option<&[usize]>],
+        requires: &[bool],
+    ) -> Vec<(usize, Vec<usize>)> {
+        let _ = (cx, strides, requires);
+        Vec::new()
+    }
     /// The CPU forward kernel: one output tensor per declared output, in order
     /// (omitted optional outputs may be computed anyway; the executor drops them),
     /// each of the dtype and shape that [`Op::infer`] gave. An op without a kernel

@@ -6,8 +6,9 @@
 //! FLOPs: all ops here move or select data and count 0.
 
 use super::{
-    axis, broadcast, dim, dtype_attr, no_backward_kernel, no_gradient, numel, Arity, Backward,
-    BackwardCx, CudaKernels, Cx, Fact, KernelCx, Op, Registry, RuleResult, Saved, Storage,
+    axis, broadcast, dim, dtype_attr, layout, no_backward_kernel, no_gradient, numel, Arity,
+    Backward, BackwardCx, CudaKernels, Cx, Fact, KernelCx, Op, Registry, RuleResult, Saved,
+    Storage,
 };
 use crate::exec::broadcast::{affine_offsets, for_each};
 use crate::exec::grad::sum_to;
@@ -300,6 +301,16 @@ impl Op for Reshape {
         let _ = cx;
         Storage::Reshape
     }
+    /// A view where PyTorch's `computeStride` finds one, else a copy.
+    fn view_strides(
+        &self,
+        cx: &Cx,
+        _k: usize,
+        out: &Fact,
+        strides: &[usize],
+    ) -> Option<Vec<usize>> {
+        layout::view(&cx.inputs[0]?.shape, strides, &out.shape)
+    }
     /// The same elements under the inferred shape.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         Ok(vec![cx.input(0)?.reshaped(cx.out(0)?.shape.clone())?])
@@ -349,6 +360,16 @@ impl Op for Flatten {
     fn storage(&self, cx: &Cx) -> Storage {
         let _ = cx;
         Storage::Reshape
+    }
+    /// A view where PyTorch's `computeStride` finds one, else a copy.
+    fn view_strides(
+        &self,
+        cx: &Cx,
+        _k: usize,
+        out: &Fact,
+        strides: &[usize],
+    ) -> Option<Vec<usize>> {
+        layout::view(&cx.inputs[0]?.shape, strides, &out.shape)
     }
     /// The same elements under the inferred shape.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
@@ -407,6 +428,23 @@ impl Op for Transpose {
     fn storage(&self, cx: &Cx) -> Storage {
         let _ = cx;
         Storage::StridedView
+    }
+    /// Output dim `j` is input dim `perm[j]`.
+    fn view_strides(
+        &self,
+        cx: &Cx,
+        _k: usize,
+        _out: &Fact,
+        strides: &[usize],
+    ) -> Option<Vec<usize>> {
+        let r = strides.len();
+        match cx.attrs().ints("perm") {
+            Some(p) => p
+                .iter()
+                .map(|&a| axis(a, r).ok().map(|a| strides[a]))
+                .collect(),
+            None => Some(strides.iter().rev().copied().collect()),
+        }
     }
     /// A copy in the permuted order.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
@@ -503,6 +541,16 @@ impl Op for Squeeze {
         let _ = cx;
         Storage::View
     }
+    /// A view where PyTorch's `computeStride` finds one, else a copy.
+    fn view_strides(
+        &self,
+        cx: &Cx,
+        _k: usize,
+        out: &Fact,
+        strides: &[usize],
+    ) -> Option<Vec<usize>> {
+        layout::view(&cx.inputs[0]?.shape, strides, &out.shape)
+    }
     /// The same elements under the inferred shape.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         Ok(vec![cx.input(0)?.reshaped(cx.out(0)?.shape.clone())?])
@@ -562,6 +610,16 @@ impl Op for Unsqueeze {
     fn storage(&self, cx: &Cx) -> Storage {
         let _ = cx;
         Storage::View
+    }
+    /// A view where PyTorch's `computeStride` finds one, else a copy.
+    fn view_strides(
+        &self,
+        cx: &Cx,
+        _k: usize,
+        out: &Fact,
+        strides: &[usize],
+    ) -> Option<Vec<usize>> {
+        layout::view(&cx.inputs[0]?.shape, strides, &out.shape)
     }
     /// The same elements under the inferred shape.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
@@ -787,6 +845,16 @@ impl Op for Split {
             Storage::StridedView
         }
     }
+    /// Each piece keeps the input's strides.
+    fn view_strides(
+        &self,
+        _cx: &Cx,
+        _k: usize,
+        _out: &Fact,
+        strides: &[usize],
+    ) -> Option<Vec<usize>> {
+        Some(strides.to_vec())
+    }
     /// Consecutive pieces along `axis`, sized as inference gave them.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         let x = cx.input(0)?;
@@ -837,11 +905,11 @@ impl Op for Split {
 /// `Slice(data, starts, ends, axes?, steps?)` (opset 10+; attributes before).
 struct Slice;
 
-impl Op for Slice {
-    fn arity(&self) -> Arity {
-        Arity::new(1, 5, 1, 1)
-    }
-    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+impl Slice {
+    /// The output shape, and per input dim the first index and the step, from the
+    /// starts, ends, axes and steps (runtime inputs; attributes before opset 10),
+    /// clamped as the spec says.
+    fn plan(cx: &Cx) -> RuleResult<(Vec<usize>, Vec<i64>, Vec<i64>)> {
         let x = cx.input(0)?;
         let r = x.rank();
         let (starts, ends, axes, steps) = if cx.opset >= 10 {
@@ -896,6 +964,17 @@ impl Op for Slice {
             begin[a] = b;
             step[a] = s;
         }
+        Ok((shape, begin, step))
+    }
+}
+
+impl Op for Slice {
+    fn arity(&self) -> Arity {
+        Arity::new(1, 5, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let (shape, begin, step) = Slice::plan(cx)?;
         let st = strides(&x.shape);
         let value = x.value.as_ref().and_then(|v| {
             remap(v, &shape, |c| {
@@ -923,6 +1002,21 @@ impl Op for Slice {
     fn storage(&self, cx: &Cx) -> Storage {
         let _ = cx;
         Storage::StridedView
+    }
+    /// A stepped axis multiplies its stride (a negative step is not followed).
+    fn view_strides(
+        &self,
+        cx: &Cx,
+        _k: usize,
+        _out: &Fact,
+        strides: &[usize],
+    ) -> Option<Vec<usize>> {
+        let (_, _, step) = Slice::plan(cx).ok()?;
+        strides
+            .iter()
+            .zip(&step)
+            .map(|(&st, &s)| usize::try_from(s).ok().map(|s| st.saturating_mul(s)))
+            .collect()
     }
     /// Starts, ends, axes and steps read from the runtime inputs (attributes
     /// before opset 10), clamped as the spec says; negative steps walk backwards.
@@ -1110,6 +1204,19 @@ impl Op for Gather {
         } else {
             Storage::New
         }
+    }
+    /// A select drops its axis.
+    fn view_strides(
+        &self,
+        cx: &Cx,
+        _k: usize,
+        _out: &Fact,
+        strides: &[usize],
+    ) -> Option<Vec<usize>> {
+        let a = axis(cx.attrs().int_or("axis", 0), strides.len()).ok()?;
+        let mut st = strides.to_vec();
+        st.remove(a);
+        Some(st)
     }
     /// Rows of `data` along `axis` picked by the runtime indices (negative ones
     /// count from the end; out of range is an error).
@@ -1464,6 +1571,16 @@ impl Op for Expand {
     fn storage(&self, cx: &Cx) -> Storage {
         let _ = cx;
         Storage::StridedView
+    }
+    /// Broadcast dims get stride 0.
+    fn view_strides(
+        &self,
+        cx: &Cx,
+        _k: usize,
+        out: &Fact,
+        strides: &[usize],
+    ) -> Option<Vec<usize>> {
+        Some(layout::expand(&cx.inputs[0]?.shape, strides, &out.shape))
     }
     /// A copy broadcast to the inferred shape.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {

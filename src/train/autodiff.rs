@@ -4,10 +4,14 @@
 //! Each op's backward rule (`Op::backward`, beside the op) says which inputs get
 //! gradients and which forward tensors each gradient reads: the tensors PyTorch's
 //! autograd saves on CUDA. Memory is tracked per *storage*, as PyTorch allocates it:
-//! view ops (reshape of a contiguous tensor, transpose, slice, unsqueeze, expand,
-//! identity dropout...) alias their input's storage and cost nothing; a reshape of a
-//! strided view copies. A gradient flowing back through a view op is a view of the
-//! incoming gradient.
+//! view ops (transpose, slice, select, unsqueeze, expand, identity dropout, a reshape
+//! that can be a view...) alias their input's storage and cost nothing. Every tensor's
+//! strides are followed (`ops::layout`; element-wise results laid out like their
+//! inputs), so a reshape copies exactly where PyTorch's would, and an op whose PyTorch
+//! kernel copies a strided operand before saving it (`torch.matmul`'s reshape for
+//! `bmm`) writes a [`StorageKind::Copy`] that backward reads in the operand's place
+//! ([`ops::Op::saved_copies`]). A gradient flowing back through a view op is a view of
+//! the incoming gradient.
 //!
 //! Recognised fusions (PyTorch runs these as one kernel; memplan models what that
 //! kernel saves): the exact GELU exporters write as `x · (erf(x/√2) + 1) · 0.5`
@@ -26,7 +30,7 @@ use super::{Loss, TrainOptions};
 use crate::error::{Error, Result};
 use crate::infer::Inferred;
 use crate::ir::{DType, Model, TensorId, TensorKind};
-use crate::ops::{self, registry, Backward, Cx, Fact, Saved};
+use crate::ops::{self, layout, registry, Backward, Cx, Fact, Saved};
 
 /// Index of a [`Storage`] in [`Schedule::storages`].
 pub type StorageId = usize;
@@ -49,6 +53,10 @@ pub enum StorageKind {
     Extra,
     /// A reduced-precision copy (autocast casts of activations and cached weights).
     Cast,
+    /// A contiguous copy of a strided input that an op's PyTorch kernel makes and its
+    /// backward saves in the input's place (`torch.matmul` reshaping a transposed or
+    /// expanded operand for `bmm`), maybe of the expanded size.
+    Copy,
     /// The scalar loss.
     Loss,
     /// The gradient of an activation.
@@ -361,17 +369,13 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         steps: Vec::new(),
     };
     let mut tstore: Vec<Option<StorageId>> = vec![None; n_t];
-    // Physical dim order of each forward tensor (identity: contiguous; None: strided in
-    // a way a reshape must copy).
-    let mut layout: Vec<Option<Vec<usize>>> = inf
+    // Strides of each forward tensor in its storage (`ops::layout`); `None`: a view
+    // memplan does not follow (a reshape of it copies).
+    let mut strides: Vec<Option<Vec<usize>>> = inf
         .facts
         .iter()
-        .map(|f| Some((0..f.rank()).collect()))
+        .map(|f| Some(layout::contiguous(&f.shape)))
         .collect();
-    let contiguous = |l: &Option<Vec<usize>>| {
-        l.as_ref()
-            .is_some_and(|p| p.iter().enumerate().all(|(i, &d)| i == d))
-    };
     // Persistent storages.
     for (t, info) in g.tensors.iter().enumerate() {
         let kind = match info.kind {
@@ -441,6 +445,58 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
             reads.push(s);
             slots.push(Some(s));
         }
+        // Operands PyTorch's kernel copies to contiguous memory before saving them
+        // (torch.matmul's reshape of a strided operand): the copy is written here and
+        // read in the input's place, by this step and by backward.
+        let op = reg
+            .get(&node.domain, &node.op_type)
+            .expect("inferred model");
+        let cx = Cx {
+            node,
+            inputs: node
+                .inputs
+                .iter()
+                .map(|t| t.map(|t| &inf.facts[t]))
+                .collect(),
+            opset,
+        };
+        // Each input's strides as this node reads it (an autocast copy is contiguous).
+        let in_strides: Vec<Option<Vec<usize>>> = node
+            .inputs
+            .iter()
+            .zip(&slots)
+            .map(|(t, s)| match (*t, *s) {
+                (Some(t), Some(s)) if tstore[t] == Some(s) => strides[t].clone(),
+                (Some(t), Some(_)) => Some(layout::contiguous(&inf.facts[t].shape)),
+                _ => None,
+            })
+            .collect();
+        let own: Vec<Option<&[usize]>> = in_strides.iter().map(|s| s.as_deref()).collect();
+        if !fusions.contains_key(&ix) {
+            let req: Vec<bool> = node
+                .inputs
+                .iter()
+                .map(|t| t.is_some_and(|t| requires[t]))
+                .collect();
+            for (k, shape) in op.saved_copies(&cx, &own, &req) {
+                let (Some(t), Some(src)) = (node.inputs[k], slots[k]) else {
+                    continue;
+                };
+                if tstore[t] != Some(src) {
+                    continue;
+                }
+                let dt = b.storages[src].dtype;
+                let c = b.new_storage(
+                    &format!("{}@copy", g.tensor(t).name),
+                    &Fact::new(dt, shape),
+                    dt,
+                    StorageKind::Copy,
+                );
+                writes.push(c);
+                reads.push(c);
+                slots[k] = Some(c);
+            }
+        }
         // Output dtypes: the widest float input that is not a parameter (a module's
         // weights and biases follow its input under autocast, e.g. BatchNorm on half
         // input, or a Linear's bias add).
@@ -466,33 +522,18 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
                     slots[0].is_some() && b.dtype_of(i, &float_dtype) == b.dtype_of(t, &float_dtype)
                 })
             };
-            let rank = inf.facts[t].rank();
-            let identity: Vec<usize> = (0..rank).collect();
             let alias = match (rule.storage, view_of(&b)) {
-                (ops::Storage::View, Some(i)) => Some((
-                    slots[0].expect("read"),
-                    contiguous(&layout[i]).then(|| identity.clone()),
-                )),
-                (ops::Storage::StridedView, Some(i)) if node.op_type == "Transpose" => {
-                    // Output dim j is input dim perm[j]: permute the physical order.
-                    let perm: Vec<usize> = match node.attrs.ints("perm") {
-                        Some(p) => p.iter().map(|&d| d as usize).collect(),
-                        None => (0..rank).rev().collect(),
-                    };
-                    let l = layout[i].as_ref().map(|phys| {
-                        let mut inv = vec![0; rank];
-                        for (j, &p) in perm.iter().enumerate() {
-                            inv[p] = j;
-                        }
-                        phys.iter().map(|&d| inv[d]).collect()
-                    });
-                    Some((slots[0].expect("read"), l))
+                (ops::Storage::New, _) | (_, None) => None,
+                (kind, Some(i)) => {
+                    let st = strides[i]
+                        .as_ref()
+                        .and_then(|st| op.view_strides(&cx, k, &inf.facts[t], st));
+                    match (kind, st) {
+                        // A reshape that is no view copies.
+                        (ops::Storage::Reshape, None) => None,
+                        (_, st) => Some((slots[0].expect("read"), st)),
+                    }
                 }
-                (ops::Storage::StridedView, Some(_)) => Some((slots[0].expect("read"), None)),
-                (ops::Storage::Reshape, Some(i)) if contiguous(&layout[i]) => {
-                    Some((slots[0].expect("read"), Some(identity.clone())))
-                }
-                _ => None,
             };
             let kind = if node.op_type == "Constant" {
                 StorageKind::Constant
@@ -500,13 +541,14 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
                 StorageKind::Activation
             };
             let s = match alias {
-                Some((s, l)) if kind == StorageKind::Activation => {
-                    layout[t] = l;
+                Some((s, st)) if kind == StorageKind::Activation => {
+                    strides[t] = st;
                     s
                 }
                 _ => {
                     let dt = b.dtype_of(t, &float_dtype);
                     let s = b.new_storage(&g.tensor(t).name, &inf.facts[t], dt, kind);
+                    strides[t] = Some(op.out_strides(&cx, k, &inf.facts[t], &own));
                     if kind == StorageKind::Constant {
                         b.storages[s].persistent = true;
                     } else {
@@ -518,9 +560,9 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
             if g.outputs.contains(&t) {
                 b.storages[s].held = true;
             }
-            if let Some(l) = fusions.get(&ix).and_then(|f| f.out_layout.clone()) {
-                if k == 0 && l.len() == rank {
-                    layout[t] = Some(l);
+            if let Some(l) = fusions.get(&ix).and_then(|f| f.out_layout.as_ref()) {
+                if k == 0 && l.len() == inf.facts[t].rank() {
+                    strides[t] = Some(layout::permuted(&inf.facts[t].shape, l));
                 }
             }
             tstore[t] = Some(s);

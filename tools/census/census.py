@@ -10,6 +10,7 @@ Dev-time tool (memplan never needs Python). Run from anywhere; paths are relativ
     $PY tools/census/census.py measure           # PyTorch saved bytes + CPU step peak (sample)
     $PY tools/census/census.py report            # docs/CENSUS.md + tools/census/results.json
     $PY tools/census/census.py subset            # copy the CI subset to models/census/ + manifest
+    $PY tools/census/census.py cse-check         # re-export CSE_CHECK models without the exporter's CSE
     $PY tools/census/census.py all               # export, profile, measure, report, subset
 
 Options: --only a,b,c (model names), --subset (only the CI subset), --cache DIR
@@ -51,6 +52,10 @@ MODELS_DIR = os.path.join(ROOT, "models")
 DEFAULT_CACHE = os.path.join(ROOT, "target", "census")
 DEFAULT_MEMPLAN = os.path.join(ROOT, "target", "release", "memplan")
 RESULTS = os.path.join(HERE, "results.json")
+CSE_CHECK_JSON = os.path.join(HERE, "cse_check.json")
+# Sample models whose export merges computations PyTorch runs twice (the TorchScript exporter's
+# common-subexpression elimination): re-exported without it by `cse-check`.
+CSE_CHECK = ("hf_deberta", "hf_gptj", "hf_codegen")
 MEASURE = os.path.join(HERE, "measure.json")
 DOC = os.path.join(ROOT, "docs", "CENSUS.md")
 SUBSET_DIR = os.path.join(MODELS_DIR, "census")
@@ -578,6 +583,13 @@ def main_worker(a):
     try:
         if a.worker == "export":
             res = worker_export(e, a.cache)
+        elif a.worker == "export_nocse":
+            import torch
+
+            # The TorchScript exporter's only CSE pass (torch/onnx/_internal/torchscript_exporter/
+            # utils.py, _optimize_graph); it looks the function up at call time.
+            torch._C._jit_pass_cse = lambda graph: False
+            res = worker_export(e, a.cache)
         else:
             res = worker_measure(e, [int(x) for x in a.batches.split(",")])
     except Exception as exc:  # noqa: BLE001
@@ -924,6 +936,7 @@ def cmd_report(a, entries):
     w("$PY tools/census/census.py measure    # PyTorch CPU measurements for the sample -> tools/census/measure.json (slow; cached)")
     w("$PY tools/census/census.py report     # this file + tools/census/results.json")
     w("$PY tools/census/census.py subset     # models/census/*.onnx + manifest.json (the CI subset)")
+    w("$PY tools/census/census.py cse-check  # the CSE_CHECK models re-exported without the exporter's CSE")
     w("```")
     w("")
     w("After memplan is rebuilt only `profile` and `report` need rerunning. `--only a,b` restricts "
@@ -1027,6 +1040,30 @@ def cmd_report(a, entries):
         with open(notes) as f:
             w(f.read().rstrip())
         w("")
+    cse = _load(CSE_CHECK_JSON, None)
+    if cse:
+        w("### The exporter's common-subexpression elimination")
+        w("")
+        w("The TorchScript exporter merges computations the model repeats (`torch._C._jit_pass_cse`), "
+          "so the graph memplan reads holds one tensor where eager PyTorch makes and saves several. "
+          "`census.py cse-check` exports these models again with that pass disabled "
+          "(tools/census/cse_check.json) and runs the same memplan on both files:")
+        w("")
+        w("| model | batch | nodes (as exported / without CSE) | PyTorch saved | memplan saved | diff % | "
+          "memplan saved, without CSE | diff % |")
+        w("|---|---|---|---|---|---|---|---|")
+        for n, row in cse.items():
+            if n.startswith("_") or "status" in row:
+                continue
+            for b in all_measure_batches():
+                c = row.get("batch_%d" % b)
+                if not c:
+                    continue
+                w("| %s | %d | %s / %s | %s | %s | %+.2f | %s | %+.2f |" % (
+                    n, b, row.get("nodes"), row.get("nodes_without_cse"), c["pytorch_saved_bytes"],
+                    c["memplan_saved_bytes"], c["saved_diff_pct"], c["memplan_saved_bytes_without_cse"],
+                    c["saved_diff_pct_without_cse"]))
+        w("")
     # per-model tables
     for s in suites:
         w("## %s" % s)
@@ -1107,6 +1144,41 @@ def cmd_subset(a, entries):
     log("subset: %d files, %d ok, %.1f MB" % (len(files), manifest["counts"]["ok"], total / 1e6))
 
 
+def cmd_cse_check(a, entries):
+    """Export the CSE_CHECK models (or --only) with the exporter's CSE pass disabled, run memplan at
+    the measured batches on both exports, and record both against PyTorch in cse_check.json."""
+    names = a.only.split(",") if a.only else list(CSE_CHECK)
+    by = {e.name: e for e in entries}
+    meas = _load(MEASURE, {})
+    cache = os.path.join(a.cache, "nocse")
+    for sub in ("onnx", "export"):
+        os.makedirs(os.path.join(cache, sub), exist_ok=True)
+    out = {"_meta": {"generated_by": "python tools/census/census.py cse-check",
+                     "what": "the same model exported twice: as users export it, and with "
+                             "torch._C._jit_pass_cse disabled during export; memplan run on both",
+                     "memplan_args": MEMPLAN_ARGS[2:], "versions": _versions(), "git_head": _git_head()}}
+    for n in names:
+        e = by[n]
+        res = _run_worker("export_nocse", e, cache, a.export_timeout)
+        if res.get("status") != "exported":
+            out[n] = {"status": res.get("status"), "reason": res.get("reason")}
+            continue
+        row = {"nodes": _load(os.path.join(a.cache, "export", n + ".json"), {}).get("nodes"),
+               "nodes_without_cse": res["nodes"]}
+        for b in measure_batches(n):
+            pt = (meas.get(n) or {}).get("batch_%d" % b) or {}
+            c = {"pytorch_saved_bytes": pt.get("saved_bytes_cuda_equivalent")}
+            for tag, path in (("", os.path.join(a.cache, "onnx", n + ".onnx")),
+                              ("_without_cse", os.path.join(cache, "onnx", n + ".onnx"))):
+                r = run_memplan(a.memplan, path, b, a.timeout)
+                c["memplan_saved_bytes" + tag] = r.get("saved_activation_bytes")
+                c["saved_diff_pct" + tag] = _pct(r.get("saved_activation_bytes"), c["pytorch_saved_bytes"])
+            row["batch_%d" % b] = c
+        out[n] = row
+        log("cse-check %s: %s" % (n, json.dumps(row)))
+    _save(CSE_CHECK_JSON, out)
+
+
 def cmd_check(a, entries):
     """The count lines of docs/CENSUS.md equal results.json's suites, and results.json's suites equal
     the counts recomputed from its models (exit status 1 otherwise)."""
@@ -1135,7 +1207,7 @@ def cmd_check(a, entries):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for c in ("export", "profile", "measure", "report", "subset", "all", "list", "check"):
+    for c in ("export", "profile", "measure", "report", "subset", "all", "list", "check", "cse-check"):
         p = sub.add_parser(c)
         p.add_argument("--only")
         p.add_argument("--subset", action="store_true")
@@ -1146,7 +1218,7 @@ def main():
         p.add_argument("--measure-timeout", type=int, default=1800)
         p.add_argument("--force", action="store_true")
     p = sub.add_parser("_worker")
-    p.add_argument("worker", choices=["export", "measure"])
+    p.add_argument("worker", choices=["export", "export_nocse", "measure"])
     p.add_argument("name")
     p.add_argument("--result", required=True)
     p.add_argument("--cache", default=DEFAULT_CACHE)
@@ -1163,7 +1235,7 @@ def main():
         return
     steps = ["export", "profile", "measure", "report", "subset"] if a.cmd == "all" else [a.cmd]
     for s in steps:
-        globals()["cmd_" + s](a, entries)
+        globals()["cmd_" + s.replace("-", "_")](a, entries)
 
 
 if __name__ == "__main__":

@@ -531,6 +531,24 @@ fn copy_as(dev: &Device, x: &DeviceTensor, shape: &[usize]) -> Result<DeviceTens
     Ok(out)
 }
 
+/// A copy of `x` (same shape and elements) in a new allocation made for `alloc`'s
+/// element count: an expanded operand's copy is larger than `x` (counted in full, the
+/// elements past `x`'s stay zero and unread); a summed one is smaller, and then `x`
+/// is kept whole with only `alloc`'s bytes counted as a tensor, the rest as
+/// workspace (memory the executor holds beyond what PyTorch saves).
+pub(super) fn copy_into(dev: &Device, x: &DeviceTensor, alloc: &[usize]) -> Result<DeviceTensor> {
+    let n = x.numel();
+    let want: usize = alloc.iter().product();
+    let mut out = dev.zeros(x.dtype(), if want >= n { alloc } else { &x.shape })?;
+    let d = Strided::new(&[n], &[vec![1], vec![1]])?;
+    strided_copy(dev, x, 0, &out, 0, n, d)?;
+    out.shape = x.shape.clone();
+    if want < n {
+        out.count_as((want * super::tensor::elem_size(x.dtype())?) as u64);
+    }
+    Ok(out)
+}
+
 /// `scale · Σ` of `g` (shape `from`) over the axes broadcast to it from `target`
 /// (numpy rules), in row-major order in f64 (exec::grad::sum_to).
 fn sum_to(dev: &Device, g: &DeviceTensor, target: &[usize], scale: f64) -> Result<DeviceTensor> {

@@ -180,6 +180,12 @@ impl StepBackend for DeviceStep<'_> {
         ))
     }
 
+    /// Made in the launch bucket: the executor then holds it at its counted size.
+    fn copy(&self, t: &DeviceTensor, alloc: &[usize]) -> Result<DeviceTensor, String> {
+        let _launching = Launching::new(self.dev);
+        super::ops::copy_into(self.dev, t, alloc).map_err(e)
+    }
+
     fn reshaped(&self, t: &DeviceTensor, shape: Vec<usize>) -> Result<DeviceTensor, String> {
         t.alias(shape).map_err(e)
     }

@@ -43,6 +43,8 @@ pub struct DeviceTensor {
     buf: Arc<DeviceBuf>,
     ptr: u64,
     bytes: u64,
+    /// Bytes of the allocation counted as workspace instead ([`DeviceTensor::count_as`]).
+    apart: u64,
     bucket: Bucket,
     counter: Arc<MemCounter>,
 }
@@ -68,6 +70,7 @@ impl DeviceTensor {
 impl Drop for DeviceTensor {
     fn drop(&mut self) {
         self.uncount();
+        self.counter.sub_workspace(self.apart);
     }
 }
 
@@ -118,6 +121,7 @@ impl DeviceTensor {
             buf: self.buf.clone(),
             ptr: self.ptr,
             bytes: 0,
+            apart: 0,
             bucket: Bucket::Tensor,
             counter: self.counter.clone(),
         })
@@ -131,6 +135,24 @@ impl DeviceTensor {
             self.uncount();
             self.counter.add_workspace(self.bytes);
             self.bucket = Bucket::Workspace;
+        }
+    }
+
+    /// Counts only `bytes` of this allocation where it is counted, the rest as
+    /// workspace: a value the executor keeps whole where the schedule's storage is
+    /// smaller (PyTorch saves a reduced copy of it).
+    pub fn count_as(&mut self, bytes: u64) {
+        if bytes < self.bytes {
+            let rest = self.bytes - bytes;
+            self.uncount();
+            self.bytes = bytes;
+            match self.bucket {
+                Bucket::Tensor => self.counter.add(bytes),
+                Bucket::Workspace => self.counter.add_workspace(bytes),
+                Bucket::Launch => self.counter.add_launch(bytes),
+            }
+            self.counter.add_workspace(rest);
+            self.apart += rest;
         }
     }
 
@@ -254,6 +276,7 @@ impl Device {
             buf: Arc::new(buf),
             ptr,
             bytes,
+            apart: 0,
             bucket,
             counter: self.counter().clone(),
         })
