@@ -622,14 +622,14 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
     if rows.iter().all(|r| r.max_batch == 0) {
         return Err(Error::Binding(format!(
             "nothing fits in {}: batch 1 needs {} as exported ({} bytes){}",
-            crate::report::human_bytes(o.memory),
-            crate::report::human_bytes(batch1),
+            crate::units::human_bytes(o.memory),
+            crate::units::human_bytes(batch1),
             batch1,
             rows.iter()
                 .map(|r| r.peak_bytes)
                 .min()
                 .filter(|&m| m < batch1)
-                .map(|m| format!(", {} with the best strategy", crate::report::human_bytes(m)))
+                .map(|m| format!(", {} with the best strategy", crate::units::human_bytes(m)))
                 .unwrap_or_default()
         )));
     }
@@ -645,32 +645,5 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
     })
 }
 
-/// Parses a memory size: `16GiB`, `1.5 TiB`, `800MiB`, `16GB` (10⁹), `16G` (GiB),
-/// or plain bytes.
-pub fn parse_memory(text: &str) -> std::result::Result<u64, String> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let v: f64 = num
-        .parse()
-        .map_err(|_| format!("--memory '{text}': expected a size such as 16GiB"))?;
-    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "kib" => 1024.0,
-        "m" | "mib" => 1024f64.powi(2),
-        "g" | "gib" => 1024f64.powi(3),
-        "t" | "tib" => 1024f64.powi(4),
-        "kb" => 1e3,
-        "mb" => 1e6,
-        "gb" => 1e9,
-        "tb" => 1e12,
-        u => return Err(format!("--memory '{text}': unknown unit '{u}'")),
-    };
-    let bytes = v * mult;
-    if bytes.is_nan() || !(1.0..=1e18).contains(&bytes) {
-        return Err(format!("--memory '{text}' must be between 1 byte and 1 EB"));
-    }
-    Ok(bytes as u64)
-}
+/// [`crate::units::parse_size`], the name `fit` has always exported.
+pub use crate::units::parse_size as parse_memory;

@@ -73,11 +73,11 @@ pub fn has_batch_dim(model: &Model) -> bool {
 
 /// Checks that every op is supported; lists each unsupported op type once with a node.
 pub fn check_supported(model: &Model) -> Result<()> {
-    if crate::remat::rewrite::is_rewrite(model) {
+    if crate::onnx::is_rewrite(model) {
         return Err(Error::Rewrite(format!(
             "a training step planned by `memplan plan --rewrite` (backward ops in domain {}), \
              not a model: run memplan on the original model",
-            crate::remat::rewrite::DOMAIN
+            crate::onnx::REWRITE_DOMAIN
         )));
     }
     let reg = registry();

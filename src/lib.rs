@@ -13,11 +13,13 @@ pub mod fit;
 pub mod infer;
 pub mod ir;
 pub mod memory;
+pub mod numeric;
 pub mod onnx;
 pub mod ops;
 pub mod remat;
 pub mod report;
 pub mod train;
+pub mod units;
 
 pub use error::{Error, Result};
 

@@ -57,7 +57,7 @@ enum Command {
         /// The ONNX file.
         model: PathBuf,
         /// Memory per GPU, e.g. `16GiB`, `80GB`, `24G` (GiB).
-        #[arg(long, value_parser = memplan::fit::parse_memory)]
+        #[arg(long, value_parser = memory_arg)]
         memory: u64,
         /// GPUs for data parallel and ZeRO.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=65536))]
@@ -387,6 +387,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// A size flag's value (`units::parse_size`), its errors naming the flag.
+fn size_arg(flag: &str, text: &str) -> Result<u64, String> {
+    memplan::units::parse_size(text).map_err(|e| format!("{flag} {e}"))
+}
+
+/// `--memory`'s value parser.
+fn memory_arg(text: &str) -> Result<u64, String> {
+    size_arg("--memory", text)
+}
+
 fn parse_budget(text: &str, baseline: u64) -> anyhow::Result<u64> {
     let t = text.trim();
     if let Ok(f) = t.parse::<f64>() {
@@ -394,7 +404,7 @@ fn parse_budget(text: &str, baseline: u64) -> anyhow::Result<u64> {
             return Ok((baseline as f64 * f) as u64);
         }
     }
-    memplan::fit::parse_memory(t).map_err(|e| anyhow::anyhow!(e.replace("--memory", "--budget")))
+    size_arg("--budget", t).map_err(|e| anyhow::anyhow!(e))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -651,8 +661,7 @@ fn run_verify(a: VerifyArgs, json: bool, training: TrainArgs) -> anyhow::Result<
         ExecDevice::Cpu => None,
     };
     let max_memory = match &a.max_memory {
-        Some(m) => memplan::fit::parse_memory(m)
-            .map_err(|e| anyhow::anyhow!(e.replace("--memory", "--max-memory")))?,
+        Some(m) => size_arg("--max-memory", m).map_err(|e| anyhow::anyhow!(e))?,
         None => {
             #[cfg(feature = "cuda")]
             if let Some(d) = &dev {

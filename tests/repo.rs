@@ -52,3 +52,70 @@ fn benchmark_graphs_are_in_the_repository() {
         .count();
     assert_eq!(n, 11);
 }
+
+/// The library's layers point one way (ARCHITECTURE.md, "Layers"): a module never
+/// names a module above it. Each rule: the source files it covers and the crate
+/// modules they may not name (`crate::x` paths, `use` lines and doc links alike).
+#[test]
+fn layers_point_one_way() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let above_numeric = [
+        "ops", "exec", "train", "remat", "memory", "report", "fit", "infer", "onnx",
+    ];
+    let rules: &[(&str, &[&str])] = &[
+        (
+            "ir",
+            &[
+                "numeric", "ops", "exec", "train", "remat", "memory", "report", "fit", "infer",
+                "onnx",
+            ],
+        ),
+        ("numeric", &above_numeric),
+        (
+            "onnx",
+            &[
+                "ops", "exec", "train", "remat", "memory", "report", "fit", "infer",
+            ],
+        ),
+        (
+            "ops",
+            &[
+                "exec", "train", "remat", "memory", "report", "fit", "infer", "onnx",
+            ],
+        ),
+        (
+            "infer.rs",
+            &["exec", "train", "remat", "memory", "report", "fit"],
+        ),
+        ("train", &["exec", "remat", "memory", "report", "fit"]),
+        ("memory", &["exec", "remat", "report", "fit"]),
+        ("units.rs", &above_numeric),
+    ];
+    let mut hits = Vec::new();
+    for (path, banned) in rules {
+        for b in *banned {
+            let mut h = Vec::new();
+            let p = root.join(path);
+            if p.is_dir() {
+                scan(&p, &format!("crate::{b}"), &mut h);
+            } else {
+                let text = std::fs::read_to_string(&p).unwrap();
+                for (i, line) in text.lines().enumerate() {
+                    if line.contains(&format!("crate::{b}")) {
+                        h.push(format!("{}:{}: {}", p.display(), i + 1, line.trim()));
+                    }
+                }
+            }
+            // `crate::ops` must not match `crate::ops_x`, nor `crate::onnx` `crate::onnx_x`.
+            h.retain(|l| {
+                let k = l.find(&format!("crate::{b}")).unwrap() + 7 + b.len();
+                !l[k..].starts_with(|c: char| c.is_alphanumeric() || c == '_')
+            });
+            hits.extend(
+                h.into_iter()
+                    .map(|l| format!("{path} may not name {b}: {l}")),
+            );
+        }
+    }
+    assert!(hits.is_empty(), "layering:\n{}", hits.join("\n"));
+}

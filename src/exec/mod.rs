@@ -12,22 +12,16 @@
 //! [`Executor::forward`] frees every value after its last reader, as the inference
 //! profile assumes; [`Executor::forward_all`] keeps every value (tests).
 //!
-//! Shared kernel machinery lives here: [`gemm`] (matrixmultiply + rayon),
-//! [`broadcast`] (numpy broadcasting), [`grad`] (gradients summed back over
-//! broadcast axes), [`rng`] (SplitMix64).
+//! Values and the kernel machinery ops and executors share live in
+//! [`crate::numeric`] (a leaf module: `ops` and `exec` both use it, it uses neither).
 
-pub mod broadcast;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod cuda_src;
-pub mod gemm;
-pub mod grad;
-pub mod rng;
-pub mod tensor;
 pub mod train;
 pub mod verify;
 
-pub use tensor::{Elems, Tensor};
+pub use crate::numeric::{rng, Elems, Tensor};
 
 use crate::error::{Error, Result};
 use crate::infer::Inferred;

@@ -71,9 +71,9 @@ use std::collections::{HashMap, HashSet};
 use petgraph::stable_graph::NodeIndex;
 
 use crate::error::{Error, Result};
-use crate::exec::{rng, Tensor};
 use crate::infer::Inferred;
 use crate::ir::{DType, Model, TensorId};
+use crate::numeric::{rng, Tensor};
 use crate::ops::{registry, BackwardCx, KernelCx, Saved};
 use crate::remat::graph::{Op as PlanOp, RematGraph};
 use crate::train::{
@@ -424,7 +424,7 @@ impl StepBackend for Cpu {
     }
     fn accumulate(&self, acc: &mut Tensor, d: &Tensor) -> std::result::Result<(), String> {
         let dt = acc.dtype();
-        if let crate::exec::Elems::F32(a) = &mut acc.elems {
+        if let crate::numeric::Elems::F32(a) = &mut acc.elems {
             for (a, b) in a.iter_mut().zip(d.as_f32()?) {
                 *a += b;
             }

@@ -415,9 +415,9 @@ fn verify_with<B: StepBackend>(
             if !r.feasible {
                 return Err(Error::Plan(format!(
                     "no plan fits the budget of {}: the lowest peak found is {} (no recompute: {})",
-                    crate::report::human_bytes(*bytes),
-                    crate::report::human_bytes(r.min_feasible_bytes),
-                    crate::report::human_bytes(r.baseline_peak_bytes)
+                    crate::units::human_bytes(*bytes),
+                    crate::units::human_bytes(r.min_feasible_bytes),
+                    crate::units::human_bytes(r.baseline_peak_bytes)
                 )));
             }
             (r.plan, r.peak_bytes, *bytes, r.method, r.overhead)
@@ -427,9 +427,9 @@ fn verify_with<B: StepBackend>(
     if need > o.max_memory {
         return Err(Error::Memory(format!(
             "the step needs {} (predicted peak, {} bytes), more than the {} it may use (--max-memory)",
-            crate::report::human_bytes(need),
+            crate::units::human_bytes(need),
             need,
-            crate::report::human_bytes(o.max_memory)
+            crate::units::human_bytes(o.max_memory)
         )));
     }
     let params = Executor::new(
@@ -532,7 +532,7 @@ fn verify_with<B: StepBackend>(
 impl VerifyReport {
     /// The human-readable report.
     pub fn to_text(&self) -> String {
-        use crate::report::human_bytes;
+        use crate::units::human_bytes;
         let mark = |a: u64, b: u64| {
             if a == b {
                 "equal".to_string()

@@ -10,3 +10,15 @@ pub mod load;
 pub mod proto;
 
 pub use load::{decode_model, load_model, map_file};
+
+/// The ONNX domain of the loss, backward and optimizer nodes of a rewritten training
+/// step (`memplan plan --rewrite`, written and read by `remat::rewrite`;
+/// docs/PLAN_FORMAT.md).
+pub const REWRITE_DOMAIN: &str = "ai.memplan";
+/// The opset version of [`REWRITE_DOMAIN`] written and read.
+pub const REWRITE_DOMAIN_VERSION: i64 = 1;
+
+/// Whether a loaded model is a rewritten training step (imports [`REWRITE_DOMAIN`]).
+pub fn is_rewrite(model: &crate::ir::Model) -> bool {
+    model.opsets.contains_key(REWRITE_DOMAIN)
+}

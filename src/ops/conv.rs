@@ -6,9 +6,9 @@ use super::{
     dim, no_backward_kernel, no_kernel, numel, Arity, Backward, BackwardCx, CudaKernels, Cx, Fact,
     Grad, KernelCx, Op, Registry, RuleResult, Saved, Storage, CUBLAS_SGEMM,
 };
-use crate::exec::gemm::{sgemm, Mat};
-use crate::exec::Tensor;
 use crate::ir::{Attrs, DType};
+use crate::numeric::gemm::{sgemm, Mat};
+use crate::numeric::Tensor;
 
 /// Output spatial size of a sliding window (Conv, MaxPool, AveragePool), following
 /// ONNX `auto_pad`, `pads`, `strides`, `dilations` and `ceil_mode`.

@@ -10,10 +10,10 @@ use super::{
     layout, Arity, Backward, BackwardCx, CudaKernels, Cx, Fact, Grad, KernelCx, Op, Registry,
     RuleResult, Saved, Storage,
 };
-use crate::exec::broadcast::{affine_offsets, strides};
-use crate::exec::gemm::{sgemm, Mat};
-use crate::exec::grad::sum_to;
-use crate::exec::Tensor;
+use crate::numeric::broadcast::{affine_offsets, strides};
+use crate::numeric::gemm::{sgemm, Mat};
+use crate::numeric::grad::sum_to;
+use crate::numeric::Tensor;
 
 /// Label ids: letters `A-Z` are 0..26, `a-z` 26..52 (ASCII order, so sorting ids
 /// sorts labels as the implicit output does); ellipsis dim `k` (of the broadcast

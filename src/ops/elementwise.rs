@@ -11,11 +11,11 @@ use super::{
     broadcast, dtype_attr, no_backward_kernel, no_gradient, Arity, Backward, BackwardCx,
     CudaKernels, Cx, Fact, Grad, KernelCx, Op, Registry, RuleResult, Saved, Storage,
 };
-use crate::exec::broadcast::{for_each, zip2};
-use crate::exec::grad::sum_to;
-use crate::exec::{rng, Elems, Tensor};
 use crate::ir::value::MAX_FOLD_ELEMS;
 use crate::ir::{Attrs, DType, Data, Value};
+use crate::numeric::broadcast::{for_each, zip2};
+use crate::numeric::grad::sum_to;
+use crate::numeric::{rng, Elems, Tensor};
 
 /// What a unary op's backward reads (PyTorch's saved tensor).
 #[derive(Clone, Copy)]
@@ -1433,9 +1433,9 @@ fn variadic_backward(cx: &BackwardCx, mean: bool) -> RuleResult<Vec<Option<Tenso
         let mut win = vec![0usize; g.len()];
         let strides: Vec<Vec<usize>> = ins
             .iter()
-            .map(|(_, s)| crate::exec::broadcast::bcast_strides(s, &out))
+            .map(|(_, s)| crate::numeric::broadcast::bcast_strides(s, &out))
             .collect();
-        let ost = crate::exec::broadcast::strides(&out);
+        let ost = crate::numeric::broadcast::strides(&out);
         for (o, w) in win.iter_mut().enumerate() {
             let at = |k: usize| -> f32 {
                 let off: usize = (0..out.len())

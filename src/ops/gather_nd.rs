@@ -7,9 +7,9 @@ use super::{
     no_gradient, Arity, Backward, BackwardCx, CudaKernels, Cx, Fact, KernelCx, Op, Registry,
     RuleResult, Saved, Storage,
 };
-use crate::exec::Tensor;
 use crate::ir::value::MAX_FOLD_ELEMS;
 use crate::ir::{Attrs, Value};
+use crate::numeric::Tensor;
 
 /// The index arithmetic of one GatherND: tuple `t` (row-major over
 /// `indices.shape[..q-1]`) reads the slice of `slice` elements at

@@ -11,8 +11,8 @@ use super::{
     Arity, Backward, BackwardCx, CudaKernels, Cx, Fact, KernelCx, Op, Registry, RuleResult, Saved,
     Storage,
 };
-use crate::exec::Tensor;
 use crate::ir::Attrs;
+use crate::numeric::Tensor;
 
 /// Interpolation (`mode`: bilinear|nearest|bicubic at opset 16, linear|nearest|cubic
 /// at opset 20).

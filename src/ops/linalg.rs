@@ -6,10 +6,10 @@ use super::{
     broadcast, layout, Arity, Backward, BackwardCx, CudaKernels, Cx, Fact, Grad, KernelCx, Op,
     Registry, RuleResult, Saved, Storage, CUBLAS_SGEMM,
 };
-use crate::exec::broadcast::for_each;
-use crate::exec::gemm::{sgemm, Mat};
-use crate::exec::grad::sum_to;
-use crate::exec::Tensor;
+use crate::numeric::broadcast::for_each;
+use crate::numeric::gemm::{sgemm, Mat};
+use crate::numeric::grad::sum_to;
+use crate::numeric::Tensor;
 
 /// One batch element's product accumulated into a gradient block:
 /// `(pair index, (A batch, B batch), destination)`.

@@ -13,8 +13,8 @@
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
-use crate::exec::Tensor;
 use crate::ir::{Attrs, DType, Node, Value};
+use crate::numeric::Tensor;
 
 pub mod conv;
 pub mod einsum;
@@ -120,8 +120,7 @@ pub struct Cx<'a> {
     pub opset: i64,
 }
 
-/// Result of a rule: a message that the caller attaches the node name to.
-pub type RuleResult<T> = std::result::Result<T, String>;
+pub use crate::numeric::RuleResult;
 
 impl<'a> Cx<'a> {
     /// The node's attributes.

@@ -7,10 +7,10 @@ use super::{
     axis, no_backward_kernel, no_gradient, no_kernel, Arity, Backward, BackwardCx, CudaKernels, Cx,
     Fact, Grad, KernelCx, Op, Registry, RuleResult, Saved, Storage,
 };
-use crate::exec::broadcast::for_each;
-use crate::exec::grad::sum_to;
-use crate::exec::Tensor;
 use crate::ir::DType;
+use crate::numeric::broadcast::for_each;
+use crate::numeric::grad::sum_to;
+use crate::numeric::Tensor;
 
 /// `BatchNormalization(X, scale, B, mean, var)`.
 /// Opset ≥ 14: optional outputs running_mean, running_var (`training_mode`=1);

@@ -26,8 +26,8 @@ use super::{
     dtype_attr, no_gradient, Arity, Backward, BackwardCx, CudaKernels, Cx, Fact, KernelCx, Op,
     Registry, RuleResult, Storage,
 };
-use crate::exec::{rng, Tensor};
 use crate::ir::DType;
+use crate::numeric::{rng, Tensor};
 
 /// Which distribution, and where the shape comes from.
 #[derive(Clone, Copy, PartialEq, Eq)]

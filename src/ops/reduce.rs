@@ -4,10 +4,10 @@ use super::{
     axis, dim, no_backward_kernel, no_gradient, no_kernel, Arity, Backward, BackwardCx,
     CudaKernels, Cx, Fact, KernelCx, Op, Registry, RuleResult, Saved, Storage,
 };
-use crate::exec::broadcast::for_each;
-use crate::exec::Tensor;
 use crate::ir::value::MAX_FOLD_ELEMS;
 use crate::ir::{DType, Data, Value};
+use crate::numeric::broadcast::for_each;
+use crate::numeric::Tensor;
 
 /// Output shape and, per input element, whether each axis is reduced.
 fn reduced_shape(shape: &[usize], axes: &[usize], keep: bool) -> Vec<usize> {

@@ -8,9 +8,9 @@ use super::{
     axis, Arity, Backward, BackwardCx, CudaKernels, Cx, Fact, KernelCx, Op, Registry, RuleResult,
     Storage,
 };
-use crate::exec::broadcast::strides;
-use crate::exec::Tensor;
 use crate::ir::Attrs;
+use crate::numeric::broadcast::strides;
+use crate::numeric::Tensor;
 
 /// Interpolation mode (`mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,11 +10,11 @@ use super::{
     Backward, BackwardCx, CudaKernels, Cx, Fact, KernelCx, Op, Registry, RuleResult, Saved,
     Storage,
 };
-use crate::exec::broadcast::{affine_offsets, for_each};
-use crate::exec::grad::sum_to;
-use crate::exec::Tensor;
 use crate::ir::value::MAX_FOLD_ELEMS;
 use crate::ir::{DType, Data, TensorData, Value};
+use crate::numeric::broadcast::{affine_offsets, for_each};
+use crate::numeric::grad::sum_to;
+use crate::numeric::Tensor;
 
 /// Row-major strides of a shape.
 fn strides(shape: &[usize]) -> Vec<usize> {
@@ -734,7 +734,7 @@ impl Op for Concat {
         let outer: usize = out[..a].iter().product();
         let chunks: Vec<usize> = ins.iter().map(|t| t.shape[a..].iter().product()).collect();
         let total: usize = out.iter().product();
-        let elems = crate::exec::tensor::with_same_elems!(&ins, parts => {
+        let elems = crate::numeric::tensor::with_same_elems!(&ins, parts => {
             let mut v = Vec::with_capacity(total);
             for o in 0..outer {
                 for (p, &c) in parts.iter().zip(&chunks) {
@@ -1757,7 +1757,7 @@ impl Op for Pad {
             _ => Tensor::zeros(x.dtype(), vec![1])?,
         };
         let both = [x, &fill];
-        let joined = crate::exec::tensor::with_same_elems!(&both, p => {
+        let joined = crate::numeric::tensor::with_same_elems!(&both, p => {
             src.iter().map(|o| match o { Some(o) => p[0][*o], None => p[1][0] }).collect()
         });
         Ok(vec![Tensor::new(shape, joined)])
@@ -1914,7 +1914,7 @@ impl Op for LikeInput {
                 };
                 let zero = Tensor::zeros(x.dtype(), vec![1])?;
                 let both = [x, &zero];
-                let elems = crate::exec::tensor::with_same_elems!(&both, p => {
+                let elems = crate::numeric::tensor::with_same_elems!(&both, p => {
                     (0..x.numel()).map(|i| if keep(i) { p[0][i] } else { p[1][0] }).collect()
                 });
                 Ok(vec![Tensor::new(x.shape.clone(), elems)])

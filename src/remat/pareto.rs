@@ -17,7 +17,7 @@ use super::costs::CostUnit;
 use super::graph::{replay, Op, RematGraph};
 use super::plan::{plan, Solver};
 use crate::error::{Error, Result};
-use crate::report::human_bytes;
+use crate::units::human_bytes;
 
 /// Default number of budgets in a sweep.
 pub const DEFAULT_POINTS: usize = 11;

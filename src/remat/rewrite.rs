@@ -36,10 +36,9 @@ use crate::onnx::proto::{
 use crate::onnx::{decode_model, map_file};
 use crate::train::{build_schedule, Loss, Schedule, StepKind, TrainOptions};
 
-/// The ONNX domain of the loss, backward and optimizer nodes.
-pub const DOMAIN: &str = "ai.memplan";
-/// The opset version of [`DOMAIN`] written and read.
-pub const DOMAIN_VERSION: i64 = 1;
+pub use crate::onnx::{
+    is_rewrite, REWRITE_DOMAIN as DOMAIN, REWRITE_DOMAIN_VERSION as DOMAIN_VERSION,
+};
 /// Value of the `memplan.format` model metadata.
 pub const FORMAT: &str = "memplan-rewrite";
 /// Value of the `memplan.version` model metadata; a reader rejects others.
@@ -822,7 +821,7 @@ impl ReadBack {
 
     /// One line: what the file holds and its replayed peak.
     pub fn summary(&self) -> String {
-        use crate::report::human_bytes;
+        use crate::units::human_bytes;
         let computes = self
             .plan
             .iter()
@@ -847,11 +846,6 @@ impl ReadBack {
 pub fn read_rewrite(path: &Path) -> Result<ReadBack> {
     let m = decode_file(path)?;
     read_proto(m).map_err(|e| with_path(e, path))
-}
-
-/// Whether a loaded model is a rewrite (imports the [`DOMAIN`] opset).
-pub fn is_rewrite(model: &Model) -> bool {
-    model.opsets.contains_key(DOMAIN)
 }
 
 /// [`read_rewrite`] for a decoded model.

@@ -11,36 +11,7 @@ use crate::infer::Inferred;
 use crate::ir::{Model, TensorKind};
 use crate::memory::{InferenceProfile, LiveTensor};
 
-/// Formats bytes with 1024-based units: `512 B`, `1.50 KiB`, `44.59 MiB`, `1.20 GiB`.
-pub fn human_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if b < 1024 {
-        return format!("{b} B");
-    }
-    let mut v = b as f64 / 1024.0;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    format!("{v:.2} {}", UNITS[u])
-}
-
-/// Formats a FLOP count with SI prefixes (`1.82 GFLOP`).
-pub fn human_flops(f: u64) -> String {
-    const UNITS: [&str; 6] = ["FLOP", "KFLOP", "MFLOP", "GFLOP", "TFLOP", "PFLOP"];
-    let mut v = f as f64;
-    let mut u = 0;
-    while v >= 1000.0 && u + 1 < UNITS.len() {
-        v /= 1000.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{f} FLOP")
-    } else {
-        format!("{v:.2} {}", UNITS[u])
-    }
-}
+pub use crate::units::{human_bytes, human_flops};
 
 /// A graph input or output as reported.
 #[derive(Debug, Clone, Serialize)]

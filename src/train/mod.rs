@@ -1,6 +1,6 @@
 //! The training step: autodiff over the forward graph, a loss, the optimizer
 //! update, and the precision policy, producing a [`Schedule`] whose memory
-//! [`crate::memory::simulate`] replays.
+//! `memory::simulate` replays.
 
 pub mod autodiff;
 pub mod policy;

@@ -14,9 +14,9 @@ use std::ops::Deref;
 
 use super::tensor::{per_block, Arg, Strided, Win, Workspace};
 use super::{CudaError, Device, DeviceTensor, Result};
-use crate::exec::broadcast::{bcast_strides, strides};
-use crate::exec::Tensor;
 use crate::ir::{Attrs, DType, Node};
+use crate::numeric::broadcast::{bcast_strides, strides};
+use crate::numeric::Tensor;
 use crate::ops::{self, axis, registry, BackwardCx, Cx, Fact, KernelCx, Saved};
 
 /// Everything a device forward launcher sees of one node (as [`KernelCx`], with

@@ -5,9 +5,10 @@
 
 use super::ops::{forward as node_forward, DevKernelCx, Path};
 use super::{CudaError, Device, DeviceTensor, Result};
-use crate::exec::{rng, Executor, Options, Tensor};
+use crate::exec::{Executor, Options};
 use crate::infer::Inferred;
 use crate::ir::Model;
+use crate::numeric::{rng, Tensor};
 
 /// What a device forward gives back.
 pub struct ForwardRun {

@@ -36,9 +36,9 @@ use super::ops::{DevBackwardCx, DevKernelCx};
 use super::tensor::Arg;
 use super::{Device, DeviceTensor, MemoryReport};
 use crate::exec::train::{logsumexp_last, optimizer_step, StepBackend, StepOptions};
-use crate::exec::{rng, Tensor};
 use crate::infer::Inferred;
 use crate::ir::{DType, Model, Node};
+use crate::numeric::{rng, Tensor};
 use crate::ops::Saved;
 use crate::train::{Loss, Optimizer, Schedule, StorageKind};
 

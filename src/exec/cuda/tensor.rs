@@ -5,9 +5,9 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use super::{Backend, CudaError, Device, MemCounter, Result};
-use crate::exec::broadcast::{bcast_strides, strides};
-use crate::exec::{Elems, Tensor};
 use crate::ir::DType;
+use crate::numeric::broadcast::{bcast_strides, strides};
+use crate::numeric::{Elems, Tensor};
 
 /// The typed storage of a [`DeviceTensor`].
 #[derive(Debug)]

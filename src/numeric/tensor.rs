@@ -9,8 +9,8 @@ use std::borrow::Cow;
 
 use half::{bf16, f16};
 
+use super::RuleResult;
 use crate::ir::{DType, Data, Payload, TensorData};
-use crate::ops::RuleResult;
 
 /// Typed, contiguous, row-major elements.
 #[derive(Debug, Clone, PartialEq)]
@@ -34,12 +34,12 @@ pub enum Elems {
 macro_rules! map_elems {
     ($e:expr, $v:ident => $body:expr) => {
         match $e {
-            $crate::exec::Elems::F32($v) => $crate::exec::Elems::F32($body),
-            $crate::exec::Elems::F16($v) => $crate::exec::Elems::F16($body),
-            $crate::exec::Elems::BF16($v) => $crate::exec::Elems::BF16($body),
-            $crate::exec::Elems::I64($v) => $crate::exec::Elems::I64($body),
-            $crate::exec::Elems::I32($v) => $crate::exec::Elems::I32($body),
-            $crate::exec::Elems::Bool($v) => $crate::exec::Elems::Bool($body),
+            $crate::numeric::Elems::F32($v) => $crate::numeric::Elems::F32($body),
+            $crate::numeric::Elems::F16($v) => $crate::numeric::Elems::F16($body),
+            $crate::numeric::Elems::BF16($v) => $crate::numeric::Elems::BF16($body),
+            $crate::numeric::Elems::I64($v) => $crate::numeric::Elems::I64($body),
+            $crate::numeric::Elems::I32($v) => $crate::numeric::Elems::I32($body),
+            $crate::numeric::Elems::Bool($v) => $crate::numeric::Elems::Bool($body),
         }
     };
 }
@@ -49,27 +49,27 @@ macro_rules! map_elems {
 /// result; an error names the mismatching dtypes.
 macro_rules! with_same_elems {
     ($ts:expr, $v:ident => $body:expr) => {{
-        let ts: &[&$crate::exec::Tensor] = $ts;
+        let ts: &[&$crate::numeric::Tensor] = $ts;
         let first = ts.first().ok_or("no tensors")?.dtype();
         macro_rules! arm {
             ($var:ident) => {{
                 let $v = ts
                     .iter()
                     .map(|t| match &t.elems {
-                        $crate::exec::Elems::$var(x) => Ok(&x[..]),
+                        $crate::numeric::Elems::$var(x) => Ok(&x[..]),
                         e => Err(format!("inputs mix {} and {}", first, e.dtype())),
                     })
                     .collect::<Result<Vec<_>, String>>()?;
-                $crate::exec::Elems::$var($body)
+                $crate::numeric::Elems::$var($body)
             }};
         }
         match &ts[0].elems {
-            $crate::exec::Elems::F32(_) => arm!(F32),
-            $crate::exec::Elems::F16(_) => arm!(F16),
-            $crate::exec::Elems::BF16(_) => arm!(BF16),
-            $crate::exec::Elems::I64(_) => arm!(I64),
-            $crate::exec::Elems::I32(_) => arm!(I32),
-            $crate::exec::Elems::Bool(_) => arm!(Bool),
+            $crate::numeric::Elems::F32(_) => arm!(F32),
+            $crate::numeric::Elems::F16(_) => arm!(F16),
+            $crate::numeric::Elems::BF16(_) => arm!(BF16),
+            $crate::numeric::Elems::I64(_) => arm!(I64),
+            $crate::numeric::Elems::I32(_) => arm!(I32),
+            $crate::numeric::Elems::Bool(_) => arm!(Bool),
         }
     }};
 }
@@ -312,7 +312,7 @@ impl Tensor {
 
     /// The data of an initializer or Constant attribute (raw little-endian bytes or
     /// typed fields). Shape-only and external data are errors here (see
-    /// [`crate::exec::Executor`] for seeded parameters).
+    /// the CPU executor for seeded parameters).
     pub fn from_data(t: &TensorData) -> RuleResult<Tensor> {
         let n: usize = t.dims.iter().product();
         let shape = t.dims.clone();

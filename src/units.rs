@@ -1,0 +1,64 @@
+//! Sizes as people read and write them: bytes printed with 1024-based units
+//! (`1.50 KiB`, `44.59 MiB`), FLOPs with SI prefixes, and memory sizes parsed from
+//! `16GiB`-style text. Every layer formats and parses sizes here.
+
+/// Formats bytes with 1024-based units: `512 B`, `1.50 KiB`, `44.59 MiB`, `1.20 GiB`.
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if b < 1024 {
+        return format!("{b} B");
+    }
+    let mut v = b as f64 / 1024.0;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    format!("{v:.2} {}", UNITS[u])
+}
+
+/// Formats a FLOP count with SI prefixes (`1.82 GFLOP`).
+pub fn human_flops(f: u64) -> String {
+    const UNITS: [&str; 6] = ["FLOP", "KFLOP", "MFLOP", "GFLOP", "TFLOP", "PFLOP"];
+    let mut v = f as f64;
+    let mut u = 0;
+    while v >= 1000.0 && u + 1 < UNITS.len() {
+        v /= 1000.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{f} FLOP")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
+}
+
+/// Parses a memory size: `16GiB`, `1.5 TiB`, `800MiB`, `16GB` (10⁹), `16G` (GiB),
+/// or plain bytes.
+pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("'{text}': expected a size such as 16GiB"))?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => 1024.0,
+        "m" | "mib" => 1024f64.powi(2),
+        "g" | "gib" => 1024f64.powi(3),
+        "t" | "tib" => 1024f64.powi(4),
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        u => return Err(format!("'{text}': unknown unit '{u}'")),
+    };
+    let bytes = v * mult;
+    if bytes.is_nan() || !(1.0..=1e18).contains(&bytes) {
+        return Err(format!("'{text}' must be between 1 byte and 1 EB"));
+    }
+    Ok(bytes as u64)
+}
