@@ -7,6 +7,7 @@
 //! [`exec`] runs the graph on the CPU with each op's kernel.
 #![warn(missing_docs)]
 
+pub mod choice;
 pub mod error;
 pub mod exec;
 pub mod fit;

@@ -9,7 +9,7 @@ use super::heuristics::{candidates, greedy, plan_with_drops, sqrt_drops};
 use crate::error::{Error, Result};
 
 /// Planner selection (`--solver`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Solver {
     /// Scalable optimisation (default): exact Checkmate MILP on small graphs, a
@@ -25,6 +25,14 @@ pub enum Solver {
     /// The full Checkmate MILP (small graphs; CBC built from source).
     Checkmate,
 }
+
+crate::choice::choice!(Solver {
+    Ilp => "ilp", "Scalable optimisation (default): exact Checkmate MILP on small graphs, a drop-set MILP checked by replay on large ones, the best of every candidate plan, and a proven lower bound (see `remat::scale`)";
+    None => "none", "Keep every activation (the no-recompute schedule)";
+    Sqrt => "sqrt", "√n equal segments (Chen et al. 2016)";
+    Greedy => "greedy", "Drop the cheapest activations per byte until the peak fits";
+    Checkmate => "checkmate", "The full Checkmate MILP (small graphs; CBC built from source)";
+});
 
 /// A plan and its figures (the `plan --json` object; keys are stable).
 #[derive(Debug, Clone, Serialize)]

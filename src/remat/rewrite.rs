@@ -18,13 +18,13 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
 use bytes::Bytes;
-use clap::ValueEnum;
 use petgraph::stable_graph::NodeIndex;
 use prost::Message;
 
 use super::from_schedule::from_schedule;
 use super::graph::{replay, NodeId, Op, RematGraph, ValueId};
 use super::plan::PlanReport;
+use crate::choice::Choice;
 use crate::error::{Error, Result};
 use crate::infer::{infer, Bindings};
 use crate::ir::{Model, TensorId};
@@ -776,10 +776,8 @@ fn attr_ss(name: &str, v: &[String]) -> AttributeProto {
     }
 }
 
-fn enum_name<T: ValueEnum>(v: T) -> String {
-    v.to_possible_value()
-        .map(|p| p.get_name().to_string())
-        .unwrap_or_default()
+fn enum_name<T: Choice>(v: T) -> String {
+    v.name().to_string()
 }
 
 /// A rewrite read back.
@@ -896,9 +894,12 @@ pub fn read_proto(m: ModelProto) -> Result<ReadBack> {
             "no opset_import for domain {DOMAIN} version {DOMAIN_VERSION}"
         )));
     }
-    fn parse_enum<T: ValueEnum>(k: &str, v: &str) -> Result<T> {
-        T::from_str(v, true)
-            .map_err(|_| Error::Rewrite(format!("metadata '{k}' = '{v}' is unknown")))
+    fn parse_enum<T: Choice>(k: &str, v: &str) -> Result<T> {
+        T::ALL
+            .iter()
+            .copied()
+            .find(|c| c.name().eq_ignore_ascii_case(v))
+            .ok_or_else(|| Error::Rewrite(format!("metadata '{k}' = '{v}' is unknown")))
     }
     let options = TrainOptions {
         optimizer: parse_enum(keys::OPTIMIZER, get(keys::OPTIMIZER)?)?,

@@ -3,6 +3,7 @@
 
 use std::fmt::Write as _;
 
+pub mod fit;
 pub mod train;
 
 use serde::Serialize;

@@ -11,10 +11,8 @@ pub use autodiff::{
 };
 pub use policy::Precision;
 
-use std::fmt;
-
 /// The optimizer, by how many fp32 states it keeps per trainable parameter element.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Optimizer {
     /// Plain SGD: no state.
@@ -48,19 +46,15 @@ impl Optimizer {
     }
 }
 
-impl fmt::Display for Optimizer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Optimizer::Sgd => "sgd",
-            Optimizer::Momentum => "momentum",
-            Optimizer::Adam => "adam",
-            Optimizer::Adamw => "adamw",
-        })
-    }
-}
+crate::choice::choice!(Optimizer {
+    Sgd => "sgd", "Plain SGD: no state";
+    Momentum => "momentum", "SGD with momentum: one buffer";
+    Adam => "adam", "Adam: exp_avg and exp_avg_sq";
+    Adamw => "adamw", "AdamW: as Adam (decoupled weight decay needs no extra state)";
+});
 
 /// How the first graph output becomes a scalar loss.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Loss {
     /// `out.mean()`: its backward writes a full-size gradient.
@@ -68,6 +62,11 @@ pub enum Loss {
     /// `out.sum()`: its backward is a broadcast view of the scalar gradient.
     Sum,
 }
+
+crate::choice::choice!(Loss {
+    Mean => "mean", "`out.mean()`: its backward writes a full-size gradient";
+    Sum => "sum", "`out.sum()`: its backward is a broadcast view of the scalar gradient";
+});
 
 /// Options of one training step.
 #[derive(Debug, Clone, Copy)]

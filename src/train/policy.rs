@@ -14,25 +14,28 @@
 use crate::ir::DType;
 
 /// A precision policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub enum Precision {
     /// Everything float32.
-    #[value(name = "fp32")]
     #[serde(rename = "fp32")]
     Fp32,
     /// torch.autocast(dtype=float16).
-    #[value(name = "amp-fp16")]
     #[serde(rename = "amp-fp16")]
     AmpFp16,
     /// torch.autocast(dtype=bfloat16).
-    #[value(name = "amp-bf16")]
     #[serde(rename = "amp-bf16")]
     AmpBf16,
     /// Model and optimizer in bfloat16.
-    #[value(name = "bf16")]
     #[serde(rename = "bf16")]
     Bf16,
 }
+
+crate::choice::choice!(Precision {
+    Fp32 => "fp32", "Everything float32";
+    AmpFp16 => "amp-fp16", "torch.autocast(dtype=float16)";
+    AmpBf16 => "amp-bf16", "torch.autocast(dtype=bfloat16)";
+    Bf16 => "bf16", "Model and optimizer in bfloat16";
+});
 
 /// How autocast treats an op.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,16 +112,5 @@ impl Precision {
                 OpClass::Promote => widest,
             },
         }
-    }
-}
-
-impl std::fmt::Display for Precision {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Precision::Fp32 => "fp32",
-            Precision::AmpFp16 => "amp-fp16",
-            Precision::AmpBf16 => "amp-bf16",
-            Precision::Bf16 => "bf16",
-        })
     }
 }

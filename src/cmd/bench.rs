@@ -1,0 +1,111 @@
+//! `memplan bench`.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+
+use super::{choice, TrainArgs};
+use memplan::remat::bench::{load_graph_with, run_bench};
+use memplan::remat::plan::Solver;
+
+/// `bench`'s flags.
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// ONNX models (training step at --batch) and/or benchmark DAGs (.json).
+    #[arg(required = true)]
+    graphs: Vec<PathBuf>,
+    /// Budgets as fractions of each graph's no-recompute peak.
+    #[arg(long, value_delimiter = ',', default_value = "0.9,0.7,0.5")]
+    budgets: Vec<f64>,
+    /// Solvers to run.
+    #[arg(long, value_delimiter = ',', value_parser = choice::<Solver>(), default_value = "sqrt,greedy")]
+    solvers: Vec<Solver>,
+    /// Batch size for ONNX models.
+    #[arg(long, default_value_t = 8)]
+    batch: u64,
+    /// Time limit per MILP solve, seconds.
+    #[arg(long, default_value_t = 60.0)]
+    time_limit: f64,
+    /// Print JSON rows.
+    #[arg(long, conflicts_with = "csv")]
+    json: bool,
+    /// Print CSV.
+    #[arg(long)]
+    csv: bool,
+    #[command(flatten)]
+    training: TrainArgs,
+}
+
+/// Runs `bench`.
+pub fn run(a: BenchArgs) -> anyhow::Result<()> {
+    let BenchArgs {
+        graphs,
+        budgets,
+        solvers,
+        batch,
+        time_limit,
+        json,
+        csv,
+        training,
+    } = a;
+    if let Some(b) = budgets.iter().find(|&&b| !(b > 0.0 && b <= 1.0)) {
+        bail!("--budgets: {b} is not a fraction in (0, 1]");
+    }
+    let mut gs = Vec::new();
+    for p in &graphs {
+        gs.push(
+            load_graph_with(p, batch, &training.options())
+                .with_context(|| p.display().to_string())?,
+        );
+    }
+    let rows = run_bench(&gs, &budgets, &solvers, time_limit)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else if csv {
+        println!("graph,nodes,budget,solver,feasible,peak_fraction,overhead,lower_bound,solve_seconds,method,floor_fraction");
+        for r in &rows {
+            println!(
+                "{},{},{},{:?},{},{:.4},{:.4},{:.4},{:.3},{},{:.4}",
+                r.graph,
+                r.nodes,
+                r.budget,
+                r.solver,
+                r.feasible,
+                r.peak_fraction,
+                r.overhead,
+                r.lower_bound,
+                r.solve_seconds,
+                r.method,
+                r.floor_fraction
+            );
+        }
+    } else {
+        println!(
+            "{:<22} {:>6} {:>6} {:<10} {:>9} {:>6} {:>9} {:>9} {:>8}",
+            "graph",
+            "nodes",
+            "budget",
+            "solver",
+            "feasible",
+            "peak",
+            "overhead",
+            "bound",
+            "seconds"
+        );
+        for r in &rows {
+            println!(
+                "{:<22} {:>6} {:>5.0}% {:<10} {:>9} {:>5.1}% {:>9.4} {:>9.4} {:>8.3}",
+                r.graph,
+                r.nodes,
+                r.budget * 100.0,
+                format!("{:?}", r.solver).to_lowercase(),
+                if r.feasible { "yes" } else { "no" },
+                r.peak_fraction * 100.0,
+                r.overhead,
+                r.lower_bound,
+                r.solve_seconds
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,98 @@
+//! The commands, one module each: their flags (clap) and what they run; the
+//! library does the work and `memplan::report` renders it. Shared here: the training
+//! flags, `--dim` and size flags, and the value parser of the library's named
+//! choices.
+
+pub mod bench;
+pub mod fit;
+pub mod plan;
+pub mod profile;
+pub mod verify;
+
+use anyhow::{bail, Context};
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+
+use memplan::choice::Choice;
+use memplan::train::{Loss, Optimizer, Precision, TrainOptions};
+
+/// A value parser for one of the library's named choices: its names, each with its
+/// description in `--help`.
+pub fn choice<T: Choice + Clone>() -> impl TypedValueParser<Value = T> {
+    PossibleValuesParser::new(
+        T::ALL
+            .iter()
+            .map(|c| PossibleValue::new(c.name()).help(c.about())),
+    )
+    .map(|s| T::parse(&s).expect("one of the possible values"))
+}
+
+/// Options of the training step.
+#[derive(clap::Args, Clone, Copy)]
+pub struct TrainArgs {
+    /// Optimizer (states per parameter: sgd 0, momentum 1, adam/adamw 2).
+    #[arg(long, value_parser = choice::<Optimizer>(), default_value = "adam")]
+    pub optimizer: Optimizer,
+    /// Precision policy.
+    #[arg(long, value_parser = choice::<Precision>(), default_value = "fp32")]
+    pub precision: Precision,
+    /// Loss over the first output.
+    #[arg(long, value_parser = choice::<Loss>(), default_value = "mean")]
+    pub loss: Loss,
+}
+
+impl TrainArgs {
+    /// The library's options.
+    pub fn options(self) -> TrainOptions {
+        TrainOptions {
+            optimizer: self.optimizer,
+            precision: self.precision,
+            loss: self.loss,
+            grads_resident: false,
+        }
+    }
+}
+
+/// `--dim NAME=VALUE` flags.
+pub fn parse_dims(dims: &[String]) -> anyhow::Result<std::collections::BTreeMap<String, u64>> {
+    let mut out = std::collections::BTreeMap::new();
+    for d in dims {
+        let (k, v) = d
+            .split_once('=')
+            .with_context(|| format!("--dim '{d}' must be NAME=VALUE"))?;
+        let v: u64 = v
+            .trim()
+            .parse()
+            .with_context(|| format!("--dim '{d}': '{v}' is not a non-negative integer"))?;
+        if v == 0 || v > memplan::infer::MAX_BATCH {
+            bail!(
+                "--dim '{d}': value out of range (1..={})",
+                memplan::infer::MAX_BATCH
+            );
+        }
+        if out.insert(k.trim().to_string(), v).is_some() {
+            bail!("--dim {k} given twice");
+        }
+    }
+    Ok(out)
+}
+
+/// A size flag's value (`units::parse_size`), its errors naming the flag.
+pub fn size_arg(flag: &str, text: &str) -> Result<u64, String> {
+    memplan::units::parse_size(text).map_err(|e| format!("{flag} {e}"))
+}
+
+/// `--memory`'s value parser.
+pub fn memory_arg(text: &str) -> Result<u64, String> {
+    size_arg("--memory", text)
+}
+
+/// `--budget`: a size, or below 1 a fraction of `baseline`.
+pub fn parse_budget(text: &str, baseline: u64) -> anyhow::Result<u64> {
+    let t = text.trim();
+    if let Ok(f) = t.parse::<f64>() {
+        if f > 0.0 && f < 1.0 {
+            return Ok((baseline as f64 * f) as u64);
+        }
+    }
+    size_arg("--budget", t).map_err(|e| anyhow::anyhow!(e))
+}

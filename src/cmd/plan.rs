@@ -1,0 +1,239 @@
+//! `memplan plan`.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+
+use super::{choice, parse_budget, parse_dims, TrainArgs};
+use memplan::infer::{infer, Bindings};
+use memplan::onnx::load_model;
+use memplan::remat::dag::load_dag;
+use memplan::remat::from_schedule::from_schedule;
+use memplan::remat::plan::{plan, recomputed_modules, Solver};
+use memplan::train::build_schedule;
+
+/// `plan`'s flags.
+#[derive(clap::Args)]
+pub struct PlanArgs {
+    /// The ONNX file (or use --dag).
+    #[arg(required_unless_present = "dag")]
+    model: Option<PathBuf>,
+    /// A rematerialization benchmark graph (node-link JSON) instead of a model.
+    #[arg(long, conflicts_with = "model")]
+    dag: Option<PathBuf>,
+    /// Batch size (ONNX models).
+    #[arg(long)]
+    batch: Option<u64>,
+    /// Binds another named dimension (repeatable).
+    #[arg(long = "dim", value_name = "NAME=VALUE")]
+    dims: Vec<String>,
+    /// Budget: a size (`8GiB`) or, below 1, a fraction of the no-recompute peak.
+    /// With --pareto: the lowest budget of the sweep (optional).
+    #[arg(long, required_unless_present = "pareto")]
+    budget: Option<String>,
+    /// Planner.
+    #[arg(long, value_parser = choice::<Solver>(), default_value = "ilp")]
+    solver: Solver,
+    /// Solver time limit in seconds (MILP solvers).
+    #[arg(long, default_value_t = 60.0)]
+    time_limit: f64,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// Write the whole plan (versioned JSON, docs/PLAN_FORMAT.md) to this file.
+    #[arg(short = 'o', long = "output")]
+    output: Option<PathBuf>,
+    /// Write the planned training step as ONNX (recomputations inserted, backward
+    /// ops in domain ai.memplan; docs/PLAN_FORMAT.md). ONNX models only.
+    #[arg(long, value_name = "OUT.onnx", conflicts_with = "dag")]
+    rewrite: Option<PathBuf>,
+    /// Measured costs: a JSON object mapping every node name to seconds, replacing
+    /// FLOPs (recompute_flops and baseline_flops are then seconds; docs/PLAN_FORMAT.md).
+    #[arg(long, value_name = "FILE")]
+    costs: Option<PathBuf>,
+    /// Sweep budgets from the no-recompute peak down to the lowest reachable one (or
+    /// to --budget) and print the curve: budget, peak, overhead, lower bound, feasible.
+    #[arg(long, conflicts_with_all = ["output", "rewrite"])]
+    pareto: bool,
+    #[command(flatten)]
+    training: TrainArgs,
+}
+
+/// Runs `plan`.
+pub fn run(a: PlanArgs) -> anyhow::Result<()> {
+    let PlanArgs {
+        model,
+        dag,
+        batch,
+        dims,
+        budget,
+        solver,
+        time_limit,
+        json,
+        output,
+        rewrite,
+        costs,
+        pareto,
+        training,
+    } = a;
+    use memplan::remat::costs::{apply_costs, load_costs, CostUnit};
+    use memplan::remat::graph::replay;
+    use memplan::remat::pareto::{fmt_cost, pareto as sweep, DEFAULT_POINTS};
+    let unit = match (&costs, &dag) {
+        (Some(_), _) => CostUnit::Seconds,
+        (None, Some(_)) => CostUnit::Benchmark,
+        (None, None) => CostUnit::Flops,
+    };
+    if rewrite.is_some() && dag.is_some() {
+        bail!("--rewrite writes ONNX: it needs an ONNX model, not --dag");
+    }
+    let model_path = model.clone();
+    let (g, path) = match (model, dag) {
+        (_, Some(d)) => {
+            let path = d.display().to_string();
+            (load_dag(&d).with_context(|| path.clone())?, path)
+        }
+        (Some(m), None) => {
+            let path = m.display().to_string();
+            let model = load_model(&m).with_context(|| path.clone())?;
+            let inf = infer(
+                &model,
+                &Bindings {
+                    batch,
+                    dims: parse_dims(&dims)?,
+                },
+            )
+            .with_context(|| path.clone())?;
+            let sched =
+                build_schedule(&model, &inf, &training.options()).with_context(|| path.clone())?;
+            (from_schedule(&sched, &path), path)
+        }
+        (None, None) => bail!("give a MODEL or --dag FILE"),
+    };
+    let mut g = g;
+    if let Some(c) = &costs {
+        let at = || c.display().to_string();
+        apply_costs(&mut g, &load_costs(c).with_context(at)?).with_context(at)?;
+    }
+    if !(time_limit > 0.0 && time_limit <= 86400.0) {
+        bail!("--time-limit must be between 0 and 86400 seconds");
+    }
+    let baseline = replay(&g, &g.no_recompute_plan())
+        .map_err(|e| anyhow::anyhow!("{path}: {e}"))?
+        .peak_bytes;
+    let budget_bytes = budget
+        .as_deref()
+        .map(|b| parse_budget(b, baseline))
+        .transpose()?;
+    if pareto {
+        let curve = sweep(&g, solver, time_limit, DEFAULT_POINTS, budget_bytes)
+            .with_context(|| path.clone())?;
+        if json {
+            let mut v = serde_json::to_value(&curve.points)?;
+            for p in v.as_array_mut().into_iter().flatten() {
+                p["cost_unit"] = serde_json::json!(unit);
+            }
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        } else {
+            println!(
+                "graph        {path} ({} nodes, {} values)",
+                g.nodes.len(),
+                g.values.len()
+            );
+            print!("{}", curve.to_text(unit));
+        }
+        return Ok(());
+    }
+    let budget_bytes = budget_bytes.context("--budget is required without --pareto")?;
+    let r = plan(&g, budget_bytes, solver, time_limit).with_context(|| path.clone())?;
+    let modules = recomputed_modules(&g, &r.plan);
+    if let Some(out) = output {
+        use memplan::remat::planfile::{PlanFile, StepSource, FORMAT, VERSION};
+        let step = match &model_path {
+            Some(m) => Some(StepSource::new(
+                m,
+                batch,
+                &parse_dims(&dims)?,
+                &training.options(),
+            )),
+            None => None,
+        };
+        let doc = PlanFile {
+            format: FORMAT.into(),
+            version: VERSION,
+            graph: g.clone(),
+            budget_bytes: r.budget_bytes,
+            predicted_peak_bytes: r.peak_bytes,
+            solver: serde_json::json!(r.solver)
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            cost_unit: serde_json::json!(unit)
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            plan: r.plan.clone(),
+            step,
+        };
+        std::fs::write(&out, doc.to_json())
+            .with_context(|| format!("cannot write {}", out.display()))?;
+    }
+    if let (Some(out), Some(m)) = (&rewrite, &model_path) {
+        let bindings = Bindings {
+            batch,
+            dims: parse_dims(&dims)?,
+        };
+        memplan::remat::rewrite::write_rewrite(m, &bindings, &training.options(), &g, &r, out)
+            .with_context(|| format!("--rewrite {}", out.display()))?;
+    }
+    if json {
+        let mut v = serde_json::to_value(&r)?;
+        v["graph"] = serde_json::json!(path);
+        v["recomputed_modules"] = serde_json::json!(modules);
+        v["cost_unit"] = serde_json::json!(unit);
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    use memplan::units::human_bytes;
+    println!(
+        "graph        {path} ({} nodes, {} values)",
+        g.nodes.len(),
+        g.values.len()
+    );
+    println!("solver       {:?}", r.solver);
+    println!(
+        "budget       {}  -> {}",
+        human_bytes(r.budget_bytes),
+        if r.feasible { "feasible" } else { "INFEASIBLE" }
+    );
+    println!(
+        "peak         {} (no recompute: {})",
+        human_bytes(r.peak_bytes),
+        human_bytes(r.baseline_peak_bytes)
+    );
+    println!(
+        "lowest       {} reachable; op-local bound {}",
+        human_bytes(r.min_feasible_bytes),
+        human_bytes(r.op_local_bound_bytes)
+    );
+    println!(
+        "overhead     {:.2}% extra compute (lower bound {:.2}%)",
+        r.overhead * 100.0,
+        r.lower_bound_overhead * 100.0
+    );
+    println!(
+        "cost         {} recomputed, {} per step without recomputation ({unit})",
+        fmt_cost(r.recompute_flops, unit),
+        fmt_cost(r.baseline_flops, unit)
+    );
+    println!(
+        "recomputed   {} tensors; {} instructions; solved in {:.3} s",
+        r.recomputed.len(),
+        r.schedule_len,
+        r.solve_seconds
+    );
+    if !modules.is_empty() {
+        println!("modules to checkpoint: {}", modules.join(", "));
+    }
+    Ok(())
+}

@@ -1,0 +1,71 @@
+//! `memplan profile`.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+
+use super::{parse_dims, TrainArgs};
+use memplan::infer::{infer, Bindings};
+use memplan::memory::{profile_inference, simulate};
+use memplan::onnx::load_model;
+use memplan::report::train::TrainingReport;
+use memplan::report::ProfileReport;
+use memplan::train::build_schedule;
+
+/// `profile`'s flags.
+#[derive(clap::Args)]
+pub struct ProfileArgs {
+    /// The ONNX file.
+    model: PathBuf,
+    /// Batch size: binds input dims named like "batch", else dim 0 of every input.
+    #[arg(long)]
+    batch: Option<u64>,
+    /// Binds another named dimension, e.g. `--dim seq=128` (repeatable).
+    #[arg(long = "dim", value_name = "NAME=VALUE")]
+    dims: Vec<String>,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Also list every tensor and every node (FLOPs, live bytes).
+    #[arg(long)]
+    detail: bool,
+    /// Also profile one training step (forward, loss, backward, optimizer update).
+    #[arg(long)]
+    train: bool,
+    #[command(flatten)]
+    training: TrainArgs,
+}
+
+/// Runs `profile`.
+pub fn run(a: ProfileArgs) -> anyhow::Result<()> {
+    let ProfileArgs {
+        model,
+        batch,
+        dims,
+        json,
+        detail,
+        train,
+        training,
+    } = a;
+    let bindings = Bindings {
+        batch,
+        dims: parse_dims(&dims)?,
+    };
+    let path = model.display().to_string();
+    let m = load_model(&model).with_context(|| path.clone())?;
+    let inf = infer(&m, &bindings).with_context(|| path.clone())?;
+    let prof = profile_inference(&m.graph, &inf);
+    let mut report = ProfileReport::new(&path, &m, &inf, &prof, detail);
+    if train {
+        let opts = training.options();
+        let sched = build_schedule(&m, &inf, &opts).with_context(|| path.clone())?;
+        let replay = simulate(&sched);
+        report.training = Some(TrainingReport::new(&opts, &sched, &replay));
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.to_text());
+    }
+    Ok(())
+}
