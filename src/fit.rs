@@ -18,7 +18,6 @@ use crate::infer::{infer, Bindings, MAX_BATCH};
 use crate::ir::Model;
 use crate::memory::simulate;
 use crate::remat::checkpoint_sqrt;
-use crate::remat::from_schedule::from_schedule;
 use crate::remat::plan::{plan, PlanReport, Solver};
 use crate::train::{build_schedule, Precision, Schedule, StorageKind, TrainOptions};
 
@@ -274,15 +273,11 @@ pub fn plan_step_under(
     solver: Solver,
     budget: Option<u64>,
 ) -> Result<PlanReport> {
-    let inf = infer(
-        model,
-        &Bindings {
-            batch: Some(batch),
-            dims: o.dims.clone(),
-        },
-    )?;
-    let s = build_schedule(model, &inf, &o.train)?;
-    let g = from_schedule(&s, "fit");
+    let b = Bindings {
+        batch: Some(batch),
+        dims: o.dims.clone(),
+    };
+    let g = crate::remat::step::build(model, &b, &o.train, "fit")?.graph;
     let budget = match budget {
         None => o.memory,
         Some(0) => g.op_local_bound(),

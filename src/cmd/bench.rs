@@ -7,6 +7,7 @@ use anyhow::{bail, Context};
 use super::{choice, TrainArgs};
 use memplan::remat::bench::{load_graph_with, run_bench};
 use memplan::remat::plan::Solver;
+use memplan::report::bench::{bench_csv, bench_text};
 
 /// `bench`'s flags.
 #[derive(clap::Args)]
@@ -62,50 +63,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else if csv {
-        println!("graph,nodes,budget,solver,feasible,peak_fraction,overhead,lower_bound,solve_seconds,method,floor_fraction");
-        for r in &rows {
-            println!(
-                "{},{},{},{:?},{},{:.4},{:.4},{:.4},{:.3},{},{:.4}",
-                r.graph,
-                r.nodes,
-                r.budget,
-                r.solver,
-                r.feasible,
-                r.peak_fraction,
-                r.overhead,
-                r.lower_bound,
-                r.solve_seconds,
-                r.method,
-                r.floor_fraction
-            );
-        }
+        print!("{}", bench_csv(&rows));
     } else {
-        println!(
-            "{:<22} {:>6} {:>6} {:<10} {:>9} {:>6} {:>9} {:>9} {:>8}",
-            "graph",
-            "nodes",
-            "budget",
-            "solver",
-            "feasible",
-            "peak",
-            "overhead",
-            "bound",
-            "seconds"
-        );
-        for r in &rows {
-            println!(
-                "{:<22} {:>6} {:>5.0}% {:<10} {:>9} {:>5.1}% {:>9.4} {:>9.4} {:>8.3}",
-                r.graph,
-                r.nodes,
-                r.budget * 100.0,
-                format!("{:?}", r.solver).to_lowercase(),
-                if r.feasible { "yes" } else { "no" },
-                r.peak_fraction * 100.0,
-                r.overhead,
-                r.lower_bound,
-                r.solve_seconds
-            );
-        }
+        print!("{}", bench_text(&rows));
     }
     Ok(())
 }

@@ -5,12 +5,11 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 
 use super::{choice, parse_budget, parse_dims, TrainArgs};
-use memplan::infer::{infer, Bindings};
-use memplan::onnx::load_model;
+use memplan::infer::Bindings;
 use memplan::remat::dag::load_dag;
-use memplan::remat::from_schedule::from_schedule;
 use memplan::remat::plan::{plan, recomputed_modules, Solver};
-use memplan::train::build_schedule;
+use memplan::remat::step::load;
+use memplan::report::plan::{plan_json, plan_text};
 
 /// `plan`'s flags.
 #[derive(clap::Args)]
@@ -77,8 +76,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         training,
     } = a;
     use memplan::remat::costs::{apply_costs, load_costs, CostUnit};
-    use memplan::remat::graph::replay;
-    use memplan::remat::pareto::{fmt_cost, pareto as sweep, DEFAULT_POINTS};
+    use memplan::remat::pareto::{pareto as sweep, DEFAULT_POINTS};
     let unit = match (&costs, &dag) {
         (Some(_), _) => CostUnit::Seconds,
         (None, Some(_)) => CostUnit::Benchmark,
@@ -95,18 +93,12 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         }
         (Some(m), None) => {
             let path = m.display().to_string();
-            let model = load_model(&m).with_context(|| path.clone())?;
-            let inf = infer(
-                &model,
-                &Bindings {
-                    batch,
-                    dims: parse_dims(&dims)?,
-                },
-            )
-            .with_context(|| path.clone())?;
-            let sched =
-                build_schedule(&model, &inf, &training.options()).with_context(|| path.clone())?;
-            (from_schedule(&sched, &path), path)
+            let b = Bindings {
+                batch,
+                dims: parse_dims(&dims)?,
+            };
+            let (_, step) = load(&m, &b, &training.options()).with_context(|| path.clone())?;
+            (step.graph, path)
         }
         (None, None) => bail!("give a MODEL or --dag FILE"),
     };
@@ -118,9 +110,9 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     if !(time_limit > 0.0 && time_limit <= 86400.0) {
         bail!("--time-limit must be between 0 and 86400 seconds");
     }
-    let baseline = replay(&g, &g.no_recompute_plan())
-        .map_err(|e| anyhow::anyhow!("{path}: {e}"))?
-        .peak_bytes;
+    let baseline = g
+        .baseline_peak()
+        .map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
     let budget_bytes = budget
         .as_deref()
         .map(|b| parse_budget(b, baseline))
@@ -187,53 +179,12 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
             .with_context(|| format!("--rewrite {}", out.display()))?;
     }
     if json {
-        let mut v = serde_json::to_value(&r)?;
-        v["graph"] = serde_json::json!(path);
-        v["recomputed_modules"] = serde_json::json!(modules);
-        v["cost_unit"] = serde_json::json!(unit);
-        println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(());
-    }
-    use memplan::units::human_bytes;
-    println!(
-        "graph        {path} ({} nodes, {} values)",
-        g.nodes.len(),
-        g.values.len()
-    );
-    println!("solver       {:?}", r.solver);
-    println!(
-        "budget       {}  -> {}",
-        human_bytes(r.budget_bytes),
-        if r.feasible { "feasible" } else { "INFEASIBLE" }
-    );
-    println!(
-        "peak         {} (no recompute: {})",
-        human_bytes(r.peak_bytes),
-        human_bytes(r.baseline_peak_bytes)
-    );
-    println!(
-        "lowest       {} reachable; op-local bound {}",
-        human_bytes(r.min_feasible_bytes),
-        human_bytes(r.op_local_bound_bytes)
-    );
-    println!(
-        "overhead     {:.2}% extra compute (lower bound {:.2}%)",
-        r.overhead * 100.0,
-        r.lower_bound_overhead * 100.0
-    );
-    println!(
-        "cost         {} recomputed, {} per step without recomputation ({unit})",
-        fmt_cost(r.recompute_flops, unit),
-        fmt_cost(r.baseline_flops, unit)
-    );
-    println!(
-        "recomputed   {} tensors; {} instructions; solved in {:.3} s",
-        r.recomputed.len(),
-        r.schedule_len,
-        r.solve_seconds
-    );
-    if !modules.is_empty() {
-        println!("modules to checkpoint: {}", modules.join(", "));
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&plan_json(&r, &path, &modules, unit)?)?
+        );
+    } else {
+        print!("{}", plan_text(&r, &g, &path, &modules, unit));
     }
     Ok(())
 }

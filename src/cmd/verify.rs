@@ -130,10 +130,9 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
         (None, Some(b)) => {
             // The budget's fraction is of the no-recompute peak.
             let sched = build_schedule(&m, &inf, &opts).with_context(|| path.clone())?;
-            let g = from_schedule(&sched, &path);
-            let baseline = memplan::remat::graph::replay(&g, &g.no_recompute_plan())
-                .map_err(|e| anyhow::anyhow!("{path}: {e}"))?
-                .peak_bytes;
+            let baseline = from_schedule(&sched, &path)
+                .baseline_peak()
+                .map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
             PlanSource::Budget {
                 bytes: parse_budget(b, baseline)?,
                 solver: a.solver,

@@ -5,13 +5,12 @@ use std::path::Path;
 use serde::Serialize;
 
 use super::dag::load_dag;
-use super::from_schedule::from_schedule;
-use super::graph::{replay, RematGraph};
+use super::graph::RematGraph;
 use super::plan::{plan, Solver};
 use crate::error::{Error, Result};
-use crate::infer::{infer, Bindings};
+use crate::infer::Bindings;
 use crate::onnx::load_model;
-use crate::train::{build_schedule, TrainOptions};
+use crate::train::TrainOptions;
 
 /// One row.
 #[derive(Debug, Clone, Serialize)]
@@ -60,15 +59,11 @@ pub fn load_graph_with(path: &Path, batch: u64, opts: &TrainOptions) -> Result<R
         return Ok(g);
     }
     let model = load_model(path)?;
-    let inf = infer(
-        &model,
-        &Bindings {
-            batch: Some(batch),
-            ..Default::default()
-        },
-    )?;
-    let s = build_schedule(&model, &inf, opts)?;
-    Ok(from_schedule(&s, &name))
+    let b = Bindings {
+        batch: Some(batch),
+        ..Default::default()
+    };
+    Ok(super::step::build(&model, &b, opts, &name)?.graph)
 }
 
 /// Plans every graph at every budget with every solver.
@@ -80,9 +75,7 @@ pub fn run_bench(
 ) -> Result<Vec<BenchRow>> {
     let mut rows = Vec::new();
     for g in graphs {
-        let base = replay(g, &g.no_recompute_plan())
-            .map_err(Error::Graph)?
-            .peak_bytes;
+        let base = g.baseline_peak().map_err(Error::Graph)?;
         for &b in budgets {
             let budget = (base as f64 * b) as u64;
             for &s in solvers {

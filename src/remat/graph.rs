@@ -131,6 +131,12 @@ impl RematGraph {
         fixed + local
     }
 
+    /// The peak of [`RematGraph::no_recompute_plan`], replayed: the baseline every
+    /// budget fraction is of.
+    pub fn baseline_peak(&self) -> std::result::Result<u64, String> {
+        replay(self, &self.no_recompute_plan()).map(|r| r.peak_bytes)
+    }
+
     /// The plan that computes every node once, in order, freeing each value after
     /// its last reader (held values never).
     pub fn no_recompute_plan(&self) -> Vec<Op> {

@@ -14,5 +14,6 @@ pub mod planfile;
 pub mod rewrite;
 pub mod scale;
 pub mod sqrt;
+pub mod step;
 
 pub use sqrt::checkpoint_sqrt;

@@ -14,7 +14,7 @@
 use serde::Serialize;
 
 use super::costs::CostUnit;
-use super::graph::{replay, Op, RematGraph};
+use super::graph::{Op, RematGraph};
 use super::plan::{plan, Solver};
 use crate::error::{Error, Result};
 use crate::units::human_bytes;
@@ -115,9 +115,7 @@ pub fn pareto(
     points: usize,
     lowest: Option<u64>,
 ) -> Result<ParetoCurve> {
-    let baseline = replay(g, &g.no_recompute_plan())
-        .map_err(Error::Graph)?
-        .peak_bytes;
+    let baseline = g.baseline_peak().map_err(Error::Graph)?;
     let first = plan(g, baseline, solver, time_limit_s)?;
     let mut min_feasible = first.min_feasible_bytes;
     let low = match lowest {

@@ -3,7 +3,9 @@
 
 use std::fmt::Write as _;
 
+pub mod bench;
 pub mod fit;
+pub mod plan;
 pub mod train;
 
 use serde::Serialize;
