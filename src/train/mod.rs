@@ -3,13 +3,14 @@
 //! `memory::simulate` replays.
 
 pub mod autodiff;
+pub mod fusion;
 pub mod policy;
+pub mod schedule;
 
-pub use autodiff::{
-    build_schedule, fused_patterns, FusedKind, FusedPattern, Schedule, Step, StepKind, Storage,
-    StorageId, StorageKind,
-};
+pub use autodiff::build_schedule;
+pub use fusion::{fused_patterns, FusedKind, FusedPattern};
 pub use policy::Precision;
+pub use schedule::{Schedule, Step, StepKind, Storage, StorageId, StorageKind};
 
 /// The optimizer, by how many fp32 states it keeps per trainable parameter element.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

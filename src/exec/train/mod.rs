@@ -1,0 +1,838 @@
+//! The training step on CPU, following a plan over the schedule's [`RematGraph`]
+//! (one node per [`Schedule`] step, one value per storage; see
+//! [`crate::remat::from_schedule`]): forward kernels, the loss, backward kernels, and
+//! an SGD update, every buffer counted by one [`Allocator`].
+//!
+//! Accounting follows the schedule's storages exactly:
+//! - fixed storages (parameters, buffers, constants, the input batch, optimizer
+//!   state) are allocated before the first instruction and stay to the end;
+//! - `Compute(i)` allocates every storage step `i` writes that is not live, with the
+//!   storage's bytes (the kernel's tensor must have exactly those bytes), then runs
+//!   the kernel; `Free(v)` releases storage `v` and drops every value held in it;
+//! - a view (an output or gradient whose schedule storage is its source's) allocates
+//!   nothing: on the GPU it aliases; on the CPU the kernel returns its own copy, which
+//!   lives exactly as long as the storage it aliases and is not counted.
+//!
+//! - a view whose storage was freed and recomputed is made again when next read,
+//!   allocating nothing: a reshape-like view (the op keeps every element in place)
+//!   is its source reshaped to the inferred shape; any other view runs its kernel
+//!   again, shape arguments whose storage was freed standing in with their folded
+//!   value (PyTorch keeps a view's sizes on the host, not in a device buffer).
+//!
+//! So the allocator's peak is the peak of [`crate::remat::graph::replay`] of the
+//! same plan by construction *if* the executor follows the plan and every kernel
+//! writes what the schedule says; both are checked at every step (a read of a
+//! storage that is not live, or a written tensor of other bytes, is an error).
+//!
+//! [`StepResult::live_after`] gives the live bytes after every plan instruction;
+//! after a `Compute` that is the step's high-water mark (its writes are allocated
+//! before its kernel runs, and nothing is freed inside a step).
+//!
+//! Fused patterns ([`crate::train::FusedPattern`]: exact GELU, SiLU, SDPA) run op by op
+//! forward, each node's step writing what the schedule says; the SDPA's Softmax
+//! step also computes the per-row logsumexp of its scores, which the pattern's last
+//! forward step writes as its Extra (the exact bytes the schedule counts; on the GPU
+//! both are one kernel). At the pattern's first backward step (its last node's), the
+//! pattern's inner forward values are recomputed from what that step reads (GELU, SiLU:
+//! `x`; SDPA: q, k, v, the output, the logsumexp) and fixed storages, Dropout masks
+//! regenerated from their node's seed, autocast copies made again; these values are transient and not counted,
+//! as they live inside the fused backward kernel, and are dropped after the
+//! pattern's last backward step. Each node's backward kernel then takes its saved
+//! tensors from them and stores its gradients as the schedule says, so the
+//! accounting is the schedule's. SDPA: the recomputed output and logsumexp must
+//! equal the saved ones bitwise. A pattern input that is an activation the fused
+//! kernel does not save (an attention mask computed in the graph) stands in with its
+//! folded constant value; without one the step is refused, naming it.
+//!
+//! Optimizers (PyTorch's formulas, one step from zero state): SGD, momentum, Adam,
+//! AdamW with [`StepOptions`]' hyperparameters. The state storage (persistent) holds
+//! one f32 vector per state over all parameters; foreach Adam's temporary (the
+//! denominators of every parameter at once) is the optimizer step's OptimizerTemp
+//! write. Resident gradients (`grads_resident`: persistent `.grad`, zero before the
+//! step) receive each parameter's first gradient.
+//!
+//! Precision policies ([`crate::train::Precision`]): every float value is held in
+//! its storage's type (f16/bf16 under a half policy) and computed in f32 (kernel
+//! inputs widened, outputs rounded to the storage's type). An autocast copy (a
+//! [`StorageKind::Cast`] storage in [`crate::train::Step::slots`]) is made by the
+//! step that writes it, from its source; a cached weight copy, made once, is read by
+//! later steps as it is; a backward kernel reads the copy its forward read.
+//! Gradients are rounded to their storage's type (autocast's cast back), partials
+//! added in f32 and rounded. Pure bf16: parameters, the batch, optimizer state and
+//! temporaries bf16 too, the update computed in f32 and rounded back.
+//!
+//! Supported: fp32, amp-fp16, amp-bf16, bf16; `Loss::Mean` or `Loss::Sum`; SGD,
+//! momentum, Adam, AdamW; gradients resident or not; the fused exact GELU, SiLU and SDPA
+//! (under every policy). Not run: a fused pattern whose input is an activation the
+//! fused kernel does not save and that has no folded value (refused, named).
+
+mod backend;
+mod optimizer;
+mod steps;
+
+pub use backend::{Cpu, StepBackend};
+pub(crate) use optimizer::optimizer_step;
+pub(crate) use steps::logsumexp_last;
+use steps::*;
+
+use std::collections::{HashMap, HashSet};
+
+use petgraph::stable_graph::NodeIndex;
+
+use crate::error::{Error, Result};
+use crate::infer::Inferred;
+use crate::ir::{DType, Model, TensorId};
+use crate::numeric::{rng, Tensor};
+use crate::ops::{registry, BackwardCx, KernelCx, Saved};
+use crate::remat::graph::{Op as PlanOp, RematGraph};
+use crate::train::{
+    FusedKind, FusedPattern, Loss, Optimizer, Schedule, StepKind, StorageId, StorageKind,
+};
+
+/// Counts live bytes and records the peak.
+#[derive(Debug, Clone, Default)]
+pub struct Allocator {
+    live: Vec<bool>,
+    bytes: Vec<u64>,
+    /// Bytes live now.
+    pub current: u64,
+    /// Highest `current` so far.
+    pub peak: u64,
+    /// Allocations made.
+    pub allocations: u64,
+}
+
+impl Allocator {
+    /// An allocator over storages of the given sizes, none live.
+    pub fn new(bytes: Vec<u64>) -> Allocator {
+        Allocator {
+            live: vec![false; bytes.len()],
+            bytes,
+            ..Default::default()
+        }
+    }
+
+    /// Allocates storage `s` (an error if it is live).
+    pub fn alloc(&mut self, s: StorageId) -> std::result::Result<(), String> {
+        if self.live[s] {
+            return Err(format!("storage {s} allocated twice"));
+        }
+        self.live[s] = true;
+        self.current += self.bytes[s];
+        self.allocations += 1;
+        self.peak = self.peak.max(self.current);
+        Ok(())
+    }
+
+    /// Frees storage `s` if live; returns whether it was.
+    pub fn free(&mut self, s: StorageId) -> bool {
+        if !self.live[s] {
+            return false;
+        }
+        self.live[s] = false;
+        self.current -= self.bytes[s];
+        true
+    }
+
+    /// Whether storage `s` is live.
+    pub fn is_live(&self, s: StorageId) -> bool {
+        self.live[s]
+    }
+}
+
+/// Options of a training step.
+#[derive(Debug, Clone, Copy)]
+pub struct StepOptions {
+    /// Learning rate.
+    pub lr: f32,
+    /// The optimizer the schedule was built with.
+    pub optimizer: Optimizer,
+    /// Momentum's coefficient (PyTorch's SGD defaults to 0, which is plain SGD; 0.9,
+    /// the usual choice, here). Dampening 0, no Nesterov (PyTorch's defaults).
+    pub momentum: f64,
+    /// Adam's `(β1, β2)` (PyTorch: `(0.9, 0.999)`). Hyperparameters are f64 (Python
+    /// floats): the update's coefficients (`1 − β`, bias corrections, step size) are
+    /// computed in f64 and rounded to f32 once, as PyTorch passes them to its kernels.
+    pub betas: (f64, f64),
+    /// Adam's ε (PyTorch: 1e-8).
+    pub eps: f64,
+    /// Weight decay; `None`: PyTorch's default for the optimizer (0, AdamW 1e-2).
+    /// SGD, momentum and Adam add `wd·p` to the gradient; AdamW scales `p` by
+    /// `1 − lr·wd` first.
+    pub weight_decay: Option<f64>,
+    /// Seed of Dropout masks (as [`crate::exec::Options::seed`]).
+    pub seed: u64,
+    /// Whether training-mode Dropout drops.
+    pub dropout: bool,
+    /// The loss the schedule was built with.
+    pub loss: Loss,
+}
+
+impl Default for StepOptions {
+    fn default() -> StepOptions {
+        StepOptions {
+            lr: 0.01,
+            optimizer: Optimizer::Sgd,
+            momentum: 0.9,
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            weight_decay: None,
+            seed: 0,
+            dropout: true,
+            loss: Loss::Mean,
+        }
+    }
+}
+
+/// What a training step produced and measured.
+#[derive(Debug, Clone)]
+pub struct StepResult {
+    /// The loss, accumulated in f64.
+    pub loss: f64,
+    /// The first graph output.
+    pub output: Tensor,
+    /// Gradient of each parameter in [`Schedule::with_grad`], same order.
+    pub grads: Vec<Tensor>,
+    /// Parameters after the update (by tensor id; `None` for non-initializers).
+    pub params: Vec<Option<Tensor>>,
+    /// Peak live bytes measured by the allocator.
+    pub peak_bytes: u64,
+    /// Live bytes after each plan instruction.
+    pub live_after: Vec<u64>,
+    /// Executions of each step (more than one: recomputed).
+    pub executions: Vec<usize>,
+    /// Wall seconds of each step's first execution (its kernels and bookkeeping).
+    pub step_seconds: Vec<f64>,
+    /// Wall seconds of every execution after a step's first (the recomputation).
+    pub recompute_seconds: f64,
+    /// Wall seconds of the whole step.
+    pub seconds: f64,
+    /// The optimizer state after the update (`None` for SGD): one f32 vector over
+    /// the parameters of [`Schedule::with_grad`] concatenated in order, per state
+    /// (momentum: the buffer; Adam/AdamW: `exp_avg` then `exp_avg_sq`).
+    pub state: Option<Tensor>,
+}
+
+/// Runs one training step of `model` on the CPU following `plan` over `g` (made
+/// from `s` by [`crate::remat::from_schedule::from_schedule`]), from parameters
+/// `params` (as [`crate::exec::Executor::params`]) on `inputs` (one per graph input).
+#[allow(clippy::too_many_arguments)]
+pub fn train_step(
+    model: &Model,
+    inf: &Inferred,
+    s: &Schedule,
+    g: &RematGraph,
+    plan: &[PlanOp],
+    params: &[Option<Tensor>],
+    inputs: &[Tensor],
+    opts: &StepOptions,
+) -> Result<StepResult> {
+    train_step_on(&Cpu, model, inf, s, g, plan, params, inputs, opts)
+}
+
+/// [`train_step`] on backend `b`: the same plan, storages and checks; the
+/// measured peak is the backend's count where it has one
+/// ([`StepBackend::peak_bytes`]), else the schedule [`Allocator`]'s.
+#[allow(clippy::too_many_arguments)]
+pub fn train_step_on<B: StepBackend>(
+    b: &B,
+    model: &Model,
+    inf: &Inferred,
+    s: &Schedule,
+    g: &RematGraph,
+    plan: &[PlanOp],
+    params_in: &[Option<Tensor>],
+    inputs: &[Tensor],
+    opts: &StepOptions,
+) -> Result<StepResult> {
+    let gr = &model.graph;
+    let n_t = gr.tensors.len();
+    if g.nodes.len() != s.steps.len() || g.values.len() != s.storages.len() {
+        return Err(Error::Graph(
+            "the plan's graph is not this schedule's".into(),
+        ));
+    }
+    // The whole plan is checked before anything runs (every read live, every step
+    // computed, only forward steps recomputed).
+    crate::remat::graph::replay(g, plan)
+        .map_err(|e| Error::Graph(format!("the plan is invalid: {e}")))?;
+    if inputs.len() != gr.inputs.len() {
+        return Err(Error::Binding(format!(
+            "the model has {} inputs, {} were given",
+            gr.inputs.len(),
+            inputs.len()
+        )));
+    }
+    b.check(s, opts).map_err(Error::Plan)?;
+    b.begin().map_err(Error::Graph)?;
+    let mut alloc = Allocator::new(s.storages.iter().map(|st| st.bytes).collect());
+    // Values: forward tensors by tensor id; gradients by tensor id; extras and the
+    // loss by storage id. Each lives in one storage.
+    let none = |n: usize| -> Vec<Option<B::T>> { (0..n).map(|_| None).collect() };
+    let mut fwd: Vec<Option<B::T>> = none(n_t);
+    let mut gval: Vec<Option<B::T>> = none(n_t);
+    let mut gstore: Vec<Option<StorageId>> = vec![None; n_t];
+    let mut sval: Vec<Option<B::T>> = none(s.storages.len());
+    // Parameters and the batch in their storage's type (pure bf16: bf16).
+    let mut params: Vec<Option<B::T>> = none(n_t);
+    for (t, p) in params_in.iter().enumerate().take(n_t) {
+        if let Some(v) = p {
+            params[t] = Some(
+                b.put(stored(s, t, v.clone()).map_err(Error::Graph)?)
+                    .map_err(Error::Graph)?,
+            );
+        }
+    }
+    for (v, val) in g.values.iter().enumerate() {
+        if val.fixed {
+            alloc.alloc(v).map_err(Error::Graph)?;
+        }
+    }
+    // The optimizer: the schedule's must be the options'; its state starts at zero.
+    let opt_step = s
+        .steps
+        .iter()
+        .find(|st| st.kind == StepKind::Optimizer)
+        .ok_or_else(|| Error::Graph("the schedule has no optimizer step".into()))?;
+    if opt_step.op != opts.optimizer.to_string() {
+        return Err(Error::Graph(format!(
+            "the schedule's optimizer is {}, the options say {}",
+            opt_step.op, opts.optimizer
+        )));
+    }
+    let n_params: usize = s
+        .with_grad
+        .iter()
+        .map(|&t| inf.facts[t].numel() as usize)
+        .sum();
+    let state_st = s
+        .storages
+        .iter()
+        .position(|st| st.kind == StorageKind::OptimizerState);
+    if let Some(st) = state_st {
+        let n = opts.optimizer.states() as usize * n_params;
+        let dt = s.storages[st].dtype;
+        let z = Tensor::from_f32(dt, vec![n], vec![0.0; n]).map_err(Error::Graph)?;
+        if dt.bytes_for(n as u64) != Some(s.storages[st].bytes) {
+            return Err(Error::Graph(format!(
+                "the optimizer state is {} bytes for {n} {dt} elements",
+                s.storages[st].bytes
+            )));
+        }
+        sval[st] = Some(b.put(z).map_err(Error::Graph)?);
+    }
+    for (&t, x) in gr.inputs.iter().zip(inputs) {
+        let f = &inf.facts[t];
+        if x.dtype() != f.dtype || x.shape != f.shape {
+            return Err(Error::Binding(format!(
+                "input '{}' is {} {:?}, expected {} {:?}",
+                gr.tensor(t).name,
+                x.dtype(),
+                x.shape,
+                f.dtype,
+                f.shape
+            )));
+        }
+        fwd[t] = Some(
+            b.put(stored(s, t, x.clone()).map_err(Error::Graph)?)
+                .map_err(Error::Graph)?,
+        );
+    }
+    // Storage -> forward tensors held in it.
+    let mut in_storage: Vec<Vec<TensorId>> = vec![Vec::new(); s.storages.len()];
+    for (t, &st) in s.tensor_storage.iter().enumerate() {
+        if st != usize::MAX {
+            in_storage[st].push(t);
+        }
+    }
+    let out0 = gr.outputs[0];
+    let step_of: std::collections::HashMap<_, usize> = s
+        .steps
+        .iter()
+        .enumerate()
+        .filter(|(_, st)| st.kind == StepKind::Forward)
+        .filter_map(|(i, st)| st.node.map(|n| (n, i)))
+        .collect();
+    // A backend that counts its own memory holds every fixed storage from the
+    // start, as the schedule does: a constant a node computes (folded by
+    // inference) is put now, and that node's step keeps it.
+    let mut preloaded = vec![false; n_t];
+    if b.live_bytes().is_some() {
+        for (v, val) in g.values.iter().enumerate() {
+            let ts = &in_storage[v];
+            if !val.fixed
+                || sval[v].is_some()
+                || ts.iter().any(|&t| params[t].is_some() || fwd[t].is_some())
+            {
+                continue;
+            }
+            // The storage's source tensor (not a view of another one in it).
+            let source = ts.iter().copied().find(|&t| {
+                gr.tensor(t).producer.is_none_or(|p| {
+                    gr.node(p)
+                        .inputs
+                        .iter()
+                        .flatten()
+                        .all(|&i| s.tensor_storage[i] != v)
+                })
+            });
+            let Some(t) = source else { continue };
+            let Some(folded) = folded_value(inf, t).map_err(Error::Graph)? else {
+                continue;
+            };
+            let folded = stored(s, t, folded).map_err(Error::Graph)?;
+            if folded.dtype().bytes_for(folded.numel() as u64) != Some(s.storages[v].bytes) {
+                continue;
+            }
+            fwd[t] = Some(b.put(folded).map_err(Error::Graph)?);
+            preloaded[t] = true;
+        }
+    }
+    // Fused patterns: each node's pattern; the SDPA logsumexp, computed from the
+    // scores when the pattern's Softmax runs and written as the Extra of its last
+    // node's forward step (both one kernel on the GPU); the recomputed inner values
+    // while the pattern's backward steps run, and how many of them are left.
+    let pattern_of: HashMap<NodeIndex, usize> = s
+        .fused
+        .iter()
+        .enumerate()
+        .flat_map(|(k, p)| p.nodes.iter().map(move |&n| (n, k)))
+        .collect();
+    let mut lse: Vec<Option<Tensor>> = (0..s.fused.len()).map(|_| None).collect();
+    let mut recomputed: Vec<Option<Recomputed<B::T>>> = (0..s.fused.len()).map(|_| None).collect();
+    let mut bw_left = vec![0usize; s.fused.len()];
+    for st in &s.steps {
+        if let Some(&k) = st.node.and_then(|n| pattern_of.get(&n)) {
+            if st.kind == StepKind::Backward {
+                bw_left[k] += 1;
+            }
+        }
+    }
+    let mut executions = vec![0usize; s.steps.len()];
+    let mut live_after = Vec::with_capacity(plan.len());
+    let mut loss_f64 = 0.0;
+    let mut step_seconds = vec![0.0; s.steps.len()];
+    let mut recompute_seconds = 0.0;
+    let t_start = std::time::Instant::now();
+
+    for (k, op) in plan.iter().enumerate() {
+        match *op {
+            PlanOp::Free(v) => {
+                if v >= s.storages.len() {
+                    return Err(Error::Graph(format!("plan step {k}: no storage {v}")));
+                }
+                if g.values[v].fixed {
+                    return Err(Error::Graph(format!(
+                        "plan step {k}: '{}' is fixed",
+                        g.values[v].name
+                    )));
+                }
+                alloc.free(v);
+                sval[v] = None;
+                for &t in &in_storage[v] {
+                    fwd[t] = None;
+                }
+                for t in 0..n_t {
+                    if gstore[t] == Some(v) {
+                        gstore[t] = None;
+                        gval[t] = None;
+                    }
+                }
+            }
+            PlanOp::Compute(i) => {
+                let t0 = std::time::Instant::now();
+                let step = s
+                    .steps
+                    .get(i)
+                    .ok_or_else(|| Error::Graph(format!("plan step {k}: no step {i}")))?;
+                let err = |r: String| Error::Graph(format!("step '{}': {r}", step.name));
+                for &r in step.reads.iter().chain(&step.updates) {
+                    if !step.writes.contains(&r) && !alloc.is_live(r) {
+                        return Err(err(format!(
+                            "reads '{}', which is not live",
+                            s.storages[r].name
+                        )));
+                    }
+                }
+                for &w in &step.writes {
+                    if !alloc.is_live(w) {
+                        alloc.alloc(w).map_err(&err)?;
+                    }
+                }
+                executions[i] += 1;
+                let check_bytes = |st: StorageId, t: &B::T| -> Result<()> {
+                    let want = s.storages[st].bytes;
+                    let have = B::dtype(t)
+                        .bytes_for(B::numel(t) as u64)
+                        .unwrap_or(u64::MAX);
+                    if want != have {
+                        return Err(err(format!(
+                            "writes {have} bytes into '{}' of {want}",
+                            s.storages[st].name
+                        )));
+                    }
+                    Ok(())
+                };
+                match step.kind {
+                    StepKind::Forward => {
+                        let ix = step.node.expect("forward steps have a node");
+                        let node = gr.node(ix);
+                        let extras: Vec<StorageId> = step
+                            .writes
+                            .iter()
+                            .copied()
+                            .filter(|&w| s.storages[w].kind == StorageKind::Extra)
+                            .collect();
+                        for t in node.inputs.iter().flatten() {
+                            ensure_value(
+                                b, model, inf, s, &step_of, &alloc, &params, &mut fwd, opts, *t, 0,
+                            )
+                            .map_err(&err)?;
+                        }
+                        // Autocast copies this step makes (a cached weight copy made
+                        // earlier is read as it is).
+                        for (slot, t) in node.inputs.iter().enumerate() {
+                            let (Some(t), Some(&Some(c))) = (*t, step.slots.get(slot)) else {
+                                continue;
+                            };
+                            let kind = s.storages[c].kind;
+                            if !matches!(kind, StorageKind::Cast | StorageKind::Copy) {
+                                continue;
+                            }
+                            if step.writes.contains(&c) {
+                                let v = params[t]
+                                    .as_ref()
+                                    .or(fwd[t].as_ref())
+                                    .ok_or_else(|| err(format!("input {slot} has no value")))?;
+                                if kind == StorageKind::Copy {
+                                    // Held as its source; an expanded copy is accounted
+                                    // at its expanded size by the schedule.
+                                    let v = b.copy(v, &s.storages[c].shape).map_err(&err)?;
+                                    if s.storages[c].shape.as_slice() == B::shape(&v) {
+                                        check_bytes(c, &v)?;
+                                    }
+                                    sval[c] = Some(b.hold(v));
+                                    continue;
+                                }
+                                let v = b.cast(v, s.storages[c].dtype).map_err(&err)?;
+                                check_bytes(c, &v)?;
+                                sval[c] = Some(v);
+                            } else if sval[c].is_none() {
+                                return Err(err(format!(
+                                    "the cast '{}' has no value",
+                                    s.storages[c].name
+                                )));
+                            }
+                        }
+                        let ins: Vec<Option<&B::T>> = node
+                            .inputs
+                            .iter()
+                            .enumerate()
+                            .map(|(slot, t)| {
+                                let t = (*t)?;
+                                match step.slots.get(slot) {
+                                    Some(&Some(c)) if is_copy(s.storages[c].kind) => {
+                                        sval[c].as_ref()
+                                    }
+                                    _ => params[t].as_ref().or(fwd[t].as_ref()),
+                                }
+                            })
+                            .collect();
+                        if let Some(slot) = node
+                            .inputs
+                            .iter()
+                            .zip(&ins)
+                            .position(|(t, v)| t.is_some() && v.is_none())
+                        {
+                            return Err(err(format!("input {slot} has no value")));
+                        }
+                        let pattern = pattern_of.get(&ix).copied();
+                        if let Some(k) = pattern {
+                            if s.fused[k].kind == FusedKind::Sdpa && node.op_type == "Softmax" {
+                                // From the scores as the Softmax reads them (an autocast
+                                // f32 copy under AMP).
+                                let x =
+                                    ins[0].ok_or_else(|| err("the scores have no value".into()))?;
+                                lse[k] = Some(b.logsumexp_last(x).map_err(&err)?);
+                            }
+                        }
+                        // A whole-tensor view (reshape-like, the identity) is its
+                        // source under the inferred shape where the backend aliases.
+                        let alias = if b.aliases_views() && extras.is_empty() && pattern.is_none() {
+                            whole_view(model, inf, s, node).map_err(&err)?
+                        } else {
+                            None
+                        };
+                        let all_preloaded = node.outputs.iter().flatten().all(|&t| preloaded[t])
+                            && node.outputs.iter().flatten().next().is_some()
+                            && extras.is_empty();
+                        if all_preloaded {
+                            // A constant put before the first instruction.
+                        } else if let Some(o) = alias {
+                            let src = ins[0].ok_or_else(|| err("no input 0".into()))?;
+                            let v = b.reshaped(src, inf.facts[o].shape.clone()).map_err(&err)?;
+                            fwd[o] = Some(v);
+                        } else {
+                            let mut outs = b
+                                .forward(
+                                    model,
+                                    inf,
+                                    node,
+                                    ins,
+                                    opts,
+                                    !extras.is_empty() && pattern.is_none(),
+                                )
+                                .map_err(&err)?;
+                            if let Some(k) = pattern {
+                                let p = &s.fused[k];
+                                if ix == p.last() && !extras.is_empty() {
+                                    let l = lse[k].as_ref().ok_or_else(|| {
+                                        err("the attention's logsumexp was not computed".into())
+                                    })?;
+                                    outs.push(b.put(l.clone()).map_err(&err)?);
+                                }
+                            }
+                            let n_out = node.outputs.len();
+                            if outs.len() != n_out + extras.len() {
+                                return Err(err(format!(
+                                    "the kernel gave {} tensors for {} outputs and {} extras",
+                                    outs.len(),
+                                    n_out,
+                                    extras.len()
+                                )));
+                            }
+                            let mut outs = outs.into_iter();
+                            for t in &node.outputs {
+                                let v = outs.next().expect("counted");
+                                let Some(t) = *t else { continue };
+                                let f = &inf.facts[t];
+                                if B::dtype(&v) != f.dtype || B::shape(&v) != f.shape.as_slice() {
+                                    return Err(err(format!(
+                                        "output '{}' is {} {:?}, inference says {} {:?}",
+                                        gr.tensor(t).name,
+                                        B::dtype(&v),
+                                        B::shape(&v),
+                                        f.dtype,
+                                        f.shape
+                                    )));
+                                }
+                                let mut v = store(b, s, t, v).map_err(&err)?;
+                                let st = s.tensor_storage[t];
+                                if step.writes.contains(&st) {
+                                    check_bytes(st, &v)?;
+                                    v = b.hold(v);
+                                } else if !alloc.is_live(st) {
+                                    return Err(err(format!(
+                                        "view '{}' of a storage that is not live",
+                                        gr.tensor(t).name
+                                    )));
+                                } else {
+                                    v = b.set_apart(v);
+                                }
+                                fwd[t] = Some(v);
+                            }
+                            for (&st, v) in extras.iter().zip(outs) {
+                                check_bytes(st, &v)?;
+                                sval[st] = Some(b.hold(v));
+                            }
+                        }
+                    }
+                    StepKind::Loss => {
+                        let y = fwd[out0]
+                            .as_ref()
+                            .ok_or_else(|| err("no model output".into()))?;
+                        let sum: f64 = b.sum_f64(y).map_err(&err)?;
+                        loss_f64 = match opts.loss {
+                            Loss::Mean => sum / B::numel(y).max(1) as f64,
+                            Loss::Sum => sum,
+                        };
+                        sval[step.writes[0]] = Some(
+                            b.put(Tensor::f32(vec![], vec![loss_f64 as f32]))
+                                .map_err(&err)?,
+                        );
+                    }
+                    StepKind::Backward if step.node.is_none() => {
+                        // The loss's backward: d loss / d output.
+                        let f = &inf.facts[out0];
+                        let g0 = match opts.loss {
+                            Loss::Mean => Tensor::f32(
+                                f.shape.clone(),
+                                vec![1.0 / f.numel().max(1) as f32; f.numel() as usize],
+                            ),
+                            Loss::Sum => Tensor::f32(vec![], vec![1.0]),
+                        };
+                        let st = step.writes[0];
+                        let dt = s.storages[st].dtype;
+                        let g0 = g0.cast(dt).map_err(&err)?;
+                        if dt.bytes_for(g0.numel() as u64) != Some(s.storages[st].bytes) {
+                            return Err(err(format!(
+                                "writes {} bytes into '{}' of {}",
+                                dt.bytes_for(g0.numel() as u64).unwrap_or(u64::MAX),
+                                s.storages[st].name,
+                                s.storages[st].bytes
+                            )));
+                        }
+                        gval[out0] = Some(
+                            b.put(match opts.loss {
+                                Loss::Mean => g0,
+                                Loss::Sum => Tensor::from_f32(
+                                    dt,
+                                    f.shape.clone(),
+                                    vec![1.0; f.numel() as usize],
+                                )
+                                .map_err(&err)?,
+                            })
+                            .map_err(&err)?,
+                        );
+                        gstore[out0] = Some(st);
+                    }
+                    StepKind::Backward => {
+                        let ix = step.node.expect("backward of a node");
+                        let node = gr.node(ix);
+                        let pattern = pattern_of.get(&ix).copied();
+                        if let Some(k) = pattern.filter(|&k| recomputed[k].is_none()) {
+                            let p = &s.fused[k];
+                            if ix != p.last() {
+                                return Err(err(format!(
+                                    "the first backward step of a fused {:?} pattern is not its \
+                                     last node's",
+                                    p.kind
+                                )));
+                            }
+                            for &t in &p.reads {
+                                ensure_value(
+                                    b, model, inf, s, &step_of, &alloc, &params, &mut fwd, opts, t,
+                                    0,
+                                )
+                                .map_err(&err)?;
+                            }
+                            recomputed[k] = Some(
+                                recompute_pattern(
+                                    b, model, inf, s, p, &step_of, &params, &fwd, &sval, opts,
+                                )
+                                .map_err(&err)?,
+                            );
+                        }
+                        for t in node.inputs.iter().chain(&node.outputs).flatten() {
+                            let st = s.tensor_storage[*t];
+                            if st != usize::MAX && step.reads.contains(&st) {
+                                ensure_value(
+                                    b, model, inf, s, &step_of, &alloc, &params, &mut fwd, opts,
+                                    *t, 0,
+                                )
+                                .map_err(&err)?;
+                            }
+                        }
+                        let partials = backward_step(
+                            b,
+                            model,
+                            inf,
+                            s,
+                            i,
+                            &params,
+                            &fwd,
+                            &sval,
+                            pattern.and_then(|k| recomputed[k].as_ref()),
+                            &mut gval,
+                            &mut gstore,
+                            opts,
+                        )
+                        .map_err(&err)?;
+                        // A partial gradient lives in its storage until freed.
+                        for (w, d) in partials {
+                            sval[w] = Some(d);
+                        }
+                        if let Some(k) = pattern {
+                            bw_left[k] -= 1;
+                            if bw_left[k] == 0 {
+                                recomputed[k] = None;
+                            }
+                        }
+                    }
+                    StepKind::Optimizer => {
+                        let temp = b
+                            .optimizer(
+                                s,
+                                &gval,
+                                &mut params,
+                                state_st.and_then(|st| sval[st].as_mut()),
+                                opts,
+                            )
+                            .map_err(&err)?;
+                        let temps: Vec<StorageId> = step
+                            .writes
+                            .iter()
+                            .copied()
+                            .filter(|&w| s.storages[w].kind == StorageKind::OptimizerTemp)
+                            .collect();
+                        match (temps.as_slice(), temp) {
+                            ([], None) => {}
+                            ([w], Some(t)) => {
+                                check_bytes(*w, &t)?;
+                                sval[*w] = Some(t);
+                            }
+                            _ => {
+                                return Err(err(
+                                    "the update's temporaries are not the schedule's".into()
+                                ))
+                            }
+                        }
+                    }
+                }
+                let dt = t0.elapsed().as_secs_f64();
+                if executions[i] == 1 {
+                    step_seconds[i] = dt;
+                } else {
+                    recompute_seconds += dt;
+                }
+            }
+        }
+        live_after.push(b.live_bytes().unwrap_or(alloc.current));
+        b.after_instruction().map_err(Error::Graph)?;
+    }
+    if let Some(i) = executions.iter().position(|&e| e == 0) {
+        return Err(Error::Graph(format!(
+            "step '{}' never runs",
+            s.steps[i].name
+        )));
+    }
+    let grads = s
+        .with_grad
+        .iter()
+        .map(|&t| {
+            let v = gval[t]
+                .as_ref()
+                .ok_or_else(|| Error::Graph(format!("no gradient for '{}'", gr.tensor(t).name)))?;
+            b.get(v).map_err(Error::Graph)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let output = fwd[out0]
+        .as_ref()
+        .or(params[out0].as_ref())
+        .ok_or_else(|| Error::Graph("the model output was freed".into()))?;
+    let output = b.get(output).map_err(Error::Graph)?;
+    let seconds = t_start.elapsed().as_secs_f64();
+    let params = params
+        .iter()
+        .map(|p| p.as_ref().map(|p| b.get(p)).transpose())
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(Error::Graph)?;
+    let state = state_st
+        .and_then(|st| sval[st].as_ref())
+        .map(|v| b.get(v))
+        .transpose()
+        .map_err(Error::Graph)?;
+    Ok(StepResult {
+        loss: loss_f64,
+        output,
+        grads,
+        params,
+        peak_bytes: b.peak_bytes().unwrap_or(alloc.peak),
+        live_after,
+        executions,
+        step_seconds,
+        recompute_seconds,
+        seconds,
+        state,
+    })
+}

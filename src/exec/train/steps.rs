@@ -1,0 +1,716 @@
+//! One schedule step's work: a node's forward kernel and its outputs' storages, a
+//! fused pattern's recomputation, a node's backward kernel from its saved tensors, and
+//! the values a step needs.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// `v`, the value of forward tensor `t`, in its storage's element type (a float
+/// tensor under a half-precision policy; every other value as it is).
+pub(super) fn stored(s: &Schedule, t: TensorId, v: Tensor) -> std::result::Result<Tensor, String> {
+    let st = s.tensor_storage.get(t).copied().unwrap_or(usize::MAX);
+    if st == usize::MAX || !v.dtype().is_float() {
+        return Ok(v);
+    }
+    let dt = s.storages[st].dtype;
+    if dt.is_float() && dt != v.dtype() {
+        v.cast(dt)
+    } else {
+        Ok(v)
+    }
+}
+
+/// [`stored`] for a backend value.
+pub(super) fn store<B: StepBackend>(
+    b: &B,
+    s: &Schedule,
+    t: TensorId,
+    v: B::T,
+) -> std::result::Result<B::T, String> {
+    let st = s.tensor_storage.get(t).copied().unwrap_or(usize::MAX);
+    if st == usize::MAX || !B::dtype(&v).is_float() {
+        return Ok(v);
+    }
+    let dt = s.storages[st].dtype;
+    if dt.is_float() && dt != B::dtype(&v) {
+        b.cast(&v, dt)
+    } else {
+        Ok(v)
+    }
+}
+
+/// When `node`'s forward is a whole-tensor view: its only output (output 0),
+/// held in input 0's storage, an op that keeps every element in place (reshape,
+/// flatten, squeeze, unsqueeze, identity...) with as many elements and the same
+/// type: that output.
+pub(super) fn whole_view(
+    model: &Model,
+    inf: &Inferred,
+    s: &Schedule,
+    node: &crate::ir::Node,
+) -> std::result::Result<Option<TensorId>, String> {
+    let (Some(Some(src)), Some(&Some(o))) = (node.inputs.first(), node.outputs.first()) else {
+        return Ok(None);
+    };
+    if node.outputs.iter().skip(1).any(Option::is_some) {
+        return Ok(None);
+    }
+    let st = s.tensor_storage[o];
+    if st == usize::MAX || st != s.tensor_storage[*src] {
+        return Ok(None);
+    }
+    let (op, cx) = rule_cx(model, inf, node)?;
+    let keeps_order = matches!(
+        op.storage(&cx),
+        crate::ops::Storage::View | crate::ops::Storage::Reshape
+    );
+    let (a, b) = (&inf.facts[*src], &inf.facts[o]);
+    Ok((keeps_order && a.numel() == b.numel() && a.dtype == b.dtype).then_some(o))
+}
+
+/// A node's op rules and the context they take (input facts from inference).
+pub(super) fn rule_cx<'a>(
+    model: &'a Model,
+    inf: &'a Inferred,
+    node: &'a crate::ir::Node,
+) -> std::result::Result<(&'static dyn crate::ops::Op, crate::ops::Cx<'a>), String> {
+    let op = registry()
+        .get(&node.domain, &node.op_type)
+        .ok_or("unsupported op")?;
+    let cx = crate::ops::Cx {
+        node,
+        inputs: node
+            .inputs
+            .iter()
+            .map(|t| t.map(|t| &inf.facts[t]))
+            .collect(),
+        opset: model.opset(),
+    };
+    Ok((op, cx))
+}
+
+/// Runs the forward kernel of `node` on the values at hand.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn forward_kernel<B: StepBackend>(
+    b: &B,
+    model: &Model,
+    inf: &Inferred,
+    node: &crate::ir::Node,
+    params: &[Option<B::T>],
+    fwd: &[Option<B::T>],
+    opts: &StepOptions,
+    extras: bool,
+) -> std::result::Result<Vec<B::T>, String> {
+    let mut ins = Vec::with_capacity(node.inputs.len());
+    for (slot, t) in node.inputs.iter().enumerate() {
+        match t {
+            None => ins.push(None),
+            Some(t) => {
+                let v = params[*t].as_ref().or(fwd[*t].as_ref());
+                if v.is_none() {
+                    return Err(format!("input {slot} has no value"));
+                }
+                ins.push(v);
+            }
+        }
+    }
+    b.forward(model, inf, node, ins, opts, extras)
+}
+
+/// Runs the forward kernel of `node` on the given input values.
+pub(super) fn run_kernel(
+    model: &Model,
+    inf: &Inferred,
+    node: &crate::ir::Node,
+    ins: Vec<Option<&Tensor>>,
+    opts: &StepOptions,
+    extras: bool,
+) -> std::result::Result<Vec<Tensor>, String> {
+    let op = registry()
+        .get(&node.domain, &node.op_type)
+        .ok_or("unsupported op")?;
+    // Half-precision values are computed in f32.
+    let wide: Vec<Option<Tensor>> = ins
+        .iter()
+        .map(|v| {
+            v.filter(|v| v.dtype().is_float() && v.dtype() != DType::F32)
+                .map(|v| v.cast(DType::F32))
+                .transpose()
+        })
+        .collect::<std::result::Result<_, _>>()?;
+    let ins = ins
+        .iter()
+        .zip(&wide)
+        .map(|(v, w)| w.as_ref().or(*v))
+        .collect();
+    let cx = KernelCx {
+        node,
+        inputs: ins,
+        outputs: node
+            .outputs
+            .iter()
+            .map(|t| t.map(|t| &inf.facts[t]))
+            .collect(),
+        opset: model.opset(),
+        seed: rng::name_seed(opts.seed, &node.name),
+        dropout: opts.dropout,
+        extras,
+    };
+    op.forward_cpu(&cx)
+}
+
+/// The value inference folded for tensor `t`, as a tensor of its type.
+pub(super) fn folded_value(
+    inf: &Inferred,
+    t: TensorId,
+) -> std::result::Result<Option<Tensor>, String> {
+    let f = &inf.facts[t];
+    let Some(val) = &f.value else {
+        return Ok(None);
+    };
+    Ok(Some(match &val.data {
+        crate::ir::value::Data::Float(v) => Tensor::from_f32(
+            f.dtype,
+            f.shape.clone(),
+            v.iter().map(|&x| x as f32).collect(),
+        )?,
+        crate::ir::value::Data::Int(v) => Tensor::from_i64(f.dtype, f.shape.clone(), v.clone())?,
+    }))
+}
+
+/// The inner values of a fused pattern, recomputed at its first backward step: what
+/// the fused backward kernel makes on the fly from what its forward saved. They are
+/// transient, not counted (on the GPU they live inside the fused kernel), and are
+/// dropped after the pattern's last backward step.
+pub(super) struct Recomputed<T> {
+    /// Every input and output of the pattern's nodes.
+    vals: HashMap<TensorId, T>,
+    /// Each node's own extras (Dropout's mask, regenerated from its seed).
+    extras: HashMap<NodeIndex, Vec<T>>,
+    /// SDPA: the logsumexp of the recomputed scores (a host value).
+    lse: Option<Tensor>,
+}
+
+/// Recomputes pattern `p`'s forward values from what its backward step reads (its
+/// [`FusedPattern::reads`], which must hold values) and from fixed storages
+/// (parameters, constants, the batch). A pattern input that is an activation the
+/// fused kernel does not save (an attention mask computed in the graph) stands in
+/// with its folded constant value; without one the step is refused, naming it.
+/// SDPA: the recomputed output and logsumexp must equal the saved ones bitwise
+/// (the saved logsumexp is the fused forward's Extra).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn recompute_pattern<B: StepBackend>(
+    b: &B,
+    model: &Model,
+    inf: &Inferred,
+    s: &Schedule,
+    p: &FusedPattern,
+    step_of: &HashMap<NodeIndex, usize>,
+    params: &[Option<B::T>],
+    fwd: &[Option<B::T>],
+    sval: &[Option<B::T>],
+    opts: &StepOptions,
+) -> std::result::Result<Recomputed<B::T>, String> {
+    let gr = &model.graph;
+    let inside: HashSet<TensorId> = p
+        .nodes
+        .iter()
+        .flat_map(|&n| gr.node(n).outputs.iter().flatten().copied())
+        .collect();
+    let mut r = Recomputed {
+        vals: HashMap::new(),
+        extras: HashMap::new(),
+        lse: None,
+    };
+    for &n in &p.nodes {
+        let node = gr.node(n);
+        for &t in node.inputs.iter().flatten() {
+            if inside.contains(&t) || r.vals.contains_key(&t) {
+                continue;
+            }
+            let st = s.tensor_storage[t];
+            let fixed = st != usize::MAX
+                && matches!(
+                    s.storages[st].kind,
+                    StorageKind::Parameter
+                        | StorageKind::Buffer
+                        | StorageKind::Constant
+                        | StorageKind::Input
+                );
+            let v = if p.reads.contains(&t) || fixed || params[t].is_some() {
+                let v = params[t]
+                    .as_ref()
+                    .or(fwd[t].as_ref())
+                    .ok_or_else(|| format!("'{}' has no value", gr.tensor(t).name))?;
+                b.dup(v)?
+            } else if let Some(val) = &inf.facts[t].value {
+                let f = &inf.facts[t];
+                let v = match &val.data {
+                    crate::ir::value::Data::Float(v) => Tensor::from_f32(
+                        f.dtype,
+                        f.shape.clone(),
+                        v.iter().map(|&x| x as f32).collect(),
+                    )?,
+                    crate::ir::value::Data::Int(v) => {
+                        Tensor::from_i64(f.dtype, f.shape.clone(), v.clone())?
+                    }
+                };
+                b.put_apart(stored(s, t, v)?)?
+            } else {
+                return Err(format!(
+                    "'{}', an input of the fused {:?} pattern at '{}', is an activation the \
+                     fused kernel does not save and has no constant value: the pattern's \
+                     backward cannot recompute its inner values",
+                    gr.tensor(t).name,
+                    p.kind,
+                    node.name
+                ));
+            };
+            r.vals.insert(t, v);
+        }
+        // Inputs read through autocast copies are copied again.
+        let fstep = step_of
+            .get(&n)
+            .map(|&i| &s.steps[i])
+            .ok_or("a pattern node without a forward step")?;
+        let mut casts: Vec<Option<B::T>> = Vec::with_capacity(node.inputs.len());
+        for (slot, t) in node.inputs.iter().enumerate() {
+            casts.push(match (*t, fstep.slots.get(slot)) {
+                (Some(t), Some(&Some(c))) if s.storages[c].kind == StorageKind::Cast => {
+                    Some(b.cast(&r.vals[&t], s.storages[c].dtype)?)
+                }
+                (Some(t), Some(&Some(c))) if s.storages[c].kind == StorageKind::Copy => {
+                    Some(b.copy(&r.vals[&t], &s.storages[c].shape)?)
+                }
+                _ => None,
+            });
+        }
+        let ins: Vec<Option<&B::T>> = node
+            .inputs
+            .iter()
+            .zip(&casts)
+            .map(|(t, c)| c.as_ref().or(t.map(|t| &r.vals[&t])))
+            .collect();
+        if p.kind == FusedKind::Sdpa && node.op_type == "Softmax" {
+            r.lse = Some(b.logsumexp_last(ins[0].ok_or("no Softmax input")?)?);
+        }
+        let mut outs = b.forward(model, inf, node, ins, opts, node.op_type == "Dropout")?;
+        let ex = outs.split_off(node.outputs.len().min(outs.len()));
+        for (o, v) in node.outputs.iter().zip(outs) {
+            if let Some(o) = *o {
+                r.vals.insert(o, store(b, s, o, v)?);
+            }
+        }
+        r.extras.insert(n, ex);
+    }
+    if p.kind == FusedKind::Sdpa {
+        let last = gr.node(p.last());
+        let o = last.outputs[0].ok_or("the attention output is omitted")?;
+        let same_host = |a: &Tensor, b: &Tensor| {
+            a.shape == b.shape
+                && a.dtype() == b.dtype()
+                && match (a.to_f32(), b.to_f32()) {
+                    (Ok(x), Ok(y)) => x
+                        .iter()
+                        .zip(y.iter())
+                        .all(|(u, v)| u.to_bits() == v.to_bits()),
+                    _ => false,
+                }
+        };
+        let same = |a: &B::T, c: &B::T| match (b.get(a), b.get(c)) {
+            (Ok(a), Ok(c)) => same_host(&a, &c),
+            _ => false,
+        };
+        if !fwd[o].as_ref().is_some_and(|v| same(v, &r.vals[&o])) {
+            return Err("the recomputed attention output differs from the saved one".into());
+        }
+        let lse = r.lse.take().ok_or("no Softmax in the attention")?;
+        let saved = s
+            .steps
+            .iter()
+            .find(|st| st.kind == StepKind::Forward && st.node == Some(p.last()))
+            .and_then(|st| {
+                st.writes
+                    .iter()
+                    .find(|&&w| s.storages[w].kind == StorageKind::Extra)
+            })
+            .and_then(|&e| sval[e].as_ref())
+            .ok_or("the saved logsumexp is not live")?;
+        if !b.get(saved).is_ok_and(|v| same_host(&v, &lse)) {
+            return Err("the recomputed logsumexp differs from the saved one".into());
+        }
+    }
+    Ok(r)
+}
+
+/// `log Σ exp` along the last axis (the logsumexp flash attention saves per query
+/// row), accumulated in f64, as f32.
+pub(crate) fn logsumexp_last(x: &Tensor) -> std::result::Result<Tensor, String> {
+    let xs = x.to_f32()?;
+    let (&n, rows) = x.shape.split_last().ok_or("a scalar has no last axis")?;
+    let v = xs
+        .chunks(n.max(1))
+        .map(|r| {
+            let m = r.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            if m == f32::NEG_INFINITY {
+                return m;
+            }
+            let sum: f64 = r.iter().map(|&v| ((v - m) as f64).exp()).sum();
+            (m as f64 + sum.ln()) as f32
+        })
+        .collect();
+    Ok(Tensor::f32(rows.to_vec(), v))
+}
+
+/// Makes the value of forward tensor `t` available when its storage is live but the
+/// value was dropped: a view (its storage is its source's) whose storage was freed
+/// and recomputed. The view's kernel runs again, allocating nothing, as a view costs
+/// nothing on the GPU; any other missing value is an error.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn ensure_value<B: StepBackend>(
+    b: &B,
+    model: &Model,
+    inf: &Inferred,
+    s: &Schedule,
+    step_of: &std::collections::HashMap<petgraph::stable_graph::NodeIndex, usize>,
+    alloc: &Allocator,
+    params: &[Option<B::T>],
+    fwd: &mut [Option<B::T>],
+    opts: &StepOptions,
+    t: TensorId,
+    depth: usize,
+) -> std::result::Result<(), String> {
+    if params[t].is_some() || fwd[t].is_some() {
+        return Ok(());
+    }
+    let gr = &model.graph;
+    let name = &gr.tensor(t).name;
+    let st = s.tensor_storage[t];
+    if st == usize::MAX || !alloc.is_live(st) {
+        return Err(format!("'{name}' is read but its storage is not live"));
+    }
+    let p = gr
+        .tensor(t)
+        .producer
+        .ok_or_else(|| format!("'{name}' has no value"))?;
+    let step = &s.steps[step_of[&p]];
+    // A view: its step does not write its storage (it may write others, e.g. the
+    // unused mask of an identity Dropout).
+    if step.writes.contains(&st) || depth > gr.order.len() {
+        return Err(format!("'{name}' was lost though its storage is live"));
+    }
+    let node = gr.node(p);
+    let src = node.inputs.first().copied().flatten();
+    // A view that keeps every element in place (reshape, flatten, squeeze,
+    // unsqueeze, identity, an identity Dropout's output) is its source reshaped to
+    // the inferred shape: its other inputs (shape tensors, perhaps freed since) are
+    // not needed.
+    if let (Some(src), Some(&Some(o0))) = (src, node.outputs.first()) {
+        let (op, cx) = rule_cx(model, inf, node)?;
+        let keeps_order = matches!(
+            op.storage(&cx),
+            crate::ops::Storage::View | crate::ops::Storage::Reshape
+        );
+        if o0 == t && keeps_order && inf.facts[src].numel() == inf.facts[t].numel() {
+            ensure_value(
+                b,
+                model,
+                inf,
+                s,
+                step_of,
+                alloc,
+                params,
+                fwd,
+                opts,
+                src,
+                depth + 1,
+            )?;
+            let v = b.reshaped(
+                params[src].as_ref().or(fwd[src].as_ref()).expect("ensured"),
+                inf.facts[t].shape.clone(),
+            )?;
+            fwd[t] = Some(v);
+            return Ok(());
+        }
+    }
+    // Other views (transpose, expand, slice...) run their kernel again. Their
+    // non-data inputs are shape arguments, host-side integers in PyTorch: where such
+    // a tensor's storage was freed, its folded value stands in for the run.
+    let mut borrowed = Vec::new();
+    for (slot, i) in node.inputs.iter().enumerate() {
+        let Some(i) = *i else { continue };
+        let folded = inf.facts[i]
+            .value
+            .as_ref()
+            .filter(|_| slot > 0 && !inf.facts[i].dtype.is_float());
+        match folded {
+            Some(val) if params[i].is_none() && fwd[i].is_none() => {
+                let f = &inf.facts[i];
+                fwd[i] = Some(b.put_apart(Tensor::from_i64(
+                    f.dtype,
+                    f.shape.clone(),
+                    val.to_ints(),
+                )?)?);
+                borrowed.push(i);
+            }
+            _ => ensure_value(
+                b,
+                model,
+                inf,
+                s,
+                step_of,
+                alloc,
+                params,
+                fwd,
+                opts,
+                i,
+                depth + 1,
+            )?,
+        }
+    }
+    let outs = forward_kernel(b, model, inf, node, params, fwd, opts, false);
+    for i in borrowed {
+        fwd[i] = None;
+    }
+    let outs = outs?;
+    // Only the views: outputs the step writes have their own storage, made (and
+    // counted) only by the step itself.
+    for (o, v) in node.outputs.iter().zip(outs) {
+        if let Some(o) = *o {
+            if !step.writes.contains(&s.tensor_storage[o]) {
+                fwd[o] = Some(b.set_apart(store(b, s, o, v)?));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs backward step `i` (of a forward node): the op's backward kernel, given only
+/// the saved tensors its rule lists, then each wanted gradient stored as the schedule
+/// says (a new storage, a view of the incoming gradient, or a partial added into the
+/// existing gradient).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn backward_step<B: StepBackend>(
+    b: &B,
+    model: &Model,
+    inf: &Inferred,
+    s: &Schedule,
+    i: usize,
+    params: &[Option<B::T>],
+    fwd: &[Option<B::T>],
+    sval: &[Option<B::T>],
+    rec: Option<&Recomputed<B::T>>,
+    gval: &mut [Option<B::T>],
+    gstore: &mut [Option<StorageId>],
+    opts: &StepOptions,
+) -> std::result::Result<Vec<(StorageId, B::T)>, String> {
+    let gr = &model.graph;
+    let step = &s.steps[i];
+    let ix = step.node.expect("backward of a node");
+    let node = gr.node(ix);
+    let (op, cx) = rule_cx(model, inf, node)?;
+    let outs: Vec<crate::ops::Fact> = node
+        .outputs
+        .iter()
+        .map(|t| match t {
+            Some(t) => inf.facts[*t].clone(),
+            None => crate::ops::Fact::new(DType::F32, vec![]),
+        })
+        .collect();
+    let bw = op.backward(&cx, &outs)?.ok_or("no backward rule")?;
+    // The forward step of this node: its extras, in order.
+    let fstep = s
+        .steps
+        .iter()
+        .find(|st| st.kind == StepKind::Forward && st.node == Some(ix))
+        .ok_or("no forward step")?;
+    let extras: Vec<StorageId> = fstep
+        .writes
+        .iter()
+        .copied()
+        .filter(|&w| s.storages[w].kind == StorageKind::Extra)
+        .collect();
+    let wanted = step.grad_inputs.clone();
+    let mut needs: Vec<Saved> = Vec::new();
+    for g in bw.grads.iter().filter(|g| wanted.contains(&g.input)) {
+        for &sv in &g.needs {
+            if !needs.contains(&sv) {
+                needs.push(sv);
+            }
+        }
+    }
+    // A fused pattern's node reads its pattern's recomputed values instead.
+    let value = |t: TensorId| match rec {
+        Some(r) => r.vals.get(&t),
+        None => params[t].as_ref().or(fwd[t].as_ref()),
+    };
+    let mut saved = Vec::with_capacity(needs.len());
+    for &sv in &needs {
+        let v = match sv {
+            // An input read through an autocast copy: the copy.
+            Saved::Input(k) if rec.is_none() => match fstep.slots.get(k) {
+                Some(&Some(c)) if is_copy(s.storages[c].kind) => sval[c].as_ref(),
+                _ => node.inputs.get(k).copied().flatten().and_then(value),
+            },
+            Saved::Input(k) => node.inputs.get(k).copied().flatten().and_then(value),
+            Saved::Output(k) => node.outputs.get(k).copied().flatten().and_then(value),
+            Saved::Extra(k) => match rec {
+                Some(r) => r.extras.get(&ix).and_then(|e| e.get(k)),
+                None => extras.get(k).and_then(|&e| sval[e].as_ref()),
+            },
+        };
+        saved.push((sv, v.ok_or_else(|| format!("saved {sv:?} is not live"))?));
+    }
+    let incoming: Vec<Option<StorageId>> = node
+        .outputs
+        .iter()
+        .map(|t| t.and_then(|t| gstore[t]))
+        .collect();
+    // A whole-tensor view's gradient is the incoming gradient under the input's
+    // shape where the backend aliases (its storage is the incoming one).
+    if b.aliases_views() && rec.is_none() && wanted == [0] {
+        let t = node.inputs[0].ok_or("wanted gradient of an omitted input")?;
+        let own = format!("{}/grad", gr.tensor(t).name);
+        let writes_own = step.writes.iter().any(|&w| s.storages[w].name == own);
+        let o = node.outputs.first().copied().flatten();
+        if let (Some(o), Some(Some(st)), None, false) = (o, incoming.first(), gstore[t], writes_own)
+        {
+            if whole_view(model, inf, s, node)? == Some(o) && !s.storages[*st].persistent {
+                let g = gval[o].as_ref().ok_or("no incoming gradient")?;
+                let d = b.reshaped(g, inf.facts[t].shape.clone())?;
+                gstore[t] = Some(*st);
+                gval[t] = Some(d);
+                return Ok(Vec::new());
+            }
+        }
+    }
+    let grads: Vec<Option<&B::T>> = node
+        .outputs
+        .iter()
+        .map(|t| t.and_then(|t| gval[t].as_ref()))
+        .collect();
+    let mut dx = b.backward(model, inf, node, saved, grads, wanted.clone(), opts)?;
+    let mut partials = Vec::new();
+    for &slot in &wanted {
+        let t = node.inputs[slot].ok_or("wanted gradient of an omitted input")?;
+        let d = dx
+            .get_mut(slot)
+            .and_then(Option::take)
+            .ok_or_else(|| format!("no gradient for input {slot}"))?;
+        let name = &gr.tensor(t).name;
+        let bytes_of = |st: StorageId, d: &B::T| -> std::result::Result<(), String> {
+            let have = B::dtype(d)
+                .bytes_for(B::numel(d) as u64)
+                .unwrap_or(u64::MAX);
+            if have != s.storages[st].bytes {
+                return Err(format!(
+                    "gradient of '{name}' is {have} bytes, '{}' has {}",
+                    s.storages[st].name, s.storages[st].bytes
+                ));
+            }
+            Ok(())
+        };
+        match gstore[t] {
+            None => {
+                let own = format!("{name}/grad");
+                // Resident gradients (persistent `.grad`, zero before the step) are
+                // not written by the step: the first gradient goes into them.
+                let resident = || {
+                    s.storages.iter().position(|st| {
+                        st.kind == StorageKind::ParamGrad && st.persistent && st.name == own
+                    })
+                };
+                let st = match step
+                    .writes
+                    .iter()
+                    .copied()
+                    .find(|&w| s.storages[w].name == own)
+                    .or_else(resident)
+                {
+                    Some(w) => w,
+                    // A view of the incoming gradient.
+                    None => incoming
+                        .iter()
+                        .flatten()
+                        .copied()
+                        .next()
+                        .ok_or("a view gradient without an incoming one")?,
+                };
+                // In the storage's type (the cast back of autocast's backward).
+                let mut d = cast_to(b, d, s.storages[st].dtype)?;
+                if step.writes.contains(&st) || s.storages[st].persistent {
+                    bytes_of(st, &d)?;
+                    d = b.hold(d);
+                } else {
+                    // A view the kernel copied.
+                    d = b.set_apart(d);
+                }
+                gstore[t] = Some(st);
+                gval[t] = Some(d);
+            }
+            Some(existing) => {
+                let tmp = format!("{name}/grad+");
+                let w = step
+                    .writes
+                    .iter()
+                    .find(|&&w| s.storages[w].name == tmp)
+                    .ok_or_else(|| format!("accumulating into '{name}' without a partial"))?;
+                // Out of place (the gradient so far is a view autograd cannot add
+                // into): a new sum in the step's own `.grad` storage; the old one
+                // is freed by the plan after this step.
+                let own = format!("{name}/grad");
+                // (Not a first gradient this step wrote for another slot of the same
+                // node, `Mul(x, x)`: that one is updated in place.)
+                let sum = step
+                    .writes
+                    .iter()
+                    .copied()
+                    .find(|&w| s.storages[w].name == own)
+                    .filter(|&w| w != existing && !step.updates.contains(&existing));
+                if let Some(sum) = sum {
+                    let dt = s.storages[sum].dtype;
+                    let d = b.hold(cast_to(b, d, dt)?);
+                    bytes_of(*w, &d)?;
+                    let old = gval[t].as_ref().ok_or("accumulated gradient lost")?;
+                    let mut total = b.get(old)?;
+                    Cpu.accumulate(&mut total, &b.get(&d)?)?;
+                    let total = b.hold(b.put(total)?);
+                    bytes_of(sum, &total)?;
+                    gstore[t] = Some(sum);
+                    gval[t] = Some(total);
+                    partials.push((*w, d));
+                    continue;
+                }
+                if !step.updates.contains(&existing) {
+                    return Err(format!("'{name}' accumulated but not updated"));
+                }
+                let acc = gval[t].as_mut().ok_or("accumulated gradient lost")?;
+                let dt = s.storages[existing].dtype;
+                // The partial, in the gradient's type, added in f32 and rounded back.
+                let d = b.hold(cast_to(b, d, dt)?);
+                bytes_of(*w, &d)?;
+                b.accumulate(acc, &d)?;
+                partials.push((*w, d));
+            }
+        }
+    }
+    Ok(partials)
+}
+
+/// `v` in `dt` (itself when it is already).
+/// A storage an input slot is read through: an autocast copy or a contiguous copy.
+pub(super) fn is_copy(kind: StorageKind) -> bool {
+    matches!(kind, StorageKind::Cast | StorageKind::Copy)
+}
+
+pub(super) fn cast_to<B: StepBackend>(
+    b: &B,
+    v: B::T,
+    dt: DType,
+) -> std::result::Result<B::T, String> {
+    if B::dtype(&v) == dt {
+        Ok(v)
+    } else {
+        b.cast(&v, dt)
+    }
+}

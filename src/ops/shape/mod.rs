@@ -1,0 +1,153 @@
+//! Shape and data-movement ops, including the shape-computation subgraphs exporters
+//! emit (Shape → Gather → Unsqueeze → Concat → Reshape, Range, ConstantOfShape,
+//! Expand ...). When inputs carry constant values these ops fold them, so later
+//! Reshape/Expand/Slice nodes see concrete shapes.
+//!
+//! FLOPs: all ops here move or select data and count 0.
+
+/// Every op here costs 0 FLOPs; this macro writes the `flops` method.
+macro_rules! no_flops {
+    () => {
+        fn flops(&self, _cx: &Cx, _out: &[Fact]) -> u64 {
+            0
+        }
+    };
+}
+
+/// The strided copies of the data-movement ops, one per element size.
+pub(super) const COPIES: &[&str] = &["strided_copy_b1", "strided_copy_b4", "strided_copy_b8"];
+
+mod pad_tile;
+mod select;
+mod sources;
+mod views;
+
+use pad_tile::*;
+use select::*;
+pub use sources::literal_fact;
+use sources::*;
+pub use views::reshape_target;
+use views::*;
+
+use super::{
+    axis, broadcast, dim, dtype_attr, layout, no_backward_kernel, no_gradient, numel, Arity,
+    Backward, BackwardCx, CudaKernels, Cx, Fact, KernelCx, Op, Registry, RuleResult, Saved,
+    Storage,
+};
+use crate::ir::value::MAX_FOLD_ELEMS;
+use crate::ir::{DType, Data, TensorData, Value};
+use crate::numeric::broadcast::{affine_offsets, for_each};
+use crate::numeric::grad::sum_to;
+use crate::numeric::Tensor;
+
+/// Row-major strides of a shape.
+pub(super) fn strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1];
+    }
+    s
+}
+
+/// Builds the value of an output whose element `k` (row-major over `out_shape`) is
+/// element `src(coord)` of `v`. `None` when the output is too large to fold.
+pub(super) fn remap(
+    v: &Value,
+    out_shape: &[usize],
+    src: impl Fn(&[usize]) -> usize,
+) -> Option<Value> {
+    let n: usize = out_shape.iter().product();
+    if n > MAX_FOLD_ELEMS {
+        return None;
+    }
+    let mut coord = vec![0usize; out_shape.len()];
+    let mut idx = Vec::with_capacity(n);
+    for _ in 0..n {
+        idx.push(src(&coord));
+        for i in (0..coord.len()).rev() {
+            coord[i] += 1;
+            if coord[i] < out_shape[i] {
+                break;
+            }
+            coord[i] = 0;
+        }
+    }
+    Some(Value {
+        shape: out_shape.to_vec(),
+        data: v.data.gather(idx.into_iter()),
+    })
+}
+
+pub(super) fn with_shape(v: &Value, shape: Vec<usize>) -> Value {
+    Value {
+        shape,
+        data: v.data.clone(),
+    }
+}
+
+/// Registers shape and data-movement ops.
+pub fn register(r: &mut Registry) {
+    r.add("Constant", Constant);
+    r.add("Shape", ShapeOp);
+    r.add("Size", Size);
+    r.add("Reshape", Reshape);
+    r.add("Flatten", Flatten);
+    r.add("Transpose", Transpose);
+    r.add("Squeeze", Squeeze);
+    r.add("Unsqueeze", Unsqueeze);
+    r.add("Concat", Concat);
+    r.add("Split", Split);
+    r.add("Slice", Slice);
+    r.add("Gather", Gather);
+    r.add("GatherElements", GatherElements);
+    r.add("ConstantOfShape", ConstantOfShape);
+    r.add("Range", Range);
+    r.add("Expand", Expand);
+    r.add("Tile", Tile);
+    r.add("Pad", Pad);
+    r.add("NonZero", NonZero);
+    r.add(
+        "Trilu",
+        LikeInput {
+            arity: Arity::new(1, 2, 1, 1),
+        },
+    );
+    r.add(
+        "ScatterND",
+        LikeInput {
+            arity: Arity::new(3, 3, 1, 1),
+        },
+    );
+    r.add(
+        "ScatterElements",
+        LikeInput {
+            arity: Arity::new(3, 3, 1, 1),
+        },
+    );
+    r.add(
+        "EyeLike",
+        LikeInput {
+            arity: Arity::new(1, 1, 1, 1),
+        },
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reshape_rules() {
+        assert_eq!(
+            reshape_target(&[2, 3, 4], &[0, -1], false).unwrap(),
+            vec![2, 12]
+        );
+        assert_eq!(
+            reshape_target(&[2, 3, 4], &[4, 0, 2], false).unwrap(),
+            vec![4, 3, 2]
+        );
+        assert!(reshape_target(&[2, 3, 4], &[5, -1], false).is_err());
+        assert!(reshape_target(&[2, 3, 4], &[-1, -1], false).is_err());
+        assert!(reshape_target(&[8, 768], &[1, 768], false).is_err());
+    }
+}

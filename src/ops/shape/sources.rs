@@ -1,0 +1,503 @@
+//! Ops that make tensors from attributes or from shapes: Constant, Shape, Size,
+//! ConstantOfShape, Range, NonZero, and the ops shaped like their input (Trilu,
+//! ScatterND, ScatterElements, EyeLike).
+
+#[allow(unused_imports)]
+use super::*;
+
+/// `Constant`: from `value` (tensor), `value_float(s)` or `value_int(s)`.
+pub(super) struct Constant;
+
+/// The fact for a literal tensor: its value when small and present in the file.
+pub fn literal_fact(t: &TensorData) -> Fact {
+    Fact {
+        dtype: t.dtype,
+        shape: t.dims.clone(),
+        value: t.value(),
+    }
+}
+
+impl Op for Constant {
+    fn arity(&self) -> Arity {
+        Arity::new(0, 0, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let a = cx.attrs();
+        let fact = if let Some(t) = a.tensor("value") {
+            literal_fact(t)
+        } else if let Some(f) = a.float("value_float") {
+            Fact::with_value(
+                DType::F32,
+                Value {
+                    shape: vec![],
+                    data: Data::Float(vec![f as f64]),
+                },
+            )
+        } else if let Some(i) = a.int("value_int") {
+            Fact::with_value(DType::I64, Value::ints(vec![], vec![i]))
+        } else if let Some(v) = a.ints("value_ints") {
+            Fact::with_value(DType::I64, Value::vec(v.to_vec()))
+        } else if let Some(crate::ir::Attr::Floats(v)) = a.0.get("value_floats") {
+            Fact::with_value(
+                DType::F32,
+                Value {
+                    shape: vec![v.len()],
+                    data: Data::Float(v.iter().map(|&x| x as f64).collect()),
+                },
+            )
+        } else {
+            return Err(
+                "no supported value attribute (value, value_float(s), value_int(s))".into(),
+            );
+        };
+        Ok(vec![fact])
+    }
+    no_flops!();
+    /// Constant or shape-valued: no gradient.
+    fn backward(&self, _cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
+        Ok(None)
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
+    /// The literal from the attributes.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let a = cx.attrs();
+        let f = cx.out(0)?;
+        let t = if let Some(t) = a.tensor("value") {
+            Tensor::from_data(t)?
+        } else if let Some(crate::ir::Attr::Floats(v)) = a.0.get("value_floats") {
+            Tensor::f32(vec![v.len()], v.clone())
+        } else if let Some(v) = a.float("value_float") {
+            Tensor::f32(vec![], vec![v])
+        } else if let Some(v) = a.ints("value_ints") {
+            Tensor::i64(vec![v.len()], v.to_vec())
+        } else if let Some(v) = a.int("value_int") {
+            Tensor::i64(vec![], vec![v])
+        } else {
+            return Err("no supported value attribute".into());
+        };
+        Ok(vec![t.cast(f.dtype)?])
+    }
+    /// No gradient flows through it.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        no_gradient(cx)
+    }
+    /// Runs on the host on the GPU backend (no device kernels yet).
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
+    }
+}
+
+/// `Shape(x)` with optional `start`/`end` (opset 15): int64 vector, always folded.
+pub(super) struct ShapeOp;
+
+impl Op for ShapeOp {
+    fn arity(&self) -> Arity {
+        Arity::new(1, 1, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let r = x.rank() as i64;
+        let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
+        let start = clamp(cx.attrs().int_or("start", 0));
+        let end = clamp(cx.attrs().int_or("end", r));
+        let dims = x.shape[start..end.max(start)]
+            .iter()
+            .map(|&d| d as i64)
+            .collect();
+        Ok(vec![Fact::with_value(DType::I64, Value::vec(dims))])
+    }
+    no_flops!();
+    /// Constant or shape-valued: no gradient.
+    fn backward(&self, _cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
+        Ok(None)
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
+    /// The input's dims (from `start` to `end`) as int64.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let x = cx.input(0)?;
+        let r = x.rank() as i64;
+        let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
+        let start = clamp(cx.attrs().int_or("start", 0));
+        let end = clamp(cx.attrs().int_or("end", r)).max(start);
+        let dims: Vec<i64> = x.shape[start..end].iter().map(|&d| d as i64).collect();
+        Ok(vec![Tensor::i64(vec![dims.len()], dims)])
+    }
+    /// No gradient flows through it.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        no_gradient(cx)
+    }
+    /// Runs on the host on the GPU backend (no device kernels yet).
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
+    }
+}
+
+/// `Size(x)`: int64 scalar, folded.
+pub(super) struct Size;
+
+impl Op for Size {
+    fn arity(&self) -> Arity {
+        Arity::new(1, 1, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let n = cx.input(0)?.numel();
+        Ok(vec![Fact::with_value(
+            DType::I64,
+            Value::ints(vec![], vec![n as i64]),
+        )])
+    }
+    no_flops!();
+    /// Constant or shape-valued: no gradient.
+    fn backward(&self, _cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
+        Ok(None)
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
+    /// The element count as an int64 scalar.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        Ok(vec![Tensor::i64(vec![], vec![cx.input(0)?.numel() as i64])])
+    }
+    /// No gradient flows through it.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        no_gradient(cx)
+    }
+    /// Runs on the host on the GPU backend (no device kernels yet).
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
+    }
+}
+
+/// `ConstantOfShape(shape)`, filled with `value` (default float32 0).
+pub(super) struct ConstantOfShape;
+
+impl Op for ConstantOfShape {
+    fn arity(&self) -> Arity {
+        Arity::new(1, 1, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let shape: Vec<usize> = cx
+            .value(0)?
+            .to_ints()
+            .iter()
+            .map(|&d| dim(d, "dimension"))
+            .collect::<RuleResult<_>>()?;
+        let fill = cx.attrs().tensor("value").map(literal_fact);
+        let dtype = fill.as_ref().map_or(DType::F32, |f| f.dtype);
+        let n = numel(&shape) as usize;
+        let value = (n <= MAX_FOLD_ELEMS).then_some(()).and_then(|_| {
+            let data = match fill.as_ref().map(|f| f.value.as_ref()) {
+                None => Data::Float(vec![0.0; n]),
+                Some(Some(v)) if v.data.len() == 1 => v.data.gather(std::iter::repeat_n(0, n)),
+                Some(_) => return None,
+            };
+            Some(Value {
+                shape: shape.clone(),
+                data,
+            })
+        });
+        Ok(vec![Fact {
+            dtype,
+            shape,
+            value,
+        }])
+    }
+    no_flops!();
+    /// Constant or shape-valued: no gradient.
+    fn backward(&self, _cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
+        Ok(None)
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
+    /// The inferred shape filled with the `value` attribute (float32 0 by default).
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let f = cx.out(0)?;
+        let fill = match cx.attrs().tensor("value") {
+            Some(t) => Tensor::from_data(t)?,
+            None => Tensor::f32(vec![1], vec![0.0]),
+        };
+        if fill.numel() != 1 {
+            return Err("value must hold one element".into());
+        }
+        let n: usize = f.shape.iter().product();
+        Ok(vec![fill
+            .select(&vec![0; n], f.shape.clone())
+            .cast(f.dtype)?])
+    }
+    /// No gradient flows through it.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        no_gradient(cx)
+    }
+    /// Runs on the host on the GPU backend (no device kernels yet).
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
+    }
+}
+
+/// `Range(start, limit, delta)`: 1-D of `max(ceil((limit-start)/delta), 0)` elements.
+pub(super) struct Range;
+
+impl Op for Range {
+    fn arity(&self) -> Arity {
+        Arity::new(3, 3, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let dtype = cx.input(0)?.dtype;
+        let get = |i| -> RuleResult<f64> {
+            cx.value(i)?
+                .scalar_float()
+                .ok_or_else(|| format!("input {i} must be a scalar"))
+        };
+        let (s, l, d) = (get(0)?, get(1)?, get(2)?);
+        if d == 0.0 {
+            return Err("delta is 0".into());
+        }
+        let n = ((l - s) / d).ceil().max(0.0);
+        if n > u32::MAX as f64 {
+            return Err(format!("range of {n} elements is too large"));
+        }
+        let n = n as usize;
+        let value = (n <= MAX_FOLD_ELEMS).then(|| Value {
+            shape: vec![n],
+            data: if dtype.is_float() {
+                Data::Float((0..n).map(|i| s + i as f64 * d).collect())
+            } else {
+                Data::Int((0..n).map(|i| (s + i as f64 * d) as i64).collect())
+            },
+        });
+        Ok(vec![Fact {
+            dtype,
+            shape: vec![n],
+            value,
+        }])
+    }
+    no_flops!();
+    /// Constant or shape-valued: no gradient.
+    fn backward(&self, _cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
+        Ok(None)
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
+    /// `start + i·delta` for the inferred length, in the input type.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let f = cx.out(0)?;
+        let n = f.shape[0];
+        let get = |i: usize| -> RuleResult<&Tensor> {
+            let t = cx.input(i)?;
+            if t.numel() != 1 {
+                return Err(format!("input {i} must be a scalar"));
+            }
+            Ok(t)
+        };
+        if f.dtype.is_float() {
+            let (s, d) = (get(0)?.to_f64s()[0], get(2)?.to_f64s()[0]);
+            let v = (0..n).map(|i| s + i as f64 * d).collect();
+            Ok(vec![Tensor::from_f64(f.dtype, vec![n], v)?])
+        } else {
+            let (s, d) = (get(0)?.to_i64s()[0], get(2)?.to_i64s()[0]);
+            let v = (0..n as i64).map(|i| s + i * d).collect();
+            Ok(vec![Tensor::from_i64(f.dtype, vec![n], v)?])
+        }
+    }
+    /// No gradient flows through it.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        no_gradient(cx)
+    }
+    /// Runs on the host on the GPU backend (no device kernels yet).
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
+    }
+}
+
+/// Ops whose output is shaped like input 0: Trilu, ScatterND, ScatterElements, EyeLike.
+pub(super) struct LikeInput {
+    pub(super) arity: Arity,
+}
+
+impl Op for LikeInput {
+    fn arity(&self) -> Arity {
+        self.arity
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let dtype = match cx.attrs().int("dtype") {
+            Some(code) if cx.node.op_type == "EyeLike" => dtype_attr(code)?,
+            _ => x.dtype,
+        };
+        Ok(vec![Fact::new(dtype, x.shape.clone())])
+    }
+    no_flops!();
+    /// Trilu masks by position (nothing saved); scatters save their indices and pass
+    /// gradients to data and updates; EyeLike is constant.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        if !out[0].dtype.is_float() {
+            return Ok(None);
+        }
+        let n = out[0].numel();
+        Ok(match cx.node.op_type.as_str() {
+            "EyeLike" => None,
+            "Trilu" => Some(Backward::each(&[0], &[], n)),
+            _ => Some(Backward::each(&[0, 2], &[Saved::Input(1)], n)),
+        })
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
+    /// Trilu (keeps the upper or lower triangle from diagonal `k`) and EyeLike
+    /// (ones on diagonal `k`); the scatters have no kernel yet.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let x = cx.input(0)?;
+        let f = cx.out(0)?;
+        let r = x.rank();
+        if r < 2 {
+            return crate::ops::no_kernel(cx);
+        }
+        let (h, w) = (x.shape[r - 2], x.shape[r - 1]);
+        match cx.node.op_type.as_str() {
+            "Trilu" => {
+                let k = cx
+                    .opt(1)
+                    .map_or(0, |t| t.to_i64s().first().copied().unwrap_or(0));
+                let upper = cx.attrs().int_or("upper", 1) != 0;
+                let keep = |i: usize| {
+                    let (row, col) = (((i / w) % h) as i64, (i % w) as i64);
+                    if upper {
+                        col - row >= k
+                    } else {
+                        col - row <= k
+                    }
+                };
+                let zero = Tensor::zeros(x.dtype(), vec![1])?;
+                let both = [x, &zero];
+                let elems = crate::numeric::tensor::with_same_elems!(&both, p => {
+                    (0..x.numel()).map(|i| if keep(i) { p[0][i] } else { p[1][0] }).collect()
+                });
+                Ok(vec![Tensor::new(x.shape.clone(), elems)])
+            }
+            "EyeLike" => {
+                let k = cx.attrs().int_or("k", 0);
+                let v = (0..x.numel())
+                    .map(|i| ((i % w) as i64 - ((i / w) % h) as i64 == k) as i64)
+                    .collect();
+                Ok(vec![Tensor::from_i64(f.dtype, x.shape.clone(), v)?])
+            }
+            _ => crate::ops::no_kernel(cx),
+        }
+    }
+    /// Trilu: the gradient masked by the same triangle (`k` a constant). EyeLike
+    /// has no gradient; the scatters have no kernel yet.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        match cx.node.op_type.as_str() {
+            "EyeLike" => no_gradient(cx),
+            "Trilu" => {
+                let x = cx.input(0)?;
+                let r = x.rank();
+                if r < 2 {
+                    return no_backward_kernel(cx);
+                }
+                let (h, w) = (x.shape[r - 2], x.shape[r - 1]);
+                let k = match cx.inputs.get(1).copied().flatten() {
+                    None => 0,
+                    Some(f) => f
+                        .value
+                        .as_ref()
+                        .and_then(|v| v.scalar_int())
+                        .ok_or("k must be a constant")?,
+                };
+                let upper = cx.attrs().int_or("upper", 1) != 0;
+                let g = cx.grad(0)?;
+                let dx = g
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &gv)| {
+                        let (row, col) = (((i / w) % h) as i64, (i % w) as i64);
+                        let keep = if upper {
+                            col - row >= k
+                        } else {
+                            col - row <= k
+                        };
+                        if keep {
+                            gv
+                        } else {
+                            0.0
+                        }
+                    })
+                    .collect();
+                cx.answer(vec![(0, dx)])
+            }
+            _ => no_backward_kernel(cx),
+        }
+    }
+    /// Runs on the host on the GPU backend (no device kernels yet).
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
+    }
+}
+
+/// `NonZero(x)`: only when `x` is a known constant (its output shape depends on data).
+pub(super) struct NonZero;
+
+impl Op for NonZero {
+    fn arity(&self) -> Arity {
+        Arity::new(1, 1, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let v = cx.value(0)?;
+        let st = strides(&x.shape);
+        let hits: Vec<usize> = (0..v.data.len())
+            .filter(|&i| v.data.float(i) != 0.0)
+            .collect();
+        let mut out = vec![0i64; x.rank() * hits.len()];
+        for (j, &h) in hits.iter().enumerate() {
+            for (d, &s) in st.iter().enumerate() {
+                out[d * hits.len() + j] = ((h / s) % x.shape[d]) as i64;
+            }
+        }
+        Ok(vec![Fact::with_value(
+            DType::I64,
+            Value::ints(vec![x.rank(), hits.len()], out),
+        )])
+    }
+    no_flops!();
+    /// Constant or shape-valued: no gradient.
+    fn backward(&self, _cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
+        Ok(None)
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
+    /// Coordinates of the non-zero elements, `[rank, count]`.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let x = cx.input(0)?;
+        let st = strides(&x.shape);
+        let hits: Vec<usize> = x
+            .to_f64s()
+            .iter()
+            .enumerate()
+            .filter(|(_, &v)| v != 0.0)
+            .map(|(i, _)| i)
+            .collect();
+        let mut out = vec![0i64; x.rank() * hits.len()];
+        for (j, &h) in hits.iter().enumerate() {
+            for (d, &s) in st.iter().enumerate() {
+                out[d * hits.len() + j] = ((h / s) % x.shape[d]) as i64;
+            }
+        }
+        Ok(vec![Tensor::i64(vec![x.rank(), hits.len()], out)])
+    }
+    /// No gradient flows through it.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        no_gradient(cx)
+    }
+    /// Runs on the host on the GPU backend (no device kernels yet).
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
+    }
+}

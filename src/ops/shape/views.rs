@@ -1,0 +1,487 @@
+//! Ops that are views in PyTorch: Reshape, Flatten, Transpose, Squeeze, Unsqueeze,
+//! Expand (with their strides, `ops::layout`).
+
+#[allow(unused_imports)]
+use super::*;
+
+/// `Reshape(data, shape)`: 0 copies the input dim (unless `allowzero`), -1 is inferred.
+pub(super) struct Reshape;
+
+/// Resolves a Reshape target against the input shape.
+pub fn reshape_target(input: &[usize], target: &[i64], allowzero: bool) -> RuleResult<Vec<usize>> {
+    let mut out = Vec::with_capacity(target.len());
+    let mut infer_at = None;
+    for (i, &t) in target.iter().enumerate() {
+        match t {
+            -1 if infer_at.is_none() => {
+                infer_at = Some(i);
+                out.push(1);
+            }
+            -1 => return Err(format!("shape {target:?} has more than one -1")),
+            0 if !allowzero => out.push(*input.get(i).ok_or_else(|| {
+                format!(
+                    "shape {target:?} copies dim {i} of a rank-{} input",
+                    input.len()
+                )
+            })?),
+            t => out.push(dim(t, "target dimension")?),
+        }
+    }
+    let total = numel(input);
+    let known = numel(&out);
+    if let Some(i) = infer_at {
+        if known == 0 || total % known != 0 {
+            return Err(format!(
+                "cannot reshape {input:?} ({total} elements) to {target:?}"
+            ));
+        }
+        out[i] = (total / known) as usize;
+    } else if known != total {
+        return Err(format!(
+            "cannot reshape {input:?} ({total} elements) to {target:?} ({known} elements)"
+        ));
+    }
+    Ok(out)
+}
+
+impl Op for Reshape {
+    fn arity(&self) -> Arity {
+        Arity::new(2, 2, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let target = cx.value(1)?.to_ints();
+        let shape = reshape_target(&x.shape, &target, cx.attrs().int_or("allowzero", 0) != 0)?;
+        let value = x.value.as_ref().map(|v| with_shape(v, shape.clone()));
+        Ok(vec![Fact {
+            dtype: x.dtype,
+            shape,
+            value,
+        }])
+    }
+    no_flops!();
+    /// A view: the gradient is reshaped back; nothing saved.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        if !out[0].dtype.is_float() {
+            return Ok(None);
+        }
+        let _ = cx;
+        Ok(Some(Backward::each(&[0], &[], out[0].numel())))
+    }
+    fn storage(&self, cx: &Cx) -> Storage {
+        let _ = cx;
+        Storage::Reshape
+    }
+    /// A view where PyTorch's `computeStride` finds one, else a copy.
+    fn view_strides(
+        &self,
+        cx: &Cx,
+        _k: usize,
+        out: &Fact,
+        strides: &[usize],
+    ) -> Option<Vec<usize>> {
+        layout::view(&cx.inputs[0]?.shape, strides, &out.shape)
+    }
+    /// The same elements under the inferred shape.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        Ok(vec![cx.input(0)?.reshaped(cx.out(0)?.shape.clone())?])
+    }
+    /// The gradient under the input's shape.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        cx.answer(vec![(0, cx.grad(0)?.into_owned())])
+    }
+    /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::new(COPIES, &["strided_copy_b4"])
+    }
+}
+
+/// `Flatten(x)` to 2-D at `axis` (default 1).
+pub(super) struct Flatten;
+
+impl Op for Flatten {
+    fn arity(&self) -> Arity {
+        Arity::new(1, 1, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let a = cx.attrs().int_or("axis", 1);
+        let a = if a == x.rank() as i64 {
+            x.rank()
+        } else {
+            axis(a, x.rank())?
+        };
+        let shape = vec![numel(&x.shape[..a]) as usize, numel(&x.shape[a..]) as usize];
+        let value = x.value.as_ref().map(|v| with_shape(v, shape.clone()));
+        Ok(vec![Fact {
+            dtype: x.dtype,
+            shape,
+            value,
+        }])
+    }
+    no_flops!();
+    /// A view: the gradient is reshaped back; nothing saved.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        if !out[0].dtype.is_float() {
+            return Ok(None);
+        }
+        let _ = cx;
+        Ok(Some(Backward::each(&[0], &[], out[0].numel())))
+    }
+    fn storage(&self, cx: &Cx) -> Storage {
+        let _ = cx;
+        Storage::Reshape
+    }
+    /// A view where PyTorch's `computeStride` finds one, else a copy.
+    fn view_strides(
+        &self,
+        cx: &Cx,
+        _k: usize,
+        out: &Fact,
+        strides: &[usize],
+    ) -> Option<Vec<usize>> {
+        layout::view(&cx.inputs[0]?.shape, strides, &out.shape)
+    }
+    /// The same elements under the inferred shape.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        Ok(vec![cx.input(0)?.reshaped(cx.out(0)?.shape.clone())?])
+    }
+    /// The gradient under the input's shape.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        cx.answer(vec![(0, cx.grad(0)?.into_owned())])
+    }
+    /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::new(COPIES, &["strided_copy_b4"])
+    }
+}
+
+/// `Transpose(x)` by `perm` (default: reverse).
+pub(super) struct Transpose;
+
+impl Op for Transpose {
+    fn arity(&self) -> Arity {
+        Arity::new(1, 1, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let r = x.rank();
+        let perm: Vec<usize> = match cx.attrs().ints("perm") {
+            Some(p) => p.iter().map(|&a| axis(a, r)).collect::<RuleResult<_>>()?,
+            None => (0..r).rev().collect(),
+        };
+        let mut seen = vec![false; r];
+        if perm.len() != r || perm.iter().any(|&p| std::mem::replace(&mut seen[p], true)) {
+            return Err(format!("perm {perm:?} is not a permutation of rank {r}"));
+        }
+        let shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
+        let st = strides(&x.shape);
+        let value = x.value.as_ref().and_then(|v| {
+            remap(v, &shape, |c| {
+                c.iter().zip(&perm).map(|(&ci, &p)| ci * st[p]).sum()
+            })
+        });
+        Ok(vec![Fact {
+            dtype: x.dtype,
+            shape,
+            value,
+        }])
+    }
+    no_flops!();
+    /// A strided view: the gradient is transposed back; nothing saved.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        if !out[0].dtype.is_float() {
+            return Ok(None);
+        }
+        let _ = cx;
+        Ok(Some(Backward::each(&[0], &[], out[0].numel())))
+    }
+    fn storage(&self, cx: &Cx) -> Storage {
+        let _ = cx;
+        Storage::StridedView
+    }
+    /// Output dim `j` is input dim `perm[j]`.
+    fn view_strides(
+        &self,
+        cx: &Cx,
+        _k: usize,
+        _out: &Fact,
+        strides: &[usize],
+    ) -> Option<Vec<usize>> {
+        let r = strides.len();
+        match cx.attrs().ints("perm") {
+            Some(p) => p
+                .iter()
+                .map(|&a| axis(a, r).ok().map(|a| strides[a]))
+                .collect(),
+            None => Some(strides.iter().rev().copied().collect()),
+        }
+    }
+    /// A copy in the permuted order.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let x = cx.input(0)?;
+        let r = x.rank();
+        let perm: Vec<usize> = match cx.attrs().ints("perm") {
+            Some(p) => p.iter().map(|&a| axis(a, r)).collect::<RuleResult<_>>()?,
+            None => (0..r).rev().collect(),
+        };
+        let st = strides(&x.shape);
+        let shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
+        let pst: Vec<isize> = perm.iter().map(|&p| st[p] as isize).collect();
+        Ok(vec![x.select(&affine_offsets(&shape, 0, &pst), shape)])
+    }
+    /// The gradient transposed back (the inverse permutation).
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        let x = cx.input(0)?;
+        let r = x.rank();
+        let perm: Vec<usize> = match cx.attrs().ints("perm") {
+            Some(p) => p.iter().map(|&a| axis(a, r)).collect::<RuleResult<_>>()?,
+            None => (0..r).rev().collect(),
+        };
+        let gst = strides(&cx.output(0)?.shape);
+        // Input dim perm[j] is output dim j.
+        let mut st = vec![0isize; r];
+        for (j, &p) in perm.iter().enumerate() {
+            st[p] = gst[j] as isize;
+        }
+        let g = cx.grad(0)?;
+        let dx = affine_offsets(&x.shape, 0, &st)
+            .into_iter()
+            .map(|o| g[o])
+            .collect();
+        cx.answer(vec![(0, dx)])
+    }
+    /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::new(COPIES, &["strided_copy_b4"])
+    }
+}
+
+/// Axes of Squeeze/Unsqueeze: attribute before opset 13, input 1 from 13.
+pub(super) fn axes_arg(cx: &Cx) -> RuleResult<Option<Vec<i64>>> {
+    if cx.opset >= 13 {
+        cx.opt_ints(1)
+    } else {
+        Ok(cx.attrs().ints("axes").map(|v| v.to_vec()))
+    }
+}
+
+/// `Squeeze(x, axes?)`: drops the listed size-1 axes (all size-1 axes if none).
+pub(super) struct Squeeze;
+
+impl Op for Squeeze {
+    fn arity(&self) -> Arity {
+        Arity::new(1, 2, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let axes: Vec<usize> = match axes_arg(cx)? {
+            Some(a) => a
+                .iter()
+                .map(|&a| axis(a, x.rank()))
+                .collect::<RuleResult<_>>()?,
+            None => (0..x.rank()).filter(|&i| x.shape[i] == 1).collect(),
+        };
+        if let Some(&a) = axes.iter().find(|&&a| x.shape[a] != 1) {
+            return Err(format!(
+                "cannot squeeze axis {a} of size {} in {:?}",
+                x.shape[a], x.shape
+            ));
+        }
+        let shape: Vec<usize> = (0..x.rank())
+            .filter(|i| !axes.contains(i))
+            .map(|i| x.shape[i])
+            .collect();
+        let value = x.value.as_ref().map(|v| with_shape(v, shape.clone()));
+        Ok(vec![Fact {
+            dtype: x.dtype,
+            shape,
+            value,
+        }])
+    }
+    no_flops!();
+    /// A view; nothing saved.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        if !out[0].dtype.is_float() {
+            return Ok(None);
+        }
+        let _ = cx;
+        Ok(Some(Backward::each(&[0], &[], out[0].numel())))
+    }
+    fn storage(&self, cx: &Cx) -> Storage {
+        let _ = cx;
+        Storage::View
+    }
+    /// A view where PyTorch's `computeStride` finds one, else a copy.
+    fn view_strides(
+        &self,
+        cx: &Cx,
+        _k: usize,
+        out: &Fact,
+        strides: &[usize],
+    ) -> Option<Vec<usize>> {
+        layout::view(&cx.inputs[0]?.shape, strides, &out.shape)
+    }
+    /// The same elements under the inferred shape.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        Ok(vec![cx.input(0)?.reshaped(cx.out(0)?.shape.clone())?])
+    }
+    /// The gradient under the input's shape.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        cx.answer(vec![(0, cx.grad(0)?.into_owned())])
+    }
+    /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::new(COPIES, &["strided_copy_b4"])
+    }
+}
+
+/// `Unsqueeze(x, axes)`: inserts size-1 axes at positions of the output.
+pub(super) struct Unsqueeze;
+
+impl Op for Unsqueeze {
+    fn arity(&self) -> Arity {
+        Arity::new(1, 2, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let raw = axes_arg(cx)?.ok_or("missing axes")?;
+        let r = x.rank() + raw.len();
+        let mut axes: Vec<usize> = raw.iter().map(|&a| axis(a, r)).collect::<RuleResult<_>>()?;
+        axes.sort_unstable();
+        if axes.windows(2).any(|w| w[0] == w[1]) {
+            return Err(format!("repeated axes {raw:?}"));
+        }
+        let mut src = x.shape.iter();
+        let shape: Vec<usize> = (0..r)
+            .map(|i| {
+                if axes.contains(&i) {
+                    1
+                } else {
+                    *src.next().expect("rank matches")
+                }
+            })
+            .collect();
+        let value = x.value.as_ref().map(|v| with_shape(v, shape.clone()));
+        Ok(vec![Fact {
+            dtype: x.dtype,
+            shape,
+            value,
+        }])
+    }
+    no_flops!();
+    /// A view; nothing saved.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        if !out[0].dtype.is_float() {
+            return Ok(None);
+        }
+        let _ = cx;
+        Ok(Some(Backward::each(&[0], &[], out[0].numel())))
+    }
+    fn storage(&self, cx: &Cx) -> Storage {
+        let _ = cx;
+        Storage::View
+    }
+    /// A view where PyTorch's `computeStride` finds one, else a copy.
+    fn view_strides(
+        &self,
+        cx: &Cx,
+        _k: usize,
+        out: &Fact,
+        strides: &[usize],
+    ) -> Option<Vec<usize>> {
+        layout::view(&cx.inputs[0]?.shape, strides, &out.shape)
+    }
+    /// The same elements under the inferred shape.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        Ok(vec![cx.input(0)?.reshaped(cx.out(0)?.shape.clone())?])
+    }
+    /// The gradient under the input's shape.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        cx.answer(vec![(0, cx.grad(0)?.into_owned())])
+    }
+    /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::new(COPIES, &["strided_copy_b4"])
+    }
+}
+
+/// `Expand(x, shape)`: broadcast of `x` to `shape`.
+pub(super) struct Expand;
+
+impl Op for Expand {
+    fn arity(&self) -> Arity {
+        Arity::new(2, 2, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let target: Vec<usize> = cx
+            .value(1)?
+            .to_ints()
+            .iter()
+            .map(|&d| dim(d, "dimension"))
+            .collect::<RuleResult<_>>()?;
+        let shape = broadcast(&[&x.shape, &target])?;
+        let value = x.value.as_ref().and_then(|v| {
+            let st = strides(&x.shape);
+            let off = shape.len() - x.rank();
+            remap(v, &shape, |c| {
+                (0..x.rank())
+                    .map(|i| {
+                        if x.shape[i] == 1 {
+                            0
+                        } else {
+                            c[off + i] * st[i]
+                        }
+                    })
+                    .sum()
+            })
+        });
+        Ok(vec![Fact {
+            dtype: x.dtype,
+            shape,
+            value,
+        }])
+    }
+    no_flops!();
+    /// A broadcast view; the gradient is summed back; nothing saved.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        if !out[0].dtype.is_float() {
+            return Ok(None);
+        }
+        let _ = cx;
+        Ok(Some(Backward::each(&[0], &[], out[0].numel())))
+    }
+    fn storage(&self, cx: &Cx) -> Storage {
+        let _ = cx;
+        Storage::StridedView
+    }
+    /// Broadcast dims get stride 0.
+    fn view_strides(
+        &self,
+        cx: &Cx,
+        _k: usize,
+        out: &Fact,
+        strides: &[usize],
+    ) -> Option<Vec<usize>> {
+        Some(layout::expand(&cx.inputs[0]?.shape, strides, &out.shape))
+    }
+    /// A copy broadcast to the inferred shape.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let x = cx.input(0)?;
+        let shape = cx.out(0)?.shape.clone();
+        let mut idx = Vec::with_capacity(shape.iter().product());
+        for_each(&shape, [&x.shape[..]], |_, [i]| idx.push(i));
+        Ok(vec![x.select(&idx, shape)])
+    }
+    /// The gradient summed back over the broadcast axes.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        let g = cx.grad(0)?;
+        let dx = sum_to(&g, &cx.output(0)?.shape, &cx.input(0)?.shape);
+        cx.answer(vec![(0, dx)])
+    }
+    /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::new(COPIES, &["reduce_f32", "strided_copy_b4"])
+    }
+}
