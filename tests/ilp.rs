@@ -1,12 +1,12 @@
-//! Checkmate's MILP (src/remat/ilp.rs) on hand-built graphs and on a published
+//! Checkmate's MILP (src/remat/checkmate.rs) on hand-built graphs and on a published
 //! benchmark graph. Every returned plan is checked with `replay`, never with the
 //! solver's own accounting.
 
 use std::path::Path;
 use std::time::Duration;
 
+use memplan::remat::checkmate::{solve_checkmate, IlpOptions, IlpResult, IlpStatus};
 use memplan::remat::graph::{replay, RNode, RValue, RematGraph};
-use memplan::remat::ilp::{solve_checkmate, IlpOptions, IlpResult, IlpStatus};
 
 const MB: u64 = 1 << 20;
 

@@ -1,4 +1,4 @@
-//! The default planner (`--solver ilp`, src/remat/scale.rs) against the exact
+//! The default planner (`--solver ilp`, src/remat/portfolio.rs) against the exact
 //! Checkmate MILP, the baselines and its own lower bounds, on the published
 //! benchmark graphs and on shipped models. Every plan is checked with `replay`.
 
@@ -8,11 +8,11 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use memplan::remat::bounds::{memory_floor, stage_lower_bound};
+use memplan::remat::checkmate::{solve_checkmate, IlpOptions, IlpStatus};
 use memplan::remat::dag::load_dag;
 use memplan::remat::graph::{replay, RematGraph};
-use memplan::remat::ilp::{solve_checkmate, IlpOptions, IlpStatus};
 use memplan::remat::plan::{plan, PlanReport, Solver};
-use memplan::remat::scale::{memory_floor, stage_lower_bound};
 
 /// CBC is not re-entrant (one solve at a time per process): the tests take turns,
 /// so that one test's time limit is not spent waiting for another's solve.

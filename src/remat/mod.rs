@@ -2,17 +2,19 @@
 //! activations are kept for backward, at the cost of recomputing them.
 
 pub mod bench;
+pub mod bounds;
+pub mod checkmate;
 pub mod costs;
 pub mod dag;
 pub mod from_schedule;
+pub mod gap_milp;
 pub mod graph;
 pub mod heuristics;
-pub mod ilp;
 pub mod pareto;
 pub mod plan;
 pub mod planfile;
+pub mod portfolio;
 pub mod rewrite;
-pub mod scale;
 pub mod sqrt;
 pub mod step;
 

@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 pub enum Solver {
     /// Scalable optimisation (default): exact Checkmate MILP on small graphs, a
     /// drop-set MILP checked by replay on large ones, the best of every candidate
-    /// plan, and a proven lower bound (see `remat::scale`).
+    /// plan, and a proven lower bound (see `remat::portfolio`).
     Ilp,
     /// Keep every activation (the no-recompute schedule).
     None,
@@ -27,7 +27,7 @@ pub enum Solver {
 }
 
 crate::choice::choice!(Solver {
-    Ilp => "ilp", "Scalable optimisation (default): exact Checkmate MILP on small graphs, a drop-set MILP checked by replay on large ones, the best of every candidate plan, and a proven lower bound (see `remat::scale`)";
+    Ilp => "ilp", "Scalable optimisation (default): exact Checkmate MILP on small graphs, a drop-set MILP checked by replay on large ones, the best of every candidate plan, and a proven lower bound (see `remat::portfolio`)";
     None => "none", "Keep every activation (the no-recompute schedule)";
     Sqrt => "sqrt", "√n equal segments (Chen et al. 2016)";
     Greedy => "greedy", "Drop the cheapest activations per byte until the peak fits";
@@ -104,18 +104,18 @@ pub fn plan(g: &RematGraph, budget: u64, solver: Solver, time_limit_s: f64) -> R
             }
         }
         Solver::Ilp => {
-            let r = super::scale::solve(g, budget, time_limit_s)?;
+            let r = super::portfolio::solve(g, budget, time_limit_s)?;
             lower_bound = r.lower_bound_overhead;
             lowest = lowest.min(r.min_peak);
             source = format!("ilp:{}", r.source);
             r.plan
         }
         Solver::Checkmate => {
-            let o = super::ilp::IlpOptions {
+            let o = super::checkmate::IlpOptions {
                 time_limit: std::time::Duration::from_secs_f64(time_limit_s),
                 lp_bound: true,
             };
-            let r = super::ilp::solve_checkmate(g, budget, &o)?;
+            let r = super::checkmate::solve_checkmate(g, budget, &o)?;
             if let Some(lb) = r.lower_bound {
                 lower_bound =
                     ((lb - g.base_cost()) / g.base_cost().max(f64::MIN_POSITIVE)).max(0.0);
@@ -148,7 +148,7 @@ pub fn plan(g: &RematGraph, budget: u64, solver: Solver, time_limit_s: f64) -> R
         peak_bytes: r.peak_bytes,
         baseline_peak_bytes: base.peak_bytes,
         min_feasible_bytes: lowest.min(r.peak_bytes),
-        op_local_bound_bytes: g.op_local_bound().max(super::scale::memory_floor(g)),
+        op_local_bound_bytes: g.op_local_bound().max(super::bounds::memory_floor(g)),
         recompute_flops: r.recompute_cost,
         baseline_flops: base_cost,
         overhead: if base_cost > 0.0 {

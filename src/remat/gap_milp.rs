@@ -1,37 +1,7 @@
-//! The default planner (`--solver ilp`): optimisation that scales with the graph.
-//!
-//! Checkmate's MILP ([`super::ilp`]) is exact but has O(n²) binaries; past a few
-//! hundred nodes CBC finds nothing in minutes. This planner keeps it for small
-//! graphs and scales by restricting *where* recomputation may happen:
-//!
-//! - **Gaps.** A value `v` is used by its writer and then by its readers, in order;
-//!   between two consecutive uses `a < b` with `b > a + 1` it may be *dropped*:
-//!   freed right after node `a` and recomputed just before node `b` (its writer,
-//!   plus whatever of the writer's inputs is not live then, the *closure*). With
-//!   gaps as the decisions, the memory right after each node is the no-recompute
-//!   memory minus the bytes of the dropped gaps that span it, plus the closure's
-//!   transient bytes at `b`: linear. The gap MILP minimises the closures' cost
-//!   under one memory row per stretch of nodes where the set of spanning gaps is
-//!   constant (the highest of them), which is what keeps it small (a few thousand
-//!   binaries for GPT-2's 3 000-node step).
-//! - **Checked, then tightened.** The model ignores how closures interact (a
-//!   closure that needs a value dropped in its own gap recomputes that too), so
-//!   every solution becomes a plan that [`replay`] measures; if it overshoots, the
-//!   MILP is solved again with the budget lowered by the overshoot, and a final
-//!   repair drops more gaps (cheapest per byte) until the plan fits. Then drops
-//!   that the budget does not need are undone, most expensive first.
-//! - **Portfolio.** The greedy and √n baselines, the gap MILP's plan, and on graphs
-//!   of at most [`EXACT_NODES`] nodes the full Checkmate MILP, are all replayed;
-//!   the cheapest plan within the budget wins, so `ilp` never loses to a baseline
-//!   and equals Checkmate wherever Checkmate finishes.
-//! - **Lower bound.** For schedules that run nodes first in the graph's order (as
-//!   every plan here and Checkmate's do), at the moment node `t` first runs the
-//!   memory holds the fixed values, every held value written so far, `t`'s inputs
-//!   and outputs, and whatever else is kept for later; each value written before `t`
-//!   and read after it that is not kept costs at least one more run of its writer.
-//!   The cheapest such set at each `t` is a knapsack; its fractional relaxation
-//!   gives a valid bound per node, and the largest over nodes bounds the whole
-//!   plan. Checkmate's LP relaxation and CBC's bound replace it when larger.
+//! The gap MILP of the default planner ([`super::portfolio`]): a value's gaps between
+//! uses are the decisions, each freeing it after one use and recomputing it (with its
+//! closure) before the next; one memory row per stretch of nodes where the spanning
+//! gaps are constant; checked by replay, tightened, repaired and pruned.
 
 // Node indices address several per-node tables at once.
 #![allow(clippy::needless_range_loop)]
@@ -40,60 +10,41 @@ use std::time::{Duration, Instant};
 
 use good_lp::{coin_cbc, variable, Expression, ProblemVariables, SolverModel, Variable};
 
+use super::bounds::baseline_memory;
+use super::checkmate::run_cbc;
 use super::graph::{replay, NodeId, Op, RematGraph, ValueId};
-use super::heuristics::{ensure, greedy_drops_until, has_phases, plan_with_drops, sqrt_drops};
-use super::ilp::{run_cbc, solve_checkmate, IlpOptions, GRACE};
-use crate::error::Result;
-
-/// Graphs up to this many nodes are also given to the full Checkmate MILP. Above
-/// it, on the benchmark graphs (71 to 100 nodes), Checkmate never beat the gap MILP
-/// within seconds, and a CBC run that overruns its limit in the root LP keeps CBC
-/// (which is not re-entrant) busy for the next solves.
-pub const EXACT_NODES: usize = 60;
+use super::heuristics::{ensure, has_phases};
 
 /// Closures larger than this are not offered as gaps.
-const MAX_CLOSURE: usize = 64;
-
-/// What [`solve`] returns.
-#[derive(Debug, Clone)]
-pub struct ScaleResult {
-    /// The plan: the cheapest found within the budget, else the lowest-peak one.
-    pub plan: Vec<Op>,
-    /// Proven lower bound on `recompute cost / base cost` at this budget.
-    pub lower_bound_overhead: f64,
-    /// Which candidate won (`none`, `gap-milp`, `checkmate`, `greedy`, `sqrt`...).
-    pub source: &'static str,
-    /// The lowest peak of any candidate plan.
-    pub min_peak: u64,
-}
+pub(super) const MAX_CLOSURE: usize = 64;
 
 /// A droppable stretch of a value's life.
 #[derive(Debug, Clone)]
-struct Gap {
-    v: ValueId,
+pub(super) struct Gap {
+    pub(super) v: ValueId,
     /// Freed right after this node.
-    a: NodeId,
+    pub(super) a: NodeId,
     /// Recomputed just before this node.
-    b: NodeId,
+    pub(super) b: NodeId,
     /// Cost of the closure.
-    cost: f64,
+    pub(super) cost: f64,
     /// Bytes of the closure's other outputs, live at `b` only.
-    extra: u64,
+    pub(super) extra: u64,
     /// Nodes of the closure.
-    nodes: Vec<NodeId>,
+    pub(super) nodes: Vec<NodeId>,
 }
 
 /// The gaps of a graph.
-struct Gaps {
+pub(super) struct Gaps {
     /// Readers of each value (ascending, distinct).
-    readers: Vec<Vec<NodeId>>,
+    pub(super) readers: Vec<Vec<NodeId>>,
     /// Per value, per reader index `j`: the gap that ends at `readers[v][j]`.
-    at: Vec<Vec<Option<usize>>>,
-    list: Vec<Gap>,
+    pub(super) at: Vec<Vec<Option<usize>>>,
+    pub(super) list: Vec<Gap>,
 }
 
 impl Gaps {
-    fn new(g: &RematGraph) -> Gaps {
+    pub(super) fn new(g: &RematGraph) -> Gaps {
         let readers = g.readers();
         let n = g.nodes.len();
         // Baseline liveness just before node b: written before b, used at or after b.
@@ -183,7 +134,7 @@ impl Gaps {
     /// The gaps that [`plan_with_drops`] drops for a set of dropped values: in
     /// graphs with phases the one from the last forward use to the first backward
     /// one, else every gap.
-    fn gaps_of_drops(&self, g: &RematGraph, dropped: &[bool]) -> Vec<bool> {
+    pub(super) fn gaps_of_drops(&self, g: &RematGraph, dropped: &[bool]) -> Vec<bool> {
         let phases = has_phases(g);
         let first_bw = g
             .nodes
@@ -197,7 +148,7 @@ impl Gaps {
     }
 
     /// The gap of `u` that spans node `b` (starts before it, ends after it).
-    fn spanning(&self, u: ValueId, b: NodeId) -> Option<usize> {
+    pub(super) fn spanning(&self, u: ValueId, b: NodeId) -> Option<usize> {
         let rs = &self.readers[u];
         let j = rs.partition_point(|&r| r <= b);
         let k = (*self.at[u].get(j)?)?;
@@ -206,7 +157,7 @@ impl Gaps {
 
     /// Pairs `(g, h)`: dropping both gaps means `g`'s closure, at its end, reads the
     /// value of `h` while `h` has it dropped, so it is recomputed there too.
-    fn pairs(&self, g: &RematGraph) -> Vec<(usize, usize)> {
+    pub(super) fn pairs(&self, g: &RematGraph) -> Vec<(usize, usize)> {
         let mut out = Vec::new();
         for (k, gp) in self.list.iter().enumerate() {
             let mut seen: Vec<usize> = Vec::new();
@@ -231,7 +182,7 @@ impl Gaps {
     /// and drops the gaps that are `on`: frees the value when a node at or after
     /// the gap's start touches it, and recomputes it (and whatever it needs) just
     /// before the gap's end.
-    fn plan(&self, g: &RematGraph, on: &[bool]) -> Vec<Op> {
+    pub(super) fn plan(&self, g: &RematGraph, on: &[bool]) -> Vec<Op> {
         let n = g.nodes.len();
         let mut live: Vec<bool> = g.values.iter().map(|v| v.fixed).collect();
         let mut plan = Vec::with_capacity(n * 2);
@@ -285,7 +236,7 @@ impl Gaps {
     /// Within the recomputations run before node `i` (`plan[from..]`), frees each
     /// value nothing needs after node `i` (not `i`'s input, no later reader) right
     /// after its last use there, instead of after node `i`.
-    fn free_early(
+    pub(super) fn free_early(
         &self,
         g: &RematGraph,
         i: NodeId,
@@ -335,334 +286,12 @@ impl Gaps {
     }
 }
 
-/// Memory right after each node runs in the no-recompute plan.
-fn baseline_memory(g: &RematGraph) -> Vec<u64> {
-    let mut mem = vec![0u64; g.nodes.len()];
-    let mut live: Vec<bool> = g.values.iter().map(|v| v.fixed).collect();
-    let mut cur: u64 = g.fixed_bytes();
-    for op in g.no_recompute_plan() {
-        match op {
-            Op::Compute(i) => {
-                for &o in &g.nodes[i].outputs {
-                    if !live[o] {
-                        live[o] = true;
-                        cur += g.values[o].bytes;
-                    }
-                }
-                mem[i] = cur;
-            }
-            Op::Free(v) => {
-                if live[v] {
-                    live[v] = false;
-                    cur -= g.values[v].bytes;
-                }
-            }
-        }
-    }
-    mem
-}
-
-/// The lowest memory any plan that runs nodes first in the graph's order can have:
-/// at each node, the fixed values, the held values written so far, and the node's
-/// inputs and outputs.
-pub fn memory_floor(g: &RematGraph) -> u64 {
-    stage_needs(g).into_iter().max().unwrap_or(0)
-}
-
-/// Per node: fixed + held written before it + its own inputs and outputs.
-fn stage_needs(g: &RematGraph) -> Vec<u64> {
-    let fixed = g.fixed_bytes();
-    let mut held = 0u64;
-    let mut seen = vec![false; g.values.len()];
-    let mut out = Vec::with_capacity(g.nodes.len());
-    let mut mark = vec![usize::MAX; g.values.len()];
-    for (i, n) in g.nodes.iter().enumerate() {
-        let mut local = 0u64;
-        for &v in n.inputs.iter().chain(&n.outputs) {
-            let val = &g.values[v];
-            if val.fixed || mark[v] == i || (val.held && seen[v]) {
-                continue;
-            }
-            mark[v] = i;
-            local += val.bytes;
-        }
-        out.push(fixed + held + local);
-        for &v in &n.outputs {
-            if g.values[v].held && !seen[v] {
-                seen[v] = true;
-                held += g.values[v].bytes;
-            }
-        }
-    }
-    out
-}
-
-/// The knapsack lower bound on recompute cost under `budget` (see the module
-/// documentation); `None` when some node cannot run within the budget at all.
-pub fn stage_lower_bound(g: &RematGraph, budget: u64) -> Option<f64> {
-    let needs = stage_needs(g);
-    if needs.iter().any(|&x| x > budget) {
-        return None;
-    }
-    let readers = g.readers();
-    let last: Vec<Option<NodeId>> = readers.iter().map(|r| r.last().copied()).collect();
-    // Values alive across t (written before t, read after t), by writer.
-    let mut best: f64 = 0.0;
-    let mut items: Vec<(f64, u64)> = Vec::new();
-    let mut by_writer: Vec<u64> = vec![0; g.nodes.len()];
-    let mut writers: Vec<NodeId> = Vec::new();
-    // Values in order of writer, to scan those written before t.
-    let mut order: Vec<ValueId> = (0..g.values.len())
-        .filter(|&v| {
-            let val = &g.values[v];
-            !val.fixed && !val.held && val.producer.is_some() && val.bytes > 0
-        })
-        .collect();
-    order.sort_by_key(|&v| g.values[v].producer);
-    for t in 0..g.nodes.len() {
-        let node = &g.nodes[t];
-        writers.clear();
-        let mut forced = 0u64;
-        for &v in &order {
-            let p = g.values[v].producer.expect("filtered");
-            if p >= t {
-                break;
-            }
-            let Some(l) = last[v] else { continue };
-            if l <= t || node.inputs.contains(&v) {
-                continue;
-            }
-            if !g.nodes[p].recomputable {
-                forced += g.values[v].bytes;
-                continue;
-            }
-            if by_writer[p] == 0 {
-                writers.push(p);
-            }
-            by_writer[p] += g.values[v].bytes;
-        }
-        let cap = budget.saturating_sub(needs[t] + forced);
-        items.clear();
-        let mut total = 0u64;
-        for &p in &writers {
-            items.push((g.nodes[p].cost, by_writer[p]));
-            total += by_writer[p];
-            by_writer[p] = 0;
-        }
-        if needs[t] + forced > budget {
-            return None;
-        }
-        if total <= cap {
-            continue;
-        }
-        let mut excess = (total - cap) as f64;
-        items.sort_by(|a, b| (a.0 / a.1 as f64).total_cmp(&(b.0 / b.1 as f64)));
-        let mut cost = 0.0;
-        for &(c, w) in &items {
-            if excess <= 0.0 {
-                break;
-            }
-            let take = (w as f64).min(excess);
-            cost += c * take / w as f64;
-            excess -= take;
-        }
-        best = best.max(cost);
-    }
-    Some(best)
-}
-
-/// A replayed candidate.
-#[derive(Clone)]
-struct Cand {
-    plan: Vec<Op>,
-    peak: u64,
-    cost: f64,
-    source: &'static str,
-}
-
-fn measure(g: &RematGraph, plan: Vec<Op>, source: &'static str) -> Option<Cand> {
-    let r = replay(g, &plan).ok()?;
-    Some(Cand {
-        plan,
-        peak: r.peak_bytes,
-        cost: r.recompute_cost,
-        source,
-    })
-}
-
-/// Plans `g` under `budget` bytes within about `time_limit_s` seconds.
-pub fn solve(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ScaleResult> {
-    let start = Instant::now();
-    let limit = Duration::from_secs_f64(time_limit_s.max(0.05));
-    // Leave room for the final replays and the grace of a CBC stop.
-    let deadline = start + limit.mul_f64(0.7);
-    let base_cost = g.base_cost().max(f64::MIN_POSITIVE);
-    let nr = g.no_recompute_plan();
-    let nr_rep = replay(g, &nr).map_err(crate::error::Error::Graph)?;
-    if nr_rep.peak_bytes <= budget {
-        return Ok(ScaleResult {
-            plan: nr,
-            lower_bound_overhead: 0.0,
-            source: "none",
-            min_peak: nr_rep.peak_bytes,
-        });
-    }
-    let mut lower = stage_lower_bound(g, budget).unwrap_or(0.0) / base_cost;
-    let gaps = Gaps::new(g);
-    let mut cands: Vec<Cand> = Vec::new();
-    let debug = std::env::var_os("MEMPLAN_DEBUG").is_some();
-    let push = |c: Option<Cand>, cands: &mut Vec<Cand>| {
-        if debug {
-            eprintln!(
-                "  {:>7.3} s {}",
-                start.elapsed().as_secs_f64(),
-                c.as_ref().map_or("-", |c| c.source)
-            );
-        }
-        if let Some(c) = c {
-            cands.push(c);
-        }
-    };
-
-    // Baselines first: cheap, and the floor the optimisers must beat.
-    let gd = greedy_drops_until(g, budget, Some(start + limit.mul_f64(0.35)));
-    push(measure(g, plan_with_drops(g, &gd), "greedy"), &mut cands);
-    push(
-        measure(g, plan_with_drops(g, &sqrt_drops(g)), "sqrt"),
-        &mut cands,
-    );
-    let all_on = vec![true; gaps.list.len()];
-    push(measure(g, gaps.plan(g, &all_on), "all-gaps"), &mut cands);
-
-    // The gap MILP, tightened until its plan replays within the budget.
-    if stage_lower_bound(g, budget).is_some() && !gaps.list.is_empty() {
-        let share = if g.nodes.len() <= EXACT_NODES {
-            0.3
-        } else {
-            0.55
-        };
-        let end = deadline.min(start + limit.mul_f64(share));
-        if let Some(on) = gap_milp(g, &gaps, budget, false, end) {
-            // Repairing and pruning may run on past the MILP's share.
-            let on = repair_and_prune(g, &gaps, on, budget, deadline.max(end));
-            push(measure(g, gaps.plan(g, &on), "gap-milp"), &mut cands);
-        }
-    }
-
-    // Gap-level greedy from nothing dropped, aimed at the peak each time.
-    if Instant::now() < deadline {
-        let end = Instant::now() + deadline.saturating_duration_since(Instant::now()) / 2;
-        let on = repair_and_prune(g, &gaps, vec![false; gaps.list.len()], budget, end);
-        push(measure(g, gaps.plan(g, &on), "gap-greedy"), &mut cands);
-    }
-
-    // The greedy drops as gaps, pruned: never worse than greedy.
-    let end = if g.nodes.len() <= EXACT_NODES {
-        deadline.min(start + limit.mul_f64(0.4))
-    } else {
-        deadline
-    };
-    if Instant::now() < end {
-        let on = gaps.gaps_of_drops(g, &gd);
-        let on = repair_and_prune(g, &gaps, on, budget, end);
-        push(measure(g, gaps.plan(g, &on), "greedy-pruned"), &mut cands);
-    }
-
-    // Exact on small graphs: Checkmate's MILP gets most of the time left (it
-    // stops as soon as it proves optimality; CBC's bound is the lower bound).
-    let proven = cands
-        .iter()
-        .filter(|c| c.peak <= budget)
-        .any(|c| c.cost / base_cost <= lower + 1e-12);
-    if g.nodes.len() <= EXACT_NODES && !proven && stage_lower_bound(g, budget).is_some() {
-        let left = (start + limit.mul_f64(0.75)).saturating_duration_since(Instant::now());
-        let r = solve_checkmate(
-            g,
-            budget,
-            &IlpOptions {
-                // Net of the wait CBC is given past its limit.
-                time_limit: left.saturating_sub(GRACE).max(Duration::from_millis(500)),
-                lp_bound: false,
-            },
-        )?;
-        if let Some(lb) = r.lower_bound {
-            lower = lower.max((lb - g.base_cost()) / base_cost);
-        }
-        if let Some(p) = r.plan {
-            push(measure(g, p, "checkmate"), &mut cands);
-        }
-    }
-
-    // Nothing fits: the lowest peak the gap model can reach, for the report.
-    // It always gets a share of the time: a budget the lowest-peak plan meets must
-    // not be reported infeasible.
-    if !cands.iter().any(|c| c.peak <= budget) && !gaps.list.is_empty() {
-        let now = Instant::now();
-        let end = (start + limit.mul_f64(0.97)).max(now + limit.mul_f64(0.05));
-        if let Some(on) = gap_milp(g, &gaps, budget, true, end) {
-            let lowest = replay(g, &gaps.plan(g, &on)).map(|r| r.peak_bytes);
-            let on = match lowest {
-                Ok(p) => repair_and_prune(g, &gaps, on, p.max(budget), end),
-                Err(_) => on,
-            };
-            push(measure(g, gaps.plan(g, &on), "gap-min-peak"), &mut cands);
-        }
-    }
-    let min_peak = cands
-        .iter()
-        .map(|c| c.peak)
-        .min()
-        .unwrap_or(nr_rep.peak_bytes)
-        .min(nr_rep.peak_bytes);
-    let best = cands
-        .iter()
-        .filter(|c| c.peak <= budget)
-        .min_by(|a, b| a.cost.total_cmp(&b.cost).then(a.peak.cmp(&b.peak)))
-        .or_else(|| {
-            cands
-                .iter()
-                .min_by(|a, b| a.peak.cmp(&b.peak).then(a.cost.total_cmp(&b.cost)))
-        })
-        .cloned();
-    let best = match best {
-        Some(b) => b,
-        None => Cand {
-            plan: nr,
-            peak: nr_rep.peak_bytes,
-            cost: 0.0,
-            source: "none",
-        },
-    };
-    if std::env::var_os("MEMPLAN_DEBUG").is_some() {
-        for c in &cands {
-            eprintln!(
-                "  {}: peak {} cost {:.6} {}",
-                c.source,
-                c.peak,
-                c.cost / base_cost,
-                if c.peak <= budget { "fits" } else { "over" }
-            );
-        }
-    }
-    let lb = if best.peak <= budget {
-        lower.min(best.cost / base_cost)
-    } else {
-        lower
-    };
-    Ok(ScaleResult {
-        plan: best.plan,
-        lower_bound_overhead: lb.max(0.0),
-        source: best.source,
-        min_peak,
-    })
-}
-
 /// Solves the gap MILP, lowering its budget by the replayed overshoot until the
 /// plan fits or time runs out; returns the last solution (fitting or not).
 ///
 /// With `min_peak`, the budget is ignored: the MILP minimises the modelled peak
 /// (recompute cost breaking ties), once.
-fn gap_milp(
+pub(super) fn gap_milp(
     g: &RematGraph,
     gaps: &Gaps,
     budget: u64,
@@ -848,7 +477,7 @@ fn gap_milp(
 /// Drops more gaps (cheapest per byte first, keeping each that lowers the peak)
 /// until the plan fits, then undoes drops the budget does not need (most
 /// expensive first), each step checked by replay.
-fn repair_and_prune(
+pub(super) fn repair_and_prune(
     g: &RematGraph,
     gaps: &Gaps,
     mut on: Vec<bool>,
@@ -881,7 +510,7 @@ fn repair_and_prune(
 /// Until the plan fits: replays it, finds the node where the peak is, and drops
 /// the gap spanning that node that lowers the peak at the least cost per byte
 /// (trying a few in that order). Stops when no such gap lowers the peak.
-fn targeted_repair(
+pub(super) fn targeted_repair(
     g: &RematGraph,
     gaps: &Gaps,
     mut on: Vec<bool>,

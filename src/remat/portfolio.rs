@@ -1,0 +1,255 @@
+//! The default planner (`--solver ilp`): a portfolio of plans, each replayed; the
+//! cheapest within the budget wins. Its parts live beside it: the gap MILP
+//! ([`super::gap_milp`]), the lower bounds ([`super::bounds`]) and Checkmate's MILP
+//! ([`super::checkmate`]).
+//!
+//!
+//! Checkmate's MILP ([`super::checkmate`]) is exact but has O(n²) binaries; past a few
+//! hundred nodes CBC finds nothing in minutes. This planner keeps it for small
+//! graphs and scales by restricting *where* recomputation may happen:
+//!
+//! - **Gaps.** A value `v` is used by its writer and then by its readers, in order;
+//!   between two consecutive uses `a < b` with `b > a + 1` it may be *dropped*:
+//!   freed right after node `a` and recomputed just before node `b` (its writer,
+//!   plus whatever of the writer's inputs is not live then, the *closure*). With
+//!   gaps as the decisions, the memory right after each node is the no-recompute
+//!   memory minus the bytes of the dropped gaps that span it, plus the closure's
+//!   transient bytes at `b`: linear. The gap MILP minimises the closures' cost
+//!   under one memory row per stretch of nodes where the set of spanning gaps is
+//!   constant (the highest of them), which is what keeps it small (a few thousand
+//!   binaries for GPT-2's 3 000-node step).
+//! - **Checked, then tightened.** The model ignores how closures interact (a
+//!   closure that needs a value dropped in its own gap recomputes that too), so
+//!   every solution becomes a plan that [`replay`] measures; if it overshoots, the
+//!   MILP is solved again with the budget lowered by the overshoot, and a final
+//!   repair drops more gaps (cheapest per byte) until the plan fits. Then drops
+//!   that the budget does not need are undone, most expensive first.
+//! - **Portfolio.** The greedy and √n baselines, the gap MILP's plan, and on graphs
+//!   of at most [`EXACT_NODES`] nodes the full Checkmate MILP, are all replayed;
+//!   the cheapest plan within the budget wins, so `ilp` never loses to a baseline
+//!   and equals Checkmate wherever Checkmate finishes.
+//! - **Lower bound.** For schedules that run nodes first in the graph's order (as
+//!   every plan here and Checkmate's do), at the moment node `t` first runs the
+//!   memory holds the fixed values, every held value written so far, `t`'s inputs
+//!   and outputs, and whatever else is kept for later; each value written before `t`
+//!   and read after it that is not kept costs at least one more run of its writer.
+//!   The cheapest such set at each `t` is a knapsack; its fractional relaxation
+//!   gives a valid bound per node, and the largest over nodes bounds the whole
+//!   plan. Checkmate's LP relaxation and CBC's bound replace it when larger.
+
+// Node indices address several per-node tables at once.
+#![allow(clippy::needless_range_loop)]
+
+use std::time::{Duration, Instant};
+
+use super::bounds::stage_lower_bound;
+use super::checkmate::{solve_checkmate, IlpOptions, GRACE};
+use super::gap_milp::*;
+use super::graph::{replay, Op, RematGraph};
+use super::heuristics::{greedy_drops_until, plan_with_drops, sqrt_drops};
+use crate::error::Result;
+
+/// Graphs up to this many nodes are also given to the full Checkmate MILP. Above
+/// it, on the benchmark graphs (71 to 100 nodes), Checkmate never beat the gap MILP
+/// within seconds, and a CBC run that overruns its limit in the root LP keeps CBC
+/// (which is not re-entrant) busy for the next solves.
+pub const EXACT_NODES: usize = 60;
+
+/// What [`solve`] returns.
+#[derive(Debug, Clone)]
+pub struct ScaleResult {
+    /// The plan: the cheapest found within the budget, else the lowest-peak one.
+    pub plan: Vec<Op>,
+    /// Proven lower bound on `recompute cost / base cost` at this budget.
+    pub lower_bound_overhead: f64,
+    /// Which candidate won (`none`, `gap-milp`, `checkmate`, `greedy`, `sqrt`...).
+    pub source: &'static str,
+    /// The lowest peak of any candidate plan.
+    pub min_peak: u64,
+}
+
+/// A replayed candidate.
+#[derive(Clone)]
+pub(super) struct Cand {
+    plan: Vec<Op>,
+    peak: u64,
+    cost: f64,
+    source: &'static str,
+}
+
+pub(super) fn measure(g: &RematGraph, plan: Vec<Op>, source: &'static str) -> Option<Cand> {
+    let r = replay(g, &plan).ok()?;
+    Some(Cand {
+        plan,
+        peak: r.peak_bytes,
+        cost: r.recompute_cost,
+        source,
+    })
+}
+
+/// Plans `g` under `budget` bytes within about `time_limit_s` seconds.
+pub fn solve(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ScaleResult> {
+    let start = Instant::now();
+    let limit = Duration::from_secs_f64(time_limit_s.max(0.05));
+    // Leave room for the final replays and the grace of a CBC stop.
+    let deadline = start + limit.mul_f64(0.7);
+    let base_cost = g.base_cost().max(f64::MIN_POSITIVE);
+    let nr = g.no_recompute_plan();
+    let nr_rep = replay(g, &nr).map_err(crate::error::Error::Graph)?;
+    if nr_rep.peak_bytes <= budget {
+        return Ok(ScaleResult {
+            plan: nr,
+            lower_bound_overhead: 0.0,
+            source: "none",
+            min_peak: nr_rep.peak_bytes,
+        });
+    }
+    let mut lower = stage_lower_bound(g, budget).unwrap_or(0.0) / base_cost;
+    let gaps = Gaps::new(g);
+    let mut cands: Vec<Cand> = Vec::new();
+    let debug = std::env::var_os("MEMPLAN_DEBUG").is_some();
+    let push = |c: Option<Cand>, cands: &mut Vec<Cand>| {
+        if debug {
+            eprintln!(
+                "  {:>7.3} s {}",
+                start.elapsed().as_secs_f64(),
+                c.as_ref().map_or("-", |c| c.source)
+            );
+        }
+        if let Some(c) = c {
+            cands.push(c);
+        }
+    };
+
+    // Baselines first: cheap, and the floor the optimisers must beat.
+    let gd = greedy_drops_until(g, budget, Some(start + limit.mul_f64(0.35)));
+    push(measure(g, plan_with_drops(g, &gd), "greedy"), &mut cands);
+    push(
+        measure(g, plan_with_drops(g, &sqrt_drops(g)), "sqrt"),
+        &mut cands,
+    );
+    let all_on = vec![true; gaps.list.len()];
+    push(measure(g, gaps.plan(g, &all_on), "all-gaps"), &mut cands);
+
+    // The gap MILP, tightened until its plan replays within the budget.
+    if stage_lower_bound(g, budget).is_some() && !gaps.list.is_empty() {
+        let share = if g.nodes.len() <= EXACT_NODES {
+            0.3
+        } else {
+            0.55
+        };
+        let end = deadline.min(start + limit.mul_f64(share));
+        if let Some(on) = gap_milp(g, &gaps, budget, false, end) {
+            // Repairing and pruning may run on past the MILP's share.
+            let on = repair_and_prune(g, &gaps, on, budget, deadline.max(end));
+            push(measure(g, gaps.plan(g, &on), "gap-milp"), &mut cands);
+        }
+    }
+
+    // Gap-level greedy from nothing dropped, aimed at the peak each time.
+    if Instant::now() < deadline {
+        let end = Instant::now() + deadline.saturating_duration_since(Instant::now()) / 2;
+        let on = repair_and_prune(g, &gaps, vec![false; gaps.list.len()], budget, end);
+        push(measure(g, gaps.plan(g, &on), "gap-greedy"), &mut cands);
+    }
+
+    // The greedy drops as gaps, pruned: never worse than greedy.
+    let end = if g.nodes.len() <= EXACT_NODES {
+        deadline.min(start + limit.mul_f64(0.4))
+    } else {
+        deadline
+    };
+    if Instant::now() < end {
+        let on = gaps.gaps_of_drops(g, &gd);
+        let on = repair_and_prune(g, &gaps, on, budget, end);
+        push(measure(g, gaps.plan(g, &on), "greedy-pruned"), &mut cands);
+    }
+
+    // Exact on small graphs: Checkmate's MILP gets most of the time left (it
+    // stops as soon as it proves optimality; CBC's bound is the lower bound).
+    let proven = cands
+        .iter()
+        .filter(|c| c.peak <= budget)
+        .any(|c| c.cost / base_cost <= lower + 1e-12);
+    if g.nodes.len() <= EXACT_NODES && !proven && stage_lower_bound(g, budget).is_some() {
+        let left = (start + limit.mul_f64(0.75)).saturating_duration_since(Instant::now());
+        let r = solve_checkmate(
+            g,
+            budget,
+            &IlpOptions {
+                // Net of the wait CBC is given past its limit.
+                time_limit: left.saturating_sub(GRACE).max(Duration::from_millis(500)),
+                lp_bound: false,
+            },
+        )?;
+        if let Some(lb) = r.lower_bound {
+            lower = lower.max((lb - g.base_cost()) / base_cost);
+        }
+        if let Some(p) = r.plan {
+            push(measure(g, p, "checkmate"), &mut cands);
+        }
+    }
+
+    // Nothing fits: the lowest peak the gap model can reach, for the report.
+    // It always gets a share of the time: a budget the lowest-peak plan meets must
+    // not be reported infeasible.
+    if !cands.iter().any(|c| c.peak <= budget) && !gaps.list.is_empty() {
+        let now = Instant::now();
+        let end = (start + limit.mul_f64(0.97)).max(now + limit.mul_f64(0.05));
+        if let Some(on) = gap_milp(g, &gaps, budget, true, end) {
+            let lowest = replay(g, &gaps.plan(g, &on)).map(|r| r.peak_bytes);
+            let on = match lowest {
+                Ok(p) => repair_and_prune(g, &gaps, on, p.max(budget), end),
+                Err(_) => on,
+            };
+            push(measure(g, gaps.plan(g, &on), "gap-min-peak"), &mut cands);
+        }
+    }
+    let min_peak = cands
+        .iter()
+        .map(|c| c.peak)
+        .min()
+        .unwrap_or(nr_rep.peak_bytes)
+        .min(nr_rep.peak_bytes);
+    let best = cands
+        .iter()
+        .filter(|c| c.peak <= budget)
+        .min_by(|a, b| a.cost.total_cmp(&b.cost).then(a.peak.cmp(&b.peak)))
+        .or_else(|| {
+            cands
+                .iter()
+                .min_by(|a, b| a.peak.cmp(&b.peak).then(a.cost.total_cmp(&b.cost)))
+        })
+        .cloned();
+    let best = match best {
+        Some(b) => b,
+        None => Cand {
+            plan: nr,
+            peak: nr_rep.peak_bytes,
+            cost: 0.0,
+            source: "none",
+        },
+    };
+    if std::env::var_os("MEMPLAN_DEBUG").is_some() {
+        for c in &cands {
+            eprintln!(
+                "  {}: peak {} cost {:.6} {}",
+                c.source,
+                c.peak,
+                c.cost / base_cost,
+                if c.peak <= budget { "fits" } else { "over" }
+            );
+        }
+    }
+    let lb = if best.peak <= budget {
+        lower.min(best.cost / base_cost)
+    } else {
+        lower
+    };
+    Ok(ScaleResult {
+        plan: best.plan,
+        lower_bound_overhead: lb.max(0.0),
+        source: best.source,
+        min_peak,
+    })
+}
