@@ -977,7 +977,7 @@ fn step_setup_with(
 fn step_on<B: memplan::exec::train::StepBackend>(
     b: &B,
     su: &StepSetup,
-    plan: &[memplan::remat::graph::Op],
+    plan: &[memplan::remat::graph::Instr],
 ) -> memplan::exec::train::StepResult {
     use memplan::exec::train::{train_step_on, StepOptions};
     train_step_on(
@@ -1002,7 +1002,7 @@ fn step_on<B: memplan::exec::train::StepBackend>(
 fn same_counts(
     su: &StepSetup,
     what: &str,
-    plan: &[memplan::remat::graph::Op],
+    plan: &[memplan::remat::graph::Instr],
     dev: &memplan::exec::train::StepResult,
     cpu: &memplan::exec::train::StepResult,
 ) {
@@ -1011,8 +1011,8 @@ fn same_counts(
         .peak_bytes;
     if let Some(k) = (0..plan.len()).find(|&k| dev.live_after[k] != cpu.live_after[k]) {
         let name = match plan[k] {
-            memplan::remat::graph::Op::Compute(i) => su.g.nodes[i].name.clone(),
-            memplan::remat::graph::Op::Free(v) => format!("free {}", su.g.values[v].name),
+            memplan::remat::graph::Instr::Compute(i) => su.g.nodes[i].name.clone(),
+            memplan::remat::graph::Instr::Free(v) => format!("free {}", su.g.values[v].name),
         };
         panic!(
             "{} {what}: after instruction {k} ({name}) the device counts {} B live, the schedule {} B",

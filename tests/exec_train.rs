@@ -39,7 +39,7 @@ use memplan::ir::Model;
 use memplan::memory::simulate;
 use memplan::onnx::load_model;
 use memplan::remat::from_schedule::from_schedule;
-use memplan::remat::graph::{replay, Op, RematGraph};
+use memplan::remat::graph::{replay, Instr, RematGraph};
 use memplan::remat::heuristics::{candidates, greedy, plan_with_drops};
 use memplan::train::{build_schedule, Loss, Optimizer, Precision, Schedule, TrainOptions};
 
@@ -98,7 +98,7 @@ fn setup_from(model: Model, name: &str, batch: u64, opts: TrainOptions) -> Setup
     }
 }
 
-fn run(su: &Setup, plan: &[Op], params: &[Option<Tensor>], lr: f32) -> StepResult {
+fn run(su: &Setup, plan: &[Instr], params: &[Option<Tensor>], lr: f32) -> StepResult {
     train_step(
         &su.model,
         &su.inf,
@@ -117,13 +117,13 @@ fn run(su: &Setup, plan: &[Op], params: &[Option<Tensor>], lr: f32) -> StepResul
 }
 
 /// Live bytes after each instruction of `plan`, as replay counts them.
-fn replay_live(g: &RematGraph, plan: &[Op]) -> Vec<u64> {
+fn replay_live(g: &RematGraph, plan: &[Instr]) -> Vec<u64> {
     let mut live: Vec<bool> = g.values.iter().map(|v| v.fixed).collect();
     let mut cur: u64 = g.fixed_bytes();
     let mut out = Vec::new();
     for op in plan {
         match *op {
-            Op::Compute(i) => {
+            Instr::Compute(i) => {
                 for &v in &g.nodes[i].outputs {
                     if !live[v] {
                         live[v] = true;
@@ -131,7 +131,7 @@ fn replay_live(g: &RematGraph, plan: &[Op]) -> Vec<u64> {
                     }
                 }
             }
-            Op::Free(v) => {
+            Instr::Free(v) => {
                 if live[v] {
                     live[v] = false;
                     cur -= g.values[v].bytes;
@@ -262,7 +262,7 @@ fn check_gradients(su: &Setup, r: &StepResult) {
 /// Plans that recompute: every droppable value dropped (the most recomputation),
 /// and the greedy planner at a budget halfway between the op-local bound and the
 /// baseline peak.
-fn plans(g: &RematGraph, baseline_peak: u64) -> Vec<(&'static str, Vec<Op>)> {
+fn plans(g: &RematGraph, baseline_peak: u64) -> Vec<(&'static str, Vec<Instr>)> {
     let mut drop_all = vec![false; g.values.len()];
     for v in candidates(g) {
         drop_all[v] = true;
@@ -281,7 +281,7 @@ fn planned_identical(su: &Setup, base: &StepResult) {
     }
 }
 
-fn planned_run(su: &Setup, base: &StepResult, what: &str, plan: &[Op]) {
+fn planned_run(su: &Setup, base: &StepResult, what: &str, plan: &[Instr]) {
     let name = &su.g.name;
     let predicted = replay(&su.g, plan).unwrap();
     let r = run(su, plan, &su.params, 0.01);
@@ -455,9 +455,9 @@ fn bad_plans_and_schedules_are_rejected() {
             })
             .unwrap();
     let p = su.g.values[v].producer.unwrap();
-    let mut bad: Vec<Op> = plan.clone();
-    let at = bad.iter().position(|o| *o == Op::Compute(p)).unwrap();
-    bad.insert(at + 1, Op::Free(v));
+    let mut bad: Vec<Instr> = plan.clone();
+    let at = bad.iter().position(|o| *o == Instr::Compute(p)).unwrap();
+    bad.insert(at + 1, Instr::Free(v));
     let err = train_step(
         &su.model,
         &su.inf,

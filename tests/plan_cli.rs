@@ -141,7 +141,7 @@ fn measured_costs_replace_flops_and_change_the_plan() {
     .unwrap();
     let mut count = vec![0u32; g.nodes.len()];
     for op in &by_flops.plan {
-        if let memplan::remat::graph::Op::Compute(i) = op {
+        if let memplan::remat::graph::Instr::Compute(i) = op {
             count[*i] += 1;
         }
     }

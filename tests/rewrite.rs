@@ -10,7 +10,7 @@ use std::process::Command;
 
 use memplan::infer::Bindings;
 use memplan::onnx::proto::ModelProto;
-use memplan::remat::graph::{replay, Op, RematGraph};
+use memplan::remat::graph::{replay, Instr, RematGraph};
 use memplan::remat::plan::{plan, PlanReport, Solver};
 use memplan::remat::rewrite::{
     keys, read_rewrite, rewrite, write_loaded, Loaded, DOMAIN, DOMAIN_VERSION,
@@ -51,8 +51,10 @@ fn planned_with(
     (src, g, r)
 }
 
-fn computes(plan: &[Op]) -> usize {
-    plan.iter().filter(|o| matches!(o, Op::Compute(_))).count()
+fn computes(plan: &[Instr]) -> usize {
+    plan.iter()
+        .filter(|o| matches!(o, Instr::Compute(_)))
+        .count()
 }
 
 /// Writes, decodes, checks the structure, reads back; returns the file size.
@@ -115,7 +117,7 @@ fn round_trip_with(
     assert_eq!(graph.node.len() - implicit, computes(&r.plan), "{name}");
     let mut k = 0;
     for op in &r.plan {
-        if let Op::Compute(i) = *op {
+        if let Instr::Compute(i) = *op {
             while meta(&graph.node[k].metadata_props, keys::IMPLICIT).is_some() {
                 k += 1;
             }
@@ -287,7 +289,7 @@ fn a_forward_node_first_run_after_a_recomputation_reads_the_new_version() {
         .iter()
         .enumerate()
         .find_map(|(k, op)| match *op {
-            Op::Compute(i) if g.nodes[i].recomputable && !g.nodes[i].outputs.is_empty() => {
+            Instr::Compute(i) if g.nodes[i].recomputable && !g.nodes[i].outputs.is_empty() => {
                 let v = g.nodes[i].outputs[0];
                 let rd = g.nodes.iter().position(|n| n.inputs.contains(&v))?;
                 g.nodes[rd].recomputable.then_some((k, i, v))
@@ -296,7 +298,7 @@ fn a_forward_node_first_run_after_a_recomputation_reads_the_new_version() {
         })
         .unwrap();
     let mut p = base.clone();
-    p.splice(at + 1..at + 1, [Op::Free(v), Op::Compute(i)]);
+    p.splice(at + 1..at + 1, [Instr::Free(v), Instr::Compute(i)]);
     let rep = replay(&g, &p).unwrap();
     r.plan = p;
     r.peak_bytes = rep.peak_bytes;
@@ -412,15 +414,15 @@ fn cli_writes_a_rewrite_that_matches_plan_json() {
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-    let plan: Vec<Op> = doc["plan"]
+    let plan: Vec<Instr> = doc["plan"]
         .as_array()
         .unwrap()
         .iter()
         .map(|op| {
             let id = op["id"].as_u64().unwrap() as usize;
             match op["op"].as_str().unwrap() {
-                "compute" => Op::Compute(id),
-                _ => Op::Free(id),
+                "compute" => Instr::Compute(id),
+                _ => Instr::Free(id),
             }
         })
         .collect();

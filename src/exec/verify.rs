@@ -22,7 +22,7 @@ use crate::error::{Error, Result};
 use crate::infer::Inferred;
 use crate::ir::Model;
 use crate::remat::from_schedule::from_schedule;
-use crate::remat::graph::{replay, Op, RematGraph};
+use crate::remat::graph::{replay, Instr, RematGraph};
 use crate::remat::plan::{plan, Solver};
 use crate::remat::planfile::{PlanFile, StepSource};
 use crate::train::{build_schedule, TrainOptions};
@@ -35,7 +35,7 @@ pub enum PlanSource {
     /// This plan over the step's graph (checked by replay), named `label`.
     Given {
         /// The instructions.
-        plan: Vec<Op>,
+        plan: Vec<Instr>,
         /// What `plan_source` reports.
         label: String,
     },
@@ -175,7 +175,7 @@ impl<'a> Step<'a> {
     /// Runs the step once on the CPU following `plan`.
     pub fn run(
         &self,
-        plan: &[Op],
+        plan: &[Instr],
         params: &[Option<Tensor>],
         inputs: &[Tensor],
         opts: &StepOptions,
@@ -187,7 +187,7 @@ impl<'a> Step<'a> {
     pub fn run_on<B: StepBackend>(
         &self,
         b: &B,
-        plan: &[Op],
+        plan: &[Instr],
         params: &[Option<Tensor>],
         inputs: &[Tensor],
         opts: &StepOptions,
@@ -233,7 +233,7 @@ pub fn seeded_inputs(model: &Model, inf: &Inferred) -> Result<Vec<Tensor>> {
 fn fastest<B: StepBackend>(
     b: &B,
     step: &Step,
-    plan: &[Op],
+    plan: &[Instr],
     params: &[Option<Tensor>],
     inputs: &[Tensor],
     opts: &StepOptions,
@@ -444,7 +444,7 @@ fn verify_with<B: StepBackend>(
     .to_vec();
     let inputs = seeded_inputs(model, inf)?;
     let on_device = b.live_bytes().is_some();
-    let mut run = |plan: &[Op]| -> Result<StepResult> {
+    let mut run = |plan: &[Instr]| -> Result<StepResult> {
         let mut best: Option<StepResult> = None;
         for _ in 0..o.runs.max(1) {
             let r = fastest(b, &step, plan, &params, &inputs, &step_opts, 1)?;
@@ -483,8 +483,8 @@ fn verify_with<B: StepBackend>(
         .position(|&l| l == p.peak_bytes)
         .unwrap_or(0);
     let peak_step = match planned.get(peak_at) {
-        Some(Op::Compute(i)) => g.nodes[*i].name.clone(),
-        Some(Op::Free(v)) => format!("free {}", g.values[*v].name),
+        Some(Instr::Compute(i)) => g.nodes[*i].name.clone(),
+        Some(Instr::Free(v)) => format!("free {}", g.values[*v].name),
         None => String::new(),
     };
     let base_flops = g.base_cost();

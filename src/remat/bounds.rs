@@ -5,7 +5,7 @@
 // Node indices address several per-node tables at once.
 #![allow(clippy::needless_range_loop)]
 
-use super::graph::{NodeId, Op, RematGraph, ValueId};
+use super::graph::{Instr, NodeId, RematGraph, ValueId};
 
 /// Memory right after each node runs in the no-recompute plan.
 pub(super) fn baseline_memory(g: &RematGraph) -> Vec<u64> {
@@ -14,7 +14,7 @@ pub(super) fn baseline_memory(g: &RematGraph) -> Vec<u64> {
     let mut cur: u64 = g.fixed_bytes();
     for op in g.no_recompute_plan() {
         match op {
-            Op::Compute(i) => {
+            Instr::Compute(i) => {
                 for &o in &g.nodes[i].outputs {
                     if !live[o] {
                         live[o] = true;
@@ -23,7 +23,7 @@ pub(super) fn baseline_memory(g: &RematGraph) -> Vec<u64> {
                 }
                 mem[i] = cur;
             }
-            Op::Free(v) => {
+            Instr::Free(v) => {
                 if live[v] {
                     live[v] = false;
                     cur -= g.values[v].bytes;

@@ -56,7 +56,7 @@ use good_lp::{
     coin_cbc, variable, Constraint, Expression, ProblemVariables, SolverModel, Variable,
 };
 
-use super::graph::{replay, NodeId, Op, RematGraph, ValueId};
+use super::graph::{replay, Instr, NodeId, RematGraph, ValueId};
 use crate::error::{Error, Result};
 
 /// How long past its limit a CBC run is waited for (see [`run_cbc`]).
@@ -93,7 +93,7 @@ pub struct IlpResult {
     /// How the solve ended.
     pub status: IlpStatus,
     /// The plan (`Optimal` and `Feasible`); it replays within the budget.
-    pub plan: Option<Vec<Op>>,
+    pub plan: Option<Vec<Instr>>,
     /// Total cost of the plan (every computation, first ones included: a plan
     /// without recomputation costs [`RematGraph::base_cost`]), as replayed.
     pub objective: Option<f64>,
@@ -121,16 +121,17 @@ pub fn solve_checkmate(g: &RematGraph, budget_bytes: u64, o: &IlpOptions) -> Res
     let start = Instant::now();
     let mut p = Prep::new(g)?;
     let base = g.base_cost();
-    let done = |status, plan: Option<Vec<Op>>, objective, lower_bound, lp, why: String| IlpResult {
-        status,
-        plan,
-        objective,
-        lower_bound,
-        lp_lower_bound: lp,
-        seconds: start.elapsed().as_secs_f64(),
-        solver_status: why,
-        unit_bytes: 0,
-    };
+    let done =
+        |status, plan: Option<Vec<Instr>>, objective, lower_bound, lp, why: String| IlpResult {
+            status,
+            plan,
+            objective,
+            lower_bound,
+            lp_lower_bound: lp,
+            seconds: start.elapsed().as_secs_f64(),
+            solver_status: why,
+            unit_bytes: 0,
+        };
 
     let nr = g.no_recompute_plan();
     let nr_rep =
@@ -800,7 +801,7 @@ impl Prep {
     /// Turns a solution into a plan: prunes computations and checkpoints nothing
     /// uses, then frees each value after its last use in the stage unless kept.
     /// `None` if the columns are not an integral solution of the model.
-    fn plan(&self, cols: &Cols, x: &[f64]) -> Option<Vec<Op>> {
+    fn plan(&self, cols: &Cols, x: &[f64]) -> Option<Vec<Instr>> {
         let n = self.n;
         if x.len() < cols.binaries.len()
             || cols
@@ -859,11 +860,11 @@ impl Prep {
                     }
                 }
             }
-            plan.extend(at_start.into_iter().map(Op::Free));
+            plan.extend(at_start.into_iter().map(Instr::Free));
             for (k, fr) in after.into_iter().enumerate() {
                 if r2[t][k] {
-                    plan.push(Op::Compute(k));
-                    plan.extend(fr.into_iter().map(Op::Free));
+                    plan.push(Instr::Compute(k));
+                    plan.extend(fr.into_iter().map(Instr::Free));
                 }
             }
         }

@@ -12,7 +12,7 @@ use good_lp::{coin_cbc, variable, Expression, ProblemVariables, SolverModel, Var
 
 use super::bounds::baseline_memory;
 use super::checkmate::run_cbc;
-use super::graph::{replay, NodeId, Op, RematGraph, ValueId};
+use super::graph::{replay, Instr, NodeId, RematGraph, ValueId};
 use super::heuristics::{ensure, has_phases};
 
 /// Closures larger than this are not offered as gaps.
@@ -182,7 +182,7 @@ impl Gaps {
     /// and drops the gaps that are `on`: frees the value when a node at or after
     /// the gap's start touches it, and recomputes it (and whatever it needs) just
     /// before the gap's end.
-    pub(super) fn plan(&self, g: &RematGraph, on: &[bool]) -> Vec<Op> {
+    pub(super) fn plan(&self, g: &RematGraph, on: &[bool]) -> Vec<Instr> {
         let n = g.nodes.len();
         let mut live: Vec<bool> = g.values.iter().map(|v| v.fixed).collect();
         let mut plan = Vec::with_capacity(n * 2);
@@ -196,14 +196,14 @@ impl Gaps {
             if plan.len() > before + 1 {
                 self.free_early(g, i, before, &mut plan, &mut live);
             }
-            plan.push(Op::Compute(i));
+            plan.push(Instr::Compute(i));
             for &o in &node.outputs {
                 live[o] = true;
             }
             touched.clear();
             touched.extend(node.inputs.iter().chain(&node.outputs).copied());
             for op in &plan[before..] {
-                if let Op::Compute(p) = *op {
+                if let Instr::Compute(p) = *op {
                     touched.extend(g.nodes[p].inputs.iter().chain(&g.nodes[p].outputs));
                 }
             }
@@ -224,7 +224,7 @@ impl Gaps {
                 };
                 if release {
                     live[v] = false;
-                    plan.push(Op::Free(v));
+                    plan.push(Instr::Free(v));
                 }
             }
         }
@@ -241,14 +241,14 @@ impl Gaps {
         g: &RematGraph,
         i: NodeId,
         from: usize,
-        plan: &mut Vec<Op>,
+        plan: &mut Vec<Instr>,
         live: &mut [bool],
     ) {
         let seg: Vec<NodeId> = plan[from..]
             .iter()
             .filter_map(|op| match *op {
-                Op::Compute(p) => Some(p),
-                Op::Free(_) => None,
+                Instr::Compute(p) => Some(p),
+                Instr::Free(_) => None,
             })
             .collect();
         let dead = |v: ValueId| {
@@ -275,11 +275,11 @@ impl Gaps {
         }
         plan.truncate(from);
         for (k, &p) in seg.iter().enumerate() {
-            plan.push(Op::Compute(p));
+            plan.push(Instr::Compute(p));
             for &(v, at) in &last {
                 if at == k && live[v] {
                     live[v] = false;
-                    plan.push(Op::Free(v));
+                    plan.push(Instr::Free(v));
                 }
             }
         }
@@ -525,7 +525,7 @@ pub(super) fn targeted_repair(
         let mut frontier = 0;
         let mut stage = 0;
         for (k, op) in plan.iter().enumerate() {
-            if let Op::Compute(i) = *op {
+            if let Instr::Compute(i) = *op {
                 if i >= frontier {
                     frontier = i;
                     stage = i;

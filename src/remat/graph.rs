@@ -5,7 +5,7 @@
 //! one step per node and one storage per value; the published benchmark graphs
 //! (Checkmate, Moccasin) map onto it one node per value.
 //!
-//! A plan is a sequence of [`Op`]s: compute a node (allocating the values it writes
+//! A plan is a sequence of [`Instr`]s: compute a node (allocating the values it writes
 //! that are not live), or free a value. [`replay`] checks a plan and measures it.
 
 use serde::{Deserialize, Serialize};
@@ -62,7 +62,7 @@ pub struct RematGraph {
 /// One instruction of a plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", content = "id", rename_all = "snake_case")]
-pub enum Op {
+pub enum Instr {
     /// Execute a node.
     Compute(NodeId),
     /// Release a value.
@@ -139,7 +139,7 @@ impl RematGraph {
 
     /// The plan that computes every node once, in order, freeing each value after
     /// its last reader (held values never).
-    pub fn no_recompute_plan(&self) -> Vec<Op> {
+    pub fn no_recompute_plan(&self) -> Vec<Instr> {
         let readers = self.readers();
         let mut last_use = vec![None; self.values.len()];
         for (v, rs) in readers.iter().enumerate() {
@@ -156,8 +156,8 @@ impl RematGraph {
         }
         let mut plan = Vec::with_capacity(self.nodes.len() * 2);
         for (i, fr) in frees_after.iter().enumerate() {
-            plan.push(Op::Compute(i));
-            plan.extend(fr.iter().map(|&v| Op::Free(v)));
+            plan.push(Instr::Compute(i));
+            plan.extend(fr.iter().map(|&v| Instr::Free(v)));
         }
         plan
     }
@@ -165,7 +165,7 @@ impl RematGraph {
 
 /// Replays a plan: every compute must find its inputs live; returns the peak and
 /// costs, or a message naming the first violation.
-pub fn replay(g: &RematGraph, plan: &[Op]) -> Result<Replayed, String> {
+pub fn replay(g: &RematGraph, plan: &[Instr]) -> Result<Replayed, String> {
     let mut live = vec![false; g.values.len()];
     let mut cur = 0u64;
     for (v, val) in g.values.iter().enumerate() {
@@ -179,7 +179,7 @@ pub fn replay(g: &RematGraph, plan: &[Op]) -> Result<Replayed, String> {
     let (mut cost, mut recompute_cost) = (0.0, 0.0);
     for (k, op) in plan.iter().enumerate() {
         match *op {
-            Op::Compute(i) => {
+            Instr::Compute(i) => {
                 let n = g
                     .nodes
                     .get(i)
@@ -209,7 +209,7 @@ pub fn replay(g: &RematGraph, plan: &[Op]) -> Result<Replayed, String> {
                     peak_at = k;
                 }
             }
-            Op::Free(v) => {
+            Instr::Free(v) => {
                 let val = g
                     .values
                     .get(v)

@@ -3,7 +3,7 @@
 //! and `greedy` (drop the activations that are cheapest to recompute per byte, as
 //! PyTorch's activation-memory-budget knapsack ranks them, until the peak fits).
 
-use super::graph::{replay, NodeId, Op, RematGraph, ValueId};
+use super::graph::{replay, Instr, NodeId, RematGraph, ValueId};
 
 /// Whether the graph distinguishes forward from backward nodes. Graphs without
 /// phases (the random layered benchmarks) drop a value between any two distant uses.
@@ -39,7 +39,7 @@ pub fn candidates(g: &RematGraph) -> Vec<ValueId> {
 /// The plan that computes nodes in order, frees every value after its last reader,
 /// and frees each dropped value after its last forward reader, recomputing it (and
 /// whatever it needs) just before its next reader.
-pub fn plan_with_drops(g: &RematGraph, dropped: &[bool]) -> Vec<Op> {
+pub fn plan_with_drops(g: &RematGraph, dropped: &[bool]) -> Vec<Instr> {
     let n = g.nodes.len();
     let readers = g.readers();
     let phases = has_phases(g);
@@ -58,7 +58,7 @@ pub fn plan_with_drops(g: &RematGraph, dropped: &[bool]) -> Vec<Op> {
         for &u in &node.inputs {
             ensure(g, u, &mut live, &mut plan);
         }
-        plan.push(Op::Compute(i));
+        plan.push(Instr::Compute(i));
         for &o in &node.outputs {
             live[o] = true;
         }
@@ -66,7 +66,7 @@ pub fn plan_with_drops(g: &RematGraph, dropped: &[bool]) -> Vec<Op> {
         // no later reader, or that are dropped and have no later forward reader.
         let mut touched: Vec<ValueId> = node.inputs.iter().chain(&node.outputs).copied().collect();
         for op in &plan[before..] {
-            if let Op::Compute(p) = *op {
+            if let Instr::Compute(p) = *op {
                 touched.extend(g.nodes[p].inputs.iter().chain(&g.nodes[p].outputs));
             }
         }
@@ -85,7 +85,7 @@ pub fn plan_with_drops(g: &RematGraph, dropped: &[bool]) -> Vec<Op> {
             };
             if release {
                 live[v] = false;
-                plan.push(Op::Free(v));
+                plan.push(Instr::Free(v));
             }
         }
     }
@@ -94,8 +94,8 @@ pub fn plan_with_drops(g: &RematGraph, dropped: &[bool]) -> Vec<Op> {
 
 /// Makes value `v` live by computing its writer after (recursively) its writer's
 /// inputs, appending the computes to `plan`. Fixed values are always live.
-pub(super) fn ensure(g: &RematGraph, v: ValueId, live: &mut [bool], plan: &mut Vec<Op>) {
-    fn go(g: &RematGraph, v: ValueId, live: &mut [bool], plan: &mut Vec<Op>, depth: usize) {
+pub(super) fn ensure(g: &RematGraph, v: ValueId, live: &mut [bool], plan: &mut Vec<Instr>) {
+    fn go(g: &RematGraph, v: ValueId, live: &mut [bool], plan: &mut Vec<Instr>, depth: usize) {
         if live[v] || depth > g.nodes.len() {
             return;
         }
@@ -105,7 +105,7 @@ pub(super) fn ensure(g: &RematGraph, v: ValueId, live: &mut [bool], plan: &mut V
         for &u in &g.nodes[p].inputs {
             go(g, u, live, plan, depth + 1);
         }
-        plan.push(Op::Compute(p));
+        plan.push(Instr::Compute(p));
         for &o in &g.nodes[p].outputs {
             live[o] = true;
         }
@@ -158,7 +158,7 @@ pub fn greedy_order(g: &RematGraph) -> Vec<ValueId> {
 /// (most expensive first) that are not needed to stay within it. Every step is
 /// checked by replaying the plan. Returns the plan and whether it fits; when the budget
 /// is out of reach, the lowest-peak plan found.
-pub fn greedy(g: &RematGraph, budget: u64) -> (Vec<Op>, bool) {
+pub fn greedy(g: &RematGraph, budget: u64) -> (Vec<Instr>, bool) {
     let d = greedy_drops(g, budget);
     let plan = plan_with_drops(g, &d);
     let fits = replay(g, &plan).is_ok_and(|r| r.peak_bytes <= budget);

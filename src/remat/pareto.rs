@@ -14,7 +14,7 @@
 use serde::Serialize;
 
 use super::costs::CostUnit;
-use super::graph::{Op, RematGraph};
+use super::graph::{Instr, RematGraph};
 use super::plan::{plan, Solver};
 use crate::error::{Error, Result};
 use crate::units::human_bytes;
@@ -48,7 +48,7 @@ pub struct ParetoPoint {
     pub plan_from_budget_bytes: Option<u64>,
     /// The plan.
     #[serde(skip)]
-    pub plan: Vec<Op>,
+    pub plan: Vec<Instr>,
 }
 
 /// A sweep.

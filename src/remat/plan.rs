@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::graph::{replay, Op, RematGraph};
+use super::graph::{replay, Instr, RematGraph};
 use super::heuristics::{candidates, greedy, plan_with_drops, sqrt_drops};
 use crate::error::{Error, Result};
 
@@ -74,7 +74,7 @@ pub struct PlanReport {
     pub method: String,
     /// The plan itself (written by `-o`, not printed).
     #[serde(skip)]
-    pub plan: Vec<Op>,
+    pub plan: Vec<Instr>,
 }
 
 /// Plans `g` under `budget` bytes.
@@ -129,7 +129,7 @@ pub fn plan(g: &RematGraph, budget: u64, solver: Solver, time_limit_s: f64) -> R
     let r = replay(g, &chosen).map_err(Error::Graph)?;
     let mut count = vec![0u32; g.nodes.len()];
     for op in &chosen {
-        if let Op::Compute(i) = op {
+        if let Instr::Compute(i) = op {
             count[*i] += 1;
         }
     }
@@ -169,10 +169,10 @@ pub fn plan(g: &RematGraph, budget: u64, solver: Solver, time_limit_s: f64) -> R
 /// names (`/layer1/layer1.0/conv1/Conv` → `layer1.0.conv1`), deduplicated in order:
 /// the modules to wrap in `torch.utils.checkpoint` or to mark recompute in a
 /// selective-checkpoint policy.
-pub fn recomputed_modules(g: &RematGraph, plan: &[Op]) -> Vec<String> {
+pub fn recomputed_modules(g: &RematGraph, plan: &[Instr]) -> Vec<String> {
     let mut count = vec![0u32; g.nodes.len()];
     for op in plan {
-        if let Op::Compute(i) = op {
+        if let Instr::Compute(i) = op {
             count[*i] += 1;
         }
     }

@@ -15,7 +15,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::graph::{replay, Op, RematGraph};
+use super::graph::{replay, Instr, RematGraph};
 use crate::error::{Error, Result};
 use crate::train::TrainOptions;
 
@@ -84,7 +84,7 @@ pub struct PlanFile {
     /// What node costs count.
     pub cost_unit: String,
     /// The instructions.
-    pub plan: Vec<Op>,
+    pub plan: Vec<Instr>,
     /// The training step it was made for (ONNX models).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step: Option<StepSource>,

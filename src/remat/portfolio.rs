@@ -45,7 +45,7 @@ use std::time::{Duration, Instant};
 use super::bounds::stage_lower_bound;
 use super::checkmate::{solve_checkmate, IlpOptions, GRACE};
 use super::gap_milp::*;
-use super::graph::{replay, Op, RematGraph};
+use super::graph::{replay, Instr, RematGraph};
 use super::heuristics::{greedy_drops_until, plan_with_drops, sqrt_drops};
 use crate::error::Result;
 
@@ -59,7 +59,7 @@ pub const EXACT_NODES: usize = 60;
 #[derive(Debug, Clone)]
 pub struct ScaleResult {
     /// The plan: the cheapest found within the budget, else the lowest-peak one.
-    pub plan: Vec<Op>,
+    pub plan: Vec<Instr>,
     /// Proven lower bound on `recompute cost / base cost` at this budget.
     pub lower_bound_overhead: f64,
     /// Which candidate won (`none`, `gap-milp`, `checkmate`, `greedy`, `sqrt`...).
@@ -71,13 +71,13 @@ pub struct ScaleResult {
 /// A replayed candidate.
 #[derive(Clone)]
 pub(super) struct Cand {
-    plan: Vec<Op>,
+    plan: Vec<Instr>,
     peak: u64,
     cost: f64,
     source: &'static str,
 }
 
-pub(super) fn measure(g: &RematGraph, plan: Vec<Op>, source: &'static str) -> Option<Cand> {
+pub(super) fn measure(g: &RematGraph, plan: Vec<Instr>, source: &'static str) -> Option<Cand> {
     let r = replay(g, &plan).ok()?;
     Some(Cand {
         plan,

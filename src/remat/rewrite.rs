@@ -22,7 +22,7 @@ use petgraph::stable_graph::NodeIndex;
 use prost::Message;
 
 use super::from_schedule::from_schedule;
-use super::graph::{replay, NodeId, Op, RematGraph, ValueId};
+use super::graph::{replay, Instr, NodeId, RematGraph, ValueId};
 use super::plan::PlanReport;
 use crate::choice::Choice;
 use crate::error::{Error, Result};
@@ -238,11 +238,11 @@ pub fn rewrite(
     let mut last_planned: Option<usize> = None;
     for op in &report.plan {
         match *op {
-            Op::Compute(i) => {
+            Instr::Compute(i) => {
                 w.emit(i, graph);
                 last_planned = Some(w.nodes.len() - 1);
             }
-            Op::Free(v) => {
+            Instr::Free(v) => {
                 let name = w.fname[v].clone();
                 match last_planned {
                     Some(k) => {
@@ -253,7 +253,7 @@ pub fn rewrite(
                 }
             }
         }
-        w.stats.frees += usize::from(matches!(op, Op::Free(_)));
+        w.stats.frees += usize::from(matches!(op, Instr::Free(_)));
     }
     for (k, fr) in frees.into_iter().enumerate() {
         if !fr.is_empty() {
@@ -787,7 +787,7 @@ pub struct ReadBack {
     /// costs the file records).
     pub graph: RematGraph,
     /// The plan.
-    pub plan: Vec<Op>,
+    pub plan: Vec<Instr>,
     /// The planner that made it.
     pub solver: String,
     /// The budget it was made for.
@@ -811,8 +811,8 @@ impl ReadBack {
         self.plan
             .iter()
             .filter(|op| match **op {
-                Op::Compute(i) => std::mem::replace(&mut seen[i], true),
-                Op::Free(_) => false,
+                Instr::Compute(i) => std::mem::replace(&mut seen[i], true),
+                Instr::Free(_) => false,
             })
             .count()
     }
@@ -823,7 +823,7 @@ impl ReadBack {
         let computes = self
             .plan
             .iter()
-            .filter(|o| matches!(o, Op::Compute(_)))
+            .filter(|o| matches!(o, Instr::Compute(_)))
             .count();
         let replayed = match replay(&self.graph, &self.plan) {
             Ok(r) => format!("replays to {}", human_bytes(r.peak_bytes)),
@@ -1059,7 +1059,7 @@ pub fn read_proto(m: ModelProto) -> Result<ReadBack> {
     };
     let mut plan = Vec::with_capacity(entries.len() * 2);
     for f in &initial_frees {
-        plan.push(Op::Free(value(f, "the model")?));
+        plan.push(Instr::Free(value(f, "the model")?));
     }
     let mut count = vec![0u32; n];
     let mut implicit_nodes = 0;
@@ -1116,9 +1116,9 @@ pub fn read_proto(m: ModelProto) -> Result<ReadBack> {
                 g.nodes[e.id].cost = c;
             }
         }
-        plan.push(Op::Compute(e.id));
+        plan.push(Instr::Compute(e.id));
         for f in &e.frees {
-            plan.push(Op::Free(value(f, &at)?));
+            plan.push(Instr::Free(value(f, &at)?));
         }
     }
     let done = count.iter().map(|&c| c as u64).sum::<u64>();

@@ -84,7 +84,7 @@ use crate::infer::Inferred;
 use crate::ir::{DType, Model, TensorId};
 use crate::numeric::{rng, Tensor};
 use crate::ops::{registry, BackwardCx, KernelCx, Saved};
-use crate::remat::graph::{Op as PlanOp, RematGraph};
+use crate::remat::graph::{Instr as PlanOp, RematGraph};
 use crate::train::{
     FusedKind, FusedPattern, Loss, Optimizer, Schedule, StepKind, StorageId, StorageKind,
 };
