@@ -135,21 +135,7 @@ pub fn elementwise(out: &[usize], inputs: &[(&[usize], Option<&[usize]>)]) -> Ve
         }
     }
     // Broadcast strides per input, over the output's dims.
-    let bst: Vec<Vec<usize>> = ins
-        .iter()
-        .map(|(sh, st)| {
-            let lead = n.saturating_sub(sh.len());
-            (0..n)
-                .map(|j| {
-                    if j < lead || (sh[j - lead] == 1 && out[j] != 1) {
-                        0
-                    } else {
-                        st[j - lead]
-                    }
-                })
-                .collect()
-        })
-        .collect();
+    let bst: Vec<Vec<usize>> = ins.iter().map(|(sh, st)| expand(sh, st, out)).collect();
     // perm[0] is the fastest dim; start from row-major (n-1, ..., 0).
     let mut perm: Vec<usize> = (0..n).rev().collect();
     let should_swap = |d0: usize, d1: usize| -> i32 {
@@ -203,11 +189,6 @@ fn is_dense(shape: &[usize], strides: &[usize]) -> bool {
         expected = expected.saturating_mul(shape[d]);
     }
     true
-}
-
-/// Whether `reshape(shape/strides → new)` copies.
-pub fn reshape_copies(shape: &[usize], strides: &[usize], new: &[usize]) -> bool {
-    view(shape, strides, new).is_none()
 }
 
 #[cfg(test)]
@@ -288,6 +269,6 @@ mod tests {
         // GQA: [B, 1, S, D] expanded over heads cannot merge B with H.
         let st = expand(&[2, 1, 4, 5], &[20, 20, 5, 1], &[2, 3, 4, 5]);
         assert_eq!(st, vec![20, 0, 5, 1]);
-        assert!(reshape_copies(&[2, 3, 4, 5], &st, &[6, 4, 5]));
+        assert_eq!(view(&[2, 3, 4, 5], &st, &[6, 4, 5]), None);
     }
 }

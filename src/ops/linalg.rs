@@ -70,9 +70,6 @@ pub fn matmul_copies(a: MatMulOperand, b: MatMulOperand) -> Vec<(usize, Vec<usiz
     if da == 0 || db == 0 || (da <= 2 && db <= 2) {
         return Vec::new();
     }
-    let copies = |sh: &[usize], st: Option<&[usize]>, new: &[usize]| -> bool {
-        sh != new && st.is_none_or(|st| layout::view(sh, st, new).is_none())
-    };
     // should_fold.
     let a_larger = da >= db;
     let (t1sh, t1st): (Vec<usize>, Option<Vec<usize>>) = if a_larger {
@@ -102,11 +99,9 @@ pub fn matmul_copies(a: MatMulOperand, b: MatMulOperand) -> Vec<(usize, Vec<usiz
         let last = t1sh[dim_t1 - 1];
         let folded = vec![t1sh[..dim_t1 - 1].iter().product(), last];
         let slot = if a_larger { 0 } else { 1 };
-        return if copies(&t1sh, t1st.as_deref(), &folded) {
-            vec![(slot, folded)]
-        } else {
-            Vec::new()
-        };
+        return expanded_copy(&t1sh, t1st.as_deref(), &t1sh, &folded)
+            .map(|c| vec![(slot, c)])
+            .unwrap_or_default();
     }
     // 3-D @ 3-D with one batch of 1 that requires grad: squeezed, then folded.
     if da == 3 && db == 3 && ash[0] != bsh[0] {
