@@ -1,31 +1,7 @@
 // elementwise.cu: unary and binary element-wise ops, comparisons, Where, Clip,
-// Dropout, and their backward. Reference: src/ops/elementwise.rs (unary_fn,
-// unary_derivative, binary_kernel, binary_backward, clip, dropout_kernel).
-// Op codes are `exec::cuda::ops::UnaryOp` / `BinaryOp` (keep in sync).
-
-// Unary op codes.
-#define U_IDENTITY 0
-#define U_RELU 1
-#define U_NEG 2
-#define U_ABS 3
-#define U_SQRT 4
-#define U_RECIPROCAL 5
-#define U_EXP 6
-#define U_LOG 7
-#define U_ERF 8
-#define U_TANH 9
-#define U_SIGMOID 10
-#define U_GELU 11
-#define U_GELU_TANH 12
-#define U_LEAKY_RELU 13
-#define U_SIN 14
-#define U_COS 15
-#define U_FLOOR 16
-#define U_CEIL 17
-#define U_SOFTPLUS 18
-#define U_HARD_SIGMOID 19
-#define U_HARD_SWISH 20
-#define U_ELU 21
+// Dropout, and their backward. Reference: src/ops/elementwise/ (the unary
+// table, binary_kernel, binary_backward, clip, dropout_kernel). Binary and
+// comparison codes are exec::cuda::ops::elementwise's `binary_code`/`compare_code`.
 
 __device__ __forceinline__ float mp_sigmoid(float x) {
     if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
@@ -35,85 +11,35 @@ __device__ __forceinline__ float mp_sigmoid(float x) {
 __device__ __forceinline__ float mp_softplus(float x) {
     return fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x)));
 }
-
-__device__ __forceinline__ float mp_unary(int op, float x, float alpha, float beta) {
-    switch (op) {
-    case U_IDENTITY: return x;
-    case U_RELU: return fmaxf(x, 0.0f);
-    case U_NEG: return -x;
-    case U_ABS: return fabsf(x);
-    case U_SQRT: return sqrtf(x);
-    case U_RECIPROCAL: return 1.0f / x;
-    case U_EXP: return expf(x);
-    case U_LOG: return logf(x);
-    case U_ERF: return erff(x);
-    case U_TANH: return tanhf(x);
-    case U_SIGMOID: return mp_sigmoid(x);
-    case U_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
-    case U_GELU_TANH: {
-        const float c = 0.79788456080286536f;
-        return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
-    }
-    case U_LEAKY_RELU: return x < 0.0f ? alpha * x : x;
-    case U_SIN: return sinf(x);
-    case U_COS: return cosf(x);
-    case U_FLOOR: return floorf(x);
-    case U_CEIL: return ceilf(x);
-    case U_SOFTPLUS: return mp_softplus(x);
-    case U_HARD_SIGMOID: return fminf(fmaxf(alpha * x + beta, 0.0f), 1.0f);
-    case U_HARD_SWISH: return x * fminf(fmaxf(x / 6.0f + 0.5f, 0.0f), 1.0f);
-    case U_ELU: return x < 0.0f ? alpha * expm1f(x) : x;
-    default: return __int_as_float(0x7fc00000);
-    }
+// Gelu: `tanh` 0 for the exact (erf) form, 1 for the tanh approximation.
+__device__ __forceinline__ float mp_gelu(float x, float tanh_form) {
+    if (tanh_form == 0.0f) return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    const float c = 0.79788456080286536f;
+    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
 }
-
-// f'(s): `s` is the saved input or output, as unary_derivative says per op.
-__device__ __forceinline__ float mp_unary_d(int op, float s, float alpha, float beta) {
-    switch (op) {
-    case U_IDENTITY: return 1.0f;
-    case U_NEG: return -1.0f;
-    case U_FLOOR: case U_CEIL: return 0.0f;
-    case U_ABS: return s == 0.0f ? 0.0f : copysignf(1.0f, s);
-    case U_LOG: return 1.0f / s;
-    case U_ERF: return 1.12837916709551257f * expf(-s * s);
-    case U_SIN: return cosf(s);
-    case U_COS: return -sinf(s);
-    case U_LEAKY_RELU: return s > 0.0f ? 1.0f : alpha;
-    case U_HARD_SIGMOID: {
-        float v = alpha * s + beta;
-        return (v > 0.0f && v < 1.0f) ? alpha : 0.0f;
-    }
-    case U_HARD_SWISH: return s < -3.0f ? 0.0f : (s > 3.0f ? 1.0f : s / 3.0f + 0.5f);
-    case U_SOFTPLUS: return mp_sigmoid(s);
-    case U_GELU: {
+__device__ __forceinline__ float mp_gelu_d(float s, float tanh_form) {
+    if (tanh_form == 0.0f) {
         float cdf = 0.5f * (1.0f + erff(s * 0.70710678118654752f));
         float pdf = expf(-0.5f * s * s) * (0.5f * 1.12837916709551257f) * 0.70710678118654752f;
         return cdf + s * pdf;
     }
-    case U_GELU_TANH: {
-        const float c = 0.79788456080286536f;
-        float t = tanhf(c * (s + 0.044715f * s * s * s));
-        return 0.5f * (1.0f + t) + 0.5f * s * (1.0f - t * t) * c * (1.0f + 3.0f * 0.044715f * s * s);
-    }
-    // From the output y.
-    case U_RELU: return s > 0.0f ? 1.0f : 0.0f;
-    case U_SQRT: return 0.5f / s;
-    case U_RECIPROCAL: return -s * s;
-    case U_EXP: return s;
-    case U_TANH: return 1.0f - s * s;
-    case U_SIGMOID: return s * (1.0f - s);
-    case U_ELU: return s > 0.0f ? 1.0f : s + alpha;
-    default: return __int_as_float(0x7fc00000);
-    }
+    const float c = 0.79788456080286536f;
+    float t = tanhf(c * (s + 0.044715f * s * s * s));
+    return 0.5f * (1.0f + t) + 0.5f * s * (1.0f - t * t) * c * (1.0f + 3.0f * 0.044715f * s * s);
 }
 
-extern "C" __global__ void unary_fwd_f32(int op, long long n, const float* x, float* y, float alpha, float beta) {
-    MP_GRID_LOOP(i, n) y[i] = mp_unary(op, x[i], alpha, beta);
+// mp_unary(op, x, alpha, beta, gamma) and mp_unary_d(op, s, ...): generated from
+// the unary table (src/ops/elementwise/unary.rs, `UNARY`; the op code is the
+// row's index) where this marker stands.
+// @unary-table
+
+extern "C" __global__ void unary_fwd_f32(int op, long long n, const float* x, float* y, float alpha, float beta, float gamma) {
+    MP_GRID_LOOP(i, n) y[i] = mp_unary(op, x[i], alpha, beta, gamma);
 }
 
 // dx = g * f'(s); `s` null for ops whose derivative reads nothing.
-extern "C" __global__ void unary_bwd_f32(int op, long long n, const float* g, const float* s, float* dx, float alpha, float beta) {
-    MP_GRID_LOOP(i, n) dx[i] = g[i] * mp_unary_d(op, s ? s[i] : 0.0f, alpha, beta);
+extern "C" __global__ void unary_bwd_f32(int op, long long n, const float* g, const float* s, float* dx, float alpha, float beta, float gamma) {
+    MP_GRID_LOOP(i, n) dx[i] = g[i] * mp_unary_d(op, s ? s[i] : 0.0f, alpha, beta, gamma);
 }
 
 // Binary op codes.
@@ -123,7 +49,6 @@ extern "C" __global__ void unary_bwd_f32(int op, long long n, const float* g, co
 #define B_DIV 3
 #define B_POW 4
 #define B_PRELU 5
-#define B_FMOD 6
 // Comparisons.
 #define C_EQUAL 0
 #define C_LESS 1
@@ -145,7 +70,6 @@ __device__ __forceinline__ float mp_binary(int op, float a, float b) {
     case B_DIV: return a / b;
     case B_POW: return mp_pow(a, b);
     case B_PRELU: return a < 0.0f ? a * b : a;
-    case B_FMOD: return fmodf(a, b);
     default: return __int_as_float(0x7fc00000);
     }
 }

@@ -28,12 +28,17 @@
 //!   differ from the CPU's: ReLU inputs within rounding of 0).
 #![cfg(feature = "cuda")]
 
+mod common;
+
+use std::collections::BTreeSet;
+
+use common::opcase::{Case, Rng};
 use memplan::exec::cuda::kernels;
 use memplan::exec::cuda::ops::{backward, forward, DevBackwardCx, DevKernelCx, Path};
 use memplan::exec::cuda::{probe, Device, DeviceTensor};
 use memplan::exec::cuda_src::SOURCES;
 use memplan::exec::Tensor;
-use memplan::ir::{Attr, Attrs, Data, Node, Value};
+use memplan::ir::Attr;
 use memplan::ops::{registry, BackwardCx, Cx, Fact, KernelCx, Saved};
 
 #[test]
@@ -101,110 +106,12 @@ fn device(test: &str) -> Option<Device> {
     }
 }
 
-/// SplitMix64 for test data.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn f(&mut self, lo: f32, hi: f32) -> f32 {
-        lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32)
-    }
-    fn range(&mut self, shape: &[usize], lo: f32, hi: f32) -> Tensor {
-        let n = shape.iter().product();
-        Tensor::f32(shape.to_vec(), (0..n).map(|_| self.f(lo, hi)).collect())
-    }
-    fn t(&mut self, shape: &[usize]) -> Tensor {
-        self.range(shape, -1.0, 1.0)
-    }
-}
-
 fn ints(v: &[i64]) -> Attr {
     Attr::Ints(v.to_vec())
 }
 
 fn scalar(v: f32) -> Tensor {
     Tensor::f32(vec![], vec![v])
-}
-
-/// One op application.
-struct Case {
-    op: &'static str,
-    attrs: Vec<(&'static str, Attr)>,
-    inputs: Vec<Tensor>,
-    consts: Vec<usize>,
-    n_out: usize,
-    grad_outs: usize,
-    opset: i64,
-}
-
-impl Case {
-    fn new(op: &'static str, inputs: Vec<Tensor>) -> Case {
-        Case {
-            op,
-            attrs: Vec::new(),
-            inputs,
-            consts: Vec::new(),
-            n_out: 1,
-            grad_outs: 1,
-            opset: 17,
-        }
-    }
-    fn attr(mut self, k: &'static str, a: Attr) -> Case {
-        self.attrs.push((k, a));
-        self
-    }
-    fn consts(mut self, c: &[usize]) -> Case {
-        self.consts = c.to_vec();
-        self
-    }
-    fn outs(mut self, n_out: usize, grad_outs: usize) -> Case {
-        self.n_out = n_out;
-        self.grad_outs = grad_outs;
-        self
-    }
-    fn opset(mut self, o: i64) -> Case {
-        self.opset = o;
-        self
-    }
-    fn node(&self) -> Node {
-        Node {
-            name: format!("test_{}", self.op),
-            op_type: self.op.into(),
-            domain: String::new(),
-            inputs: (0..self.inputs.len()).map(Some).collect(),
-            outputs: (0..self.n_out).map(|i| Some(100 + i)).collect(),
-            attrs: Attrs(
-                self.attrs
-                    .iter()
-                    .map(|(k, a)| (k.to_string(), a.clone()))
-                    .collect(),
-            ),
-        }
-    }
-    fn facts(&self) -> Vec<Fact> {
-        self.inputs
-            .iter()
-            .enumerate()
-            .map(|(i, t)| {
-                let mut f = Fact::new(t.dtype(), t.shape.clone());
-                if !t.dtype().is_float() && t.numel() <= 64 {
-                    f.value = Some(Value::ints(t.shape.clone(), t.to_i64s()));
-                } else if self.consts.contains(&i) {
-                    f.value = Some(Value {
-                        shape: t.shape.clone(),
-                        data: Data::Float(t.to_f64s()),
-                    });
-                }
-                f
-            })
-            .collect()
-    }
 }
 
 /// `max|got − want| ≤ 1e-4 · max|want|` for floats, equality otherwise.
@@ -648,6 +555,14 @@ fn cases(r: &mut Rng) -> Vec<Case> {
             Tensor::i64(vec![1, 3], vec![1, 0, 1]),
         ],
     ));
+    // Rounding (inputs away from the integers; zero gradients), ReduceMin, and
+    // CastLike to the type of its second input.
+    for op in ["Floor", "Ceil"] {
+        v.push(Case::new(op, vec![r.range(&[3, 4], -2.4, -1.6)]));
+    }
+    v.push(Case::new("ReduceMin", vec![r.t(&[2, 3, 4])]).attr("axes", ints(&[1])));
+    let like = Tensor::i64(vec![1], vec![0]);
+    v.push(Case::new("CastLike", vec![r.t(&[2, 3]), like]));
     // A host op (shape computation) through the fallback.
     v.push(Case::new("Shape", vec![r.t(&[2, 3])]));
     v
@@ -671,6 +586,24 @@ fn emulated(test: &str) -> Option<Device> {
     let emu = memplan::exec::cuda::emulate::Emulator::build(dir.path(), &cxx)
         .unwrap_or_else(|e| panic!("{e}"));
     Some(Device::emulated(emu))
+}
+
+/// Every op with device kernels has a case in [`cases`], so that
+/// `ops_agree_with_cpu[_emulated]` checks its launchers against the CPU.
+#[test]
+fn every_device_op_has_a_case() {
+    let covered: BTreeSet<&str> = cases(&mut Rng(0xC0DA)).iter().map(|c| c.op).collect();
+    let reg = registry();
+    let missing: Vec<&str> = reg
+        .names()
+        .into_iter()
+        .filter(|n| !reg.get("", n).unwrap().cuda_kernels(n).forward.is_empty())
+        .filter(|n| !covered.contains(n))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "ops with device kernels but no case: {missing:?}"
+    );
 }
 
 /// Every case of [`cases`] on `dev`, against the CPU.

@@ -13,44 +13,64 @@ pub struct Source {
     pub file: &'static str,
     /// Its text (without [`COMMON`]).
     pub code: &'static str,
+    /// Code generated from the op tables, put where the line [`GENERATED_MARK`] stands.
+    pub generated: Option<fn() -> String>,
 }
+
+/// The line of a kernels/ source that its [`Source::generated`] code replaces.
+pub const GENERATED_MARK: &str = "// @unary-table";
 
 /// Every kernel source, in a fixed order.
 pub const SOURCES: &[Source] = &[
     Source {
         file: "elementwise.cu",
         code: include_str!("../../kernels/elementwise.cu"),
+        generated: Some(crate::ops::elementwise::cuda_switches),
     },
     Source {
         file: "reduce.cu",
         code: include_str!("../../kernels/reduce.cu"),
+        generated: None,
     },
     Source {
         file: "softmax.cu",
         code: include_str!("../../kernels/softmax.cu"),
+        generated: None,
     },
     Source {
         file: "norm.cu",
         code: include_str!("../../kernels/norm.cu"),
+        generated: None,
     },
     Source {
         file: "pool.cu",
         code: include_str!("../../kernels/pool.cu"),
+        generated: None,
     },
     Source {
         file: "conv.cu",
         code: include_str!("../../kernels/conv.cu"),
+        generated: None,
     },
     Source {
         file: "shape.cu",
         code: include_str!("../../kernels/shape.cu"),
+        generated: None,
     },
 ];
 
 impl Source {
     /// The program NVRTC compiles: [`COMMON`] then the file.
     pub fn program(&self) -> String {
-        format!("{COMMON}\n#line 1 \"{}\"\n{}", self.file, self.code)
+        format!("{COMMON}\n#line 1 \"{}\"\n{}", self.file, self.text())
+    }
+
+    /// The file's text with its generated code in place.
+    pub fn text(&self) -> String {
+        match self.generated {
+            Some(g) => self.code.replacen(GENERATED_MARK, &g(), 1),
+            None => self.code.to_string(),
+        }
     }
 
     /// Names of the kernels the file defines: every `extern "C" __global__ void
@@ -102,6 +122,18 @@ mod tests {
         all.sort_unstable();
         all.dedup();
         assert_eq!(all.len(), n, "a kernel name is defined twice");
+    }
+
+    #[test]
+    fn generated_code_has_its_place() {
+        for src in SOURCES {
+            let marks = src.code.matches(GENERATED_MARK).count();
+            assert_eq!(marks, src.generated.is_some() as usize, "{}", src.file);
+            assert!(!src.text().contains(GENERATED_MARK), "{}", src.file);
+        }
+        let text = SOURCES[0].text();
+        assert!(text.contains("float mp_unary(int op"));
+        assert!(text.contains("float mp_unary_d(int op"));
     }
 
     #[test]

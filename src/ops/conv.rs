@@ -3,8 +3,8 @@
 use rayon::prelude::*;
 
 use super::{
-    dim, no_backward_kernel, no_kernel, numel, Arity, Backward, BackwardCx, CudaKernels, Cx, Fact,
-    Grad, KernelCx, Op, Registry, RuleResult, Saved, Storage, CUBLAS_SGEMM,
+    dim, no_backward_kernel, no_kernel, numel, Arity, Autocast, Backward, BackwardCx, CudaKernels,
+    Cx, Fact, Grad, KernelCx, Op, Registry, RuleResult, Saved, Storage, CUBLAS_SGEMM,
 };
 use crate::ir::{Attrs, DType};
 use crate::numeric::gemm::{sgemm, Mat};
@@ -201,6 +201,9 @@ impl Op for Conv {
             &["im2col_f32", "col2im_f32", CUBLAS_SGEMM, "channel_sum_f32"],
         )
     }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Half
+    }
 }
 
 /// `ConvTranspose(X, W, B?)`, W = `[C, M/group, k...]`.
@@ -286,6 +289,9 @@ impl Op for ConvTranspose {
     /// Runs on the host on the GPU backend (no device kernels yet).
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::HOST
+    }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Half
     }
 }
 
@@ -378,8 +384,12 @@ impl Op for Pool {
                 &["maxpool2d_bwd_f32"],
             ),
             "AveragePool" => CudaKernels::new(&["avgpool2d_fwd_f32"], &["avgpool2d_bwd_f32"]),
-            _ => CudaKernels::HOST,
+            "LpPool" => CudaKernels::HOST,
+            _ => CudaKernels::UNLISTED,
         }
+    }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
     }
 }
 
@@ -473,8 +483,12 @@ impl Op for GlobalPool {
             "GlobalAveragePool" => {
                 CudaKernels::new(&["global_avgpool_fwd_f32"], &["global_avgpool_bwd_f32"])
             }
-            _ => CudaKernels::HOST,
+            "GlobalMaxPool" | "GlobalLpPool" => CudaKernels::HOST,
+            _ => CudaKernels::UNLISTED,
         }
+    }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
     }
 }
 

@@ -7,8 +7,8 @@ use std::collections::BTreeSet;
 use rayon::prelude::*;
 
 use super::{
-    layout, Arity, Backward, BackwardCx, CudaKernels, Cx, Fact, Grad, KernelCx, Op, Registry,
-    RuleResult, Saved, Storage,
+    layout, Arity, Autocast, Backward, BackwardCx, CudaKernels, Cx, Fact, Grad, KernelCx, Op,
+    Registry, RuleResult, Saved, Storage,
 };
 use crate::numeric::broadcast::{affine_offsets, strides};
 use crate::numeric::gemm::{sgemm, Mat};
@@ -737,6 +737,9 @@ impl Op for Einsum {
     /// No device kernel: the host path (downloaded operands, the CPU kernel).
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::HOST
+    }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Half
     }
 }
 

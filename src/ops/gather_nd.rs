@@ -4,8 +4,8 @@
 //! exporter writes PyTorch's advanced indexing `x[i0, i1]` with tensor indices.
 
 use super::{
-    no_gradient, Arity, Backward, BackwardCx, CudaKernels, Cx, Fact, KernelCx, Op, Registry,
-    RuleResult, Saved, Storage,
+    no_gradient, Arity, Autocast, Backward, BackwardCx, CudaKernels, Cx, Fact, KernelCx, Op,
+    Registry, RuleResult, Saved, Storage,
 };
 use crate::ir::value::MAX_FOLD_ELEMS;
 use crate::ir::{Attrs, Value};
@@ -209,6 +209,9 @@ impl Op for GatherND {
     /// No device kernel: the host path (downloaded inputs, the CPU kernels).
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::HOST
+    }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
     }
 }
 

@@ -8,8 +8,8 @@
 use rayon::prelude::*;
 
 use super::{
-    Arity, Backward, BackwardCx, CudaKernels, Cx, Fact, KernelCx, Op, Registry, RuleResult, Saved,
-    Storage,
+    Arity, Autocast, Backward, BackwardCx, CudaKernels, Cx, Fact, KernelCx, Op, Registry,
+    RuleResult, Saved, Storage,
 };
 use crate::ir::Attrs;
 use crate::numeric::Tensor;
@@ -565,6 +565,9 @@ impl Op for GridSample {
     /// No device kernel: the host path (downloaded inputs, the CPU kernels).
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::HOST
+    }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
     }
 }
 

@@ -3,8 +3,8 @@
 use rayon::prelude::*;
 
 use super::{
-    broadcast, layout, Arity, Backward, BackwardCx, CudaKernels, Cx, Fact, Grad, KernelCx, Op,
-    Registry, RuleResult, Saved, Storage, CUBLAS_SGEMM,
+    broadcast, layout, Arity, Autocast, Backward, BackwardCx, CudaKernels, Cx, Fact, Grad,
+    KernelCx, Op, Registry, RuleResult, Saved, Storage, CUBLAS_SGEMM,
 };
 use crate::numeric::broadcast::for_each;
 use crate::numeric::gemm::{sgemm, Mat};
@@ -343,6 +343,9 @@ impl Op for MatMul {
             &[CUBLAS_SGEMM, "strided_copy_b4", "reduce_f32"],
         )
     }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Half
+    }
 }
 
 /// `Gemm(A, B, C?) = alpha·A'·B' + beta·C`, A' = transA ? Aᵀ : A.
@@ -513,6 +516,9 @@ impl Op for Gemm {
             &[CUBLAS_SGEMM, "strided_copy_b4"],
             &[CUBLAS_SGEMM, "reduce_f32", "strided_copy_b4"],
         )
+    }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Half
     }
 }
 

@@ -303,6 +303,20 @@ pub trait Op: Send + Sync {
     /// CPU kernel on downloaded inputs), as the integer shape computations do.
     /// cuBLAS GEMMs are listed as [`CUBLAS_SGEMM`].
     fn cuda_kernels(&self, op_type: &str) -> CudaKernels;
+    /// How PyTorch's autocast runs `op_type` (ops sharing an impl may differ by
+    /// name); the training schedule's precision policy turns it into dtypes.
+    fn autocast(&self, op_type: &str) -> Autocast;
+}
+
+/// How PyTorch's autocast treats an op.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Autocast {
+    /// Runs in the half type (autocast's lower-precision list: convolutions, matrix products).
+    Half,
+    /// Runs in float32 (autocast's fp32 list: softmax, norms, sums, exp/log/pow...).
+    Full,
+    /// Runs in the widest floating type of its inputs (everything else).
+    Promote,
 }
 
 /// Stands for cuBLAS's strided-batched SGEMM in [`CudaKernels`] lists (not a
@@ -310,12 +324,15 @@ pub trait Op: Send + Sync {
 pub const CUBLAS_SGEMM: &str = "cublasSgemmStridedBatched";
 
 /// The CUDA kernels of one op, forward and backward ([`Op::cuda_kernels`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CudaKernels {
     /// Kernels of the forward launcher.
     pub forward: &'static [&'static str],
     /// Kernels of the backward launcher (empty: no gradient, or host).
     pub backward: &'static [&'static str],
+    /// False for [`CudaKernels::UNLISTED`]: the op family's match has no arm for
+    /// this op type (the registry-wide test fails on it).
+    pub listed: bool,
 }
 
 impl CudaKernels {
@@ -323,6 +340,14 @@ impl CudaKernels {
     pub const HOST: CudaKernels = CudaKernels {
         forward: &[],
         backward: &[],
+        listed: true,
+    };
+
+    /// What a family's match gives an op type it does not name: runs on the host,
+    /// and fails `tests/op_registry.rs`, so that no op gets it silently.
+    pub const UNLISTED: CudaKernels = CudaKernels {
+        listed: false,
+        ..CudaKernels::HOST
     };
 
     /// `forward` and `backward` kernels.
@@ -330,7 +355,11 @@ impl CudaKernels {
         forward: &'static [&'static str],
         backward: &'static [&'static str],
     ) -> CudaKernels {
-        CudaKernels { forward, backward }
+        CudaKernels {
+            forward,
+            backward,
+            listed: true,
+        }
     }
 }
 

@@ -4,8 +4,8 @@
 use rayon::prelude::*;
 
 use super::{
-    axis, no_backward_kernel, no_gradient, no_kernel, Arity, Backward, BackwardCx, CudaKernels, Cx,
-    Fact, Grad, KernelCx, Op, Registry, RuleResult, Saved, Storage,
+    axis, no_backward_kernel, no_gradient, no_kernel, Arity, Autocast, Backward, BackwardCx,
+    CudaKernels, Cx, Fact, Grad, KernelCx, Op, Registry, RuleResult, Saved, Storage,
 };
 use crate::ir::DType;
 use crate::numeric::broadcast::for_each;
@@ -115,6 +115,9 @@ impl Op for BatchNorm {
             &["bn_bwd_reduce_f32", "bn_bwd_dx_f32", "bn_bwd_params_f32"],
         )
     }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
+    }
 }
 
 /// `LayerNormalization(X, Scale, B?) -> (Y, Mean?, InvStdDev?)` over axes `axis..`.
@@ -214,6 +217,9 @@ impl Op for LayerNorm {
             ],
         )
     }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Full
+    }
 }
 
 /// `InstanceNormalization(X, scale, B)` and `GroupNormalization(X, scale, B)`: Y like X.
@@ -281,6 +287,9 @@ impl Op for SameShapeNorm {
     /// Runs on the host on the GPU backend (no device kernels yet).
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::HOST
+    }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Full
     }
 }
 
@@ -369,7 +378,15 @@ impl Op for Softmax {
             "Softmax" | "LogSoftmax" => {
                 CudaKernels::new(&["softmax_fwd_f32"], &["softmax_bwd_f32"])
             }
-            _ => CudaKernels::HOST,
+            "Hardmax" => CudaKernels::HOST,
+            _ => CudaKernels::UNLISTED,
+        }
+    }
+    fn autocast(&self, op_type: &str) -> Autocast {
+        if op_type == "Hardmax" {
+            Autocast::Promote
+        } else {
+            Autocast::Full
         }
     }
 }
@@ -440,6 +457,9 @@ impl Op for LpNorm {
     /// Runs on the host on the GPU backend (no device kernels yet).
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::HOST
+    }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Full
     }
 }
 

@@ -23,8 +23,8 @@
 //! needs.
 
 use super::{
-    dtype_attr, no_gradient, Arity, Backward, BackwardCx, CudaKernels, Cx, Fact, KernelCx, Op,
-    Registry, RuleResult, Storage,
+    dtype_attr, no_gradient, Arity, Autocast, Backward, BackwardCx, CudaKernels, Cx, Fact,
+    KernelCx, Op, Registry, RuleResult, Storage,
 };
 use crate::ir::DType;
 use crate::numeric::{rng, Tensor};
@@ -136,6 +136,9 @@ impl Op for Random {
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::HOST
     }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
+    }
 }
 
 /// `Bernoulli(p) -> y`: `y[i] = 1` with probability `p[i]`, of the `dtype` attribute
@@ -201,6 +204,9 @@ impl Op for Bernoulli {
     /// Host: see the module documentation.
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::HOST
+    }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
     }
 }
 

@@ -1,7 +1,7 @@
 //! Reductions along axes (ReduceSum, ReduceMean, ...), ArgMax/ArgMin, TopK, CumSum.
 
 use super::{
-    axis, dim, no_backward_kernel, no_gradient, no_kernel, Arity, Backward, BackwardCx,
+    axis, dim, no_backward_kernel, no_gradient, no_kernel, Arity, Autocast, Backward, BackwardCx,
     CudaKernels, Cx, Fact, KernelCx, Op, Registry, RuleResult, Saved, Storage,
 };
 use crate::ir::value::MAX_FOLD_ELEMS;
@@ -35,6 +35,7 @@ struct Reduce {
     flops_per_elem: u64,
     fold: Option<Fold>,
     mean: bool,
+    autocast: Autocast,
 }
 
 impl Reduce {
@@ -291,8 +292,13 @@ impl Op for Reduce {
                 CudaKernels::new(&["reduce_f32"], &["strided_copy_b4", "scale_f32"])
             }
             "ReduceMax" | "ReduceMin" => CudaKernels::new(&["reduce_f32"], &[]),
-            _ => CudaKernels::HOST,
+            "ReduceProd" | "ReduceL1" | "ReduceL2" | "ReduceSumSquare" | "ReduceLogSum"
+            | "ReduceLogSumExp" => CudaKernels::HOST,
+            _ => CudaKernels::UNLISTED,
         }
+    }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        self.autocast
     }
 }
 
@@ -356,6 +362,9 @@ impl Op for ArgReduce {
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::HOST
     }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
+    }
 }
 
 /// `TopK(X, K) -> (values, indices)`; K must be a constant.
@@ -380,9 +389,13 @@ impl Op for TopK {
             Fact::new(DType::I64, shape),
         ])
     }
+    /// `floor(log2 K) + 1` compares per input element, K read along the axis.
     fn flops(&self, cx: &Cx, out: &[Fact]) -> u64 {
-        let k = out[0].shape.iter().copied().max().unwrap_or(1).max(1) as u64;
-        (64 - k.leading_zeros() as u64 + 1).saturating_mul(cx.inputs[0].map_or(0, Fact::numel))
+        let rank = out[0].shape.len();
+        let k = axis(cx.attrs().int_or("axis", -1), rank)
+            .ok()
+            .map_or(1, |a| out[0].shape[a].max(1)) as u64;
+        (k.ilog2() as u64 + 1).saturating_mul(cx.inputs[0].map_or(0, Fact::numel))
     }
     /// TopkBackward scatters the gradient through the saved indices (output 1).
     fn backward(&self, cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
@@ -403,6 +416,9 @@ impl Op for TopK {
     /// Runs on the host on the GPU backend (no device kernels yet).
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::HOST
+    }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
     }
 }
 
@@ -538,26 +554,29 @@ impl Op for CumSum {
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::HOST
     }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Full
+    }
 }
 
 /// Registers reductions.
 pub fn register(r: &mut Registry) {
+    // Autocast runs every sum-like reduction in float32, max and min in the input type.
     let red = |from, flops, fold, mean| Reduce {
         axes_input_from: from,
         flops_per_elem: flops,
         fold,
         mean,
+        autocast: Autocast::Full,
+    };
+    let order = |fold| Reduce {
+        autocast: Autocast::Promote,
+        ..red(18, 1, Some(fold), false)
     };
     r.add("ReduceSum", red(13, 1, Some((0.0, |a, b| a + b)), false));
     r.add("ReduceMean", red(18, 1, Some((0.0, |a, b| a + b)), true));
-    r.add(
-        "ReduceMax",
-        red(18, 1, Some((f64::NEG_INFINITY, f64::max)), false),
-    );
-    r.add(
-        "ReduceMin",
-        red(18, 1, Some((f64::INFINITY, f64::min)), false),
-    );
+    r.add("ReduceMax", order((f64::NEG_INFINITY, f64::max)));
+    r.add("ReduceMin", order((f64::INFINITY, f64::min)));
     r.add("ReduceProd", red(18, 1, Some((1.0, |a, b| a * b)), false));
     r.add("ReduceL1", red(18, 2, None, false));
     r.add("ReduceL2", red(18, 2, None, false));

@@ -5,8 +5,8 @@
 use rayon::prelude::*;
 
 use super::{
-    axis, Arity, Backward, BackwardCx, CudaKernels, Cx, Fact, KernelCx, Op, Registry, RuleResult,
-    Storage,
+    axis, Arity, Autocast, Backward, BackwardCx, CudaKernels, Cx, Fact, KernelCx, Op, Registry,
+    RuleResult, Storage,
 };
 use crate::ir::Attrs;
 use crate::numeric::broadcast::strides;
@@ -647,6 +647,9 @@ impl Op for Resize {
     /// No device kernel: the host path (downloaded input, the CPU kernel).
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::HOST
+    }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
     }
 }
 

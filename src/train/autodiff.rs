@@ -251,16 +251,11 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         let mut reads = Vec::new();
         let mut slots = Vec::with_capacity(node.inputs.len());
         // Casts under AMP.
-        let class = super::policy::op_class(&node.op_type);
-        let target = if prec.is_amp() {
-            match class {
-                super::policy::OpClass::Half => prec.half(),
-                super::policy::OpClass::Full => Some(DType::F32),
-                super::policy::OpClass::Promote => None,
-            }
-        } else {
-            None
-        };
+        let class = reg
+            .get(&node.domain, &node.op_type)
+            .expect("inferred model")
+            .autocast(&node.op_type);
+        let target = prec.input_dtype(class);
         for t in &node.inputs {
             let Some(t) = *t else {
                 slots.push(None);
@@ -357,7 +352,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
             .max_by_key(|d| d.bits());
         for t in node.outputs.iter().flatten() {
             if is_float(*t) {
-                float_dtype[*t] = Some(prec.output_dtype(&node.op_type, widest));
+                float_dtype[*t] = Some(prec.output_dtype(class, widest));
             }
         }
         // Output storages.

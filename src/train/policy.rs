@@ -3,8 +3,10 @@
 //! | op class | fp32 | amp-fp16 / amp-bf16 | bf16 |
 //! |---|---|---|---|
 //! | Conv, ConvTranspose, MatMul, Gemm ("lower precision" list) | fp32 | inputs cast to half, output half | bf16 |
-//! | Softmax, LogSoftmax, LayerNorm, Group/InstanceNorm, Reduce*, Pow, Exp, Log, Erf?, losses ("fp32" list) | fp32 | inputs cast to fp32, output fp32 | bf16 |
+//! | Softmax, LogSoftmax, LayerNorm, Group/InstanceNorm, LpNorm, sum-like Reduce*, CumSum, Pow, Exp, Log, Softplus, losses ("fp32" list) | fp32 | inputs cast to fp32, output fp32 | bf16 |
 //! | everything else (element-wise, BatchNorm, data movement) | fp32 | runs in the widest input type | bf16 |
+//!
+//! Each op states its class beside its other rules ([`crate::ops::Op::autocast`]).
 //!
 //! Under AMP the parameters stay fp32 (master weights), each weight read by a
 //! lower-precision op is cast to half once and the copy is cached for the step
@@ -12,6 +14,7 @@
 //! pure bf16 training: parameters, activations, gradients and states all bf16.
 
 use crate::ir::DType;
+use crate::ops::Autocast;
 
 /// A precision policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -37,46 +40,6 @@ crate::choice::choice!(Precision {
     Bf16 => "bf16", "Model and optimizer in bfloat16";
 });
 
-/// How autocast treats an op.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OpClass {
-    /// Runs in the half type (autocast's lower-precision list).
-    Half,
-    /// Runs in float32 (autocast's fp32 list).
-    Full,
-    /// Runs in the widest floating type of its inputs.
-    Promote,
-}
-
-/// The autocast class of an ONNX op type: the one table of the policy.
-pub fn op_class(op_type: &str) -> OpClass {
-    match op_type {
-        // Einsum is not on autocast's lists itself, but torch.einsum runs as bmm,
-        // which is: its result is the half type.
-        "Conv" | "ConvTranspose" | "MatMul" | "Gemm" | "Einsum" => OpClass::Half,
-        "Softmax"
-        | "LogSoftmax"
-        | "LayerNormalization"
-        | "GroupNormalization"
-        | "InstanceNormalization"
-        | "LpNormalization"
-        | "ReduceSum"
-        | "ReduceMean"
-        | "ReduceProd"
-        | "ReduceL1"
-        | "ReduceL2"
-        | "ReduceSumSquare"
-        | "ReduceLogSum"
-        | "ReduceLogSumExp"
-        | "Pow"
-        | "Exp"
-        | "Log"
-        | "CumSum"
-        | "Softplus" => OpClass::Full,
-        _ => OpClass::Promote,
-    }
-}
-
 impl Precision {
     /// The half type used by lower-precision ops (`None` for fp32).
     pub fn half(self) -> Option<DType> {
@@ -100,16 +63,28 @@ impl Precision {
         }
     }
 
-    /// Output float type of an op given its float inputs' types.
-    pub fn output_dtype(self, op_type: &str, input_float: Option<DType>) -> DType {
+    /// The float type autocast casts an op's float inputs to (`None`: left as they are).
+    pub fn input_dtype(self, class: Autocast) -> Option<DType> {
+        if !self.is_amp() {
+            return None;
+        }
+        match class {
+            Autocast::Half => self.half(),
+            Autocast::Full => Some(DType::F32),
+            Autocast::Promote => None,
+        }
+    }
+
+    /// Output float type of an op of autocast class `class` given its float inputs' types.
+    pub fn output_dtype(self, class: Autocast, input_float: Option<DType>) -> DType {
         let widest = input_float.unwrap_or(DType::F32);
         match self {
             Precision::Fp32 => DType::F32,
             Precision::Bf16 => DType::BF16,
-            Precision::AmpFp16 | Precision::AmpBf16 => match op_class(op_type) {
-                OpClass::Half => self.half().expect("amp has a half type"),
-                OpClass::Full => DType::F32,
-                OpClass::Promote => widest,
+            Precision::AmpFp16 | Precision::AmpBf16 => match class {
+                Autocast::Half => self.half().expect("amp has a half type"),
+                Autocast::Full => DType::F32,
+                Autocast::Promote => widest,
             },
         }
     }

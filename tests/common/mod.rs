@@ -1,6 +1,8 @@
 //! Builds small ONNX models in Rust (no Python) for tests.
 #![allow(dead_code)]
 
+pub mod opcase;
+
 use std::path::PathBuf;
 
 use memplan::onnx::proto::{

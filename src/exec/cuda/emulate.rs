@@ -40,7 +40,7 @@ pub fn program() -> String {
     let mut s = String::from(PRELUDE);
     s.push_str(COMMON);
     for src in SOURCES {
-        s.push_str(&format!("\n#line 1 \"{}\"\n{}\n", src.file, src.code));
+        s.push_str(&format!("\n#line 1 \"{}\"\n{}\n", src.file, src.text()));
     }
     s.push_str(
         r#"

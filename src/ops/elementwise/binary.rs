@@ -16,6 +16,7 @@ pub(super) enum BinKind {
 pub(super) struct Binary {
     pub(super) flops_per_elem: u64,
     pub(super) kind: BinKind,
+    pub(super) autocast: Autocast,
 }
 
 /// Folds an element-wise op over broadcast inputs when all values are known.
@@ -176,8 +177,12 @@ impl Op for Binary {
             "Equal" | "Less" | "LessOrEqual" | "Greater" | "GreaterOrEqual" => {
                 CudaKernels::new(&["compare_f32"], &[])
             }
-            _ => CudaKernels::HOST,
+            "Mod" | "PRelu" | "BitShift" | "And" | "Or" | "Xor" => CudaKernels::HOST,
+            _ => CudaKernels::UNLISTED,
         }
+    }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        self.autocast
     }
 }
 

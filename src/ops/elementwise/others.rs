@@ -81,6 +81,9 @@ impl Op for Variadic {
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::HOST
     }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
+    }
 }
 
 /// `Where(cond, x, y)`: broadcast of three. FLOPs: 1 select per output element.
@@ -181,6 +184,9 @@ impl Op for Where {
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::new(&["where_f32"], &["where_bwd_f32", "reduce_f32"])
     }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
+    }
 }
 
 /// `Cast` (attribute `to`) and `CastLike` (type of input 1). Data movement: 0 FLOPs.
@@ -269,6 +275,9 @@ impl Op for Cast {
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::new(&["cast_any"], &["strided_copy_b4"])
     }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
+    }
 }
 
 /// `Clip(x, min?, max?)` (opset 11+ inputs; older `min`/`max` attributes).
@@ -344,6 +353,9 @@ impl Op for Clip {
     /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::new(&["clip_fwd_f32"], &["clip_bwd_f32"])
+    }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
     }
 }
 
@@ -473,6 +485,9 @@ impl Op for Dropout {
             &["dropout_fwd_f32", "strided_copy_b1", "strided_copy_b4"],
             &["dropout_bwd_f32", "strided_copy_b4"],
         )
+    }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
     }
 }
 

@@ -143,6 +143,9 @@ impl Op for Concat {
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::new(COPIES, &["strided_copy_b4"])
     }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
+    }
 }
 
 /// `Split(x, split?)` along `axis`: sizes from input 1 (opset 13+) or the `split`
@@ -268,6 +271,9 @@ impl Op for Split {
     /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::new(COPIES, &["strided_copy_b4"])
+    }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
     }
 }
 
@@ -453,6 +459,9 @@ impl Op for Slice {
     /// rotary embeddings slice); any other slice runs on the host there.
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::new(COPIES, &["strided_copy_b4"])
+    }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
     }
 }
 
@@ -650,6 +659,9 @@ impl Op for Gather {
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::new(&["gather_f32"], &["gather_bwd_f32"])
     }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
+    }
 }
 
 /// `GatherElements(data, indices)`: the shape of `indices`.
@@ -745,5 +757,8 @@ impl Op for GatherElements {
             ],
             &[],
         )
+    }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
     }
 }

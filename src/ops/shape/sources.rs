@@ -87,6 +87,9 @@ impl Op for Constant {
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::HOST
     }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
+    }
 }
 
 /// `Shape(x)` with optional `start`/`end` (opset 15): int64 vector, always folded.
@@ -134,6 +137,9 @@ impl Op for ShapeOp {
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::HOST
     }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
+    }
 }
 
 /// `Size(x)`: int64 scalar, folded.
@@ -169,6 +175,9 @@ impl Op for Size {
     /// Runs on the host on the GPU backend (no device kernels yet).
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::HOST
+    }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
     }
 }
 
@@ -236,6 +245,9 @@ impl Op for ConstantOfShape {
     /// Runs on the host on the GPU backend (no device kernels yet).
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::HOST
+    }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
     }
 }
 
@@ -312,6 +324,9 @@ impl Op for Range {
     /// Runs on the host on the GPU backend (no device kernels yet).
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::HOST
+    }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
     }
 }
 
@@ -438,6 +453,9 @@ impl Op for LikeInput {
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::HOST
     }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
+    }
 }
 
 /// `NonZero(x)`: only when `x` is a known constant (its output shape depends on data).
@@ -499,5 +517,8 @@ impl Op for NonZero {
     /// Runs on the host on the GPU backend (no device kernels yet).
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::HOST
+    }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
     }
 }

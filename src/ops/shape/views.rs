@@ -94,6 +94,9 @@ impl Op for Reshape {
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::new(COPIES, &["strided_copy_b4"])
     }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
+    }
 }
 
 /// `Flatten(x)` to 2-D at `axis` (default 1).
@@ -153,6 +156,9 @@ impl Op for Flatten {
     /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::new(COPIES, &["strided_copy_b4"])
+    }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
     }
 }
 
@@ -255,6 +261,9 @@ impl Op for Transpose {
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::new(COPIES, &["strided_copy_b4"])
     }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
+    }
 }
 
 /// Axes of Squeeze/Unsqueeze: attribute before opset 13, input 1 from 13.
@@ -334,6 +343,9 @@ impl Op for Squeeze {
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::new(COPIES, &["strided_copy_b4"])
     }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
+    }
 }
 
 /// `Unsqueeze(x, axes)`: inserts size-1 axes at positions of the output.
@@ -403,6 +415,9 @@ impl Op for Unsqueeze {
     /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::new(COPIES, &["strided_copy_b4"])
+    }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
     }
 }
 
@@ -483,5 +498,8 @@ impl Op for Expand {
     /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::new(COPIES, &["reduce_f32", "strided_copy_b4"])
+    }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
     }
 }

@@ -2,55 +2,25 @@
 
 #[allow(unused_imports)]
 use super::*;
+use crate::ops::elementwise::{unary_row, UnaryRow};
 
-/// kernels/elementwise.cu's unary op code and (alpha, beta) of `op`, `None`
-/// for ops without a device kernel.
-pub(super) fn unary_code(op: &str, a: &Attrs) -> Result<Option<(i32, f32, f32)>> {
-    let alpha = |d: f32| a.float("alpha").unwrap_or(d);
-    Ok(Some(match op {
-        "Identity" => (0, 0.0, 0.0),
-        "Relu" => (1, 0.0, 0.0),
-        "Neg" => (2, 0.0, 0.0),
-        "Abs" => (3, 0.0, 0.0),
-        "Sqrt" => (4, 0.0, 0.0),
-        "Reciprocal" => (5, 0.0, 0.0),
-        "Exp" => (6, 0.0, 0.0),
-        "Log" => (7, 0.0, 0.0),
-        "Erf" => (8, 0.0, 0.0),
-        "Tanh" => (9, 0.0, 0.0),
-        "Sigmoid" => (10, 0.0, 0.0),
-        "Gelu" => match a.string("approximate").unwrap_or("none") {
-            "none" => (11, 0.0, 0.0),
-            "tanh" => (12, 0.0, 0.0),
-            other => return Err(CudaError::Kernel(format!("unknown approximate '{other}'"))),
-        },
-        "LeakyRelu" => (13, alpha(0.01), 0.0),
-        "Sin" => (14, 0.0, 0.0),
-        "Cos" => (15, 0.0, 0.0),
-        "Floor" => (16, 0.0, 0.0),
-        "Ceil" => (17, 0.0, 0.0),
-        "Softplus" => (18, 0.0, 0.0),
-        "HardSigmoid" => (19, alpha(0.2), a.float("beta").unwrap_or(0.5)),
-        "HardSwish" => (20, 0.0, 0.0),
-        "Elu" => (21, alpha(1.0), 0.0),
-        _ => return Ok(None),
-    }))
-}
-
-/// What a unary op's derivative reads (unary_derivative on the CPU): the output
-/// for these, nothing for those, the input otherwise.
-pub(super) fn unary_reads(op: &str) -> Option<Saved> {
-    match op {
-        "Relu" | "Sqrt" | "Reciprocal" | "Exp" | "Tanh" | "Sigmoid" | "Elu" => {
-            Some(Saved::Output(0))
-        }
-        "Identity" | "Neg" | "Floor" | "Ceil" => None,
-        _ => Some(Saved::Input(0)),
-    }
+/// kernels/elementwise.cu's op code of unary op `op` (its row of
+/// [`ops::elementwise::UNARY`](crate::ops::elementwise)) and its parameters;
+/// `None` for ops the table gives no device code.
+pub(super) fn unary_code(
+    op: &str,
+    a: &Attrs,
+) -> Result<Option<(i32, &'static UnaryRow, [f32; 3])>> {
+    let Some((code, row)) = unary_row(op).filter(|(_, r)| r.cuda.is_some()) else {
+        return Ok(None);
+    };
+    let p = row.params(a).map_err(CudaError::Kernel)?;
+    Ok(Some((code, row, p)))
 }
 
 pub(super) fn unary_fwd(dev: &Device, cx: &DevKernelCx) -> Result<Vec<DeviceTensor>> {
-    let (code, al, be) = unary_code(&cx.node.op_type, cx.attrs())?.expect("checked by forward");
+    let (code, _, [al, be, ga]) =
+        unary_code(&cx.node.op_type, cx.attrs())?.expect("checked by forward");
     let x = cx.input(0)?;
     let y = dev.zeros(DType::F32, &x.shape)?;
     let n = x.numel();
@@ -64,6 +34,7 @@ pub(super) fn unary_fwd(dev: &Device, cx: &DevKernelCx) -> Result<Vec<DeviceTens
             Arg::t(&y),
             Arg::F32(al),
             Arg::F32(be),
+            Arg::F32(ga),
         ],
     )?;
     Ok(vec![y])
@@ -71,8 +42,8 @@ pub(super) fn unary_fwd(dev: &Device, cx: &DevKernelCx) -> Result<Vec<DeviceTens
 
 pub(super) fn unary_bwd(dev: &Device, cx: &DevBackwardCx) -> Result<Vec<(usize, DeviceTensor)>> {
     let op = cx.node.op_type.as_str();
-    let (code, al, be) = unary_code(op, cx.attrs())?.expect("checked by backward");
-    let s = unary_reads(op).map(|s| cx.saved(s)).transpose()?;
+    let (code, row, [al, be, ga]) = unary_code(op, cx.attrs())?.expect("checked by backward");
+    let s = row.keeps.saved().map(|s| cx.saved(s)).transpose()?;
     let g = cx.grad(dev, 0)?;
     let dx = dev.zeros(DType::F32, &cx.input(0)?.shape)?;
     let n = dx.numel();
@@ -87,21 +58,35 @@ pub(super) fn unary_bwd(dev: &Device, cx: &DevBackwardCx) -> Result<Vec<(usize, 
             Arg::t(&dx),
             Arg::F32(al),
             Arg::F32(be),
+            Arg::F32(ga),
         ],
     )?;
     Ok(vec![(0, dx)])
 }
 
-pub(super) fn binary_code(op: &str) -> i32 {
-    match op {
+/// kernels/elementwise.cu's binary op code (`B_*`).
+pub(super) fn binary_code(op: &str) -> Result<i32> {
+    Ok(match op {
         "Add" => 0,
         "Sub" => 1,
         "Mul" => 2,
         "Div" => 3,
         "Pow" => 4,
         "PRelu" => 5,
-        _ => 6,
-    }
+        other => return Err(CudaError::Kernel(format!("no device kernel for {other}"))),
+    })
+}
+
+/// kernels/elementwise.cu's comparison code (`C_*`).
+pub(super) fn compare_code(op: &str) -> Result<i32> {
+    Ok(match op {
+        "Equal" => 0,
+        "Less" => 1,
+        "LessOrEqual" => 2,
+        "Greater" => 3,
+        "GreaterOrEqual" => 4,
+        other => return Err(CudaError::Kernel(format!("no device kernel for {other}"))),
+    })
 }
 
 pub(super) fn binary_fwd(dev: &Device, cx: &DevKernelCx) -> Result<Vec<DeviceTensor>> {
@@ -114,7 +99,7 @@ pub(super) fn binary_fwd(dev: &Device, cx: &DevKernelCx) -> Result<Vec<DeviceTen
         "binary_fwd_f32",
         n,
         &[
-            Arg::I32(binary_code(&cx.node.op_type)),
+            Arg::I32(binary_code(&cx.node.op_type)?),
             Arg::n(n),
             Arg::Strided(Box::new(d)),
             Arg::t(a),
@@ -129,7 +114,7 @@ pub(super) fn binary_bwd(dev: &Device, cx: &DevBackwardCx) -> Result<Vec<(usize,
     let out = cx.output(0)?.shape.clone();
     let (sa, sb) = (cx.input(0)?.shape.clone(), cx.input(1)?.shape.clone());
     let g = cx.grad(dev, 0)?;
-    let code = binary_code(&cx.node.op_type);
+    let code = binary_code(&cx.node.op_type)?;
     let d = Strided::broadcast(&out, &[&sa, &sb, &out])?;
     let mut res = Vec::new();
     for slot in [0usize, 1] {
@@ -167,13 +152,7 @@ pub(super) fn binary_bwd(dev: &Device, cx: &DevBackwardCx) -> Result<Vec<(usize,
 pub(super) fn compare_fwd(dev: &Device, cx: &DevKernelCx) -> Result<Vec<DeviceTensor>> {
     let (a, b) = (cx.input(0)?, cx.input(1)?);
     let out = &cx.out(0)?.shape;
-    let code = match cx.node.op_type.as_str() {
-        "Equal" => 0,
-        "Less" => 1,
-        "LessOrEqual" => 2,
-        "Greater" => 3,
-        _ => 4,
-    };
+    let code = compare_code(&cx.node.op_type)?;
     let y = dev.zeros(DType::Bool, out)?;
     let n = y.numel();
     let d = Strided::broadcast(out, &[&a.shape, &b.shape])?;
