@@ -5,6 +5,8 @@
 
 use std::path::PathBuf;
 
+use crate::numeric::RuleError;
+
 /// Result alias used across the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -33,6 +35,20 @@ pub enum Error {
     /// Ops the tool has no rule for; one entry per op type with one node using it.
     #[error("unsupported ops: {}", .0.iter().map(|(op, node)| format!("{op} (node '{node}')")).collect::<Vec<_>>().join(", "))]
     Unsupported(Vec<(String, String)>),
+    /// A node's shape rule or kernel failed: the rule's typed error, with the node.
+    #[error("node '{node}' ({op}): {source}")]
+    Rule {
+        /// Node name (or a generated `op_type#index` when the model gave none).
+        node: String,
+        /// ONNX op type.
+        op: String,
+        /// What the rule found.
+        source: RuleError,
+    },
+    /// The GPU backend failed (no driver or GPU, a kernel that did not compile, a
+    /// device kernel that refused its inputs).
+    #[error("{0}")]
+    Cuda(#[from] CudaError),
     /// A node's shape or type rule failed.
     #[error("node '{node}' ({op}): {reason}")]
     Node {
@@ -72,6 +88,15 @@ pub enum Error {
 }
 
 impl Error {
+    /// Builds a [`Error::Rule`]: `source` at node `node` of type `op`.
+    pub fn rule(node: &str, op: &str, source: RuleError) -> Self {
+        Error::Rule {
+            node: node.to_string(),
+            op: op.to_string(),
+            source,
+        }
+    }
+
     /// Builds a [`Error::Node`].
     pub fn node(node: &str, op: &str, reason: impl Into<String>) -> Self {
         Error::Node {
@@ -79,5 +104,39 @@ impl Error {
             op: op.to_string(),
             reason: reason.into(),
         }
+    }
+}
+
+/// An error of the GPU backend, one line (NVRTC logs excepted).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CudaError {
+    /// A CUDA library cannot be loaded (no driver, no toolkit, no GPU).
+    #[error("{0}")]
+    Unavailable(String),
+    /// A CUDA driver call failed.
+    #[error("CUDA driver: {0}")]
+    Driver(String),
+    /// A kernel source did not compile.
+    #[error("NVRTC could not compile kernels/{file}:\n{log}")]
+    Compile {
+        /// The kernels/ file.
+        file: &'static str,
+        /// NVRTC's log.
+        log: String,
+    },
+    /// A cuBLAS call failed.
+    #[error("cuBLAS: {0}")]
+    Blas(String),
+    /// An op's device kernel rejected its inputs or is missing.
+    #[error("{0}")]
+    Kernel(String),
+    /// An op's rule or CPU kernel failed (the host fallback, shared rule helpers).
+    #[error("{0}")]
+    Rule(#[from] RuleError),
+}
+
+impl From<String> for CudaError {
+    fn from(e: String) -> CudaError {
+        CudaError::Kernel(e)
     }
 }

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use crate::error::{Error, Result};
 use crate::ir::{DimDecl, Model, TensorId, TensorKind};
-use crate::ops::{registry, shape::literal_fact, Cx, Fact};
+use crate::ops::{registry, shape::literal_fact, Cx, Fact, RuleError};
 
 /// Largest accepted batch size: far beyond any real GPU step, small enough that
 /// sizes stay well inside u64.
@@ -250,6 +250,7 @@ pub fn infer(model: &Model, b: &Bindings) -> Result<Inferred> {
     for &ix in &g.order {
         let node = g.node(ix);
         let err = |reason: String| Error::node(&node.name, &node.op_type, reason);
+        let rule_err = |e: RuleError| Error::rule(&node.name, &node.op_type, e);
         let op = reg
             .get(&node.domain, &node.op_type)
             .expect("checked by check_supported");
@@ -278,7 +279,7 @@ pub fn infer(model: &Model, b: &Bindings) -> Result<Inferred> {
             inputs,
             opset,
         };
-        let out = op.infer(&cx).map_err(err)?;
+        let out = op.infer(&cx).map_err(rule_err)?;
         if out.len() < node.outputs.len() {
             return Err(err(format!(
                 "rule gave {} outputs for {} declared",

@@ -550,7 +550,11 @@ fn gather_reshape_transpose_slice_concat() {
         dropout: true,
         extras: false,
     };
-    assert!(rule.forward_cpu(&kcx).unwrap_err().contains("out of range"));
+    assert!(rule
+        .forward_cpu(&kcx)
+        .unwrap_err()
+        .to_string()
+        .contains("out of range"));
 
     // Reshape with 0 and -1, then transpose back and forth.
     let y = &run_op(

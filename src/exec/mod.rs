@@ -26,7 +26,7 @@ pub use crate::numeric::{rng, Elems, Tensor};
 use crate::error::{Error, Result};
 use crate::infer::Inferred;
 use crate::ir::{DType, Model, Payload, TensorId};
-use crate::ops::{registry, Fact, KernelCx};
+use crate::ops::{registry, Fact, KernelCx, RuleError};
 
 /// Options of a forward run.
 #[derive(Debug, Clone, Copy)]
@@ -93,7 +93,7 @@ pub fn random_parameter(
         .into_par_iter()
         .map(|i| lo + (hi - lo) * rng::unit_f32(s, i))
         .collect();
-    Tensor::from_f32(dtype, dims.to_vec(), v)
+    Ok(Tensor::from_f32(dtype, dims.to_vec(), v)?)
 }
 
 /// A seeded random value for a graph input of the given fact: floats standard
@@ -102,20 +102,20 @@ pub fn random_input(fact: &Fact, seed: u64, int_high: i64) -> std::result::Resul
     let n: usize = fact.shape.iter().product();
     let shape = fact.shape.clone();
     if fact.dtype.is_float() {
-        Tensor::from_f32(
+        Ok(Tensor::from_f32(
             fact.dtype,
             shape,
             (0..n as u64).map(|i| rng::normal_f32(seed, i)).collect(),
-        )
+        )?)
     } else {
         let high = int_high.max(1) as u64;
-        Tensor::from_i64(
+        Ok(Tensor::from_i64(
             fact.dtype,
             shape,
             (0..n as u64)
                 .map(|i| (rng::at(seed, i) % high) as i64)
                 .collect(),
-        )
+        )?)
     }
 }
 
@@ -133,7 +133,7 @@ impl<'m> Executor<'m> {
                 Payload::ShapeOnly => {
                     random_parameter(&info.name, init.dtype, &init.dims, opts.seed)
                 }
-                _ => Tensor::from_data(init),
+                _ => Tensor::from_data(init).map_err(String::from),
             }
             .map_err(|e| Error::Graph(format!("initializer '{}': {e}", info.name)))?;
             params.push(Some(t));
@@ -220,6 +220,7 @@ impl<'m> Executor<'m> {
         for (step, &ix) in g.order.iter().enumerate() {
             let node = g.node(ix);
             let err = |reason: String| Error::node(&node.name, &node.op_type, reason);
+            let rule_err = |e: RuleError| Error::rule(&node.name, &node.op_type, e);
             let op = reg
                 .get(&node.domain, &node.op_type)
                 .ok_or_else(|| err("unsupported op".into()))?;
@@ -246,7 +247,7 @@ impl<'m> Executor<'m> {
                 {
                     return Err(err(format!("input {i} has no value (freed too early?)")));
                 }
-                op.forward_cpu(&cx).map_err(err)?
+                op.forward_cpu(&cx).map_err(rule_err)?
             };
             if outs.len() < node.outputs.len() {
                 return Err(err(format!(

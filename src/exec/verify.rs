@@ -323,7 +323,7 @@ pub fn verify_cuda(
     let n = o.runs.max(1);
     let r = &mut v.report;
     r.device = "cuda".into();
-    r.device_name = Some(dev.name().map_err(|e| Error::Graph(e.to_string()))?);
+    r.device_name = Some(dev.name()?);
     r.baseline_mem_get_info_peak_delta_bytes = runs[..n]
         .iter()
         .filter_map(|d| d.mem_get_info_peak_delta_bytes)

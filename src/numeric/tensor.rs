@@ -119,7 +119,7 @@ impl Elems {
             DType::I64 => Elems::I64(vec![0; n]),
             DType::I32 => Elems::I32(vec![0; n]),
             DType::Bool => Elems::Bool(vec![false; n]),
-            other => return Err(unsupported(other)),
+            other => return Err(unsupported(other).into()),
         })
     }
 }
@@ -196,7 +196,8 @@ impl Tensor {
             return Err(format!(
                 "cannot view {:?} as {shape:?}: element counts differ",
                 self.shape
-            ));
+            )
+            .into());
         }
         Ok(Tensor {
             shape,
@@ -208,7 +209,7 @@ impl Tensor {
     pub fn as_f32(&self) -> RuleResult<&[f32]> {
         match &self.elems {
             Elems::F32(v) => Ok(v),
-            e => Err(format!("expected a float32 tensor, got {}", e.dtype())),
+            e => Err(format!("expected a float32 tensor, got {}", e.dtype()).into()),
         }
     }
 
@@ -219,12 +220,7 @@ impl Tensor {
             Elems::F32(v) => Cow::Borrowed(v),
             Elems::F16(v) => Cow::Owned(v.iter().map(|x| x.to_f32()).collect()),
             Elems::BF16(v) => Cow::Owned(v.iter().map(|x| x.to_f32()).collect()),
-            e => {
-                return Err(format!(
-                    "expected a floating-point tensor, got {}",
-                    e.dtype()
-                ))
-            }
+            e => return Err(format!("expected a floating-point tensor, got {}", e.dtype()).into()),
         })
     }
 
@@ -258,9 +254,7 @@ impl Tensor {
             DType::F16 => Elems::F16(v.into_iter().map(f16::from_f32).collect()),
             DType::BF16 => Elems::BF16(v.into_iter().map(bf16::from_f32).collect()),
             other => {
-                return Err(format!(
-                    "expected a floating-point result type, got {other}"
-                ))
+                return Err(format!("expected a floating-point result type, got {other}").into())
             }
         };
         Ok(Tensor::new(shape, elems))
@@ -276,7 +270,7 @@ impl Tensor {
             DType::I64 => Elems::I64(v.into_iter().map(|x| x as i64).collect()),
             DType::I32 => Elems::I32(v.into_iter().map(|x| x as i32).collect()),
             DType::Bool => Elems::Bool(v.into_iter().map(|x| x != 0.0).collect()),
-            other => return Err(unsupported(other)),
+            other => return Err(unsupported(other).into()),
         };
         Ok(Tensor::new(shape, elems))
     }
@@ -328,12 +322,13 @@ impl Tensor {
                 Tensor::from_f64(t.dtype, shape, v.clone())?
             }
             Payload::Typed(d) => {
-                return Err(format!("has {} values for shape {:?}", d.len(), t.dims))
+                return Err(format!("has {} values for shape {:?}", d.len(), t.dims).into())
             }
             Payload::External { location, .. } => {
                 return Err(format!(
                     "its data is in external file '{location}', which the executor does not read"
-                ))
+                )
+                .into())
             }
             Payload::ShapeOnly => return Err("has no data (shape-only)".into()),
         };
@@ -348,7 +343,8 @@ fn decode_raw(dtype: DType, raw: &[u8], n: usize) -> RuleResult<Elems> {
         return Err(format!(
             "raw data of {} bytes does not hold {n} {dtype} elements",
             raw.len()
-        ));
+        )
+        .into());
     }
     fn words<const W: usize>(raw: &[u8]) -> impl Iterator<Item = [u8; W]> + '_ {
         raw.chunks_exact(W)
@@ -361,7 +357,7 @@ fn decode_raw(dtype: DType, raw: &[u8], n: usize) -> RuleResult<Elems> {
         DType::I64 => Elems::I64(words::<8>(raw).map(i64::from_le_bytes).collect()),
         DType::I32 => Elems::I32(words::<4>(raw).map(i32::from_le_bytes).collect()),
         DType::Bool => Elems::Bool(raw.iter().map(|&b| b != 0).collect()),
-        other => return Err(unsupported(other)),
+        other => return Err(unsupported(other).into()),
     })
 }
 

@@ -25,7 +25,8 @@ pub fn window_out(
             Some(v) => Err(format!(
                 "attribute '{name}' has {} values for {nd} spatial dims",
                 v.len()
-            )),
+            )
+            .into()),
             None => Ok(vec![default; nd]),
         }
     };
@@ -40,12 +41,13 @@ pub fn window_out(
             return Err(format!(
                 "attribute 'pads' has {} values for {nd} spatial dims",
                 p.len()
-            ))
+            )
+            .into())
         }
         None => vec![0; 2 * nd],
     };
     if pads.iter().any(|&p| p < 0) {
-        return Err(format!("negative pads {pads:?}"));
+        return Err(format!("negative pads {pads:?}").into());
     }
     let auto = attrs.string("auto_pad").unwrap_or("NOTSET");
     let mut out = Vec::with_capacity(nd);
@@ -68,7 +70,8 @@ pub fn window_out(
                 if padded < span {
                     return Err(format!(
                         "window {span} is larger than padded input {padded} on spatial dim {i}"
-                    ));
+                    )
+                    .into());
                 }
                 if ceil_mode {
                     let mut o = (padded - span + s - 1) / s + 1;
@@ -81,7 +84,7 @@ pub fn window_out(
                     (padded - span) / s + 1
                 }
             }
-            other => return Err(format!("unknown auto_pad '{other}'")),
+            other => return Err(format!("unknown auto_pad '{other}'").into()),
         };
         let o = i64::try_from(o).map_err(|_| format!("output size {o} is too large"))?;
         out.push(dim(o, "output size")?);
@@ -91,10 +94,7 @@ pub fn window_out(
 
 fn check_nc(x: &Fact, what: &str) -> RuleResult<()> {
     if x.rank() < 3 {
-        return Err(format!(
-            "{what} input must be [N, C, spatial...], got {:?}",
-            x.shape
-        ));
+        return Err(format!("{what} input must be [N, C, spatial...], got {:?}", x.shape).into());
     }
     Ok(())
 }
@@ -134,14 +134,11 @@ impl Op for Conv {
         let (x, w) = (cx.input(0)?, cx.input(1)?);
         check_nc(x, "Conv")?;
         if w.rank() != x.rank() {
-            return Err(format!(
-                "weight {:?} does not match input {:?}",
-                w.shape, x.shape
-            ));
+            return Err(format!("weight {:?} does not match input {:?}", w.shape, x.shape).into());
         }
         let group = cx.attrs().int_or("group", 1);
         if group < 1 || x.shape[1] as i64 % group != 0 || w.shape[0] as i64 % group != 0 {
-            return Err(format!("group {group} does not divide the channels"));
+            return Err(format!("group {group} does not divide the channels").into());
         }
         if w.shape[1] as i128 * group as i128 != x.shape[1] as i128 {
             return Err(format!(
@@ -149,20 +146,20 @@ impl Op for Conv {
                 x.shape[1],
                 w.shape,
                 w.shape[1] as i128 * group as i128
-            ));
+            )
+            .into());
         }
         if let Some(b) = cx.opt(2) {
             if b.shape != [w.shape[0]] {
-                return Err(format!("bias {:?} must be [{}]", b.shape, w.shape[0]));
+                return Err(format!("bias {:?} must be [{}]", b.shape, w.shape[0]).into());
             }
         }
         let kernel = &w.shape[2..];
         if let Some(ks) = cx.attrs().ints("kernel_shape") {
             if ks.iter().map(|&k| k as usize).ne(kernel.iter().copied()) {
-                return Err(format!(
-                    "kernel_shape {ks:?} differs from weight {:?}",
-                    w.shape
-                ));
+                return Err(
+                    format!("kernel_shape {ks:?} differs from weight {:?}", w.shape).into(),
+                );
             }
         }
         let mut shape = vec![x.shape[0], w.shape[0]];
@@ -218,10 +215,7 @@ impl Op for ConvTranspose {
         let (x, w) = (cx.input(0)?, cx.input(1)?);
         check_nc(x, "ConvTranspose")?;
         if w.rank() != x.rank() || w.shape[0] != x.shape[1] {
-            return Err(format!(
-                "weight {:?} does not match input {:?}",
-                w.shape, x.shape
-            ));
+            return Err(format!("weight {:?} does not match input {:?}", w.shape, x.shape).into());
         }
         let group = cx.attrs().int_or("group", 1).max(1) as usize;
         let nd = x.rank() - 2;
@@ -313,10 +307,7 @@ impl Op for Pool {
             .ints("kernel_shape")
             .ok_or("missing attribute 'kernel_shape'")?;
         if ks.len() != x.rank() - 2 || ks.iter().any(|&k| k < 1) {
-            return Err(format!(
-                "kernel_shape {ks:?} does not fit input {:?}",
-                x.shape
-            ));
+            return Err(format!("kernel_shape {ks:?} does not fit input {:?}", x.shape).into());
         }
         let kernel: Vec<usize> = ks.iter().map(|&k| k as usize).collect();
         let ceil = cx.attrs().int_or("ceil_mode", 0) != 0;
@@ -515,9 +506,7 @@ pub(crate) fn window(
 ) -> RuleResult<Window> {
     let nd = input.len();
     if nd == 0 || nd > 2 {
-        return Err(format!(
-            "the CPU kernel handles 1-D and 2-D windows, not {nd}-D"
-        ));
+        return Err(format!("the CPU kernel handles 1-D and 2-D windows, not {nd}-D").into());
     }
     let list = |name: &str| -> Vec<usize> {
         attrs.ints(name).map_or(vec![1; nd], |v| {

@@ -5,7 +5,7 @@
 
 use super::{
     no_gradient, Arity, Autocast, Backward, BackwardCx, CudaKernels, Cx, Fact, KernelCx, Op,
-    Registry, RuleResult, Saved, Storage,
+    Registry, RuleError, RuleResult, Saved, Storage,
 };
 use crate::ir::value::MAX_FOLD_ELEMS;
 use crate::ir::{Attrs, Value};
@@ -36,36 +36,36 @@ struct Plan {
 fn batch_dims(attrs: &Attrs, opset: i64) -> RuleResult<usize> {
     let b = attrs.int_or("batch_dims", 0);
     if opset < 12 && b != 0 {
-        return Err(format!(
-            "batch_dims {b} needs opset 12 (GatherND-11 has no batch dimensions)"
-        ));
+        return Err(
+            format!("batch_dims {b} needs opset 12 (GatherND-11 has no batch dimensions)").into(),
+        );
     }
-    usize::try_from(b).map_err(|_| format!("batch_dims {b} is negative"))
+    Ok(usize::try_from(b).map_err(|_| format!("batch_dims {b} is negative"))?)
 }
 
 fn plan(data: &[usize], ind: &[usize], b: usize) -> RuleResult<Plan> {
     let (r, q) = (data.len(), ind.len());
     if r == 0 || q == 0 {
-        return Err(format!(
-            "data {data:?} and indices {ind:?} must both have rank >= 1"
-        ));
+        return Err(format!("data {data:?} and indices {ind:?} must both have rank >= 1").into());
     }
     if b >= r.min(q) {
         return Err(format!(
             "batch_dims {b} must be less than the ranks of data {data:?} and indices {ind:?}"
-        ));
+        )
+        .into());
     }
     if data[..b] != ind[..b] {
         return Err(format!(
             "the {b} batch dimensions of data {data:?} and indices {ind:?} differ"
-        ));
+        )
+        .into());
     }
     let k = ind[q - 1];
     if k < 1 || k > r - b {
         return Err(format!(
             "indices {ind:?}: the last dimension {k} must be between 1 and the rank of data {data:?} less batch_dims {b} ({})",
             r - b
-        ));
+        ).into());
     }
     let mut out = ind[..q - 1].to_vec();
     out.extend(&data[b + k..]);
@@ -97,9 +97,9 @@ impl Plan {
                 for (j, &i) in tuple.iter().enumerate() {
                     let d = self.dims[j] as i64;
                     if i < -d || i >= d {
-                        return Err(format!(
+                        return Err(RuleError::from(format!(
                             "index {i} out of range for axis {j} of size {d} (index tuple {t})"
-                        ));
+                        )));
                     }
                     off += (if i < 0 { i + d } else { i }) as usize * self.strides[j];
                 }
@@ -138,7 +138,7 @@ impl Op for GatherND {
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
         let (x, ind) = (cx.input(0)?, cx.input(1)?);
         if !ind.dtype.is_int() {
-            return Err(format!("indices must be int64 or int32, got {}", ind.dtype));
+            return Err(format!("indices must be int64 or int32, got {}", ind.dtype).into());
         }
         let b = batch_dims(cx.attrs(), cx.opset)?;
         let p = plan(&x.shape, &ind.shape, b)?;
@@ -300,20 +300,42 @@ mod tests {
     #[test]
     fn bad_inputs_are_errors() {
         let err = |b, opset, x: Fact, ind: Fact| infer(b, opset, x, ind).unwrap_err();
-        assert!(err(None, 13, f(&[2, 3]), i(&[4, 3])).contains("between 1 and"));
-        assert!(err(Some(1), 13, f(&[2, 3]), i(&[2, 2])).contains("between 1 and"));
-        assert!(err(None, 13, f(&[2, 3]), i(&[4, 0])).contains("between 1 and"));
-        assert!(err(Some(2), 13, f(&[2, 3]), i(&[2, 3, 1])).contains("less than"));
-        assert!(err(Some(1), 13, f(&[2, 3]), i(&[3, 1])).contains("batch dimensions"));
-        assert!(err(Some(-1), 13, f(&[2, 3]), i(&[2, 1])).contains("negative"));
-        assert!(err(Some(1), 11, f(&[2, 3]), i(&[2, 1])).contains("opset 12"));
-        assert!(err(None, 13, f(&[]), i(&[1])).contains("rank >= 1"));
-        assert!(err(None, 13, f(&[3]), i(&[])).contains("rank >= 1"));
-        assert!(err(None, 13, f(&[3]), f(&[1])).contains("int64 or int32"));
+        assert!(err(None, 13, f(&[2, 3]), i(&[4, 3]))
+            .to_string()
+            .contains("between 1 and"));
+        assert!(err(Some(1), 13, f(&[2, 3]), i(&[2, 2]))
+            .to_string()
+            .contains("between 1 and"));
+        assert!(err(None, 13, f(&[2, 3]), i(&[4, 0]))
+            .to_string()
+            .contains("between 1 and"));
+        assert!(err(Some(2), 13, f(&[2, 3]), i(&[2, 3, 1]))
+            .to_string()
+            .contains("less than"));
+        assert!(err(Some(1), 13, f(&[2, 3]), i(&[3, 1]))
+            .to_string()
+            .contains("batch dimensions"));
+        assert!(err(Some(-1), 13, f(&[2, 3]), i(&[2, 1]))
+            .to_string()
+            .contains("negative"));
+        assert!(err(Some(1), 11, f(&[2, 3]), i(&[2, 1]))
+            .to_string()
+            .contains("opset 12"));
+        assert!(err(None, 13, f(&[]), i(&[1]))
+            .to_string()
+            .contains("rank >= 1"));
+        assert!(err(None, 13, f(&[3]), i(&[]))
+            .to_string()
+            .contains("rank >= 1"));
+        assert!(err(None, 13, f(&[3]), f(&[1]))
+            .to_string()
+            .contains("int64 or int32"));
         // An out-of-range constant index while folding.
         let data = Fact::with_value(DType::I64, Value::ints(vec![2], vec![5, 6]));
         let ind = Fact::with_value(DType::I64, Value::ints(vec![1, 1], vec![2]));
-        assert!(err(None, 13, data, ind).contains("out of range"));
+        assert!(err(None, 13, data, ind)
+            .to_string()
+            .contains("out of range"));
     }
 
     #[test]
@@ -333,7 +355,8 @@ mod tests {
         };
         let e = GatherND.forward_cpu(&kcx).unwrap_err();
         assert!(
-            e.contains("index -4 out of range for axis 1 of size 3"),
+            e.to_string()
+                .contains("index -4 out of range for axis 1 of size 3"),
             "{e}"
         );
     }

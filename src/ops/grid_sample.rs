@@ -53,19 +53,20 @@ fn config(attrs: &Attrs, opset: i64) -> RuleResult<Config> {
                 } else {
                     "bilinear, nearest or bicubic"
                 }
-            ))
+            )
+            .into())
         }
     };
     let pad = match attrs.string("padding_mode").unwrap_or("zeros") {
         "zeros" => Pad::Zeros,
         "border" => Pad::Border,
         "reflection" => Pad::Reflection,
-        p => return Err(format!("unknown padding_mode '{p}'")),
+        p => return Err(format!("unknown padding_mode '{p}'").into()),
     };
     let align = match attrs.int_or("align_corners", 0) {
         0 => false,
         1 => true,
-        a => return Err(format!("align_corners must be 0 or 1, got {a}")),
+        a => return Err(format!("align_corners must be 0 or 1, got {a}").into()),
     };
     Ok(Config { mode, pad, align })
 }
@@ -107,30 +108,30 @@ fn geometry(cfg: &Config, x: &[usize], grid: &[usize], opset: i64) -> RuleResult
     if opset < 20 && x.len() != 4 {
         return Err(format!(
             "X {x:?} must be 4-D [N, C, H, W] at opset {opset} (N-D needs opset 20)"
-        ));
+        )
+        .into());
     }
     if x.len() < 3 {
-        return Err(format!("X {x:?} must have rank >= 3 [N, C, D1, ...]"));
+        return Err(format!("X {x:?} must have rank >= 3 [N, C, D1, ...]").into());
     }
     let r = x.len() - 2;
     if grid.len() != r + 2 || grid[0] != x[0] || grid[r + 1] != r {
         let mut want = vec!["N".to_string()];
         want.extend((1..=r).map(|i| format!("D{i}_out")));
         want.push(r.to_string());
-        return Err(format!(
-            "grid {grid:?} must be [{}] for X {x:?}",
-            want.join(", ")
-        ));
+        return Err(format!("grid {grid:?} must be [{}] for X {x:?}", want.join(", ")).into());
     }
     if r > MAX_AXES {
         return Err(format!(
             "GridSample over {r} spatial axes is not supported (at most {MAX_AXES})"
-        ));
+        )
+        .into());
     }
     if cfg.mode == Mode::Cubic && r != 2 {
         return Err(format!(
             "cubic GridSample is supported for 4-D X only (as PyTorch's bicubic), got X {x:?}"
-        ));
+        )
+        .into());
     }
     Ok(Geo {
         n: x[0],
@@ -494,7 +495,8 @@ impl Op for GridSample {
             return Err(format!(
                 "X ({}) and grid ({}) must be floating point",
                 x.dtype, g.dtype
-            ));
+            )
+            .into());
         }
         Ok(vec![Fact::new(x.dtype, geo.out_shape())])
     }
@@ -664,19 +666,32 @@ mod tests {
         let err = |attrs: &[(&str, &str)], opset, x: &[usize], g: &[usize]| {
             run(attrs, opset, x, g).unwrap_err()
         };
-        assert!(err(&[], 16, &[1, 2, 3, 4, 5], &[1, 2, 3, 4, 3]).contains("opset 20"));
-        assert!(err(&[], 16, &[2, 3, 4, 5], &[1, 6, 7, 2]).contains("[N, D1_out, D2_out, 2]"));
-        assert!(err(&[], 16, &[2, 3, 4, 5], &[2, 6, 7, 3]).contains("must be"));
-        assert!(err(&[], 20, &[2, 3, 4, 5], &[2, 6, 7]).contains("must be"));
-        assert!(err(&[], 20, &[2, 3], &[2, 1]).contains("rank >= 3"));
+        assert!(err(&[], 16, &[1, 2, 3, 4, 5], &[1, 2, 3, 4, 3])
+            .to_string()
+            .contains("opset 20"));
+        assert!(err(&[], 16, &[2, 3, 4, 5], &[1, 6, 7, 2])
+            .to_string()
+            .contains("[N, D1_out, D2_out, 2]"));
+        assert!(err(&[], 16, &[2, 3, 4, 5], &[2, 6, 7, 3])
+            .to_string()
+            .contains("must be"));
+        assert!(err(&[], 20, &[2, 3, 4, 5], &[2, 6, 7])
+            .to_string()
+            .contains("must be"));
+        assert!(err(&[], 20, &[2, 3], &[2, 1])
+            .to_string()
+            .contains("rank >= 3"));
         assert!(err(&[("mode", "linear")], 16, &[1, 1, 2, 2], &[1, 1, 1, 2])
+            .to_string()
             .contains("bilinear, nearest or bicubic"));
         assert!(
             err(&[("mode", "bilinear")], 20, &[1, 1, 2, 2], &[1, 1, 1, 2])
+                .to_string()
                 .contains("linear, nearest or cubic")
         );
         assert!(
             err(&[("mode", "cubic")], 20, &[1, 1, 2, 2, 2], &[1, 1, 1, 1, 3])
+                .to_string()
                 .contains("4-D X only")
         );
         assert!(err(
@@ -685,6 +700,7 @@ mod tests {
             &[1, 1, 2, 2],
             &[1, 1, 1, 2]
         )
+        .to_string()
         .contains("padding_mode"));
         // Integer X, and align_corners out of range.
         let n = node(&[], Some(2));
@@ -697,7 +713,11 @@ mod tests {
             inputs: vec![Some(&xf), Some(&gf)],
             opset: 16,
         };
-        assert!(GridSample.infer(&cx).unwrap_err().contains("0 or 1"));
+        assert!(GridSample
+            .infer(&cx)
+            .unwrap_err()
+            .to_string()
+            .contains("0 or 1"));
         let n = node(&[], None);
         let xi = Fact::new(DType::I64, vec![1, 1, 2, 2]);
         let cx = Cx {
@@ -708,6 +728,7 @@ mod tests {
         assert!(GridSample
             .infer(&cx)
             .unwrap_err()
+            .to_string()
             .contains("floating point"));
     }
 

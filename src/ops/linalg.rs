@@ -37,9 +37,7 @@ pub fn matmul_shape(a: &[usize], b: &[usize]) -> RuleResult<(Vec<usize>, usize)>
     let (m, k) = (a2[a2.len() - 2], a2[a2.len() - 1]);
     let (k2, n) = (b2[b2.len() - 2], b2[b2.len() - 1]);
     if k != k2 {
-        return Err(format!(
-            "inner dimensions differ: {a:?} × {b:?} ({k} vs {k2})"
-        ));
+        return Err(format!("inner dimensions differ: {a:?} × {b:?} ({k} vs {k2})").into());
     }
     let mut out = broadcast(&[&a2[..a2.len() - 2], &b2[..b2.len() - 2]])?;
     if a.len() > 1 {
@@ -240,10 +238,7 @@ impl Op for MatMul {
         let (ra, rb) = (a2.len(), b2.len());
         let (m, k, n) = (a2[ra - 2], a2[ra - 1], b2[rb - 1]);
         if b2[rb - 2] != k {
-            return Err(format!(
-                "inner dimensions differ: {:?} × {:?}",
-                a.shape, b.shape
-            ));
+            return Err(format!("inner dimensions differ: {:?} × {:?}", a.shape, b.shape).into());
         }
         let batch = broadcast(&[&a2[..ra - 2], &b2[..rb - 2]])?;
         let mut pairs = Vec::new();
@@ -359,10 +354,7 @@ impl Op for Gemm {
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
         let (a, b) = (cx.input(0)?, cx.input(1)?);
         if a.rank() != 2 || b.rank() != 2 {
-            return Err(format!(
-                "A and B must be 2-D, got {:?} and {:?}",
-                a.shape, b.shape
-            ));
+            return Err(format!("A and B must be 2-D, got {:?} and {:?}", a.shape, b.shape).into());
         }
         let ta = cx.attrs().int_or("transA", 0) != 0;
         let tb = cx.attrs().int_or("transB", 0) != 0;
@@ -380,12 +372,13 @@ impl Op for Gemm {
             return Err(format!(
                 "inner dimensions differ: A {:?} (transA={ta}) × B {:?} (transB={tb})",
                 a.shape, b.shape
-            ));
+            )
+            .into());
         }
         if let Some(c) = cx.opt(2) {
             let bc = broadcast(&[&c.shape, &[m, n]])?;
             if bc != [m, n] {
-                return Err(format!("C {:?} does not broadcast to [{m}, {n}]", c.shape));
+                return Err(format!("C {:?} does not broadcast to [{m}, {n}]", c.shape).into());
             }
         }
         Ok(vec![Fact::new(a.dtype, vec![m, n])])

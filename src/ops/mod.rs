@@ -120,7 +120,7 @@ pub struct Cx<'a> {
     pub opset: i64,
 }
 
-pub use crate::numeric::RuleResult;
+pub use crate::numeric::{RuleError, RuleResult};
 
 impl<'a> Cx<'a> {
     /// The node's attributes.
@@ -134,7 +134,7 @@ impl<'a> Cx<'a> {
             .get(i)
             .copied()
             .flatten()
-            .ok_or_else(|| format!("required input {i} is missing"))
+            .ok_or(RuleError::MissingInput(i))
     }
 
     /// Optional input `i`.
@@ -144,9 +144,10 @@ impl<'a> Cx<'a> {
 
     /// The constant value of input `i`, required for the shape to be known.
     pub fn value(&self, i: usize) -> RuleResult<&'a Value> {
-        self.input(i)?.value.as_ref().ok_or_else(|| {
-            format!("input {i} must be a constant for its output shape to be known (data-dependent shapes are not supported)")
-        })
+        self.input(i)?
+            .value
+            .as_ref()
+            .ok_or(RuleError::NotConstant(i))
     }
 
     /// Optional constant integer list at input `i` (absent → `None`).
@@ -400,7 +401,7 @@ impl<'a> KernelCx<'a> {
             .get(i)
             .copied()
             .flatten()
-            .ok_or_else(|| format!("required input {i} is missing"))
+            .ok_or(RuleError::MissingInput(i))
     }
 
     /// Optional input `i`.
@@ -414,7 +415,7 @@ impl<'a> KernelCx<'a> {
             .get(i)
             .copied()
             .flatten()
-            .ok_or_else(|| format!("output {i} is not declared"))
+            .ok_or(RuleError::MissingOutput(i))
     }
 
     /// Number of declared outputs (omitted ones included).
@@ -425,10 +426,7 @@ impl<'a> KernelCx<'a> {
 
 /// The kernel of an op that has none yet: an error naming the op type.
 pub fn no_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
-    Err(format!(
-        "the CPU executor has no kernel for {} yet",
-        cx.node.op_type
-    ))
+    Err(RuleError::NoKernel(cx.node.op_type.clone()))
 }
 
 /// Everything a CPU backward kernel sees of one node: its attributes, the facts of
@@ -483,7 +481,7 @@ impl<'a> BackwardCx<'a> {
             .get(i)
             .copied()
             .flatten()
-            .ok_or_else(|| format!("required input {i} is missing"))
+            .ok_or(RuleError::MissingInput(i))
     }
 
     /// The fact of output `i`.
@@ -492,7 +490,7 @@ impl<'a> BackwardCx<'a> {
             .get(i)
             .copied()
             .flatten()
-            .ok_or_else(|| format!("output {i} is not declared"))
+            .ok_or(RuleError::MissingOutput(i))
     }
 
     /// A saved tensor; an error when it was not given, i.e. when the kernel reads
@@ -502,7 +500,7 @@ impl<'a> BackwardCx<'a> {
             .iter()
             .find(|(k, _)| *k == s)
             .map(|(_, t)| *t)
-            .ok_or_else(|| format!("the backward kernel reads {s:?}, which was not saved for it"))
+            .ok_or_else(|| RuleError::NotSaved(format!("{s:?}")))
     }
 
     /// The incoming gradient of output `i` as f32 (zeros when none flows in).
@@ -514,7 +512,8 @@ impl<'a> BackwardCx<'a> {
                     return Err(format!(
                         "the gradient of output {i} is {:?}, the output {:?}",
                         g.shape, f.shape
-                    ));
+                    )
+                    .into());
                 }
                 g.to_f32()
             }
@@ -542,15 +541,12 @@ impl<'a> BackwardCx<'a> {
 
 /// The backward kernel of an op that has no gradient (its rule answers `Ok(None)`).
 pub fn no_gradient(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-    Err(format!("{} has no gradient", cx.node.op_type))
+    Err(RuleError::NoGradient(cx.node.op_type.clone()))
 }
 
 /// The backward kernel of an op with a backward rule but no CPU kernel yet.
 pub fn no_backward_kernel(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-    Err(format!(
-        "the CPU executor has no backward kernel for {} yet",
-        cx.node.op_type
-    ))
+    Err(RuleError::NoBackwardKernel(cx.node.op_type.clone()))
 }
 
 /// Output storage of an op in PyTorch (for memory of training steps, where views
@@ -623,7 +619,7 @@ pub fn registry() -> &'static Registry {
 pub fn axis(a: i64, rank: usize) -> RuleResult<usize> {
     let r = rank as i64;
     if a < -r || a >= r {
-        return Err(format!("axis {a} is out of range for rank {rank}"));
+        return Err(format!("axis {a} is out of range for rank {rank}").into());
     }
     Ok(if a < 0 { (a + r) as usize } else { a as usize })
 }
@@ -646,7 +642,8 @@ pub fn broadcast(shapes: &[&[usize]]) -> RuleResult<Vec<usize>> {
                         .map(|s| format!("{s:?}"))
                         .collect::<Vec<_>>()
                         .join(" and ")
-                ));
+                )
+                .into());
             }
         }
     }
@@ -655,15 +652,15 @@ pub fn broadcast(shapes: &[&[usize]]) -> RuleResult<Vec<usize>> {
 
 /// Converts a non-negative i64 dimension to usize with a clear error.
 pub fn dim(v: i64, what: &str) -> RuleResult<usize> {
-    usize::try_from(v).map_err(|_| format!("{what} {v} is negative"))
+    Ok(usize::try_from(v).map_err(|_| format!("{what} {v} is negative"))?)
 }
 
 /// Maps an ONNX dtype code attribute (`to`, `dtype`) to a [`DType`].
 pub fn dtype_attr(code: i64) -> RuleResult<DType> {
-    i32::try_from(code)
+    Ok(i32::try_from(code)
         .ok()
         .and_then(DType::from_onnx)
-        .ok_or_else(|| format!("unknown dtype code {code}"))
+        .ok_or_else(|| format!("unknown dtype code {code}"))?)
 }
 
 #[cfg(test)]

@@ -36,13 +36,13 @@ impl Op for BatchNorm {
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
         let x = cx.input(0)?;
         if x.rank() < 2 {
-            return Err(format!("input must be [N, C, ...], got {:?}", x.shape));
+            return Err(format!("input must be [N, C, ...], got {:?}", x.shape).into());
         }
         let c = x.shape[1];
         for (i, name) in [(1, "scale"), (2, "B"), (3, "mean"), (4, "var")] {
             let f = cx.input(i)?;
             if f.shape != [c] {
-                return Err(format!("{name} is {:?}, expected [{c}]", f.shape));
+                return Err(format!("{name} is {:?}, expected [{c}]", f.shape).into());
             }
         }
         let stat = cx.input(3)?.dtype;
@@ -235,7 +235,7 @@ impl Op for SameShapeNorm {
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
         let x = cx.input(0)?;
         if x.rank() < 2 {
-            return Err(format!("input must be [N, C, ...], got {:?}", x.shape));
+            return Err(format!("input must be [N, C, ...], got {:?}", x.shape).into());
         }
         Ok(vec![Fact::new(x.dtype, x.shape.clone())])
     }
@@ -306,7 +306,7 @@ impl Op for Softmax {
         let default = if cx.opset >= 13 { -1 } else { 1 };
         axis(cx.attrs().int_or("axis", default), x.rank())?;
         if !x.dtype.is_float() {
-            return Err(format!("input must be floating point, got {}", x.dtype));
+            return Err(format!("input must be floating point, got {}", x.dtype).into());
         }
         Ok(vec![Fact::new(x.dtype, x.shape.clone())])
     }
@@ -423,7 +423,7 @@ impl Op for LpNorm {
         let a = axis(cx.attrs().int_or("axis", -1), x.rank())?;
         let p = cx.attrs().int_or("p", 2);
         if p != 1 && p != 2 {
-            return Err(format!("p must be 1 or 2, got {p}"));
+            return Err(format!("p must be 1 or 2, got {p}").into());
         }
         let (outer, n, inner) = split_axis(&x.shape, a);
         let xs = x.to_f32()?;

@@ -158,7 +158,7 @@ impl Op for Reduce {
                 "ReduceMax" => (i64::MIN, i64::max),
                 "ReduceMin" => (i64::MAX, i64::min),
                 "ReduceProd" => (1, i64::wrapping_mul),
-                other => return Err(format!("{other} on {} is not supported", x.dtype())),
+                other => return Err(format!("{other} on {} is not supported", x.dtype()).into()),
             };
             let xs = x.to_i64s();
             let mut acc = vec![init; n_out];
@@ -200,7 +200,7 @@ impl Op for Reduce {
                 });
                 sum.iter().zip(&max).map(|(s, m)| s.ln() + m).collect()
             }
-            other => return Err(format!("no kernel for {other}")),
+            other => return Err(format!("no kernel for {other}").into()),
         };
         let v = acc.into_iter().map(|a| a as f32).collect();
         Ok(vec![Tensor::from_f32(x.dtype(), out, v)?])
@@ -380,7 +380,7 @@ impl Op for TopK {
         let a = axis(cx.attrs().int_or("axis", -1), x.rank())?;
         let k = dim(cx.value(1)?.scalar_int().ok_or("K must be one value")?, "K")?;
         if k > x.shape[a] {
-            return Err(format!("K = {k} exceeds axis size {}", x.shape[a]));
+            return Err(format!("K = {k} exceeds axis size {}", x.shape[a]).into());
         }
         let mut shape = x.shape.clone();
         shape[a] = k;

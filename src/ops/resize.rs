@@ -57,7 +57,7 @@ fn config(attrs: &Attrs, opset: i64) -> RuleResult<Config> {
         "nearest" => Mode::Nearest,
         "linear" => Mode::Linear,
         "cubic" if opset >= 11 => Mode::Cubic,
-        m => return Err(format!("unknown mode '{m}' (opset {opset})")),
+        m => return Err(format!("unknown mode '{m}' (opset {opset})").into()),
     };
     if opset < 11 {
         // Resize-10 is Upsample-9 with scales as an input: asymmetric coordinates
@@ -86,14 +86,14 @@ fn config(attrs: &Attrs, opset: i64) -> RuleResult<Config> {
                 "coordinate_transformation_mode 'tf_crop_and_resize' is not supported".into(),
             )
         }
-        m => return Err(format!("unknown coordinate_transformation_mode '{m}'")),
+        m => return Err(format!("unknown coordinate_transformation_mode '{m}'").into()),
     };
     let round = match attrs.string("nearest_mode").unwrap_or("round_prefer_floor") {
         "round_prefer_floor" => Round::PreferFloor,
         "round_prefer_ceil" => Round::PreferCeil,
         "floor" => Round::Floor,
         "ceil" => Round::Ceil,
-        m => return Err(format!("unknown nearest_mode '{m}'")),
+        m => return Err(format!("unknown nearest_mode '{m}'").into()),
     };
     Ok(Config {
         mode,
@@ -144,7 +144,7 @@ fn plan(
             s.sort_unstable();
             s.dedup();
             if s.len() != v.len() {
-                return Err(format!("attribute 'axes' {a:?} repeats an axis"));
+                return Err(format!("attribute 'axes' {a:?} repeats an axis").into());
             }
             v
         }
@@ -168,16 +168,17 @@ fn plan(
                     "'scales' has {} values for {} axes of input {x:?}",
                     s.len(),
                     axes.len()
-                ));
+                )
+                .into());
             }
             for (&a, &sc) in axes.iter().zip(&s) {
                 if !(sc > 0.0 && sc.is_finite()) {
-                    return Err(format!("scale {sc} must be positive and finite"));
+                    return Err(format!("scale {sc} must be positive and finite").into());
                 }
                 // floor(input · scale) in f64, as the ONNX reference computes it.
                 let o = (x[a] as f64 * sc).floor();
                 if o > (1u64 << 40) as f64 {
-                    return Err(format!("scale {sc} gives an output dimension too large"));
+                    return Err(format!("scale {sc} gives an output dimension too large").into());
                 }
                 out[a] = Axis {
                     n_in: x[a],
@@ -193,7 +194,8 @@ fn plan(
                     "'sizes' has {} values for {} axes of input {x:?}",
                     sz.len(),
                     axes.len()
-                ));
+                )
+                .into());
             }
             let sz = sz
                 .iter()
@@ -201,7 +203,7 @@ fn plan(
                 .collect::<RuleResult<Vec<_>>>()?;
             for (&a, &n) in axes.iter().zip(&sz) {
                 if x[a] == 0 && n > 0 {
-                    return Err(format!("axis {a} of length 0 cannot be resized to {n}"));
+                    return Err(format!("axis {a} of length 0 cannot be resized to {n}").into());
                 }
             }
             let policy = if opset >= 18 {
@@ -256,7 +258,7 @@ fn plan(
                         }
                     }
                 }
-                p => return Err(format!("unknown keep_aspect_ratio_policy '{p}'")),
+                p => return Err(format!("unknown keep_aspect_ratio_policy '{p}'").into()),
             }
         }
     }
@@ -276,7 +278,7 @@ fn plan(
             return Err(format!(
                 "Resize-10 nearest downsampling ({} to {}) has no exact rounding rule; use opset 11+",
                 a.n_in, a.n_out
-            ));
+            ).into());
         }
     }
     Ok(out)
@@ -551,7 +553,8 @@ impl Op for Resize {
             return Err(format!(
                 "{:?} interpolation of a {} tensor is not supported",
                 cfg.mode, x.dtype
-            ));
+            )
+            .into());
         }
         Ok(vec![Fact::new(
             x.dtype,
@@ -594,7 +597,8 @@ impl Op for Resize {
             return Err(format!(
                 "the runtime scales/sizes give {shape:?}, inference {:?}",
                 cx.out(0)?.shape
-            ));
+            )
+            .into());
         }
         if cfg.mode == Mode::Nearest {
             let offs = nearest_offsets(&cfg, &axes);
@@ -810,7 +814,9 @@ mod tests {
     #[test]
     fn bad_inputs_are_errors() {
         let err = |attrs: &[(&str, Attr)], opset, inputs| run(attrs, opset, inputs).unwrap_err();
-        assert!(err(&[], 13, vec![x(), None, None, None]).contains("one of"));
+        assert!(err(&[], 13, vec![x(), None, None, None])
+            .to_string()
+            .contains("one of"));
         assert!(err(
             &[],
             13,
@@ -821,40 +827,53 @@ mod tests {
                 Some(ints(&[2, 3, 4, 4]))
             ]
         )
+        .to_string()
         .contains("only one"));
-        assert!(err(&[], 13, vec![x(), None, Some(floats(&[2., 2.]))]).contains("2 values"));
+        assert!(err(&[], 13, vec![x(), None, Some(floats(&[2., 2.]))])
+            .to_string()
+            .contains("2 values"));
         assert!(
-            err(&[], 13, vec![x(), None, Some(floats(&[1., 1., 0., 2.]))]).contains("positive")
+            err(&[], 13, vec![x(), None, Some(floats(&[1., 1., 0., 2.]))])
+                .to_string()
+                .contains("positive")
         );
         assert!(
-            err(&[], 13, vec![x(), None, None, Some(ints(&[2, 3, -1, 4]))]).contains("negative")
+            err(&[], 13, vec![x(), None, None, Some(ints(&[2, 3, -1, 4]))])
+                .to_string()
+                .contains("negative")
         );
         // A data-dependent scales input.
         let dynamic = Some(Fact::new(DType::F32, vec![4]));
-        assert!(err(&[], 13, vec![x(), None, dynamic]).contains("constant"));
+        assert!(err(&[], 13, vec![x(), None, dynamic])
+            .to_string()
+            .contains("constant"));
         assert!(err(
             &[("coordinate_transformation_mode", s("tf_crop_and_resize"))],
             13,
             vec![x(), None, Some(floats(&[1., 1., 2., 2.]))]
         )
+        .to_string()
         .contains("tf_crop_and_resize"));
         assert!(err(
             &[("mode", s("cubic")), ("antialias", Attr::Int(1))],
             18,
             vec![x(), None, Some(floats(&[1., 1., 0.5, 0.5]))]
         )
+        .to_string()
         .contains("antialias"));
         assert!(err(
             &[("mode", s("area"))],
             13,
             vec![x(), None, Some(floats(&[1., 1., 2., 2.]))]
         )
+        .to_string()
         .contains("unknown mode"));
         assert!(err(
             &[("axes", Attr::Ints(vec![2, 2]))],
             18,
             vec![x(), None, Some(floats(&[2., 2.]))]
         )
+        .to_string()
         .contains("repeats"));
         assert!(err(
             &[("mode", s("linear"))],
@@ -865,8 +884,11 @@ mod tests {
                 Some(floats(&[1., 2.]))
             ]
         )
+        .to_string()
         .contains("not supported"));
-        assert!(err(&[], 10, vec![x(), Some(floats(&[1., 1., 0.5, 0.5]))]).contains("opset 11"));
+        assert!(err(&[], 10, vec![x(), Some(floats(&[1., 1., 0.5, 0.5]))])
+            .to_string()
+            .contains("opset 11"));
     }
 
     #[test]

@@ -32,7 +32,7 @@ use crate::ops::{self, layout, registry, Backward, Cx, Fact, Saved};
 
 /// Per-node facts the builder needs.
 struct NodeRule {
-    backward: std::result::Result<Option<Backward>, String>,
+    backward: std::result::Result<Option<Backward>, ops::RuleError>,
     storage: ops::Storage,
 }
 

@@ -28,30 +28,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 pub use alloc::{MemCounter, MemoryReport};
 pub use tensor::{DeviceTensor, Strided, Win};
 
-/// An error of the GPU backend, one line (NVRTC logs excepted).
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum CudaError {
-    /// A CUDA library cannot be loaded (no driver, no toolkit, no GPU).
-    #[error("{0}")]
-    Unavailable(String),
-    /// A CUDA driver call failed.
-    #[error("CUDA driver: {0}")]
-    Driver(String),
-    /// A kernel source did not compile.
-    #[error("NVRTC could not compile kernels/{file}:\n{log}")]
-    Compile {
-        /// The kernels/ file.
-        file: &'static str,
-        /// NVRTC's log.
-        log: String,
-    },
-    /// A cuBLAS call failed.
-    #[error("cuBLAS: {0}")]
-    Blas(String),
-    /// An op's device kernel rejected its inputs or is missing.
-    #[error("{0}")]
-    Kernel(String),
-}
+pub use crate::error::CudaError;
 
 /// Result of the GPU backend.
 pub type Result<T> = std::result::Result<T, CudaError>;
@@ -65,12 +42,6 @@ impl From<cudarc::driver::DriverError> for CudaError {
 impl From<cudarc::cublas::result::CublasError> for CudaError {
     fn from(e: cudarc::cublas::result::CublasError) -> CudaError {
         CudaError::Blas(format!("{e:?}"))
-    }
-}
-
-impl From<String> for CudaError {
-    fn from(e: String) -> CudaError {
-        CudaError::Kernel(e)
     }
 }
 

@@ -144,14 +144,14 @@ impl StepBackend for Cpu {
         Ok(t.clone())
     }
     fn cast(&self, t: &Tensor, dt: DType) -> std::result::Result<Tensor, String> {
-        t.cast(dt)
+        Ok(t.cast(dt)?)
     }
     /// Memory is the schedule's here: the value alone.
     fn copy(&self, t: &Tensor, _alloc: &[usize]) -> std::result::Result<Tensor, String> {
         Ok(t.clone())
     }
     fn reshaped(&self, t: &Tensor, shape: Vec<usize>) -> std::result::Result<Tensor, String> {
-        t.reshaped(shape)
+        Ok(t.reshaped(shape)?)
     }
     fn sum_f64(&self, t: &Tensor) -> std::result::Result<f64, String> {
         Ok(t.to_f64s().iter().sum())
@@ -181,7 +181,7 @@ impl StepBackend for Cpu {
         // Half-precision values are computed in f32.
         let widen = |v: &Tensor| -> std::result::Result<Option<Tensor>, String> {
             if v.dtype().is_float() && v.dtype() != DType::F32 {
-                v.cast(DType::F32).map(Some)
+                Ok(v.cast(DType::F32).map(Some)?)
             } else {
                 Ok(None)
             }
@@ -221,7 +221,7 @@ impl StepBackend for Cpu {
             wanted,
             dropout: opts.dropout,
         };
-        op.backward_cpu(&bcx)
+        Ok(op.backward_cpu(&bcx)?)
     }
     fn accumulate(&self, acc: &mut Tensor, d: &Tensor) -> std::result::Result<(), String> {
         let dt = acc.dtype();

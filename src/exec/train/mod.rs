@@ -264,7 +264,7 @@ pub fn train_step_on<B: StepBackend>(
         )));
     }
     b.check(s, opts).map_err(Error::Plan)?;
-    b.begin().map_err(Error::Graph)?;
+    b.begin().map_err(|e| Error::Graph(e.to_string()))?;
     let mut alloc = Allocator::new(s.storages.iter().map(|st| st.bytes).collect());
     // Values: forward tensors by tensor id; gradients by tensor id; extras and the
     // loss by storage id. Each lives in one storage.
@@ -285,7 +285,7 @@ pub fn train_step_on<B: StepBackend>(
     }
     for (v, val) in g.values.iter().enumerate() {
         if val.fixed {
-            alloc.alloc(v).map_err(Error::Graph)?;
+            alloc.alloc(v).map_err(|e| Error::Graph(e.to_string()))?;
         }
     }
     // The optimizer: the schedule's must be the options'; its state starts at zero.
@@ -312,7 +312,8 @@ pub fn train_step_on<B: StepBackend>(
     if let Some(st) = state_st {
         let n = opts.optimizer.states() as usize * n_params;
         let dt = s.storages[st].dtype;
-        let z = Tensor::from_f32(dt, vec![n], vec![0.0; n]).map_err(Error::Graph)?;
+        let z =
+            Tensor::from_f32(dt, vec![n], vec![0.0; n]).map_err(|e| Error::Graph(e.to_string()))?;
         if dt.bytes_for(n as u64) != Some(s.storages[st].bytes) {
             return Err(Error::Graph(format!(
                 "the optimizer state is {} bytes for {n} {dt} elements",
@@ -380,7 +381,7 @@ pub fn train_step_on<B: StepBackend>(
             let Some(folded) = folded_value(inf, t).map_err(Error::Graph)? else {
                 continue;
             };
-            let folded = stored(s, t, folded).map_err(Error::Graph)?;
+            let folded = stored(s, t, folded).map_err(|e| Error::Graph(e.to_string()))?;
             if folded.dtype().bytes_for(folded.numel() as u64) != Some(s.storages[v].bytes) {
                 continue;
             }
@@ -663,7 +664,7 @@ pub fn train_step_on<B: StepBackend>(
                         };
                         let st = step.writes[0];
                         let dt = s.storages[st].dtype;
-                        let g0 = g0.cast(dt).map_err(&err)?;
+                        let g0 = g0.cast(dt).map_err(|e| err(e.into()))?;
                         if dt.bytes_for(g0.numel() as u64) != Some(s.storages[st].bytes) {
                             return Err(err(format!(
                                 "writes {} bytes into '{}' of {}",
@@ -680,7 +681,7 @@ pub fn train_step_on<B: StepBackend>(
                                     f.shape.clone(),
                                     vec![1.0; f.numel() as usize],
                                 )
-                                .map_err(&err)?,
+                                .map_err(|e| err(e.into()))?,
                             })
                             .map_err(&err)?,
                         );
@@ -788,7 +789,8 @@ pub fn train_step_on<B: StepBackend>(
             }
         }
         live_after.push(b.live_bytes().unwrap_or(alloc.current));
-        b.after_instruction().map_err(Error::Graph)?;
+        b.after_instruction()
+            .map_err(|e| Error::Graph(e.to_string()))?;
     }
     if let Some(i) = executions.iter().position(|&e| e == 0) {
         return Err(Error::Graph(format!(
@@ -810,18 +812,18 @@ pub fn train_step_on<B: StepBackend>(
         .as_ref()
         .or(params[out0].as_ref())
         .ok_or_else(|| Error::Graph("the model output was freed".into()))?;
-    let output = b.get(output).map_err(Error::Graph)?;
+    let output = b.get(output).map_err(|e| Error::Graph(e.to_string()))?;
     let seconds = t_start.elapsed().as_secs_f64();
     let params = params
         .iter()
         .map(|p| p.as_ref().map(|p| b.get(p)).transpose())
         .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(Error::Graph)?;
+        .map_err(|e| Error::Graph(e.to_string()))?;
     let state = state_st
         .and_then(|st| sval[st].as_ref())
         .map(|v| b.get(v))
         .transpose()
-        .map_err(Error::Graph)?;
+        .map_err(|e| Error::Graph(e.to_string()))?;
     Ok(StepResult {
         loss: loss_f64,
         output,

@@ -14,7 +14,7 @@ pub(super) fn stored(s: &Schedule, t: TensorId, v: Tensor) -> std::result::Resul
     }
     let dt = s.storages[st].dtype;
     if dt.is_float() && dt != v.dtype() {
-        v.cast(dt)
+        Ok(v.cast(dt)?)
     } else {
         Ok(v)
     }
@@ -156,7 +156,7 @@ pub(super) fn run_kernel(
         dropout: opts.dropout,
         extras,
     };
-    op.forward_cpu(&cx)
+    Ok(op.forward_cpu(&cx)?)
 }
 
 /// The value inference folded for tensor `t`, as a tensor of its type.

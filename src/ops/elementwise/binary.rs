@@ -215,7 +215,7 @@ pub(super) fn binary_kernel(cx: &KernelCx, compare: bool) -> RuleResult<Vec<Tens
                     "Or" => |x, y| x || y,
                     "Xor" => |x, y| x != y,
                     "Equal" => |x, y| x == y,
-                    other => return Err(format!("{other} on bool is not supported")),
+                    other => return Err(format!("{other} on bool is not supported").into()),
                 };
                 zip2(&out, (x, sa), (y, sb), f)
             }
@@ -226,7 +226,7 @@ pub(super) fn binary_kernel(cx: &KernelCx, compare: bool) -> RuleResult<Vec<Tens
                     "LessOrEqual" => |x, y| x <= y,
                     "Greater" => |x, y| x > y,
                     "GreaterOrEqual" => |x, y| x >= y,
-                    other => return Err(format!("{other} on integers is not supported")),
+                    other => return Err(format!("{other} on integers is not supported").into()),
                 };
                 zip2(&out, (&a.to_i64s(), sa), (&b.to_i64s(), sb), f)
             }
@@ -237,7 +237,7 @@ pub(super) fn binary_kernel(cx: &KernelCx, compare: bool) -> RuleResult<Vec<Tens
                     "LessOrEqual" => |x, y| x <= y,
                     "Greater" => |x, y| x > y,
                     "GreaterOrEqual" => |x, y| x >= y,
-                    other => return Err(format!("{other} on floats is not supported")),
+                    other => return Err(format!("{other} on floats is not supported").into()),
                 };
                 zip2(&out, (&float_operand(a)?, sa), (&float_operand(b)?, sb), f)
             }
@@ -256,7 +256,7 @@ pub(super) fn binary_kernel(cx: &KernelCx, compare: bool) -> RuleResult<Vec<Tens
             "PRelu" => |x, s| if x < 0.0 { x * s } else { x },
             "Mod" if fmod => |x, y| x % y,
             "Mod" => return Err("Mod on floats needs fmod = 1".into()),
-            other => return Err(format!("{other} on floats is not supported")),
+            other => return Err(format!("{other} on floats is not supported").into()),
         };
         let (x, y) = (a.to_f32()?, float_operand(b)?);
         let v = if sa == out.as_slice() && sb == out.as_slice() && x.len() >= PAR_ELEMS {
@@ -286,7 +286,7 @@ pub(super) fn binary_kernel(cx: &KernelCx, compare: bool) -> RuleResult<Vec<Tens
                 |x, y| ((x as u64) >> (y & 63)) as i64
             }
         }
-        other => return Err(format!("{other} on {dtype} is not supported")),
+        other => return Err(format!("{other} on {dtype} is not supported").into()),
     };
     let v = zip2(&out, (&a.to_i64s(), sa), (&b.to_i64s(), sb), f);
     Ok(vec![Tensor::from_i64(dtype, out, v)?])

@@ -96,7 +96,7 @@ impl Op for Where {
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
         let (c, x, y) = (cx.input(0)?, cx.input(1)?, cx.input(2)?);
         if x.dtype != y.dtype {
-            return Err(format!("X is {} but Y is {}", x.dtype, y.dtype));
+            return Err(format!("X is {} but Y is {}", x.dtype, y.dtype).into());
         }
         let shape = broadcast(&[&c.shape, &x.shape, &y.shape])?;
         let value = match (&c.value, &x.value, &y.value) {
@@ -326,14 +326,14 @@ impl Op for Clip {
             if cx.opset >= 11 {
                 match cx.inputs.get(i).copied().flatten() {
                     None => Ok(None),
-                    Some(f) => f
+                    Some(f) => Ok(f
                         .value
                         .as_ref()
                         .and_then(|v| v.scalar_float())
                         .map(|v| Some(v as f32))
                         .ok_or_else(|| {
                             format!("bound {i} is not a constant, and the rule saves only x")
-                        }),
+                        })?),
                 }
             } else {
                 Ok(cx.attrs().float(attr))
@@ -465,7 +465,7 @@ impl Op for Dropout {
         let ratio = Self::ratio(&rcx);
         let mask = match &cx.saved(Saved::Extra(0))?.elems {
             Elems::Bool(m) => m,
-            e => return Err(format!("the mask is {}, expected bool", e.dtype())),
+            e => return Err(format!("the mask is {}, expected bool", e.dtype()).into()),
         };
         let scale = if ratio < 1.0 {
             (1.0 / (1.0 - ratio)) as f32
@@ -559,7 +559,7 @@ pub(super) fn where_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
                 $((Elems::$var(a), Elems::$var(b)) => Elems::$var(
                     picks.iter().map(|&(c, j, k)| if c { a[j] } else { b[k] }).collect(),
                 ),)*
-                _ => return Err(format!("X is {} but Y is {}", x.dtype(), y.dtype())),
+                _ => return Err(format!("X is {} but Y is {}", x.dtype(), y.dtype()).into()),
             }
         };
     }
@@ -575,7 +575,7 @@ pub(super) fn clip_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
             match cx.opt(i) {
                 None => Ok(None),
                 Some(t) if t.numel() == 1 => Ok(Some(t.to_f64s()[0])),
-                Some(t) => Err(format!("input {i} must be a scalar, got {:?}", t.shape)),
+                Some(t) => Err(format!("input {i} must be a scalar, got {:?}", t.shape).into()),
             }
         } else {
             Ok(cx.attrs().float(attr).map(f64::from))
@@ -616,7 +616,7 @@ pub(super) fn dropout_training(cx: &KernelCx) -> RuleResult<(bool, f64)> {
         )
     };
     if !(0.0..=1.0).contains(&ratio) {
-        return Err(format!("ratio {ratio} is outside [0, 1]"));
+        return Err(format!("ratio {ratio} is outside [0, 1]").into());
     }
     Ok((training && ratio != 0.0, ratio))
 }

@@ -80,7 +80,7 @@ fn gelu_params(a: &Attrs) -> RuleResult<Params> {
     match a.string("approximate").unwrap_or("none") {
         "none" => Ok([0.0; 3]),
         "tanh" => Ok([1.0, 0.0, 0.0]),
-        other => Err(format!("unknown approximate '{other}'")),
+        other => Err(format!("unknown approximate '{other}'").into()),
     }
 }
 
@@ -592,7 +592,7 @@ impl Op for Unary {
         }
         if !x.dtype().is_float() {
             let Some(f) = self.0.int else {
-                return Err(format!("{} on {} is not supported", self.0.name, x.dtype()));
+                return Err(format!("{} on {} is not supported", self.0.name, x.dtype()).into());
             };
             let v = x.to_i64s().into_iter().map(f).collect();
             return Ok(vec![Tensor::from_i64(x.dtype(), shape, v)?]);
@@ -700,7 +700,7 @@ impl Op for Predicate {
 pub(super) fn not(x: &Tensor, _: &Attrs) -> RuleResult<Vec<bool>> {
     match &x.elems {
         Elems::Bool(b) => Ok(b.iter().map(|&b| !b).collect()),
-        e => Err(format!("Not takes bool, got {}", e.dtype())),
+        e => Err(format!("Not takes bool, got {}", e.dtype()).into()),
     }
 }
 

@@ -14,7 +14,7 @@ impl Op for Tile {
         let x = cx.input(0)?;
         let reps = cx.value(1)?.to_ints();
         if reps.len() != x.rank() {
-            return Err(format!("repeats {reps:?} do not match rank {}", x.rank()));
+            return Err(format!("repeats {reps:?} do not match rank {}", x.rank()).into());
         }
         let shape = x
             .shape
@@ -22,7 +22,7 @@ impl Op for Tile {
             .zip(&reps)
             .map(|(&d, &r)| {
                 d.checked_mul(dim(r, "repeat")?)
-                    .ok_or_else(|| format!("tiling {d} by {r} overflows"))
+                    .ok_or_else(|| RuleError::from(format!("tiling {d} by {r} overflows")))
             })
             .collect::<RuleResult<Vec<_>>>()?;
         let st = strides(&x.shape);
@@ -114,7 +114,7 @@ impl Op for Pad {
             None => (0..r).collect(),
         };
         if pads.len() != 2 * axes.len() {
-            return Err(format!("pads {pads:?} do not match {} axes", axes.len()));
+            return Err(format!("pads {pads:?} do not match {} axes", axes.len()).into());
         }
         let mut shape = x.shape.clone();
         for (k, &a) in axes.iter().enumerate() {
@@ -173,11 +173,11 @@ impl Op for Pad {
         let konst = |i: usize| -> RuleResult<Option<Vec<i64>>> {
             match cx.inputs.get(i).copied().flatten() {
                 None => Ok(None),
-                Some(f) => f
+                Some(f) => Ok(f
                     .value
                     .as_ref()
                     .map(|v| Some(v.to_ints()))
-                    .ok_or_else(|| format!("input {i} must be a constant")),
+                    .ok_or_else(|| format!("input {i} must be a constant"))?),
             }
         };
         let pads = if cx.opset >= 11 {
@@ -220,7 +220,7 @@ pub(super) fn pad_sources(
         None => (0..r).collect(),
     };
     if pads.len() < axes.len() {
-        return Err(format!("pads {pads:?} do not match {} axes", axes.len()));
+        return Err(format!("pads {pads:?} do not match {} axes", axes.len()).into());
     }
     let mut begin = vec![0i64; r];
     for (k, &a) in axes.iter().enumerate() {
@@ -247,7 +247,9 @@ pub(super) fn pad_sources(
                     }
                     "constant" => None,
                     other => {
-                        return Err(format!("pad mode '{other}' on size {d} is not supported"))
+                        return Err(
+                            format!("pad mode '{other}' on size {d} is not supported").into()
+                        )
                     }
                 }
             };

@@ -32,7 +32,8 @@ impl Op for Concat {
                 return Err(format!(
                     "inputs {:?} and {:?} differ outside axis {a}",
                     first.shape, f.shape
-                ));
+                )
+                .into());
             }
             shape[a] = shape[a]
                 .checked_add(f.shape[a])
@@ -181,7 +182,8 @@ impl Op for Split {
         if sizes.len() != n || covered != Some(total) {
             return Err(format!(
                 "split sizes {sizes:?} do not cover axis {a} of size {total} with {n} outputs"
-            ));
+            )
+            .into());
         }
         Ok(sizes
             .iter()
@@ -429,11 +431,11 @@ impl Op for Slice {
         let konst = |i: usize| -> RuleResult<Option<Vec<i64>>> {
             match cx.inputs.get(i).copied().flatten() {
                 None => Ok(None),
-                Some(f) => f
+                Some(f) => Ok(f
                     .value
                     .as_ref()
                     .map(|v| Some(v.to_ints()))
-                    .ok_or_else(|| format!("input {i} must be a constant")),
+                    .ok_or_else(|| format!("input {i} must be a constant"))?),
             }
         };
         let (starts, axes, steps) = if cx.opset >= 10 {
@@ -522,7 +524,7 @@ impl Op for Gather {
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
         let (x, ind) = (cx.input(0)?, cx.input(1)?);
         if !ind.dtype.is_int() {
-            return Err(format!("indices must be integers, got {}", ind.dtype));
+            return Err(format!("indices must be integers, got {}", ind.dtype).into());
         }
         let a = axis(cx.attrs().int_or("axis", 0), x.rank())?;
         let mut shape = x.shape[..a].to_vec();
@@ -533,7 +535,7 @@ impl Op for Gather {
             (Some(v), Some(iv)) => {
                 let idx: Vec<i64> = iv.to_ints();
                 if let Some(bad) = idx.iter().find(|&&i| i < -d || i >= d) {
-                    return Err(format!("index {bad} out of range for axis of size {d}"));
+                    return Err(format!("index {bad} out of range for axis of size {d}").into());
                 }
                 let st = strides(&x.shape);
                 let ir = ind.rank();
@@ -609,7 +611,9 @@ impl Op for Gather {
             .iter()
             .map(|&i| {
                 if i < -d || i >= d {
-                    Err(format!("index {i} out of range for axis of size {d}"))
+                    Err(RuleError::from(format!(
+                        "index {i} out of range for axis of size {d}"
+                    )))
                 } else {
                     Ok((if i < 0 { i + d } else { i }) as usize)
                 }
@@ -644,7 +648,7 @@ impl Op for Gather {
             for &i in &idx {
                 let row = if i < 0 { i + d as i64 } else { i };
                 if row < 0 || row >= d as i64 {
-                    return Err(format!("index {i} out of range for axis of size {d}"));
+                    return Err(format!("index {i} out of range for axis of size {d}").into());
                 }
                 let base = (o * d + row as usize) * inner;
                 for (t, &gv) in dx[base..base + inner].iter_mut().zip(&g[k..k + inner]) {
@@ -677,7 +681,8 @@ impl Op for GatherElements {
             return Err(format!(
                 "data {:?} and indices {:?} differ in rank",
                 x.shape, ind.shape
-            ));
+            )
+            .into());
         }
         Ok(vec![Fact::new(x.dtype, ind.shape.clone())])
     }
@@ -715,7 +720,9 @@ impl Op for GatherElements {
                 let c = (k / inner.max(1)) % ind.shape[a].max(1);
                 let i = idx[k];
                 if i < -d || i >= d {
-                    return Err(format!("index {i} out of range for axis of size {d}"));
+                    return Err(RuleError::from(format!(
+                        "index {i} out of range for axis of size {d}"
+                    )));
                 }
                 let i = if i < 0 { i + d } else { i } as usize;
                 Ok(b - c * xst[a] + i * xst[a])
@@ -740,7 +747,7 @@ impl Op for GatherElements {
             let c = (k / inner.max(1)) % ind.shape[a].max(1);
             let i = idx[k];
             if i < -d || i >= d {
-                return Err(format!("index {i} out of range for axis of size {d}"));
+                return Err(format!("index {i} out of range for axis of size {d}").into());
             }
             let i = if i < 0 { i + d } else { i } as usize;
             dx[b - c * xst[a] + i * xst[a]] += g[k];

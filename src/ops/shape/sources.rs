@@ -261,9 +261,10 @@ impl Op for Range {
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
         let dtype = cx.input(0)?.dtype;
         let get = |i| -> RuleResult<f64> {
-            cx.value(i)?
+            Ok(cx
+                .value(i)?
                 .scalar_float()
-                .ok_or_else(|| format!("input {i} must be a scalar"))
+                .ok_or_else(|| format!("input {i} must be a scalar"))?)
         };
         let (s, l, d) = (get(0)?, get(1)?, get(2)?);
         if d == 0.0 {
@@ -271,7 +272,7 @@ impl Op for Range {
         }
         let n = ((l - s) / d).ceil().max(0.0);
         if n > u32::MAX as f64 {
-            return Err(format!("range of {n} elements is too large"));
+            return Err(format!("range of {n} elements is too large").into());
         }
         let n = n as usize;
         let value = (n <= MAX_FOLD_ELEMS).then(|| Value {
@@ -303,7 +304,7 @@ impl Op for Range {
         let get = |i: usize| -> RuleResult<&Tensor> {
             let t = cx.input(i)?;
             if t.numel() != 1 {
-                return Err(format!("input {i} must be a scalar"));
+                return Err(format!("input {i} must be a scalar").into());
             }
             Ok(t)
         };

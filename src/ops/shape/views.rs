@@ -17,7 +17,7 @@ pub fn reshape_target(input: &[usize], target: &[i64], allowzero: bool) -> RuleR
                 infer_at = Some(i);
                 out.push(1);
             }
-            -1 => return Err(format!("shape {target:?} has more than one -1")),
+            -1 => return Err(format!("shape {target:?} has more than one -1").into()),
             0 if !allowzero => out.push(*input.get(i).ok_or_else(|| {
                 format!(
                     "shape {target:?} copies dim {i} of a rank-{} input",
@@ -31,15 +31,16 @@ pub fn reshape_target(input: &[usize], target: &[i64], allowzero: bool) -> RuleR
     let known = numel(&out);
     if let Some(i) = infer_at {
         if known == 0 || total % known != 0 {
-            return Err(format!(
-                "cannot reshape {input:?} ({total} elements) to {target:?}"
-            ));
+            return Err(
+                format!("cannot reshape {input:?} ({total} elements) to {target:?}").into(),
+            );
         }
         out[i] = (total / known) as usize;
     } else if known != total {
         return Err(format!(
             "cannot reshape {input:?} ({total} elements) to {target:?} ({known} elements)"
-        ));
+        )
+        .into());
     }
     Ok(out)
 }
@@ -178,7 +179,7 @@ impl Op for Transpose {
         };
         let mut seen = vec![false; r];
         if perm.len() != r || perm.iter().any(|&p| std::mem::replace(&mut seen[p], true)) {
-            return Err(format!("perm {perm:?} is not a permutation of rank {r}"));
+            return Err(format!("perm {perm:?} is not a permutation of rank {r}").into());
         }
         let shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
         let st = strides(&x.shape);
@@ -295,7 +296,8 @@ impl Op for Squeeze {
             return Err(format!(
                 "cannot squeeze axis {a} of size {} in {:?}",
                 x.shape[a], x.shape
-            ));
+            )
+            .into());
         }
         let shape: Vec<usize> = (0..x.rank())
             .filter(|i| !axes.contains(i))
@@ -362,7 +364,7 @@ impl Op for Unsqueeze {
         let mut axes: Vec<usize> = raw.iter().map(|&a| axis(a, r)).collect::<RuleResult<_>>()?;
         axes.sort_unstable();
         if axes.windows(2).any(|w| w[0] == w[1]) {
-            return Err(format!("repeated axes {raw:?}"));
+            return Err(format!("repeated axes {raw:?}").into());
         }
         let mut src = x.shape.iter();
         let shape: Vec<usize> = (0..r)

@@ -14,7 +14,7 @@ pub(super) fn unary_code(
     let Some((code, row)) = unary_row(op).filter(|(_, r)| r.cuda.is_some()) else {
         return Ok(None);
     };
-    let p = row.params(a).map_err(CudaError::Kernel)?;
+    let p = row.params(a).map_err(CudaError::from)?;
     Ok(Some((code, row, p)))
 }
 

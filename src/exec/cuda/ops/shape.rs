@@ -438,7 +438,7 @@ pub(super) fn gather_bwd(dev: &Device, cx: &DevBackwardCx) -> Result<Vec<(usize,
                     )
                 })?
                 .to_ints();
-            let t = Tensor::from_i64(DType::I64, vec![v.len()], v).map_err(CudaError::Kernel)?;
+            let t = Tensor::from_i64(DType::I64, vec![v.len()], v).map_err(CudaError::from)?;
             held = dev.upload(&t)?;
             &held
         }
