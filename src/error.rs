@@ -60,14 +60,24 @@ pub enum Error {
         reason: String,
     },
     /// A symbolic dimension of a graph input has no value.
-    #[error("dimension '{dim}' of input '{input}' is unbound: pass {hint}")]
+    #[error("dimension '{dim}' of input '{input}' is unbound: {}", unbound_hint(.hint))]
     UnboundDim {
         /// The dim_param (or a description for an anonymous dim).
         dim: String,
         /// The graph input that carries it.
         input: String,
-        /// What to pass on the command line.
-        hint: String,
+        /// The setting that gives it a value (`None`: only the model can, an
+        /// anonymous dimension past the first).
+        hint: Option<Setting>,
+    },
+    /// A setting's value that the model contradicts or that is out of range; the
+    /// message names the setting in words, a front end may add its own name for it.
+    #[error("{reason}")]
+    Setting {
+        /// The setting.
+        setting: Setting,
+        /// What is wrong with it.
+        reason: String,
     },
     /// A dimension binding from the user contradicts the model.
     #[error("{0}")]
@@ -82,12 +92,61 @@ pub enum Error {
     /// A plan.json that cannot be read, or that does not fit the step it is used for.
     #[error("{0}")]
     Plan(String),
-    /// A run that would not fit the memory it may use (`verify --max-memory`).
-    #[error("{0}")]
-    Memory(String),
+}
+
+/// A setting of a run, which a front end names its own way (the CLI: its flags;
+/// the library's messages name none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Setting {
+    /// The batch size.
+    Batch,
+    /// The value of one named input dimension.
+    Dim(String),
+    /// The device memory `fit` fits into.
+    Memory,
+    /// The memory a `verify` run may use.
+    MaxMemory,
+    /// The loss reduction of a training step.
+    Loss,
+}
+
+impl std::fmt::Display for Setting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Setting::Batch => write!(f, "the batch size"),
+            Setting::Dim(d) => write!(f, "a value for dimension '{d}'"),
+            Setting::Memory => write!(f, "the device memory"),
+            Setting::MaxMemory => write!(f, "the memory limit"),
+            Setting::Loss => write!(f, "the loss"),
+        }
+    }
+}
+
+fn unbound_hint(hint: &Option<Setting>) -> String {
+    match hint {
+        Some(s) => format!("set {s}"),
+        None => "only a model with that dimension named or fixed can be profiled".into(),
+    }
 }
 
 impl Error {
+    /// Builds a [`Error::Setting`].
+    pub fn setting(setting: Setting, reason: impl Into<String>) -> Self {
+        Error::Setting {
+            setting,
+            reason: reason.into(),
+        }
+    }
+
+    /// The setting an error is about, if any (for a front end's hint).
+    pub fn about(&self) -> Option<&Setting> {
+        match self {
+            Error::Setting { setting, .. } => Some(setting),
+            Error::UnboundDim { hint, .. } => hint.as_ref(),
+            _ => None,
+        }
+    }
+
     /// Builds a [`Error::Rule`]: `source` at node `node` of type `op`.
     pub fn rule(node: &str, op: &str, source: RuleError) -> Self {
         Error::Rule {

@@ -13,7 +13,7 @@
 
 use serde::Serialize;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Setting};
 use crate::infer::{infer, Bindings, MAX_BATCH};
 use crate::ir::Model;
 use crate::memory::simulate;
@@ -518,7 +518,10 @@ pub fn planned_max_batch(model: &Model, o: &FitOptions, known_fit: u64) -> Resul
 /// Runs every strategy.
 pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
     if o.memory == 0 {
-        return Err(Error::Binding("--memory must be positive".into()));
+        return Err(Error::setting(
+            Setting::Memory,
+            "the device memory must be positive",
+        ));
     }
     if !crate::infer::has_batch_dim(model) {
         return Err(Error::Binding(
@@ -574,7 +577,7 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
                     let micro = t.div_ceil(steps);
                     (Some(micro * steps), Some(steps), format!("micro-batch {micro} × {steps} steps; gradients stay allocated between micro-batches"))
                 }
-                _ => (None, None, "gradients stay allocated between micro-batches; pass --target-batch for the steps".into()),
+                _ => (None, None, "gradients stay allocated between micro-batches; give a target batch for the steps".into()),
             },
             Strategy::DataParallel => (Some(mb * o.gpus), None, format!("per GPU: full replica + DDP gradient buckets; global batch over {} GPUs", o.gpus)),
             Strategy::Zero(k) => (Some(mb * o.gpus), None, format!("per GPU, {} partitioned over {} GPUs", match k { 1 => "optimizer state", 2 => "optimizer state and gradients", _ => "optimizer state, gradients and parameters" }, o.gpus)),

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Setting};
 use crate::ir::{DimDecl, Model, TensorId, TensorKind};
 use crate::ops::{registry, shape::literal_fact, Cx, Fact, RuleError};
 
@@ -75,7 +75,7 @@ pub fn has_batch_dim(model: &Model) -> bool {
 pub fn check_supported(model: &Model) -> Result<()> {
     if crate::onnx::is_rewrite(model) {
         return Err(Error::Rewrite(format!(
-            "a training step planned by `memplan plan --rewrite` (backward ops in domain {}), \
+            "a training step planned by memplan's plan rewrite (backward ops in domain {}), \
              not a model: run memplan on the original model",
             crate::onnx::REWRITE_DOMAIN
         )));
@@ -110,9 +110,10 @@ fn bind_inputs(model: &Model, b: &Bindings) -> Result<Bound> {
     let g = &model.graph;
     if let Some(n) = b.batch {
         if n == 0 || n > MAX_BATCH {
-            return Err(Error::Binding(format!(
-                "--batch {n} is out of range (1..={MAX_BATCH})"
-            )));
+            return Err(Error::setting(
+                Setting::Batch,
+                format!("batch size {n} is out of range (1..={MAX_BATCH})"),
+            ));
         }
     }
     let decls: Vec<&[DimDecl]> = g
@@ -143,18 +144,22 @@ fn bind_inputs(model: &Model, b: &Bindings) -> Result<Bound> {
                 (DimDecl::Named(n), true, Some(v)) => {
                     if let Some(&prev) = b.dims.get(n) {
                         if prev != v {
-                            return Err(Error::Binding(format!(
-                                "--batch {v} contradicts --dim {n}={prev}"
-                            )));
+                            return Err(Error::setting(
+                                Setting::Batch,
+                                format!("batch size {v} contradicts dimension {n} = {prev}"),
+                            ));
                         }
                     }
                     env.insert(n.clone(), v);
                 }
                 (DimDecl::Fixed(f), true, Some(v)) if *f != v as i64 => {
-                    return Err(Error::Binding(format!(
-                        "--batch {v} contradicts input '{}', whose batch dimension (dim {i}) is fixed to {f} in the model",
-                        info.name
-                    )));
+                    return Err(Error::setting(
+                        Setting::Batch,
+                        format!(
+                            "batch size {v} contradicts input '{}', whose batch dimension (dim {i}) is fixed to {f} in the model",
+                            info.name
+                        ),
+                    ));
                 }
                 (DimDecl::Fixed(f), true, None) => {
                     batch = batch.or(u64::try_from(*f).ok());
@@ -169,9 +174,10 @@ fn bind_inputs(model: &Model, b: &Bindings) -> Result<Bound> {
             .flat_map(|d| d.iter())
             .any(|d| matches!(d, DimDecl::Named(n) if n == name));
         if !used {
-            return Err(Error::Binding(format!(
-                "--dim {name}: no graph input has a dimension named '{name}'"
-            )));
+            return Err(Error::setting(
+                Setting::Dim(name.clone()),
+                format!("no graph input has a dimension named '{name}'"),
+            ));
         }
     }
     let mut shapes = Vec::with_capacity(decls.len());
@@ -186,24 +192,24 @@ fn bind_inputs(model: &Model, b: &Bindings) -> Result<Bound> {
                 DimDecl::Named(n) => *env.get(n).ok_or_else(|| Error::UnboundDim {
                     dim: n.clone(),
                     input: name.clone(),
-                    hint: if looks_like_batch(n) || (!named_batch && i == 0) {
-                        "--batch N".into()
+                    hint: Some(if looks_like_batch(n) || (!named_batch && i == 0) {
+                        Setting::Batch
                     } else {
-                        format!("--dim {n}=VALUE")
-                    },
+                        Setting::Dim(n.clone())
+                    }),
                 })?,
                 DimDecl::Unknown if !named_batch && i == 0 => {
                     b.batch.ok_or_else(|| Error::UnboundDim {
                         dim: "dim 0 (unnamed)".into(),
                         input: name.clone(),
-                        hint: "--batch N".into(),
+                        hint: Some(Setting::Batch),
                     })?
                 }
                 DimDecl::Unknown => {
                     return Err(Error::UnboundDim {
                         dim: format!("dim {i} (unnamed)"),
                         input: name.clone(),
-                        hint: "a model with that dimension named or fixed".into(),
+                        hint: None,
                     })
                 }
             };

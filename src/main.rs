@@ -93,6 +93,14 @@ fn main() -> ExitCode {
                     msg = format!("{msg}: {c}");
                 }
             }
+            // A library error about a setting: name the flag that sets it.
+            let about = e
+                .chain()
+                .find_map(|c| c.downcast_ref::<memplan::Error>())
+                .and_then(memplan::Error::about);
+            if let Some(flag) = about.map(cmd::flag_for) {
+                msg = format!("{msg} ({flag})");
+            }
             eprintln!("error: {msg}");
             ExitCode::FAILURE
         }

@@ -163,7 +163,11 @@ fn negative_and_overflowing_dims() {
 fn absurd_batch() {
     let dir = tempfile::tempdir().unwrap();
     let p = write_tmp(&dir, "mlp.onnx", &encode(&mlp()));
-    fails_with(&p, &["--batch", "0"], &["mlp.onnx", "--batch 0"]);
+    fails_with(
+        &p,
+        &["--batch", "0"],
+        &["mlp.onnx", "batch size 0", "(--batch)"],
+    );
     fails_with(
         &p,
         &["--batch", "1099511627776"],
@@ -214,7 +218,7 @@ fn batch_contradicting_the_graph() {
     fails_with(
         &p,
         &["--batch", "8"],
-        &["fixed.onnx", "--batch 8", "fixed to 1"],
+        &["fixed.onnx", "batch size 8", "fixed to 1", "(--batch)"],
     );
     let (ok, out, _) = profile(&p, &["--json"]);
     assert!(ok);

@@ -349,7 +349,7 @@ fn bad_files_give_clear_errors() {
     let e = read_rewrite(&common::shipped("mlp.onnx"))
         .unwrap_err()
         .to_string();
-    assert!(e.contains("not written by `memplan plan --rewrite`"), "{e}");
+    assert!(e.contains("not written by memplan's plan rewrite"), "{e}");
 
     // A node removed: the count recorded does not match.
     let mut m = ModelProto::decode(bytes.as_slice()).unwrap();

@@ -76,6 +76,18 @@ pub fn parse_dims(dims: &[String]) -> anyhow::Result<std::collections::BTreeMap<
     Ok(out)
 }
 
+/// The flag that sets a library [`Setting`](memplan::error::Setting), for error hints.
+pub fn flag_for(s: &memplan::error::Setting) -> String {
+    use memplan::error::Setting;
+    match s {
+        Setting::Batch => "--batch".into(),
+        Setting::Dim(d) => format!("--dim {d}=..."),
+        Setting::Memory => "--memory".into(),
+        Setting::MaxMemory => "--max-memory".into(),
+        Setting::Loss => "--loss".into(),
+    }
+}
+
 /// A size flag's value (`units::parse_size`), its errors naming the flag.
 pub fn size_arg(flag: &str, text: &str) -> Result<u64, String> {
     memplan::units::parse_size(text).map_err(|e| format!("{flag} {e}"))

@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use super::train::{train_step_on, Cpu, StepBackend, StepOptions, StepResult};
 use super::{random_input, Executor, Options, Tensor};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Setting};
 use crate::infer::Inferred;
 use crate::ir::Model;
 use crate::remat::from_schedule::from_schedule;
@@ -425,12 +425,15 @@ fn verify_with<B: StepBackend>(
     };
     let need = base.peak_bytes.max(predicted);
     if need > o.max_memory {
-        return Err(Error::Memory(format!(
-            "the step needs {} (predicted peak, {} bytes), more than the {} it may use (--max-memory)",
-            crate::units::human_bytes(need),
-            need,
-            crate::units::human_bytes(o.max_memory)
-        )));
+        return Err(Error::setting(
+            Setting::MaxMemory,
+            format!(
+                "the step needs {} (predicted peak, {} bytes), more than the {} it may use",
+                crate::units::human_bytes(need),
+                need,
+                crate::units::human_bytes(o.max_memory)
+            ),
+        ));
     }
     let params = Executor::new(
         model,

@@ -864,7 +864,7 @@ pub fn read_proto(m: ModelProto) -> Result<ReadBack> {
         }
         None => {
             return Err(bad(format!(
-                "not written by `memplan plan --rewrite` (no '{}' metadata)",
+                "not written by memplan's plan rewrite (no '{}' metadata)",
                 keys::FORMAT
             )))
         }

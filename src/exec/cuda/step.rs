@@ -123,7 +123,7 @@ impl StepBackend for DeviceStep<'_> {
             ));
         }
         if opts.loss == Loss::Sum {
-            return Err("the device step supports the mean loss only (--loss mean)".into());
+            return Err("the device step supports the mean loss only".into());
         }
         if s.storages
             .iter()
