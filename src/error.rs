@@ -49,6 +49,21 @@ pub enum Error {
     /// device kernel that refused its inputs).
     #[error("{0}")]
     Cuda(#[from] CudaError),
+    /// One step of a training step failed (on the CPU or the device).
+    #[error("step '{step}': {source}")]
+    Step {
+        /// The step's name.
+        step: String,
+        /// What failed.
+        source: Box<Error>,
+    },
+    /// A tensor operation outside any node's rule failed (a cast, a reshape).
+    #[error("{0}")]
+    Numeric(#[from] RuleError),
+    /// The executor cannot run what it was given, or found its own state
+    /// inconsistent (a value missing, a recomputation that differs).
+    #[error("{0}")]
+    Exec(String),
     /// A node's shape or type rule failed.
     #[error("node '{node}' ({op}): {reason}")]
     Node {
@@ -92,6 +107,18 @@ pub enum Error {
     /// A plan.json that cannot be read, or that does not fit the step it is used for.
     #[error("{0}")]
     Plan(String),
+}
+
+impl From<String> for Error {
+    fn from(s: String) -> Error {
+        Error::Exec(s)
+    }
+}
+
+impl From<&str> for Error {
+    fn from(s: &str) -> Error {
+        Error::Exec(s.to_string())
+    }
 }
 
 /// A setting of a run, which a front end names its own way (the CLI: its flags;
@@ -153,6 +180,14 @@ impl Error {
             node: node.to_string(),
             op: op.to_string(),
             source,
+        }
+    }
+
+    /// Wraps `source` as the failure of step `step` ([`Error::Step`]).
+    pub fn step(step: &str, source: Error) -> Self {
+        Error::Step {
+            step: step.to_string(),
+            source: Box::new(source),
         }
     }
 

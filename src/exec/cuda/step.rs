@@ -111,7 +111,7 @@ impl StepBackend for DeviceStep<'_> {
         &t.shape
     }
 
-    fn check(&self, s: &Schedule, opts: &StepOptions) -> Result<(), String> {
+    fn check(&self, s: &Schedule, opts: &StepOptions) -> crate::Result<()> {
         if let Some(st) = s
             .storages
             .iter()
@@ -120,10 +120,13 @@ impl StepBackend for DeviceStep<'_> {
             return Err(format!(
                 "the device step runs float32 only: '{}' is {} (a half-precision policy); run it on the CPU",
                 st.name, st.dtype
-            ));
+            ).into());
         }
         if opts.loss == Loss::Sum {
-            return Err("the device step supports the mean loss only".into());
+            return Err(crate::Error::setting(
+                crate::error::Setting::Loss,
+                "the device step supports the mean loss only",
+            ));
         }
         if s.storages
             .iter()
@@ -134,7 +137,7 @@ impl StepBackend for DeviceStep<'_> {
         Ok(())
     }
 
-    fn begin(&self) -> Result<(), String> {
+    fn begin(&self) -> crate::Result<()> {
         self.dev.preload().map_err(e)?;
         self.dev.synchronize().map_err(e)?;
         let c = self.dev.counter();
@@ -147,7 +150,7 @@ impl StepBackend for DeviceStep<'_> {
         Ok(())
     }
 
-    fn after_instruction(&self) -> Result<(), String> {
+    fn after_instruction(&self) -> crate::Result<()> {
         if self.driver.get() {
             self.dev.synchronize().map_err(e)?;
             let (free, _) = self.dev.mem_get_info().map_err(e)?;
@@ -156,38 +159,39 @@ impl StepBackend for DeviceStep<'_> {
         Ok(())
     }
 
-    fn put(&self, t: Tensor) -> Result<DeviceTensor, String> {
-        self.dev.upload(&t).map_err(e)
+    fn put(&self, t: Tensor) -> crate::Result<DeviceTensor> {
+        Ok(self.dev.upload(&t).map_err(e)?)
     }
 
-    fn put_apart(&self, t: Tensor) -> Result<DeviceTensor, String> {
+    fn put_apart(&self, t: Tensor) -> crate::Result<DeviceTensor> {
         let mut d = self.dev.upload(&t).map_err(e)?;
         d.set_apart();
         Ok(d)
     }
 
-    fn get(&self, t: &DeviceTensor) -> Result<Tensor, String> {
-        self.dev.download(t).map_err(e)
+    fn get(&self, t: &DeviceTensor) -> crate::Result<Tensor> {
+        Ok(self.dev.download(t).map_err(e)?)
     }
 
-    fn cast(&self, t: &DeviceTensor, dt: DType) -> Result<DeviceTensor, String> {
+    fn cast(&self, t: &DeviceTensor, dt: DType) -> crate::Result<DeviceTensor> {
         if t.dtype() == dt {
             return self.dup(t);
         }
         Err(format!(
             "the device step does not convert {} to {dt} (float32 only)",
             t.dtype()
-        ))
+        )
+        .into())
     }
 
     /// Made in the launch bucket: the executor then holds it at its counted size.
-    fn copy(&self, t: &DeviceTensor, alloc: &[usize]) -> Result<DeviceTensor, String> {
+    fn copy(&self, t: &DeviceTensor, alloc: &[usize]) -> crate::Result<DeviceTensor> {
         let _launching = Launching::new(self.dev);
-        super::ops::copy_into(self.dev, t, alloc).map_err(e)
+        Ok(super::ops::copy_into(self.dev, t, alloc).map_err(e)?)
     }
 
-    fn reshaped(&self, t: &DeviceTensor, shape: Vec<usize>) -> Result<DeviceTensor, String> {
-        t.alias(shape).map_err(e)
+    fn reshaped(&self, t: &DeviceTensor, shape: Vec<usize>) -> crate::Result<DeviceTensor> {
+        Ok(t.alias(shape).map_err(e)?)
     }
 
     fn aliases_views(&self) -> bool {
@@ -204,7 +208,7 @@ impl StepBackend for DeviceStep<'_> {
         t
     }
 
-    fn sum_f64(&self, t: &DeviceTensor) -> Result<f64, String> {
+    fn sum_f64(&self, t: &DeviceTensor) -> crate::Result<f64> {
         Ok(self.get(t)?.to_f64s().iter().sum())
     }
 
@@ -216,7 +220,7 @@ impl StepBackend for DeviceStep<'_> {
         ins: Vec<Option<&DeviceTensor>>,
         opts: &StepOptions,
         extras: bool,
-    ) -> Result<Vec<DeviceTensor>, String> {
+    ) -> crate::Result<Vec<DeviceTensor>> {
         let cx = DevKernelCx {
             node,
             inputs: ins,
@@ -248,7 +252,7 @@ impl StepBackend for DeviceStep<'_> {
         grads: Vec<Option<&DeviceTensor>>,
         wanted: Vec<usize>,
         opts: &StepOptions,
-    ) -> Result<Vec<Option<DeviceTensor>>, String> {
+    ) -> crate::Result<Vec<Option<DeviceTensor>>> {
         let cx = DevBackwardCx {
             node,
             inputs: node
@@ -271,16 +275,17 @@ impl StepBackend for DeviceStep<'_> {
         Ok(node_backward(self.dev, &cx).map_err(e)?.0)
     }
 
-    fn accumulate(&self, acc: &mut DeviceTensor, d: &DeviceTensor) -> Result<(), String> {
+    fn accumulate(&self, acc: &mut DeviceTensor, d: &DeviceTensor) -> crate::Result<()> {
         acc.expect_f32("an accumulated gradient").map_err(e)?;
         d.expect_f32("a partial gradient").map_err(e)?;
         if acc.numel() != d.numel() {
             return Err("a partial gradient does not match its gradient".into());
         }
         let n = acc.numel();
-        self.dev
+        Ok(self
+            .dev
             .launch("accumulate_f32", n, &[Arg::n(n), Arg::t(d), Arg::t(acc)])
-            .map_err(e)
+            .map_err(e)?)
     }
 
     fn optimizer(
@@ -290,7 +295,7 @@ impl StepBackend for DeviceStep<'_> {
         params: &mut [Option<DeviceTensor>],
         state: Option<&mut DeviceTensor>,
         opts: &StepOptions,
-    ) -> Result<Option<DeviceTensor>, String> {
+    ) -> crate::Result<Option<DeviceTensor>> {
         let wd = opts.weight_decay.unwrap_or(0.0);
         if opts.optimizer == Optimizer::Sgd && wd == 0.0 {
             // On the device: p -= lr·g, the CPU's f32 formula.
@@ -334,7 +339,7 @@ impl StepBackend for DeviceStep<'_> {
         temp.map(|t| self.put(t)).transpose()
     }
 
-    fn logsumexp_last(&self, x: &DeviceTensor) -> Result<Tensor, String> {
+    fn logsumexp_last(&self, x: &DeviceTensor) -> crate::Result<Tensor> {
         // No device kernel: the scores downloaded, the CPU's logsumexp, kept on the
         // host until the attention's last forward step uploads it into its Extra.
         logsumexp_last(&self.get(x)?)

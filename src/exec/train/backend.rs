@@ -23,37 +23,37 @@ pub trait StepBackend {
     }
     /// Refuses, in one line naming it, what this backend cannot run of the step
     /// (checked before anything runs).
-    fn check(&self, _s: &Schedule, _opts: &StepOptions) -> std::result::Result<(), String> {
+    fn check(&self, _s: &Schedule, _opts: &StepOptions) -> Result<()> {
         Ok(())
     }
     /// Called once before the step's first allocation.
-    fn begin(&self) -> std::result::Result<(), String> {
+    fn begin(&self) -> Result<()> {
         Ok(())
     }
     /// Called after every plan instruction.
-    fn after_instruction(&self) -> std::result::Result<(), String> {
+    fn after_instruction(&self) -> Result<()> {
         Ok(())
     }
     /// A host value held by the step (counted where the backend counts).
-    fn put(&self, t: Tensor) -> std::result::Result<Self::T, String>;
+    fn put(&self, t: Tensor) -> Result<Self::T>;
     /// A host value the step uses transiently, in no schedule storage (a folded
     /// shape argument): not counted as a tensor of the step.
-    fn put_apart(&self, t: Tensor) -> std::result::Result<Self::T, String> {
+    fn put_apart(&self, t: Tensor) -> Result<Self::T> {
         self.put(t)
     }
     /// The host copy of `t`.
-    fn get(&self, t: &Self::T) -> std::result::Result<Tensor, String>;
+    fn get(&self, t: &Self::T) -> Result<Tensor>;
     /// `t` converted to `dt`.
-    fn cast(&self, t: &Self::T, dt: DType) -> std::result::Result<Self::T, String>;
+    fn cast(&self, t: &Self::T, dt: DType) -> Result<Self::T>;
     /// A copy of `t` in memory of its own, allocated for `alloc` elements' shape
     /// (a [`StorageKind::Copy`] storage: larger than `t` where PyTorch copies an
     /// expanded operand), holding `t`'s values under `t`'s shape.
-    fn copy(&self, t: &Self::T, alloc: &[usize]) -> std::result::Result<Self::T, String>;
+    fn copy(&self, t: &Self::T, alloc: &[usize]) -> Result<Self::T>;
     /// `t`'s elements under `shape` (a view: no allocation where the backend
     /// can alias).
-    fn reshaped(&self, t: &Self::T, shape: Vec<usize>) -> std::result::Result<Self::T, String>;
+    fn reshaped(&self, t: &Self::T, shape: Vec<usize>) -> Result<Self::T>;
     /// Another handle on `t` (same shape).
-    fn dup(&self, t: &Self::T) -> std::result::Result<Self::T, String> {
+    fn dup(&self, t: &Self::T) -> Result<Self::T> {
         self.reshaped(t, Self::shape(t).to_vec())
     }
     /// Whether whole-tensor views (reshape-like ops, the identity) are made by
@@ -73,7 +73,7 @@ pub trait StepBackend {
         t
     }
     /// The f64 sum of `t`'s elements.
-    fn sum_f64(&self, t: &Self::T) -> std::result::Result<f64, String>;
+    fn sum_f64(&self, t: &Self::T) -> Result<f64>;
     /// Runs the forward kernel of `node` on `ins`.
     fn forward(
         &self,
@@ -83,7 +83,7 @@ pub trait StepBackend {
         ins: Vec<Option<&Self::T>>,
         opts: &StepOptions,
         extras: bool,
-    ) -> std::result::Result<Vec<Self::T>, String>;
+    ) -> Result<Vec<Self::T>>;
     /// Runs the backward kernel of `node`: one gradient per input slot (`None`
     /// where not wanted).
     #[allow(clippy::too_many_arguments)]
@@ -96,9 +96,9 @@ pub trait StepBackend {
         grads: Vec<Option<&Self::T>>,
         wanted: Vec<usize>,
         opts: &StepOptions,
-    ) -> std::result::Result<Vec<Option<Self::T>>, String>;
+    ) -> Result<Vec<Option<Self::T>>>;
     /// `acc += d` (f32 addition, rounded to `acc`'s type).
-    fn accumulate(&self, acc: &mut Self::T, d: &Self::T) -> std::result::Result<(), String>;
+    fn accumulate(&self, acc: &mut Self::T, d: &Self::T) -> Result<()>;
     /// The optimizer update in place (see [`StepOptions`]); the foreach Adam
     /// temporary, `None` for the others.
     fn optimizer(
@@ -108,11 +108,11 @@ pub trait StepBackend {
         params: &mut [Option<Self::T>],
         state: Option<&mut Self::T>,
         opts: &StepOptions,
-    ) -> std::result::Result<Option<Self::T>, String>;
+    ) -> Result<Option<Self::T>>;
     /// `log Σ exp` along the last axis (f32, accumulated in f64), as a host value:
     /// the step keeps it on the host (transient, not a tensor of the step) until the
     /// SDPA's last forward step puts it into its Extra storage.
-    fn logsumexp_last(&self, x: &Self::T) -> std::result::Result<Tensor, String>;
+    fn logsumexp_last(&self, x: &Self::T) -> Result<Tensor>;
     /// Live bytes of the step's tensors as the backend counts them (`None`:
     /// the schedule's [`Allocator`] is the count).
     fn live_bytes(&self) -> Option<u64> {
@@ -137,23 +137,23 @@ impl StepBackend for Cpu {
     fn shape(t: &Tensor) -> &[usize] {
         &t.shape
     }
-    fn put(&self, t: Tensor) -> std::result::Result<Tensor, String> {
+    fn put(&self, t: Tensor) -> Result<Tensor> {
         Ok(t)
     }
-    fn get(&self, t: &Tensor) -> std::result::Result<Tensor, String> {
+    fn get(&self, t: &Tensor) -> Result<Tensor> {
         Ok(t.clone())
     }
-    fn cast(&self, t: &Tensor, dt: DType) -> std::result::Result<Tensor, String> {
+    fn cast(&self, t: &Tensor, dt: DType) -> Result<Tensor> {
         Ok(t.cast(dt)?)
     }
     /// Memory is the schedule's here: the value alone.
-    fn copy(&self, t: &Tensor, _alloc: &[usize]) -> std::result::Result<Tensor, String> {
+    fn copy(&self, t: &Tensor, _alloc: &[usize]) -> Result<Tensor> {
         Ok(t.clone())
     }
-    fn reshaped(&self, t: &Tensor, shape: Vec<usize>) -> std::result::Result<Tensor, String> {
+    fn reshaped(&self, t: &Tensor, shape: Vec<usize>) -> Result<Tensor> {
         Ok(t.reshaped(shape)?)
     }
-    fn sum_f64(&self, t: &Tensor) -> std::result::Result<f64, String> {
+    fn sum_f64(&self, t: &Tensor) -> Result<f64> {
         Ok(t.to_f64s().iter().sum())
     }
     fn forward(
@@ -164,7 +164,7 @@ impl StepBackend for Cpu {
         ins: Vec<Option<&Tensor>>,
         opts: &StepOptions,
         extras: bool,
-    ) -> std::result::Result<Vec<Tensor>, String> {
+    ) -> Result<Vec<Tensor>> {
         run_kernel(model, inf, node, ins, opts, extras)
     }
     fn backward(
@@ -176,10 +176,10 @@ impl StepBackend for Cpu {
         grads: Vec<Option<&Tensor>>,
         wanted: Vec<usize>,
         opts: &StepOptions,
-    ) -> std::result::Result<Vec<Option<Tensor>>, String> {
+    ) -> Result<Vec<Option<Tensor>>> {
         let (op, cx) = rule_cx(model, inf, node)?;
         // Half-precision values are computed in f32.
-        let widen = |v: &Tensor| -> std::result::Result<Option<Tensor>, String> {
+        let widen = |v: &Tensor| -> Result<Option<Tensor>> {
             if v.dtype().is_float() && v.dtype() != DType::F32 {
                 Ok(v.cast(DType::F32).map(Some)?)
             } else {
@@ -223,7 +223,7 @@ impl StepBackend for Cpu {
         };
         Ok(op.backward_cpu(&bcx)?)
     }
-    fn accumulate(&self, acc: &mut Tensor, d: &Tensor) -> std::result::Result<(), String> {
+    fn accumulate(&self, acc: &mut Tensor, d: &Tensor) -> Result<()> {
         let dt = acc.dtype();
         if let crate::numeric::Elems::F32(a) = &mut acc.elems {
             for (a, b) in a.iter_mut().zip(d.as_f32()?) {
@@ -247,10 +247,10 @@ impl StepBackend for Cpu {
         params: &mut [Option<Tensor>],
         state: Option<&mut Tensor>,
         opts: &StepOptions,
-    ) -> std::result::Result<Option<Tensor>, String> {
+    ) -> Result<Option<Tensor>> {
         optimizer_step(s, gval, params, state, opts)
     }
-    fn logsumexp_last(&self, x: &Tensor) -> std::result::Result<Tensor, String> {
+    fn logsumexp_last(&self, x: &Tensor) -> Result<Tensor> {
         logsumexp_last(x)
     }
 }

@@ -113,9 +113,9 @@ impl Allocator {
     }
 
     /// Allocates storage `s` (an error if it is live).
-    pub fn alloc(&mut self, s: StorageId) -> std::result::Result<(), String> {
+    pub fn alloc(&mut self, s: StorageId) -> Result<()> {
         if self.live[s] {
-            return Err(format!("storage {s} allocated twice"));
+            return Err(format!("storage {s} allocated twice").into());
         }
         self.live[s] = true;
         self.current += self.bytes[s];
@@ -263,8 +263,8 @@ pub fn train_step_on<B: StepBackend>(
             inputs.len()
         )));
     }
-    b.check(s, opts).map_err(Error::Plan)?;
-    b.begin().map_err(|e| Error::Graph(e.to_string()))?;
+    b.check(s, opts)?;
+    b.begin()?;
     let mut alloc = Allocator::new(s.storages.iter().map(|st| st.bytes).collect());
     // Values: forward tensors by tensor id; gradients by tensor id; extras and the
     // loss by storage id. Each lives in one storage.
@@ -277,15 +277,12 @@ pub fn train_step_on<B: StepBackend>(
     let mut params: Vec<Option<B::T>> = none(n_t);
     for (t, p) in params_in.iter().enumerate().take(n_t) {
         if let Some(v) = p {
-            params[t] = Some(
-                b.put(stored(s, t, v.clone()).map_err(Error::Graph)?)
-                    .map_err(Error::Graph)?,
-            );
+            params[t] = Some(b.put(stored(s, t, v.clone())?)?);
         }
     }
     for (v, val) in g.values.iter().enumerate() {
         if val.fixed {
-            alloc.alloc(v).map_err(|e| Error::Graph(e.to_string()))?;
+            alloc.alloc(v)?;
         }
     }
     // The optimizer: the schedule's must be the options'; its state starts at zero.
@@ -312,15 +309,14 @@ pub fn train_step_on<B: StepBackend>(
     if let Some(st) = state_st {
         let n = opts.optimizer.states() as usize * n_params;
         let dt = s.storages[st].dtype;
-        let z =
-            Tensor::from_f32(dt, vec![n], vec![0.0; n]).map_err(|e| Error::Graph(e.to_string()))?;
+        let z = Tensor::from_f32(dt, vec![n], vec![0.0; n])?;
         if dt.bytes_for(n as u64) != Some(s.storages[st].bytes) {
             return Err(Error::Graph(format!(
                 "the optimizer state is {} bytes for {n} {dt} elements",
                 s.storages[st].bytes
             )));
         }
-        sval[st] = Some(b.put(z).map_err(Error::Graph)?);
+        sval[st] = Some(b.put(z)?);
     }
     for (&t, x) in gr.inputs.iter().zip(inputs) {
         let f = &inf.facts[t];
@@ -334,10 +330,7 @@ pub fn train_step_on<B: StepBackend>(
                 f.shape
             )));
         }
-        fwd[t] = Some(
-            b.put(stored(s, t, x.clone()).map_err(Error::Graph)?)
-                .map_err(Error::Graph)?,
-        );
+        fwd[t] = Some(b.put(stored(s, t, x.clone())?)?);
     }
     // Storage -> forward tensors held in it.
     let mut in_storage: Vec<Vec<TensorId>> = vec![Vec::new(); s.storages.len()];
@@ -378,14 +371,14 @@ pub fn train_step_on<B: StepBackend>(
                 })
             });
             let Some(t) = source else { continue };
-            let Some(folded) = folded_value(inf, t).map_err(Error::Graph)? else {
+            let Some(folded) = folded_value(inf, t)? else {
                 continue;
             };
-            let folded = stored(s, t, folded).map_err(|e| Error::Graph(e.to_string()))?;
+            let folded = stored(s, t, folded)?;
             if folded.dtype().bytes_for(folded.numel() as u64) != Some(s.storages[v].bytes) {
                 continue;
             }
-            fwd[t] = Some(b.put(folded).map_err(Error::Graph)?);
+            fwd[t] = Some(b.put(folded)?);
             preloaded[t] = true;
         }
     }
@@ -446,13 +439,14 @@ pub fn train_step_on<B: StepBackend>(
                     .steps
                     .get(i)
                     .ok_or_else(|| Error::Graph(format!("plan step {k}: no step {i}")))?;
-                let err = |r: String| Error::Graph(format!("step '{}': {r}", step.name));
+                let err = |e: Error| Error::step(&step.name, e);
                 for &r in step.reads.iter().chain(&step.updates) {
                     if !step.writes.contains(&r) && !alloc.is_live(r) {
                         return Err(err(format!(
                             "reads '{}', which is not live",
                             s.storages[r].name
-                        )));
+                        )
+                        .into()));
                     }
                 }
                 for &w in &step.writes {
@@ -470,7 +464,8 @@ pub fn train_step_on<B: StepBackend>(
                         return Err(err(format!(
                             "writes {have} bytes into '{}' of {want}",
                             s.storages[st].name
-                        )));
+                        )
+                        .into()));
                     }
                     Ok(())
                 };
@@ -501,10 +496,10 @@ pub fn train_step_on<B: StepBackend>(
                                 continue;
                             }
                             if step.writes.contains(&c) {
-                                let v = params[t]
-                                    .as_ref()
-                                    .or(fwd[t].as_ref())
-                                    .ok_or_else(|| err(format!("input {slot} has no value")))?;
+                                let v =
+                                    params[t].as_ref().or(fwd[t].as_ref()).ok_or_else(|| {
+                                        err(format!("input {slot} has no value").into())
+                                    })?;
                                 if kind == StorageKind::Copy {
                                     // Held as its source; an expanded copy is accounted
                                     // at its expanded size by the schedule.
@@ -522,7 +517,8 @@ pub fn train_step_on<B: StepBackend>(
                                 return Err(err(format!(
                                     "the cast '{}' has no value",
                                     s.storages[c].name
-                                )));
+                                )
+                                .into()));
                             }
                         }
                         let ins: Vec<Option<&B::T>> = node
@@ -545,7 +541,7 @@ pub fn train_step_on<B: StepBackend>(
                             .zip(&ins)
                             .position(|(t, v)| t.is_some() && v.is_none())
                         {
-                            return Err(err(format!("input {slot} has no value")));
+                            return Err(err(format!("input {slot} has no value").into()));
                         }
                         let pattern = pattern_of.get(&ix).copied();
                         if let Some(k) = pattern {
@@ -600,7 +596,8 @@ pub fn train_step_on<B: StepBackend>(
                                     outs.len(),
                                     n_out,
                                     extras.len()
-                                )));
+                                )
+                                .into()));
                             }
                             let mut outs = outs.into_iter();
                             for t in &node.outputs {
@@ -615,7 +612,8 @@ pub fn train_step_on<B: StepBackend>(
                                         B::shape(&v),
                                         f.dtype,
                                         f.shape
-                                    )));
+                                    )
+                                    .into()));
                                 }
                                 let mut v = store(b, s, t, v).map_err(&err)?;
                                 let st = s.tensor_storage[t];
@@ -626,7 +624,8 @@ pub fn train_step_on<B: StepBackend>(
                                     return Err(err(format!(
                                         "view '{}' of a storage that is not live",
                                         gr.tensor(t).name
-                                    )));
+                                    )
+                                    .into()));
                                 } else {
                                     v = b.set_apart(v);
                                 }
@@ -671,7 +670,8 @@ pub fn train_step_on<B: StepBackend>(
                                 dt.bytes_for(g0.numel() as u64).unwrap_or(u64::MAX),
                                 s.storages[st].name,
                                 s.storages[st].bytes
-                            )));
+                            )
+                            .into()));
                         }
                         gval[out0] = Some(
                             b.put(match opts.loss {
@@ -698,7 +698,8 @@ pub fn train_step_on<B: StepBackend>(
                                     "the first backward step of a fused {:?} pattern is not its \
                                      last node's",
                                     p.kind
-                                )));
+                                )
+                                .into()));
                             }
                             for &t in &p.reads {
                                 ensure_value(
@@ -789,8 +790,7 @@ pub fn train_step_on<B: StepBackend>(
             }
         }
         live_after.push(b.live_bytes().unwrap_or(alloc.current));
-        b.after_instruction()
-            .map_err(|e| Error::Graph(e.to_string()))?;
+        b.after_instruction()?;
     }
     if let Some(i) = executions.iter().position(|&e| e == 0) {
         return Err(Error::Graph(format!(
@@ -805,25 +805,23 @@ pub fn train_step_on<B: StepBackend>(
             let v = gval[t]
                 .as_ref()
                 .ok_or_else(|| Error::Graph(format!("no gradient for '{}'", gr.tensor(t).name)))?;
-            b.get(v).map_err(Error::Graph)
+            b.get(v)
         })
         .collect::<Result<Vec<_>>>()?;
     let output = fwd[out0]
         .as_ref()
         .or(params[out0].as_ref())
         .ok_or_else(|| Error::Graph("the model output was freed".into()))?;
-    let output = b.get(output).map_err(|e| Error::Graph(e.to_string()))?;
+    let output = b.get(output)?;
     let seconds = t_start.elapsed().as_secs_f64();
     let params = params
         .iter()
         .map(|p| p.as_ref().map(|p| b.get(p)).transpose())
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| Error::Graph(e.to_string()))?;
+        .collect::<std::result::Result<Vec<_>, _>>()?;
     let state = state_st
         .and_then(|st| sval[st].as_ref())
         .map(|v| b.get(v))
-        .transpose()
-        .map_err(|e| Error::Graph(e.to_string()))?;
+        .transpose()?;
     Ok(StepResult {
         loss: loss_f64,
         output,

@@ -14,7 +14,7 @@ pub(crate) fn optimizer_step(
     params: &mut [Option<Tensor>],
     state_out: Option<&mut Tensor>,
     opts: &StepOptions,
-) -> std::result::Result<Option<Tensor>, String> {
+) -> Result<Option<Tensor>> {
     let state = state_out.as_deref();
     let opt = opts.optimizer;
     let lr = opts.lr;

@@ -7,7 +7,7 @@ use super::*;
 
 /// `v`, the value of forward tensor `t`, in its storage's element type (a float
 /// tensor under a half-precision policy; every other value as it is).
-pub(super) fn stored(s: &Schedule, t: TensorId, v: Tensor) -> std::result::Result<Tensor, String> {
+pub(super) fn stored(s: &Schedule, t: TensorId, v: Tensor) -> Result<Tensor> {
     let st = s.tensor_storage.get(t).copied().unwrap_or(usize::MAX);
     if st == usize::MAX || !v.dtype().is_float() {
         return Ok(v);
@@ -21,12 +21,7 @@ pub(super) fn stored(s: &Schedule, t: TensorId, v: Tensor) -> std::result::Resul
 }
 
 /// [`stored`] for a backend value.
-pub(super) fn store<B: StepBackend>(
-    b: &B,
-    s: &Schedule,
-    t: TensorId,
-    v: B::T,
-) -> std::result::Result<B::T, String> {
+pub(super) fn store<B: StepBackend>(b: &B, s: &Schedule, t: TensorId, v: B::T) -> Result<B::T> {
     let st = s.tensor_storage.get(t).copied().unwrap_or(usize::MAX);
     if st == usize::MAX || !B::dtype(&v).is_float() {
         return Ok(v);
@@ -48,7 +43,7 @@ pub(super) fn whole_view(
     inf: &Inferred,
     s: &Schedule,
     node: &crate::ir::Node,
-) -> std::result::Result<Option<TensorId>, String> {
+) -> Result<Option<TensorId>> {
     let (Some(Some(src)), Some(&Some(o))) = (node.inputs.first(), node.outputs.first()) else {
         return Ok(None);
     };
@@ -73,7 +68,7 @@ pub(super) fn rule_cx<'a>(
     model: &'a Model,
     inf: &'a Inferred,
     node: &'a crate::ir::Node,
-) -> std::result::Result<(&'static dyn crate::ops::Op, crate::ops::Cx<'a>), String> {
+) -> Result<(&'static dyn crate::ops::Op, crate::ops::Cx<'a>)> {
     let op = registry()
         .get(&node.domain, &node.op_type)
         .ok_or("unsupported op")?;
@@ -100,7 +95,7 @@ pub(super) fn forward_kernel<B: StepBackend>(
     fwd: &[Option<B::T>],
     opts: &StepOptions,
     extras: bool,
-) -> std::result::Result<Vec<B::T>, String> {
+) -> Result<Vec<B::T>> {
     let mut ins = Vec::with_capacity(node.inputs.len());
     for (slot, t) in node.inputs.iter().enumerate() {
         match t {
@@ -108,7 +103,7 @@ pub(super) fn forward_kernel<B: StepBackend>(
             Some(t) => {
                 let v = params[*t].as_ref().or(fwd[*t].as_ref());
                 if v.is_none() {
-                    return Err(format!("input {slot} has no value"));
+                    return Err(format!("input {slot} has no value").into());
                 }
                 ins.push(v);
             }
@@ -125,7 +120,7 @@ pub(super) fn run_kernel(
     ins: Vec<Option<&Tensor>>,
     opts: &StepOptions,
     extras: bool,
-) -> std::result::Result<Vec<Tensor>, String> {
+) -> Result<Vec<Tensor>> {
     let op = registry()
         .get(&node.domain, &node.op_type)
         .ok_or("unsupported op")?;
@@ -160,10 +155,7 @@ pub(super) fn run_kernel(
 }
 
 /// The value inference folded for tensor `t`, as a tensor of its type.
-pub(super) fn folded_value(
-    inf: &Inferred,
-    t: TensorId,
-) -> std::result::Result<Option<Tensor>, String> {
+pub(super) fn folded_value(inf: &Inferred, t: TensorId) -> Result<Option<Tensor>> {
     let f = &inf.facts[t];
     let Some(val) = &f.value else {
         return Ok(None);
@@ -210,7 +202,7 @@ pub(super) fn recompute_pattern<B: StepBackend>(
     fwd: &[Option<B::T>],
     sval: &[Option<B::T>],
     opts: &StepOptions,
-) -> std::result::Result<Recomputed<B::T>, String> {
+) -> Result<Recomputed<B::T>> {
     let gr = &model.graph;
     let inside: HashSet<TensorId> = p
         .nodes
@@ -264,7 +256,8 @@ pub(super) fn recompute_pattern<B: StepBackend>(
                     gr.tensor(t).name,
                     p.kind,
                     node.name
-                ));
+                )
+                .into());
             };
             r.vals.insert(t, v);
         }
@@ -345,7 +338,7 @@ pub(super) fn recompute_pattern<B: StepBackend>(
 
 /// `log Σ exp` along the last axis (the logsumexp flash attention saves per query
 /// row), accumulated in f64, as f32.
-pub(crate) fn logsumexp_last(x: &Tensor) -> std::result::Result<Tensor, String> {
+pub(crate) fn logsumexp_last(x: &Tensor) -> Result<Tensor> {
     let xs = x.to_f32()?;
     let (&n, rows) = x.shape.split_last().ok_or("a scalar has no last axis")?;
     let v = xs
@@ -379,7 +372,7 @@ pub(super) fn ensure_value<B: StepBackend>(
     opts: &StepOptions,
     t: TensorId,
     depth: usize,
-) -> std::result::Result<(), String> {
+) -> Result<()> {
     if params[t].is_some() || fwd[t].is_some() {
         return Ok(());
     }
@@ -387,7 +380,7 @@ pub(super) fn ensure_value<B: StepBackend>(
     let name = &gr.tensor(t).name;
     let st = s.tensor_storage[t];
     if st == usize::MAX || !alloc.is_live(st) {
-        return Err(format!("'{name}' is read but its storage is not live"));
+        return Err(format!("'{name}' is read but its storage is not live").into());
     }
     let p = gr
         .tensor(t)
@@ -397,7 +390,7 @@ pub(super) fn ensure_value<B: StepBackend>(
     // A view: its step does not write its storage (it may write others, e.g. the
     // unused mask of an identity Dropout).
     if step.writes.contains(&st) || depth > gr.order.len() {
-        return Err(format!("'{name}' was lost though its storage is live"));
+        return Err(format!("'{name}' was lost though its storage is live").into());
     }
     let node = gr.node(p);
     let src = node.inputs.first().copied().flatten();
@@ -503,7 +496,7 @@ pub(super) fn backward_step<B: StepBackend>(
     gval: &mut [Option<B::T>],
     gstore: &mut [Option<StorageId>],
     opts: &StepOptions,
-) -> std::result::Result<Vec<(StorageId, B::T)>, String> {
+) -> Result<Vec<(StorageId, B::T)>> {
     let gr = &model.graph;
     let step = &s.steps[i];
     let ix = step.node.expect("backward of a node");
@@ -598,7 +591,7 @@ pub(super) fn backward_step<B: StepBackend>(
             .and_then(Option::take)
             .ok_or_else(|| format!("no gradient for input {slot}"))?;
         let name = &gr.tensor(t).name;
-        let bytes_of = |st: StorageId, d: &B::T| -> std::result::Result<(), String> {
+        let bytes_of = |st: StorageId, d: &B::T| -> Result<()> {
             let have = B::dtype(d)
                 .bytes_for(B::numel(d) as u64)
                 .unwrap_or(u64::MAX);
@@ -606,7 +599,8 @@ pub(super) fn backward_step<B: StepBackend>(
                 return Err(format!(
                     "gradient of '{name}' is {have} bytes, '{}' has {}",
                     s.storages[st].name, s.storages[st].bytes
-                ));
+                )
+                .into());
             }
             Ok(())
         };
@@ -682,7 +676,7 @@ pub(super) fn backward_step<B: StepBackend>(
                     continue;
                 }
                 if !step.updates.contains(&existing) {
-                    return Err(format!("'{name}' accumulated but not updated"));
+                    return Err(format!("'{name}' accumulated but not updated").into());
                 }
                 let acc = gval[t].as_mut().ok_or("accumulated gradient lost")?;
                 let dt = s.storages[existing].dtype;
@@ -703,11 +697,7 @@ pub(super) fn is_copy(kind: StorageKind) -> bool {
     matches!(kind, StorageKind::Cast | StorageKind::Copy)
 }
 
-pub(super) fn cast_to<B: StepBackend>(
-    b: &B,
-    v: B::T,
-    dt: DType,
-) -> std::result::Result<B::T, String> {
+pub(super) fn cast_to<B: StepBackend>(b: &B, v: B::T, dt: DType) -> Result<B::T> {
     if B::dtype(&v) == dt {
         Ok(v)
     } else {
