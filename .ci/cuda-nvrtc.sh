@@ -27,5 +27,5 @@ test -e "$lib/libnvrtc.so.12" || { echo "cuda-nvrtc: no libnvrtc.so.12 under $li
 # cudarc dlopens "libnvrtc.so.12" (one of the names it tries); NVRTC dlopens its
 # builtins library by name too: both are found through LD_LIBRARY_PATH.
 export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-MEMPLAN_REQUIRE_NVRTC=1 MEMPLAN_REQUIRE_CXX=1 cargo test --features cuda --test cuda -- --nocapture
+MEMPLAN_REQUIRE_NVRTC=1 MEMPLAN_REQUIRE_CXX=1 cargo test --features cuda --test cuda --test cuda_step -- --nocapture
 echo "cuda-nvrtc: ok"

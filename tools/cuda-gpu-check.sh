@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The GPU checks of the `cuda` feature on a machine with a GPU but maybe no cargo
-# (docs/CUDA.md, "On a GPU"). Runs a tests/cuda.rs test binary built elsewhere:
+# (docs/CUDA.md, "On a GPU"). Runs a test binary built elsewhere, tests/cuda.rs's
+# (kernels, ops, models forward) or tests/cuda_step.rs's (training step, verify):
 #
 #   # on the build machine
-#   cargo test --release --features cuda --test cuda --no-run --message-format=json \
+#   cargo test --release --features cuda --test cuda --test cuda_step --no-run --message-format=json \
 #     | python3 -c 'import json,sys; [print(m["executable"]) for m in map(json.loads, sys.stdin) if m.get("executable")]'
-#   cp <that executable> gpu-carry/cuda-tests     # and carry gpu-carry/
-#   # on the GPU machine
+#   cp <those executables> gpu-carry/     # cuda-tests, cuda-step-tests; carry gpu-carry/
+#   # on the GPU machine, once per binary
 #   tools/cuda-gpu-check.sh gpu-carry/cuda-tests
+#   tools/cuda-gpu-check.sh gpu-carry/cuda-step-tests
 #
 # memplan's cudarc bindings are CUDA 12.8 and open libnvrtc / libcublas by the
 # names libnvrtc.so, libnvrtc.so.12, ... (never .so.13). This script finds the

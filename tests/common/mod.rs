@@ -1,6 +1,8 @@
 //! Builds small ONNX models in Rust (no Python) for tests.
 #![allow(dead_code)]
 
+#[cfg(feature = "cuda")]
+pub mod devices;
 pub mod opcase;
 
 use std::path::PathBuf;
