@@ -22,7 +22,7 @@ use std::collections::BTreeSet;
 use common::opcase::*;
 use memplan::exec::Tensor;
 use memplan::ir::{Attr, DType};
-use memplan::ops::{registry, Cx, KernelCx};
+use memplan::ops::{registry, Cx, KernelCx, Launch};
 
 /// One op application, what inference must give for it, and how its kernel runs.
 struct Row {

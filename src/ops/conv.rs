@@ -4,7 +4,7 @@ use rayon::prelude::*;
 
 use super::{
     dim, no_backward_kernel, no_kernel, numel, Arity, Autocast, Backward, BackwardCx, CudaKernels,
-    Cx, Fact, Grad, KernelCx, Op, Registry, RuleResult, Saved, Storage, CUBLAS_SGEMM,
+    Cx, Fact, Grad, KernelCx, Launch, Op, Registry, RuleResult, Saved, Storage, CUBLAS_SGEMM,
 };
 use crate::ir::{Attrs, DType};
 use crate::numeric::gemm::{sgemm, Mat};
@@ -194,6 +194,7 @@ impl Op for Conv {
     /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::new(
+            Launch::Conv,
             &["im2col_f32", CUBLAS_SGEMM, "conv_bias_f32"],
             &["im2col_f32", "col2im_f32", CUBLAS_SGEMM, "channel_sum_f32"],
         )
@@ -371,10 +372,13 @@ impl Op for Pool {
     fn cuda_kernels(&self, op_type: &str) -> CudaKernels {
         match op_type {
             "MaxPool" => CudaKernels::new(
+                Launch::Pool,
                 &["maxpool2d_fwd_f32", "strided_copy_b8"],
                 &["maxpool2d_bwd_f32"],
             ),
-            "AveragePool" => CudaKernels::new(&["avgpool2d_fwd_f32"], &["avgpool2d_bwd_f32"]),
+            "AveragePool" => {
+                CudaKernels::new(Launch::Pool, &["avgpool2d_fwd_f32"], &["avgpool2d_bwd_f32"])
+            }
             "LpPool" => CudaKernels::HOST,
             _ => CudaKernels::UNLISTED,
         }
@@ -471,9 +475,11 @@ impl Op for GlobalPool {
     /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
     fn cuda_kernels(&self, op_type: &str) -> CudaKernels {
         match op_type {
-            "GlobalAveragePool" => {
-                CudaKernels::new(&["global_avgpool_fwd_f32"], &["global_avgpool_bwd_f32"])
-            }
+            "GlobalAveragePool" => CudaKernels::new(
+                Launch::GlobalAveragePool,
+                &["global_avgpool_fwd_f32"],
+                &["global_avgpool_bwd_f32"],
+            ),
             "GlobalMaxPool" | "GlobalLpPool" => CudaKernels::HOST,
             _ => CudaKernels::UNLISTED,
         }

@@ -4,7 +4,7 @@ use rayon::prelude::*;
 
 use super::{
     broadcast, layout, Arity, Autocast, Backward, BackwardCx, CudaKernels, Cx, Fact, Grad,
-    KernelCx, Op, Registry, RuleResult, Saved, Storage, CUBLAS_SGEMM,
+    KernelCx, Launch, Op, Registry, RuleResult, Saved, Storage, CUBLAS_SGEMM,
 };
 use crate::numeric::broadcast::for_each;
 use crate::numeric::gemm::{sgemm, Mat};
@@ -334,6 +334,7 @@ impl Op for MatMul {
     /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::new(
+            Launch::MatMul,
             &[CUBLAS_SGEMM, "strided_copy_b4"],
             &[CUBLAS_SGEMM, "strided_copy_b4", "reduce_f32"],
         )
@@ -506,6 +507,7 @@ impl Op for Gemm {
     /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::new(
+            Launch::Gemm,
             &[CUBLAS_SGEMM, "strided_copy_b4"],
             &[CUBLAS_SGEMM, "reduce_f32", "strided_copy_b4"],
         )

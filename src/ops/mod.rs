@@ -324,9 +324,69 @@ pub enum Autocast {
 /// kernels/ name; skipped by the check that every listed kernel is defined).
 pub const CUBLAS_SGEMM: &str = "cublasSgemmStridedBatched";
 
+/// The launcher of the GPU backend (`exec::cuda::ops`) that runs an op: the
+/// backend dispatches on it with exhaustive matches, so a new launcher is a new
+/// variant that does not compile until the backend runs it, and a new op that
+/// reuses one needs nothing there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Launch {
+    /// None: the op runs on the host (the CPU kernel on downloaded inputs).
+    Host,
+    /// `unary_fwd_f32` / `unary_bwd_f32` with the op's row code ([`elementwise::UNARY`]).
+    Unary,
+    /// Broadcasting arithmetic (Add, Sub, Mul, Div, Pow).
+    Binary,
+    /// Broadcasting comparisons to bool.
+    Compare,
+    /// `Where(cond, x, y)`.
+    Where,
+    /// `Clip` with constant bounds.
+    Clip,
+    /// `Dropout` (the mask an extra).
+    Dropout,
+    /// `MatMul` (cuBLAS).
+    MatMul,
+    /// `Gemm` (cuBLAS).
+    Gemm,
+    /// `Conv` up to 2-D (im2col and cuBLAS).
+    Conv,
+    /// Max and average pooling, 2-D.
+    Pool,
+    /// `GlobalAveragePool`.
+    GlobalAveragePool,
+    /// `BatchNormalization` in training mode.
+    BatchNorm,
+    /// `LayerNormalization`.
+    LayerNorm,
+    /// `Softmax` / `LogSoftmax`.
+    Softmax,
+    /// ReduceSum, ReduceMean, ReduceMax, ReduceMin.
+    Reduce,
+    /// A copy into the output's shape (Reshape, Flatten, Squeeze, Unsqueeze).
+    Reshape,
+    /// `Transpose`.
+    Transpose,
+    /// `Expand` (broadcast copy).
+    Expand,
+    /// `Concat`.
+    Concat,
+    /// `Split`.
+    Split,
+    /// `Slice` of one contiguous block.
+    Slice,
+    /// `Gather`.
+    Gather,
+    /// `GatherElements`.
+    GatherElements,
+    /// `Cast` / `CastLike` between device dtypes.
+    Cast,
+}
+
 /// The CUDA kernels of one op, forward and backward ([`Op::cuda_kernels`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CudaKernels {
+    /// The launcher that runs them.
+    pub launch: Launch,
     /// Kernels of the forward launcher.
     pub forward: &'static [&'static str],
     /// Kernels of the backward launcher (empty: no gradient, or host).
@@ -339,6 +399,7 @@ pub struct CudaKernels {
 impl CudaKernels {
     /// An op that runs on the host on the GPU backend.
     pub const HOST: CudaKernels = CudaKernels {
+        launch: Launch::Host,
         forward: &[],
         backward: &[],
         listed: true,
@@ -351,12 +412,14 @@ impl CudaKernels {
         ..CudaKernels::HOST
     };
 
-    /// `forward` and `backward` kernels.
+    /// `forward` and `backward` kernels, run by `launch`.
     pub const fn new(
+        launch: Launch,
         forward: &'static [&'static str],
         backward: &'static [&'static str],
     ) -> CudaKernels {
         CudaKernels {
+            launch,
             forward,
             backward,
             listed: true,

@@ -5,7 +5,7 @@ use rayon::prelude::*;
 
 use super::{
     axis, no_backward_kernel, no_gradient, no_kernel, Arity, Autocast, Backward, BackwardCx,
-    CudaKernels, Cx, Fact, Grad, KernelCx, Op, Registry, RuleResult, Saved, Storage,
+    CudaKernels, Cx, Fact, Grad, KernelCx, Launch, Op, Registry, RuleResult, Saved, Storage,
 };
 use crate::ir::DType;
 use crate::numeric::broadcast::for_each;
@@ -111,6 +111,7 @@ impl Op for BatchNorm {
     /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::new(
+            Launch::BatchNorm,
             &["bn_stats_f32", "bn_apply_f32", "bn_finish_f32"],
             &["bn_bwd_reduce_f32", "bn_bwd_dx_f32", "bn_bwd_params_f32"],
         )
@@ -208,6 +209,7 @@ impl Op for LayerNorm {
     /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::new(
+            Launch::LayerNorm,
             &["ln_fwd_f32", "strided_copy_b4"],
             &[
                 "ln_bwd_dx_f32",
@@ -376,7 +378,7 @@ impl Op for Softmax {
     fn cuda_kernels(&self, op_type: &str) -> CudaKernels {
         match op_type {
             "Softmax" | "LogSoftmax" => {
-                CudaKernels::new(&["softmax_fwd_f32"], &["softmax_bwd_f32"])
+                CudaKernels::new(Launch::Softmax, &["softmax_fwd_f32"], &["softmax_bwd_f32"])
             }
             "Hardmax" => CudaKernels::HOST,
             _ => CudaKernels::UNLISTED,

@@ -2,7 +2,7 @@
 
 use super::{
     axis, dim, no_backward_kernel, no_gradient, no_kernel, Arity, Autocast, Backward, BackwardCx,
-    CudaKernels, Cx, Fact, KernelCx, Op, Registry, RuleResult, Saved, Storage,
+    CudaKernels, Cx, Fact, KernelCx, Launch, Op, Registry, RuleResult, Saved, Storage,
 };
 use crate::ir::value::MAX_FOLD_ELEMS;
 use crate::ir::{DType, Data, Value};
@@ -288,10 +288,12 @@ impl Op for Reduce {
     /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
     fn cuda_kernels(&self, op_type: &str) -> CudaKernels {
         match op_type {
-            "ReduceSum" | "ReduceMean" => {
-                CudaKernels::new(&["reduce_f32"], &["strided_copy_b4", "scale_f32"])
-            }
-            "ReduceMax" | "ReduceMin" => CudaKernels::new(&["reduce_f32"], &[]),
+            "ReduceSum" | "ReduceMean" => CudaKernels::new(
+                Launch::Reduce,
+                &["reduce_f32"],
+                &["strided_copy_b4", "scale_f32"],
+            ),
+            "ReduceMax" | "ReduceMin" => CudaKernels::new(Launch::Reduce, &["reduce_f32"], &[]),
             "ReduceProd" | "ReduceL1" | "ReduceL2" | "ReduceSumSquare" | "ReduceLogSum"
             | "ReduceLogSumExp" => CudaKernels::HOST,
             _ => CudaKernels::UNLISTED,

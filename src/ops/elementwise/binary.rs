@@ -171,11 +171,13 @@ impl Op for Binary {
     /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
     fn cuda_kernels(&self, op_type: &str) -> CudaKernels {
         match op_type {
-            "Add" | "Sub" | "Mul" | "Div" | "Pow" => {
-                CudaKernels::new(&["binary_fwd_f32"], &["binary_bwd_f32", "reduce_f32"])
-            }
+            "Add" | "Sub" | "Mul" | "Div" | "Pow" => CudaKernels::new(
+                Launch::Binary,
+                &["binary_fwd_f32"],
+                &["binary_bwd_f32", "reduce_f32"],
+            ),
             "Equal" | "Less" | "LessOrEqual" | "Greater" | "GreaterOrEqual" => {
-                CudaKernels::new(&["compare_f32"], &[])
+                CudaKernels::new(Launch::Compare, &["compare_f32"], &[])
             }
             "Mod" | "PRelu" | "BitShift" | "And" | "Or" | "Xor" => CudaKernels::HOST,
             _ => CudaKernels::UNLISTED,

@@ -20,7 +20,7 @@ use rayon::prelude::*;
 
 use super::{
     broadcast, dtype_attr, no_backward_kernel, no_gradient, Arity, Autocast, Backward, BackwardCx,
-    CudaKernels, Cx, Fact, Grad, KernelCx, Op, Registry, RuleResult, Saved, Storage,
+    CudaKernels, Cx, Fact, Grad, KernelCx, Launch, Op, Registry, RuleResult, Saved, Storage,
 };
 use crate::ir::value::MAX_FOLD_ELEMS;
 use crate::ir::{Attrs, DType, Data, Value};

@@ -182,7 +182,11 @@ impl Op for Where {
     }
     /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::new(&["where_f32"], &["where_bwd_f32", "reduce_f32"])
+        CudaKernels::new(
+            Launch::Where,
+            &["where_f32"],
+            &["where_bwd_f32", "reduce_f32"],
+        )
     }
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Promote
@@ -273,7 +277,7 @@ impl Op for Cast {
     /// Device kernels (exec::cuda::ops; float32, int64, int32, bool); the
     /// float32 gradient is copied back.
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::new(&["cast_any"], &["strided_copy_b4"])
+        CudaKernels::new(Launch::Cast, &["cast_any"], &["strided_copy_b4"])
     }
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Promote
@@ -352,7 +356,7 @@ impl Op for Clip {
     }
     /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::new(&["clip_fwd_f32"], &["clip_bwd_f32"])
+        CudaKernels::new(Launch::Clip, &["clip_fwd_f32"], &["clip_bwd_f32"])
     }
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Promote
@@ -482,6 +486,7 @@ impl Op for Dropout {
     /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::new(
+            Launch::Dropout,
             &["dropout_fwd_f32", "strided_copy_b1", "strided_copy_b4"],
             &["dropout_bwd_f32", "strided_copy_b4"],
         )

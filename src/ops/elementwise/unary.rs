@@ -632,7 +632,7 @@ impl Op for Unary {
     }
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         match self.0.cuda {
-            Some(_) => CudaKernels::new(&["unary_fwd_f32"], &["unary_bwd_f32"]),
+            Some(_) => CudaKernels::new(Launch::Unary, &["unary_fwd_f32"], &["unary_bwd_f32"]),
             None => CudaKernels::HOST,
         }
     }

@@ -31,8 +31,8 @@ use views::*;
 
 use super::{
     axis, broadcast, dim, dtype_attr, layout, no_backward_kernel, no_gradient, numel, Arity,
-    Autocast, Backward, BackwardCx, CudaKernels, Cx, Fact, KernelCx, Op, Registry, RuleError,
-    RuleResult, Saved, Storage,
+    Autocast, Backward, BackwardCx, CudaKernels, Cx, Fact, KernelCx, Launch, Op, Registry,
+    RuleError, RuleResult, Saved, Storage,
 };
 use crate::ir::value::MAX_FOLD_ELEMS;
 use crate::ir::{DType, Data, TensorData, Value};

@@ -142,7 +142,7 @@ impl Op for Concat {
     }
     /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::new(COPIES, &["strided_copy_b4"])
+        CudaKernels::new(Launch::Concat, COPIES, &["strided_copy_b4"])
     }
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Promote
@@ -272,7 +272,7 @@ impl Op for Split {
     }
     /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::new(COPIES, &["strided_copy_b4"])
+        CudaKernels::new(Launch::Split, COPIES, &["strided_copy_b4"])
     }
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Promote
@@ -460,7 +460,7 @@ impl Op for Slice {
     /// On the device one block along one axis with step 1 (`x[..., a:b]`, as
     /// rotary embeddings slice); any other slice runs on the host there.
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::new(COPIES, &["strided_copy_b4"])
+        CudaKernels::new(Launch::Slice, COPIES, &["strided_copy_b4"])
     }
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Promote
@@ -661,7 +661,7 @@ impl Op for Gather {
     }
     /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::new(&["gather_f32"], &["gather_bwd_f32"])
+        CudaKernels::new(Launch::Gather, &["gather_f32"], &["gather_bwd_f32"])
     }
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Promote
@@ -757,6 +757,7 @@ impl Op for GatherElements {
     /// Device kernels (exec::cuda::ops, forward); the backward runs on the host.
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::new(
+            Launch::GatherElements,
             &[
                 "gather_elements_b1",
                 "gather_elements_b4",

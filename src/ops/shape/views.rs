@@ -93,7 +93,7 @@ impl Op for Reshape {
     }
     /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::new(COPIES, &["strided_copy_b4"])
+        CudaKernels::new(Launch::Reshape, COPIES, &["strided_copy_b4"])
     }
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Promote
@@ -156,7 +156,7 @@ impl Op for Flatten {
     }
     /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::new(COPIES, &["strided_copy_b4"])
+        CudaKernels::new(Launch::Reshape, COPIES, &["strided_copy_b4"])
     }
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Promote
@@ -260,7 +260,7 @@ impl Op for Transpose {
     }
     /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::new(COPIES, &["strided_copy_b4"])
+        CudaKernels::new(Launch::Transpose, COPIES, &["strided_copy_b4"])
     }
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Promote
@@ -343,7 +343,7 @@ impl Op for Squeeze {
     }
     /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::new(COPIES, &["strided_copy_b4"])
+        CudaKernels::new(Launch::Reshape, COPIES, &["strided_copy_b4"])
     }
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Promote
@@ -416,7 +416,7 @@ impl Op for Unsqueeze {
     }
     /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::new(COPIES, &["strided_copy_b4"])
+        CudaKernels::new(Launch::Reshape, COPIES, &["strided_copy_b4"])
     }
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Promote
@@ -499,7 +499,7 @@ impl Op for Expand {
     }
     /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::new(COPIES, &["reduce_f32", "strided_copy_b4"])
+        CudaKernels::new(Launch::Expand, COPIES, &["reduce_f32", "strided_copy_b4"])
     }
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Promote

@@ -32,7 +32,9 @@ use super::{CudaError, Device, DeviceTensor, Result};
 use crate::ir::{Attrs, DType, Node};
 use crate::numeric::broadcast::{bcast_strides, strides};
 use crate::numeric::Tensor;
-use crate::ops::{self, axis, registry, BackwardCx, Cx, Fact, KernelCx, Saved};
+use crate::ops::{
+    self, axis, registry, BackwardCx, CudaKernels, Cx, Fact, KernelCx, Launch, Saved,
+};
 
 /// Everything a device forward launcher sees of one node (as [`KernelCx`], with
 /// device inputs and the input facts, which hold the folded constants).
@@ -184,8 +186,16 @@ pub enum Path {
     Host,
 }
 
-/// Where [`forward`] runs a node with these input facts: on the device when a
-/// launcher handles the op for these dtypes (and attributes), else on the host.
+/// The kernels and launcher the op's rule names ([`ops::Op::cuda_kernels`]).
+fn kernels_of(node: &Node) -> Result<CudaKernels> {
+    let rule = registry()
+        .get(&node.domain, &node.op_type)
+        .ok_or_else(|| CudaError::Kernel(format!("unsupported op {}", node.op_type)))?;
+    Ok(rule.cuda_kernels(&node.op_type))
+}
+
+/// Where [`forward`] runs a node with these input facts: on the device when the
+/// op's launcher ([`Launch`]) handles these dtypes (and attributes), else on the host.
 pub fn forward_path(
     node: &Node,
     input_facts: &[Option<&Fact>],
@@ -196,16 +206,21 @@ pub fn forward_path(
     let op = node.op_type.as_str();
     let dt = |i: usize| input_facts.get(i).copied().flatten().map(|f| f.dtype);
     let f32_in = |i: usize| dt(i) == Some(DType::F32);
-    let device = match op {
-        _ if unary_code(op, &node.attrs)?.is_some() => f32_in(0),
-        "Add" | "Sub" | "Mul" | "Div" | "Pow" => f32_in(0) && f32_in(1),
-        "Equal" | "Less" | "LessOrEqual" | "Greater" | "GreaterOrEqual" => f32_in(0) && f32_in(1),
-        "Where" => f32_in(1) && f32_in(2) && dt(0) == Some(DType::Bool),
-        "Clip" | "Dropout" | "MaxPool" | "AveragePool" | "GlobalAveragePool" => f32_in(0),
-        "LayerNormalization" | "Softmax" | "LogSoftmax" => f32_in(0),
-        "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" => f32_in(0),
-        "MatMul" | "Gemm" => f32_in(0) && f32_in(1),
-        "Conv" => {
+    let movable = || dt(0).is_some_and(|d| super::tensor::elem_size(d).is_ok());
+    let device = match kernels_of(node)?.launch {
+        Launch::Host => false,
+        // The parameters are checked here, so that a bad attribute fails in one line.
+        Launch::Unary => unary_code(op, &node.attrs)?.is_some() && f32_in(0),
+        Launch::Binary | Launch::Compare | Launch::MatMul | Launch::Gemm => f32_in(0) && f32_in(1),
+        Launch::Where => f32_in(1) && f32_in(2) && dt(0) == Some(DType::Bool),
+        Launch::Clip
+        | Launch::Dropout
+        | Launch::Pool
+        | Launch::GlobalAveragePool
+        | Launch::LayerNorm
+        | Launch::Softmax
+        | Launch::Reduce => f32_in(0),
+        Launch::Conv => {
             f32_in(0)
                 && f32_in(1)
                 && input_facts
@@ -214,7 +229,7 @@ pub fn forward_path(
                     .flatten()
                     .is_some_and(|f| f.shape.len() <= 4)
         }
-        "BatchNormalization" => {
+        Launch::BatchNorm => {
             let training = extras
                 || if opset >= 14 {
                     node.attrs.int_or("training_mode", 0) != 0
@@ -223,22 +238,17 @@ pub fn forward_path(
                 };
             f32_in(0) && training
         }
-        "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" | "Transpose" | "Expand" | "Concat"
-        | "Split" => dt(0).is_some_and(|d| super::tensor::elem_size(d).is_ok()),
-        "Gather" => f32_in(0) && dt(1) == Some(DType::I64),
-        "Slice" => {
-            dt(0).is_some_and(|d| super::tensor::elem_size(d).is_ok())
-                && slice_block(input_facts, opset).is_some()
+        Launch::Reshape | Launch::Transpose | Launch::Expand | Launch::Concat | Launch::Split => {
+            movable()
         }
-        "GatherElements" => {
-            dt(0).is_some_and(|d| super::tensor::elem_size(d).is_ok()) && dt(1) == Some(DType::I64)
-        }
-        "Cast" | "CastLike" => {
+        Launch::Gather => f32_in(0) && dt(1) == Some(DType::I64),
+        Launch::Slice => movable() && slice_block(input_facts, opset).is_some(),
+        Launch::GatherElements => movable() && dt(1) == Some(DType::I64),
+        Launch::Cast => {
             let to = node.attrs.int("to").and_then(|c| ops::dtype_attr(c).ok());
             let to = if op == "CastLike" { dt(1) } else { to };
             dt(0).is_some_and(cast_code_ok) && to.is_some_and(cast_code_ok)
         }
-        _ => false,
     };
     Ok(if device { Path::Device } else { Path::Host })
 }
@@ -247,7 +257,6 @@ pub fn forward_path(
 /// ones included), then the extras when `cx.extras`, as [`crate::ops::Op::forward_cpu`].
 /// [`forward_path`] decides between the device launchers and the host.
 pub fn forward(dev: &Device, cx: &DevKernelCx) -> Result<(Vec<DeviceTensor>, Path)> {
-    let op = cx.node.op_type.as_str();
     if forward_path(
         cx.node,
         &cx.input_facts,
@@ -258,35 +267,34 @@ pub fn forward(dev: &Device, cx: &DevKernelCx) -> Result<(Vec<DeviceTensor>, Pat
     {
         return Ok((host_forward(dev, cx)?, Path::Host));
     }
-    let outs = match op {
-        _ if unary_code(op, cx.attrs())?.is_some() => unary_fwd(dev, cx)?,
-        "Add" | "Sub" | "Mul" | "Div" | "Pow" => binary_fwd(dev, cx)?,
-        "Equal" | "Less" | "LessOrEqual" | "Greater" | "GreaterOrEqual" => compare_fwd(dev, cx)?,
-        "Where" => where_fwd(dev, cx)?,
-        "Clip" => clip_fwd(dev, cx)?,
-        "Dropout" => dropout_fwd(dev, cx)?,
-        "MatMul" => matmul_fwd(dev, cx)?,
-        "Gemm" => gemm_fwd(dev, cx)?,
-        "Conv" => conv_fwd(dev, cx)?,
-        "MaxPool" | "AveragePool" => pool_fwd(dev, cx)?,
-        "GlobalAveragePool" => gap_fwd(dev, cx)?,
-        "BatchNormalization" => bn_fwd(dev, cx)?,
-        "LayerNormalization" => ln_fwd(dev, cx)?,
-        "Softmax" | "LogSoftmax" => softmax_fwd(dev, cx)?,
-        "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" => reduce_fwd(dev, cx)?,
-        "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => {
-            vec![copy_as(dev, cx.input(0)?, &cx.out(0)?.shape)?]
-        }
-        "Transpose" => transpose_fwd(dev, cx)?,
-        "Expand" => {
+    let outs = match kernels_of(cx.node)?.launch {
+        Launch::Host => unreachable!("forward_path sends host ops to the host"),
+        Launch::Unary => unary_fwd(dev, cx)?,
+        Launch::Binary => binary_fwd(dev, cx)?,
+        Launch::Compare => compare_fwd(dev, cx)?,
+        Launch::Where => where_fwd(dev, cx)?,
+        Launch::Clip => clip_fwd(dev, cx)?,
+        Launch::Dropout => dropout_fwd(dev, cx)?,
+        Launch::MatMul => matmul_fwd(dev, cx)?,
+        Launch::Gemm => gemm_fwd(dev, cx)?,
+        Launch::Conv => conv_fwd(dev, cx)?,
+        Launch::Pool => pool_fwd(dev, cx)?,
+        Launch::GlobalAveragePool => gap_fwd(dev, cx)?,
+        Launch::BatchNorm => bn_fwd(dev, cx)?,
+        Launch::LayerNorm => ln_fwd(dev, cx)?,
+        Launch::Softmax => softmax_fwd(dev, cx)?,
+        Launch::Reduce => reduce_fwd(dev, cx)?,
+        Launch::Reshape => vec![copy_as(dev, cx.input(0)?, &cx.out(0)?.shape)?],
+        Launch::Transpose => transpose_fwd(dev, cx)?,
+        Launch::Expand => {
             let x = cx.input(0)?;
             let out = &cx.out(0)?.shape;
             let d = Strided::broadcast(out, &[&x.shape])?;
             vec![strided_new(dev, x, out, d)?]
         }
-        "Concat" => concat_fwd(dev, cx)?,
-        "Split" => split_fwd(dev, cx)?,
-        "Slice" => {
+        Launch::Concat => concat_fwd(dev, cx)?,
+        Launch::Split => split_fwd(dev, cx)?,
+        Launch::Slice => {
             let x = cx.input(0)?;
             let (ax, off) = slice_block(&cx.input_facts, cx.opset)
                 .ok_or_else(|| CudaError::Kernel("Slice is not one block".into()))?;
@@ -294,9 +302,9 @@ pub fn forward(dev: &Device, cx: &DevKernelCx) -> Result<(Vec<DeviceTensor>, Pat
             block_copy(dev, x, &part, ax, off, false)?;
             vec![part]
         }
-        "Gather" => gather_fwd(dev, cx)?,
-        "GatherElements" => gather_elements_fwd(dev, cx)?,
-        "Cast" | "CastLike" => {
+        Launch::Gather => gather_fwd(dev, cx)?,
+        Launch::GatherElements => gather_elements_fwd(dev, cx)?,
+        Launch::Cast => {
             let x = cx.input(0)?;
             let to = cx.out(0)?.dtype;
             let y = dev.zeros(to, &x.shape)?;
@@ -314,32 +322,48 @@ pub fn forward(dev: &Device, cx: &DevKernelCx) -> Result<(Vec<DeviceTensor>, Pat
             )?;
             vec![y]
         }
-        other => unreachable!("forward_path sends {other} to the host"),
     };
     Ok((outs, Path::Device))
 }
 
-/// Where [`backward`] runs a node with these input facts.
+/// Where [`backward`] runs a node with these input facts: on the device when the
+/// op's launcher has backward kernels for these dtypes, else on the host.
 pub fn backward_path(node: &Node, input_facts: &[Option<&Fact>]) -> Path {
-    let op = node.op_type.as_str();
     let dt = |i: usize| input_facts.get(i).copied().flatten().map(|f| f.dtype);
     let f32_in = |i: usize| dt(i) == Some(DType::F32);
-    let device = match op {
-        _ if unary_code(op, &node.attrs).ok().flatten().is_some() => f32_in(0),
-        "Add" | "Sub" | "Mul" | "Div" | "Pow" | "MatMul" | "Gemm" | "Conv" => {
-            f32_in(0) && f32_in(1)
-        }
-        "Where" => f32_in(1) && f32_in(2) && dt(0) == Some(DType::Bool),
-        "Clip" | "Dropout" | "MaxPool" | "AveragePool" | "GlobalAveragePool" => f32_in(0),
-        "BatchNormalization" | "LayerNormalization" | "Softmax" | "LogSoftmax" => f32_in(0),
-        "ReduceSum" | "ReduceMean" | "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => f32_in(0),
-        "Transpose" | "Expand" | "Split" | "Gather" => f32_in(0),
-        "Slice" => f32_in(0) && slice_block(input_facts, 13).is_some(),
-        "Concat" => true,
-        // A float32 gradient copied back (the only float type on the device).
-        "Cast" | "CastLike" => f32_in(0),
-        _ => false,
+    let Ok(k) = kernels_of(node) else {
+        return Path::Host;
     };
+    let device = !k.backward.is_empty()
+        && match k.launch {
+            Launch::Host | Launch::Compare => false,
+            Launch::Unary => {
+                unary_code(&node.op_type, &node.attrs).ok().flatten().is_some() && f32_in(0)
+            }
+            Launch::Binary | Launch::MatMul | Launch::Gemm | Launch::Conv => {
+                f32_in(0) && f32_in(1)
+            }
+            Launch::Where => f32_in(1) && f32_in(2) && dt(0) == Some(DType::Bool),
+            Launch::Clip
+            | Launch::Dropout
+            | Launch::Pool
+            | Launch::GlobalAveragePool
+            | Launch::BatchNorm
+            | Launch::LayerNorm
+            | Launch::Softmax
+            | Launch::Reduce
+            | Launch::Reshape
+            | Launch::Transpose
+            | Launch::Expand
+            | Launch::Split
+            | Launch::Gather
+            // A float32 gradient copied back (the only float type on the device).
+            | Launch::Cast => f32_in(0),
+            Launch::Slice => f32_in(0) && slice_block(input_facts, 13).is_some(),
+            Launch::Concat => true,
+            // Its backward is a scatter the device has no kernel for.
+            Launch::GatherElements => false,
+        };
     if device {
         Path::Device
     } else {
@@ -351,21 +375,23 @@ pub fn backward_path(node: &Node, input_facts: &[Option<&Fact>]) -> Path {
 /// exactly for the wanted ones, as [`crate::ops::Op::backward_cpu`];
 /// [`backward_path`] decides between the device launchers and the host.
 pub fn backward(dev: &Device, cx: &DevBackwardCx) -> Result<(Vec<Option<DeviceTensor>>, Path)> {
-    let op = cx.node.op_type.as_str();
     if backward_path(cx.node, &cx.inputs) == Path::Host {
         return Ok((host_backward(dev, cx)?, Path::Host));
     }
-    let mut res: Vec<(usize, DeviceTensor)> = match op {
-        _ if unary_code(op, cx.attrs())?.is_some() => unary_bwd(dev, cx)?,
-        "Add" | "Sub" | "Mul" | "Div" | "Pow" => binary_bwd(dev, cx)?,
-        "Where" => where_bwd(dev, cx)?,
-        "Clip" => clip_bwd(dev, cx)?,
-        "Dropout" => dropout_bwd(dev, cx)?,
-        "MatMul" => matmul_bwd(dev, cx)?,
-        "Gemm" => gemm_bwd(dev, cx)?,
-        "Conv" => conv_bwd(dev, cx)?,
-        "MaxPool" | "AveragePool" => pool_bwd(dev, cx)?,
-        "GlobalAveragePool" => {
+    let mut res: Vec<(usize, DeviceTensor)> = match kernels_of(cx.node)?.launch {
+        Launch::Host | Launch::Compare | Launch::GatherElements => {
+            unreachable!("backward_path sends these to the host")
+        }
+        Launch::Unary => unary_bwd(dev, cx)?,
+        Launch::Binary => binary_bwd(dev, cx)?,
+        Launch::Where => where_bwd(dev, cx)?,
+        Launch::Clip => clip_bwd(dev, cx)?,
+        Launch::Dropout => dropout_bwd(dev, cx)?,
+        Launch::MatMul => matmul_bwd(dev, cx)?,
+        Launch::Gemm => gemm_bwd(dev, cx)?,
+        Launch::Conv => conv_bwd(dev, cx)?,
+        Launch::Pool => pool_bwd(dev, cx)?,
+        Launch::GlobalAveragePool => {
             let x = cx.input(0)?;
             let g = cx.grad(dev, 0)?;
             let plane: usize = x.shape[2..].iter().product();
@@ -378,22 +404,22 @@ pub fn backward(dev: &Device, cx: &DevBackwardCx) -> Result<(Vec<Option<DeviceTe
             )?;
             vec![(0, dx)]
         }
-        "BatchNormalization" => bn_bwd(dev, cx)?,
-        "LayerNormalization" => ln_bwd(dev, cx)?,
-        "Softmax" | "LogSoftmax" => softmax_bwd(dev, cx)?,
-        "ReduceSum" | "ReduceMean" => reduce_bwd(dev, cx)?,
-        "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => {
+        Launch::BatchNorm => bn_bwd(dev, cx)?,
+        Launch::LayerNorm => ln_bwd(dev, cx)?,
+        Launch::Softmax => softmax_bwd(dev, cx)?,
+        Launch::Reduce => reduce_bwd(dev, cx)?,
+        Launch::Reshape => {
             let g = cx.grad(dev, 0)?;
             vec![(0, copy_as(dev, &g, &cx.input(0)?.shape)?)]
         }
-        "Transpose" => transpose_bwd(dev, cx)?,
-        "Expand" => {
+        Launch::Transpose => transpose_bwd(dev, cx)?,
+        Launch::Expand => {
             let g = cx.grad(dev, 0)?;
             vec![(0, sum_to(dev, &g, &cx.input(0)?.shape, 1.0)?)]
         }
-        "Concat" => concat_bwd(dev, cx)?,
-        "Split" => split_bwd(dev, cx)?,
-        "Slice" => {
+        Launch::Concat => concat_bwd(dev, cx)?,
+        Launch::Split => split_bwd(dev, cx)?,
+        Launch::Slice => {
             let f = cx.input(0)?;
             let (ax, off) = slice_block(&cx.inputs, 13)
                 .ok_or_else(|| CudaError::Kernel("Slice is not one block".into()))?;
@@ -402,13 +428,12 @@ pub fn backward(dev: &Device, cx: &DevBackwardCx) -> Result<(Vec<Option<DeviceTe
             block_copy(dev, &dx, &g, ax, off, true)?;
             vec![(0, dx)]
         }
-        "Gather" => gather_bwd(dev, cx)?,
-        "Cast" | "CastLike" => {
+        Launch::Gather => gather_bwd(dev, cx)?,
+        Launch::Cast => {
             let g = cx.grad(dev, 0)?;
             g.expect_f32("Cast's incoming gradient")?;
             vec![(0, copy_as(dev, &g, &cx.input(0)?.shape)?)]
         }
-        other => unreachable!("backward_path sends {other} to the host"),
     };
     let mut out: Vec<Option<DeviceTensor>> = (0..cx.node.inputs.len()).map(|_| None).collect();
     for (slot, t) in res.drain(..) {
