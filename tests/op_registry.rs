@@ -594,5 +594,10 @@ fn every_op_states_its_device_kernels() {
             k.listed,
             "{name}: its family's cuda_kernels has no arm for it"
         );
+        assert_eq!(
+            k.forward.is_empty(),
+            k.launch == Launch::Host,
+            "{name}: kernels without a launcher, or a launcher without kernels"
+        );
     }
 }

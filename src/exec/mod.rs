@@ -26,7 +26,7 @@ pub use crate::numeric::{rng, Elems, Tensor};
 use crate::error::{Error, Result};
 use crate::infer::Inferred;
 use crate::ir::{DType, Model, Payload, TensorId};
-use crate::ops::{registry, Fact, KernelCx, RuleError};
+use crate::ops::{registry, Fact, KernelCx, RuleError, RuleResult};
 
 /// Options of a forward run.
 #[derive(Debug, Clone, Copy)]
@@ -68,17 +68,13 @@ pub struct Executor<'m> {
 ///
 /// Integer initializers hold indices or shapes, which random numbers would make
 /// meaningless: without data they are an error.
-pub fn random_parameter(
-    name: &str,
-    dtype: DType,
-    dims: &[usize],
-    seed: u64,
-) -> std::result::Result<Tensor, String> {
+pub fn random_parameter(name: &str, dtype: DType, dims: &[usize], seed: u64) -> RuleResult<Tensor> {
     use rayon::prelude::*;
     if !dtype.is_float() {
         return Err(format!(
             "{dtype} initializer without data: only floating-point parameters can be made up"
-        ));
+        )
+        .into());
     }
     let n: usize = dims.iter().product();
     let s = rng::name_seed(seed, name);
@@ -93,12 +89,12 @@ pub fn random_parameter(
         .into_par_iter()
         .map(|i| lo + (hi - lo) * rng::unit_f32(s, i))
         .collect();
-    Ok(Tensor::from_f32(dtype, dims.to_vec(), v)?)
+    Tensor::from_f32(dtype, dims.to_vec(), v)
 }
 
 /// A seeded random value for a graph input of the given fact: floats standard
 /// normal, integers uniform in `[0, int_high)` (token ids), bools fair coins.
-pub fn random_input(fact: &Fact, seed: u64, int_high: i64) -> std::result::Result<Tensor, String> {
+pub fn random_input(fact: &Fact, seed: u64, int_high: i64) -> RuleResult<Tensor> {
     let n: usize = fact.shape.iter().product();
     let shape = fact.shape.clone();
     if fact.dtype.is_float() {
@@ -133,7 +129,7 @@ impl<'m> Executor<'m> {
                 Payload::ShapeOnly => {
                     random_parameter(&info.name, init.dtype, &init.dims, opts.seed)
                 }
-                _ => Tensor::from_data(init).map_err(String::from),
+                _ => Tensor::from_data(init),
             }
             .map_err(|e| Error::Graph(format!("initializer '{}': {e}", info.name)))?;
             params.push(Some(t));

@@ -54,13 +54,6 @@ impl From<String> for RuleError {
     }
 }
 
-/// For callers that still report plain messages (the executor's step drivers).
-impl From<RuleError> for String {
-    fn from(e: RuleError) -> String {
-        e.to_string()
-    }
-}
-
 impl From<&str> for RuleError {
     fn from(s: &str) -> RuleError {
         RuleError::Invalid(s.to_string())
