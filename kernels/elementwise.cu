@@ -28,10 +28,18 @@ __device__ __forceinline__ float mp_gelu_d(float s, float tanh_form) {
     return 0.5f * (1.0f + t) + 0.5f * s * (1.0f - t * t) * c * (1.0f + 3.0f * 0.044715f * s * s);
 }
 
-// mp_unary(op, x, alpha, beta, gamma) and mp_unary_d(op, s, ...): generated from
-// the unary table (src/ops/elementwise/unary.rs, `UNARY`; the op code is the
-// row's index) where this marker stands.
-// @unary-table
+__device__ __forceinline__ float mp_pow(float x, float y) {
+    if (y == 2.0f) return x * x;
+    if (y == 3.0f) return x * x * x;
+    return powf(x, y);
+}
+
+// Generated from the op tables of src/ops/elementwise/ where the marker below
+// stands (the op code is the row's index):
+// - mp_unary(op, x, alpha, beta, gamma), mp_unary_d(op, s, ...): `UNARY`;
+// - mp_binary(op, a, b), mp_binary_d(op, slot, gv, A, B, Y): `BINARY`;
+// - mp_compare(op, x, z): `COMPARE`.
+// @op-tables
 
 extern "C" __global__ void unary_fwd_f32(int op, long long n, const float* x, float* y, float alpha, float beta, float gamma) {
     MP_GRID_LOOP(i, n) y[i] = mp_unary(op, x[i], alpha, beta, gamma);
@@ -40,38 +48,6 @@ extern "C" __global__ void unary_fwd_f32(int op, long long n, const float* x, fl
 // dx = g * f'(s); `s` null for ops whose derivative reads nothing.
 extern "C" __global__ void unary_bwd_f32(int op, long long n, const float* g, const float* s, float* dx, float alpha, float beta, float gamma) {
     MP_GRID_LOOP(i, n) dx[i] = g[i] * mp_unary_d(op, s ? s[i] : 0.0f, alpha, beta, gamma);
-}
-
-// Binary op codes.
-#define B_ADD 0
-#define B_SUB 1
-#define B_MUL 2
-#define B_DIV 3
-#define B_POW 4
-#define B_PRELU 5
-// Comparisons.
-#define C_EQUAL 0
-#define C_LESS 1
-#define C_LESS_EQUAL 2
-#define C_GREATER 3
-#define C_GREATER_EQUAL 4
-
-__device__ __forceinline__ float mp_pow(float x, float y) {
-    if (y == 2.0f) return x * x;
-    if (y == 3.0f) return x * x * x;
-    return powf(x, y);
-}
-
-__device__ __forceinline__ float mp_binary(int op, float a, float b) {
-    switch (op) {
-    case B_ADD: return a + b;
-    case B_SUB: return a - b;
-    case B_MUL: return a * b;
-    case B_DIV: return a / b;
-    case B_POW: return mp_pow(a, b);
-    case B_PRELU: return a < 0.0f ? a * b : a;
-    default: return __int_as_float(0x7fc00000);
-    }
 }
 
 // y = a op b over the broadcast shape; d.st[0] strides of a, d.st[1] of b.
@@ -91,35 +67,8 @@ extern "C" __global__ void binary_bwd_f32(int op, int slot, long long n, Strided
     MP_GRID_LOOP(i, n) {
         long long off[3];
         mp_offsets(d, i, off, 3);
-        float gv = g[i];
-        float r;
-        switch (op) {
-        case B_ADD: r = gv; break;
-        case B_SUB: r = slot == 0 ? gv : -gv; break;
-        case B_MUL: r = slot == 0 ? gv * b[off[1]] : gv * a[off[0]]; break;
-        case B_DIV:
-            if (slot == 0) r = gv / b[off[1]];
-            else { float bv = b[off[1]]; r = -gv * a[off[0]] / (bv * bv); }
-            break;
-        case B_POW:
-            if (slot == 0) {
-                float x = a[off[0]], e = b[off[1]];
-                float dd = e == 0.0f ? 0.0f : (e == 2.0f ? 2.0f * x : e * powf(x, e - 1.0f));
-                r = gv * dd;
-            } else {
-                float x = a[off[0]];
-                r = x == 0.0f ? 0.0f : gv * y[off[2]] * logf(x);
-            }
-            break;
-        case B_PRELU: {
-            float x = a[off[0]], sl = b[off[1]];
-            if (slot == 0) r = x > 0.0f ? gv : gv * sl;
-            else r = x > 0.0f ? 0.0f : gv * x;
-            break;
-        }
-        default: r = __int_as_float(0x7fc00000);
-        }
-        out[i] = r;
+        float A = a ? a[off[0]] : 0.0f, B = b ? b[off[1]] : 0.0f, Y = y ? y[off[2]] : 0.0f;
+        out[i] = mp_binary_d(op, slot, g[i], A, B, Y);
     }
 }
 
@@ -128,16 +77,7 @@ extern "C" __global__ void compare_f32(int op, long long n, Strided d, const flo
     MP_GRID_LOOP(i, n) {
         long long off[2];
         mp_offsets(d, i, off, 2);
-        float x = a[off[0]], z = b[off[1]];
-        bool r;
-        switch (op) {
-        case C_EQUAL: r = x == z; break;
-        case C_LESS: r = x < z; break;
-        case C_LESS_EQUAL: r = x <= z; break;
-        case C_GREATER: r = x > z; break;
-        default: r = x >= z; break;
-        }
-        y[i] = r ? 1 : 0;
+        y[i] = mp_compare(op, a[off[0]], b[off[1]]) ? 1 : 0;
     }
 }
 

@@ -18,7 +18,7 @@ pub struct Source {
 }
 
 /// The line of a kernels/ source that its [`Source::generated`] code replaces.
-pub const GENERATED_MARK: &str = "// @unary-table";
+pub const GENERATED_MARK: &str = "// @op-tables";
 
 /// Every kernel source, in a fixed order.
 pub const SOURCES: &[Source] = &[
@@ -134,6 +134,9 @@ mod tests {
         let text = SOURCES[0].text();
         assert!(text.contains("float mp_unary(int op"));
         assert!(text.contains("float mp_unary_d(int op"));
+        assert!(text.contains("float mp_binary(int op"));
+        assert!(text.contains("float mp_binary_d(int op"));
+        assert!(text.contains("bool mp_compare(int op"));
     }
 
     #[test]

@@ -521,7 +521,7 @@ pub fn unary_row(op: &str) -> Option<(i32, &'static UnaryRow)> {
 
 /// The C of kernels/elementwise.cu's `mp_unary(op, x, alpha, beta, gamma)` and
 /// `mp_unary_d(op, s, alpha, beta, gamma)`: one case per row with CUDA code.
-pub fn cuda_switches() -> String {
+pub(super) fn cuda_switches() -> String {
     let mut f = String::new();
     let mut d = String::new();
     for (i, r) in UNARY.iter().enumerate() {

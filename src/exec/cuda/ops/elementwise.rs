@@ -2,7 +2,7 @@
 
 #[allow(unused_imports)]
 use super::*;
-use crate::ops::elementwise::{unary_row, UnaryRow};
+use crate::ops::elementwise::{binary_row, compare_row, unary_row, UnaryRow};
 
 /// kernels/elementwise.cu's op code of unary op `op` (its row of
 /// [`ops::elementwise::UNARY`](crate::ops::elementwise)) and its parameters;
@@ -64,29 +64,19 @@ pub(super) fn unary_bwd(dev: &Device, cx: &DevBackwardCx) -> Result<Vec<(usize, 
     Ok(vec![(0, dx)])
 }
 
-/// kernels/elementwise.cu's binary op code (`B_*`).
+/// kernels/elementwise.cu's code of arithmetic op `op` (its row of `BINARY`).
 pub(super) fn binary_code(op: &str) -> Result<i32> {
-    Ok(match op {
-        "Add" => 0,
-        "Sub" => 1,
-        "Mul" => 2,
-        "Div" => 3,
-        "Pow" => 4,
-        "PRelu" => 5,
-        other => return Err(CudaError::Kernel(format!("no device kernel for {other}"))),
-    })
+    binary_row(op)
+        .filter(|(_, r)| r.on_device())
+        .map(|(c, _)| c)
+        .ok_or_else(|| CudaError::Kernel(format!("no device kernel for {op}")))
 }
 
-/// kernels/elementwise.cu's comparison code (`C_*`).
+/// kernels/elementwise.cu's code of comparison `op` (its row of `COMPARE`).
 pub(super) fn compare_code(op: &str) -> Result<i32> {
-    Ok(match op {
-        "Equal" => 0,
-        "Less" => 1,
-        "LessOrEqual" => 2,
-        "Greater" => 3,
-        "GreaterOrEqual" => 4,
-        other => return Err(CudaError::Kernel(format!("no device kernel for {other}"))),
-    })
+    compare_row(op)
+        .map(|(c, _)| c)
+        .ok_or_else(|| CudaError::Kernel(format!("no device kernel for {op}")))
 }
 
 pub(super) fn binary_fwd(dev: &Device, cx: &DevKernelCx) -> Result<Vec<DeviceTensor>> {
