@@ -1,0 +1,299 @@
+//! The ONNX backend test suite (the test data of the onnx 1.22.0 wheel) through
+//! loading and shape inference: every model's output dtypes and shapes against
+//! its `test_data_set_0` (docs/CONFORMANCE.md).
+//!
+//! `tools/conformance/fetch.sh` unpacks the data into
+//! `target/conformance/data` (pip download, no install; never a runtime
+//! dependency). Without it the test says so and passes, unless
+//! `MEMPLAN_REQUIRE_CONFORMANCE=1` (CI), where it fails.
+//!
+//! Each model ends in one outcome:
+//! - `match`: every output has the expected dtype and shape;
+//! - `refused: <reason>`: a documented refusal (tools/conformance/README.md):
+//!   `value-dependent` (a shape depends on input values), `unsupported-op`,
+//!   `other-domain`, `unsupported-type`;
+//! - `wrong`: an output's dtype or shape differs;
+//! - `error`: any other failure;
+//! - `panic`.
+//!
+//! The outcome of every model is written to
+//! `target/conformance/results.json`, from which `tools/conformance/report.py`
+//! makes docs/CONFORMANCE.md. The test holds the figures to
+//! `tests/data/conformance/baseline.json`:
+//! - every model that matched there still matches;
+//! - no model panics;
+//! - no model gives a wrong dtype or shape that did not before.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use memplan::infer::{infer, Bindings};
+use memplan::ir::{DType, DimDecl};
+use memplan::onnx::load_model;
+use memplan::onnx::proto::TensorProto;
+use memplan::ops::RuleError;
+use memplan::Error;
+use prost::Message;
+
+/// One model of the suite: where it is and its expected outputs.
+struct Model {
+    /// `node/test_abs`, `light/light_resnet50`, ...
+    name: String,
+    model: PathBuf,
+    inputs: Vec<PathBuf>,
+    outputs: Vec<PathBuf>,
+}
+
+fn data_dir() -> PathBuf {
+    std::env::var("MEMPLAN_CONFORMANCE_DATA").map_or_else(
+        |_| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("target/conformance/data/onnx/backend/test/data")
+        },
+        PathBuf::from,
+    )
+}
+
+fn numbered(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+    (0..)
+        .map(|i| dir.join(format!("{prefix}_{i}.pb")))
+        .take_while(|p| p.exists())
+        .collect()
+}
+
+/// Every model under the data directory, in a fixed order.
+fn models(root: &Path) -> Vec<Model> {
+    let mut v = Vec::new();
+    for kind in ["node", "pytorch-converted", "pytorch-operator", "simple"] {
+        let Ok(rd) = std::fs::read_dir(root.join(kind)) else {
+            continue;
+        };
+        let mut dirs: Vec<PathBuf> = rd.map(|e| e.unwrap().path()).collect();
+        dirs.sort();
+        for d in dirs {
+            let set = d.join("test_data_set_0");
+            if !d.join("model.onnx").exists() || !set.exists() {
+                continue;
+            }
+            v.push(Model {
+                name: format!("{kind}/{}", d.file_name().unwrap().to_string_lossy()),
+                model: d.join("model.onnx"),
+                inputs: numbered(&set, "input"),
+                outputs: numbered(&set, "output"),
+            });
+        }
+    }
+    if let Ok(rd) = std::fs::read_dir(root.join("light")) {
+        let mut files: Vec<PathBuf> = rd.map(|e| e.unwrap().path()).collect();
+        files.sort();
+        for f in files {
+            let n = f.file_name().unwrap().to_string_lossy().to_string();
+            let Some(stem) = n.strip_suffix(".onnx") else {
+                continue;
+            };
+            v.push(Model {
+                name: format!("light/{stem}"),
+                model: f.clone(),
+                inputs: Vec::new(),
+                outputs: numbered(&root.join("light"), &format!("{stem}_output")),
+            });
+        }
+    }
+    v
+}
+
+fn tensor(path: &Path) -> Result<TensorProto, String> {
+    let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
+    TensorProto::decode(bytes.as_slice()).map_err(|e| e.to_string())
+}
+
+/// The outcome of one model: its class, a one-line detail, its op types.
+fn run(m: &Model) -> (String, String, Vec<String>) {
+    let model = match load_model(&m.model) {
+        Ok(x) => x,
+        Err(e) => {
+            let (c, d) = classify(&e);
+            return (c, d, Vec::new());
+        }
+    };
+    let mut ops: Vec<String> = model
+        .graph
+        .order
+        .iter()
+        .map(|&ix| {
+            let n = model.graph.node(ix);
+            if n.domain.is_empty() || n.domain == "ai.onnx" {
+                n.op_type.clone()
+            } else {
+                format!("{}:{}", n.domain, n.op_type)
+            }
+        })
+        .collect();
+    ops.sort();
+    ops.dedup();
+    let (c, d) = outcome(m, &model);
+    (c, d, ops)
+}
+
+/// The outcome of a loaded model: class and detail.
+fn outcome(m: &Model, model: &memplan::ir::Model) -> (String, String) {
+    // Named and unnamed dims from the inputs the suite feeds.
+    let mut b = Bindings::default();
+    let g = &model.graph;
+    for (k, &t) in g.inputs.iter().enumerate() {
+        let Some(p) = m.inputs.get(k) else { break };
+        let Ok(tp) = tensor(p) else { continue };
+        for (i, d) in g.tensor(t).declared_shape.iter().flatten().enumerate() {
+            let Some(&v) = tp.dims.get(i) else { continue };
+            match d {
+                DimDecl::Named(n) => {
+                    b.dims.insert(n.clone(), v as u64);
+                }
+                DimDecl::Unknown if i == 0 => b.batch = Some(v as u64),
+                _ => {}
+            }
+        }
+    }
+    let inf = match infer(model, &b) {
+        Ok(x) => x,
+        Err(e) => return classify(&e),
+    };
+    for (k, &t) in g.outputs.iter().enumerate() {
+        let Some(p) = m.outputs.get(k) else {
+            return ("error".into(), format!("no expected value for output {k}"));
+        };
+        let tp = match tensor(p) {
+            Ok(x) => x,
+            Err(e) => return ("error".into(), format!("output {k}: {e}")),
+        };
+        let want_dt = tp.data_type.and_then(DType::from_onnx);
+        let want_shape: Vec<usize> = tp.dims.iter().map(|&d| d as usize).collect();
+        let f = &inf.facts[t];
+        if want_dt != Some(f.dtype) || want_shape != f.shape {
+            return (
+                "wrong".into(),
+                format!(
+                    "output {k} '{}': {} {:?}, expected {} {:?}",
+                    g.tensor(t).name,
+                    f.dtype,
+                    f.shape,
+                    want_dt.map_or("?".to_string(), |d| d.to_string()),
+                    want_shape
+                ),
+            );
+        }
+    }
+    ("match".into(), String::new())
+}
+
+/// A failure as an outcome: a documented refusal, or an error.
+fn classify(e: &Error) -> (String, String) {
+    let msg = e.to_string();
+    let class = match e {
+        Error::Rule {
+            source: RuleError::NotConstant(_),
+            ..
+        } => "refused: value-dependent",
+        Error::Unsupported(ops) if ops.iter().all(|(op, _)| op.contains(':')) => {
+            "refused: other-domain"
+        }
+        Error::Unsupported(_) => "refused: unsupported-op",
+        _ if msg.contains("data-dependent") => "refused: value-dependent",
+        // The ai.onnx.ml and training-preview models import no default opset.
+        _ if msg.contains("no opset_import for the default ONNX domain") => "refused: other-domain",
+        // An output inferred unlike the model's own declaration: a wrong shape.
+        _ if msg.contains("is inferred as") => "wrong",
+        _ if msg.contains("string") || msg.contains("sequence") || msg.contains("map") => {
+            "refused: unsupported-type"
+        }
+        _ => "error",
+    };
+    (class.to_string(), msg)
+}
+
+#[test]
+fn onnx_backend_suite() {
+    let root = data_dir();
+    let required = std::env::var("MEMPLAN_REQUIRE_CONFORMANCE").is_ok_and(|v| v == "1");
+    if !root.exists() {
+        assert!(
+            !required,
+            "MEMPLAN_REQUIRE_CONFORMANCE=1 but {} is missing",
+            root.display()
+        );
+        eprintln!(
+            "SKIP onnx_backend_suite: no test data at {} (run tools/conformance/fetch.sh)",
+            root.display()
+        );
+        return;
+    }
+    let ms = models(&root);
+    assert!(
+        ms.len() > 1000,
+        "only {} models under {}",
+        ms.len(),
+        root.display()
+    );
+    std::panic::set_hook(Box::new(|_| {}));
+    let mut results: BTreeMap<String, (String, String, Vec<String>)> = BTreeMap::new();
+    for m in &ms {
+        let r = std::panic::catch_unwind(|| run(m)).unwrap_or_else(|p| {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            ("panic".to_string(), msg, Vec::new())
+        });
+        results.insert(m.name.clone(), r);
+    }
+    let _ = std::panic::take_hook();
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for (class, _, _) in results.values() {
+        *counts.entry(class.as_str()).or_default() += 1;
+    }
+    eprintln!("{} models: {counts:?}", results.len());
+    let json: BTreeMap<&String, serde_json::Value> = results
+        .iter()
+        .map(|(k, (c, d, ops))| {
+            (
+                k,
+                serde_json::json!({"outcome": c, "detail": d, "ops": ops}),
+            )
+        })
+        .collect();
+    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/conformance/results.json");
+    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+    std::fs::write(&out, serde_json::to_string_pretty(&json).unwrap()).unwrap();
+
+    let base_path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/conformance/baseline.json");
+    if std::env::var("MEMPLAN_BLESS").is_ok_and(|v| v == "1") {
+        let base: BTreeMap<&String, &String> =
+            results.iter().map(|(k, (c, _, _))| (k, c)).collect();
+        std::fs::create_dir_all(base_path.parent().unwrap()).unwrap();
+        std::fs::write(
+            &base_path,
+            serde_json::to_string_pretty(&base).unwrap() + "\n",
+        )
+        .unwrap();
+        return;
+    }
+    let base: BTreeMap<String, String> =
+        serde_json::from_str(&std::fs::read_to_string(&base_path).unwrap()).unwrap();
+    let mut worse = Vec::new();
+    for (name, (class, detail, _)) in &results {
+        let before = base.get(name).map(String::as_str);
+        let regressed = class == "panic"
+            || (before == Some("match") && class != "match")
+            || (class == "wrong" && before != Some("wrong"));
+        if regressed {
+            worse.push(format!("{name}: {class} (was {before:?}): {detail}"));
+        }
+    }
+    assert!(
+        worse.is_empty(),
+        "conformance regressed:\n{}",
+        worse.join("\n")
+    );
+}
