@@ -887,3 +887,46 @@ fn gridsample_modes() {
     }
     report("gridsample", &st);
 }
+
+/// PRelu before opset 7 (old PyTorch exports): a 1-D slope of the channel count
+/// applies along axis 1. The forward against the definition, the gradients
+/// against finite differences.
+#[test]
+fn prelu_channel_slope_before_opset_7() {
+    let mut st = Stats::default();
+    let mut r = Rng(2700);
+    let x = r.away_from_zero(&[2, 3, 4]);
+    let slope = Tensor::f32(vec![3], vec![0.1, 0.5, -0.3]);
+    let c = Case::new("PRelu", vec![x.clone(), slope.clone()]).opset(6);
+    let node = c.node();
+    let facts = c.facts();
+    let rule = registry().get("", "PRelu").unwrap();
+    let cx = memplan::ops::Cx {
+        node: &node,
+        inputs: facts.iter().map(Some).collect(),
+        opset: 6,
+    };
+    let outs = rule.infer(&cx).unwrap();
+    assert_eq!(outs[0].shape, vec![2, 3, 4]);
+    let kcx = memplan::ops::KernelCx {
+        node: &node,
+        inputs: vec![Some(&x), Some(&slope)],
+        outputs: vec![Some(&outs[0])],
+        opset: 6,
+        seed: 0,
+        dropout: false,
+        extras: false,
+    };
+    let y = rule.forward_cpu(&kcx).unwrap();
+    let (xs, ys, sl) = (
+        x.as_f32().unwrap(),
+        y[0].as_f32().unwrap(),
+        [0.1, 0.5, -0.3],
+    );
+    for (i, (&xv, &yv)) in xs.iter().zip(ys).enumerate() {
+        let s = sl[(i / 4) % 3];
+        assert_eq!(yv, if xv < 0.0 { xv * s } else { xv }, "element {i}");
+    }
+    check(&c, &mut r, &mut st);
+    report("prelu (opset 6)", &st);
+}

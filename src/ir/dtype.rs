@@ -42,6 +42,8 @@ pub enum DType {
     F8,
     /// The 4-bit formats (uint4, int4, float4e2m1), two per byte.
     Nibble,
+    /// The 2-bit formats (uint2, int2), four per byte.
+    Crumb,
 }
 
 impl DType {
@@ -65,14 +67,16 @@ impl DType {
             15 => DType::C128,
             16 => DType::BF16,
             17..=20 | 24 => DType::F8,
-            21 | 22 | 23 | 25 | 26 => DType::Nibble,
+            21..=23 => DType::Nibble,
+            25 | 26 => DType::Crumb,
             _ => return None,
         })
     }
 
-    /// Storage bits per element (4 for the nibble types, 0 for strings).
+    /// Storage bits per element (4 and 2 for the sub-byte types, 0 for strings).
     pub fn bits(self) -> u64 {
         match self {
+            DType::Crumb => 2,
             DType::Nibble => 4,
             DType::U8 | DType::I8 | DType::Bool | DType::F8 => 8,
             DType::U16 | DType::I16 | DType::F16 | DType::BF16 => 16,
@@ -83,7 +87,7 @@ impl DType {
         }
     }
 
-    /// Bytes needed for `numel` elements (4-bit types round up), `None` on overflow.
+    /// Bytes needed for `numel` elements (sub-byte types round up), `None` on overflow.
     pub fn bytes_for(self, numel: u64) -> Option<u64> {
         numel.checked_mul(self.bits()).map(|b| b.div_ceil(8))
     }
@@ -133,6 +137,7 @@ impl DType {
             DType::BF16 => "bfloat16",
             DType::F8 => "float8",
             DType::Nibble => "int4",
+            DType::Crumb => "int2",
         }
     }
 }
@@ -152,6 +157,10 @@ mod tests {
         assert_eq!(DType::F32.bytes_for(10), Some(40));
         assert_eq!(DType::Bool.bytes_for(3), Some(3));
         assert_eq!(DType::Nibble.bytes_for(3), Some(2));
+        // UINT2 and INT2: four per byte.
+        assert_eq!(DType::from_onnx(25), Some(DType::Crumb));
+        assert_eq!(DType::from_onnx(26).unwrap().bytes_for(5), Some(2));
+        assert_eq!(DType::from_onnx(22).unwrap().bytes_for(5), Some(3));
         assert_eq!(DType::I64.bytes_for(u64::MAX / 4), None);
         assert_eq!(DType::from_onnx(7), Some(DType::I64));
         assert_eq!(DType::from_onnx(0), None);

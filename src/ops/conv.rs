@@ -242,15 +242,25 @@ impl Op for ConvTranspose {
             for &v in os {
                 shape.push(dim(v, "output_shape")?);
             }
+        } else if matches!(a.string("auto_pad"), Some("SAME_UPPER" | "SAME_LOWER")) {
+            // The spec: the output is the input times the stride, pads chosen to fit.
+            for (&xi, &si) in x.shape[2..].iter().zip(&s) {
+                let o = xi as i128 * si as i128;
+                let o = i64::try_from(o).map_err(|_| format!("output size {o} is too large"))?;
+                shape.push(dim(o, "output size")?);
+            }
         } else {
+            // VALID: no padding.
+            let valid = a.string("auto_pad") == Some("VALID");
             for i in 0..nd {
                 let w = |v: i64| v as i128;
+                let pad = |k: usize| if valid { 0 } else { w(p[k]) };
                 let o = w(s[i]) * (x.shape[2 + i] as i128 - 1)
                     + w(op[i])
                     + (w_shape[2 + i] as i128 - 1) * w(d[i])
                     + 1
-                    - w(p[i])
-                    - w(p[i + nd]);
+                    - pad(i)
+                    - pad(i + nd);
                 let o = i64::try_from(o).map_err(|_| format!("output size {o} is too large"))?;
                 shape.push(dim(o, "output size")?);
             }
@@ -996,6 +1006,40 @@ mod tests {
             ("auto_pad", Attr::String("SAME_UPPER".into())),
         ]);
         assert_eq!(window_out(&[5], &[3], &a, false).unwrap(), vec![3]);
+    }
+
+    /// ConvTranspose: SAME_* gives input × stride, VALID no padding, whatever `pads` say.
+    #[test]
+    fn conv_transpose_auto_pad() {
+        let out = |auto: &str| {
+            let node = crate::ir::Node {
+                name: "ct".into(),
+                op_type: "ConvTranspose".into(),
+                domain: String::new(),
+                inputs: vec![Some(0), Some(1)],
+                outputs: vec![Some(2)],
+                attrs: attrs(&[
+                    ("strides", Attr::Ints(vec![2, 2])),
+                    ("pads", Attr::Ints(vec![1, 1, 1, 1])),
+                    ("auto_pad", Attr::String(auto.into())),
+                ]),
+            };
+            let (x, w) = (
+                Fact::new(DType::F32, vec![1, 1, 3, 3]),
+                Fact::new(DType::F32, vec![1, 2, 3, 3]),
+            );
+            let cx = Cx {
+                node: &node,
+                inputs: vec![Some(&x), Some(&w)],
+                opset: 17,
+            };
+            ConvTranspose.infer(&cx).unwrap()[0].shape.clone()
+        };
+        assert_eq!(out("SAME_UPPER"), vec![1, 2, 6, 6]);
+        assert_eq!(out("SAME_LOWER"), vec![1, 2, 6, 6]);
+        // 2·(3 − 1) + (3 − 1) + 1 = 7 without pads.
+        assert_eq!(out("VALID"), vec![1, 2, 7, 7]);
+        assert_eq!(out("NOTSET"), vec![1, 2, 5, 5]);
     }
 
     #[test]

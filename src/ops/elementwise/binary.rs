@@ -466,12 +466,32 @@ fn broadcast_fact(
 /// A broadcasting arithmetic op: one row of [`BINARY`].
 pub(super) struct Binary(pub(super) &'static BinaryRow);
 
+impl Binary {
+    /// Operand 1's shape as it broadcasts against operand 0's. The same, except
+    /// PRelu before opset 7 (as old PyTorch exports write it): a 1-D slope of the
+    /// channel count applies along axis 1, so `[C]` broadcasts as `[C, 1, ..]`.
+    fn operand_shape(&self, opset: i64, a: &[usize], b: &[usize]) -> Vec<usize> {
+        if self.0.name == "PRelu" && opset < 7 && b.len() == 1 && a.len() > 2 && a[1] == b[0] {
+            let mut s = vec![1; a.len() - 1];
+            s[0] = b[0];
+            s
+        } else {
+            b.to_vec()
+        }
+    }
+}
+
 impl Op for Binary {
     fn arity(&self) -> Arity {
         Arity::new(2, 2, 1, 1)
     }
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
-        let a = cx.input(0)?;
+        let (a, b) = (cx.input(0)?, cx.input(1)?);
+        let sb = self.operand_shape(cx.opset, &a.shape, &b.shape);
+        if sb != b.shape {
+            // Not folded: the slope is a weight.
+            return Ok(vec![Fact::new(a.dtype, broadcast(&[&a.shape, &sb])?)]);
+        }
         let float = a.dtype.is_float();
         let (fi, ff) = self.0.fold;
         let attrs = cx.attrs();
@@ -527,7 +547,8 @@ impl Op for Binary {
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         let (a, b) = (cx.input(0)?, cx.input(1)?);
         let out = cx.out(0)?.shape.clone();
-        let (sa, sb) = (&a.shape[..], &b.shape[..]);
+        let sb = self.operand_shape(cx.opset, &a.shape, &b.shape);
+        let (sa, sb) = (&a.shape[..], &sb[..]);
         let dtype = a.dtype();
         if dtype.is_float() {
             let f = (self.0.float)(cx.attrs())?;
@@ -553,15 +574,18 @@ impl Op for Binary {
             return no_gradient(cx);
         };
         let out = cx.output(0)?.shape.clone();
-        let (sa, sb) = (cx.input(0)?.shape.clone(), cx.input(1)?.shape.clone());
+        let sa = cx.input(0)?.shape.clone();
+        let sb = self.operand_shape(cx.opset, &sa, &cx.input(1)?.shape);
         let g = cx.grad(0)?;
-        // A saved operand as f32 at its own shape; a scalar 0 where not read.
+        // A saved operand as f32 at the shape it broadcasts from; a scalar 0 where
+        // not read.
         let val = |s: Saved, needs: &[Saved]| -> RuleResult<(Vec<f32>, Vec<usize>)> {
             if !needs.contains(&s) {
                 return Ok((vec![0.0], vec![]));
             }
             let t = cx.saved(s)?;
-            Ok((float_operand(t)?.into_owned(), t.shape.clone()))
+            let shape = if s == B { sb.clone() } else { t.shape.clone() };
+            Ok((float_operand(t)?.into_owned(), shape))
         };
         let mut res = Vec::new();
         for (slot, dv) in derivs.iter().enumerate() {
