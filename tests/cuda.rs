@@ -508,6 +508,26 @@ fn cases(r: &mut Rng) -> Vec<Case> {
     for op in ["Floor", "Ceil"] {
         v.push(Case::new(op, vec![r.range(&[3, 4], -2.4, -1.6)]));
     }
+    // The inverse and hyperbolic trigonometric family, Swish, Shrink.
+    for (op, lo, hi) in [
+        ("Asin", -0.8, 0.8),
+        ("Acos", -0.8, 0.8),
+        ("Sinh", -1.0, 1.0),
+        ("Cosh", -1.0, 1.0),
+        ("Asinh", -1.0, 1.0),
+        ("Acosh", 1.2, 2.0),
+        ("Atanh", -0.8, 0.8),
+        ("Swish", -1.0, 1.0),
+        ("Shrink", 0.6, 1.0),
+    ] {
+        v.push(Case::new(op, vec![r.range(&[3, 4], lo, hi)]));
+    }
+    let c = Case::new("Swish", vec![r.t(&[3, 4])]).attr("alpha", Attr::Float(1.702));
+    v.push(c.opset(24));
+    let c = Case::new("Shrink", vec![r.range(&[3, 4], -2.0, 2.0)])
+        .attr("lambd", Attr::Float(0.3))
+        .attr("bias", Attr::Float(0.1));
+    v.push(c);
     v.push(Case::new("ReduceMin", vec![r.t(&[2, 3, 4])]).attr("axes", ints(&[1])));
     let like = Tensor::i64(vec![1], vec![0]);
     v.push(Case::new("CastLike", vec![r.t(&[2, 3]), like]));

@@ -268,6 +268,37 @@ pub static BINARY: &[BinaryRow] = &[
         grad: None,
         cuda: None,
     },
+    // Bitwise ops on integers (opset 18): no gradient, on the host on a device.
+    BinaryRow {
+        name: "BitwiseAnd",
+        flops: 1,
+        autocast: Promote,
+        fold: (|a, b, _| Some(a & b), |a, _| a),
+        float: |_| no_float("BitwiseAnd"),
+        int: always!(|x, y| x & y),
+        grad: None,
+        cuda: None,
+    },
+    BinaryRow {
+        name: "BitwiseOr",
+        flops: 1,
+        autocast: Promote,
+        fold: (|a, b, _| Some(a | b), |a, _| a),
+        float: |_| no_float("BitwiseOr"),
+        int: always!(|x, y| x | y),
+        grad: None,
+        cuda: None,
+    },
+    BinaryRow {
+        name: "BitwiseXor",
+        flops: 1,
+        autocast: Promote,
+        fold: (|a, b, _| Some(a ^ b), |a, _| a),
+        float: |_| no_float("BitwiseXor"),
+        int: always!(|x, y| x ^ y),
+        grad: None,
+        cuda: None,
+    },
 ];
 
 /// Everything about one comparison (a bool result, no gradient).

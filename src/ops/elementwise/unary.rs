@@ -508,6 +508,138 @@ pub static UNARY: &[UnaryRow] = &[
         },
         cuda: Some(("mp_gelu(x, alpha)", "mp_gelu_d(s, alpha)")),
     },
+    // The inverse and hyperbolic trigonometric family (autograd saves the input).
+    UnaryRow {
+        name: "Asin",
+        flops: 1,
+        keeps: In,
+        autocast: Promote,
+        fold: Some(f64::asin),
+        int: None,
+        params: no_params,
+        f: |x, _| x.asin(),
+        d: |x, _| 1.0 / (1.0 - x * x).sqrt(),
+        cuda: Some(("asinf(x)", "1.0f / sqrtf(1.0f - s * s)")),
+    },
+    UnaryRow {
+        name: "Acos",
+        flops: 1,
+        keeps: In,
+        autocast: Promote,
+        fold: Some(f64::acos),
+        int: None,
+        params: no_params,
+        f: |x, _| x.acos(),
+        d: |x, _| -1.0 / (1.0 - x * x).sqrt(),
+        cuda: Some(("acosf(x)", "-1.0f / sqrtf(1.0f - s * s)")),
+    },
+    UnaryRow {
+        name: "Sinh",
+        flops: 1,
+        keeps: In,
+        autocast: Promote,
+        fold: Some(f64::sinh),
+        int: None,
+        params: no_params,
+        f: |x, _| x.sinh(),
+        d: |x, _| x.cosh(),
+        cuda: Some(("sinhf(x)", "coshf(s)")),
+    },
+    UnaryRow {
+        name: "Cosh",
+        flops: 1,
+        keeps: In,
+        autocast: Promote,
+        fold: Some(f64::cosh),
+        int: None,
+        params: no_params,
+        f: |x, _| x.cosh(),
+        d: |x, _| x.sinh(),
+        cuda: Some(("coshf(x)", "sinhf(s)")),
+    },
+    UnaryRow {
+        name: "Asinh",
+        flops: 1,
+        keeps: In,
+        autocast: Promote,
+        fold: Some(f64::asinh),
+        int: None,
+        params: no_params,
+        f: |x, _| x.asinh(),
+        d: |x, _| 1.0 / (x * x + 1.0).sqrt(),
+        cuda: Some(("asinhf(x)", "1.0f / sqrtf(s * s + 1.0f)")),
+    },
+    UnaryRow {
+        name: "Acosh",
+        flops: 1,
+        keeps: In,
+        autocast: Promote,
+        fold: Some(f64::acosh),
+        int: None,
+        params: no_params,
+        f: |x, _| x.acosh(),
+        d: |x, _| 1.0 / (x * x - 1.0).sqrt(),
+        cuda: Some(("acoshf(x)", "1.0f / sqrtf(s * s - 1.0f)")),
+    },
+    UnaryRow {
+        name: "Atanh",
+        flops: 1,
+        keeps: In,
+        autocast: Promote,
+        fold: Some(f64::atanh),
+        int: None,
+        params: no_params,
+        f: |x, _| x.atanh(),
+        d: |x, _| 1.0 / (1.0 - x * x),
+        cuda: Some(("atanhf(x)", "1.0f / (1.0f - s * s)")),
+    },
+    // Swish (opset 24): x · sigmoid(alpha · x), PyTorch's SiLU at alpha 1 (saves the input).
+    UnaryRow {
+        name: "Swish",
+        flops: 4,
+        keeps: In,
+        autocast: Promote,
+        fold: None,
+        int: None,
+        params: alpha!(1.0),
+        f: |x, p| x * sigmoid(p[0] * x),
+        d: |x, p| {
+            let s = sigmoid(p[0] * x);
+            s + p[0] * x * s * (1.0 - s)
+        },
+        cuda: Some((
+            "x * mp_sigmoid(alpha * x)",
+            "mp_sigmoid(alpha * s) + alpha * s * mp_sigmoid(alpha * s) * (1.0f - mp_sigmoid(alpha * s))",
+        )),
+    },
+    // Shrink: x + bias below -lambd, x - bias above lambd, 0 between (PyTorch's
+    // hard/softshrink; saves the input).
+    UnaryRow {
+        name: "Shrink",
+        flops: 2,
+        keeps: In,
+        autocast: Promote,
+        fold: None,
+        int: None,
+        params: |a| {
+            let (l, b) = (a.float("lambd"), a.float("bias"));
+            Ok([l.unwrap_or(0.5), b.unwrap_or(0.0), 0.0])
+        },
+        f: |x, p| {
+            if x < -p[0] {
+                x + p[1]
+            } else if x > p[0] {
+                x - p[1]
+            } else {
+                0.0
+            }
+        },
+        d: |x, p| if x < -p[0] || x > p[0] { 1.0 } else { 0.0 },
+        cuda: Some((
+            "x < -alpha ? x + beta : (x > alpha ? x - beta : 0.0f)",
+            "(s < -alpha || s > alpha) ? 1.0f : 0.0f",
+        )),
+    },
 ];
 
 /// The row of unary op `op` and its op code (its index in [`UNARY`]).
