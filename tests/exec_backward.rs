@@ -930,3 +930,28 @@ fn prelu_channel_slope_before_opset_7() {
     check(&c, &mut r, &mut st);
     report("prelu (opset 6)", &st);
 }
+
+/// CumProd: every `exclusive` × `reverse`, with zeros in the input (where the
+/// gradient cannot divide by the input, as PyTorch's cumprod_backward does not).
+#[test]
+fn cumprod_with_zeros() {
+    let mut st = Stats::default();
+    let mut r = Rng(2800);
+    for (excl, rev) in [(0, 0), (1, 0), (0, 1), (1, 1)] {
+        let mut x = r.away_from_zero(&[2, 5, 3]);
+        if let memplan::exec::Tensor {
+            elems: memplan::numeric::Elems::F32(v),
+            ..
+        } = &mut x
+        {
+            v[4] = 0.0;
+            v[20] = 0.0;
+            v[23] = 0.0;
+        }
+        let c = Case::new("CumProd", vec![x, Tensor::i64(vec![], vec![1])])
+            .attr("exclusive", Attr::Int(excl))
+            .attr("reverse", Attr::Int(rev));
+        check(&c, &mut r, &mut st);
+    }
+    report("cumprod", &st);
+}

@@ -240,6 +240,12 @@ fn rows() -> Vec<Row> {
     v.push(row(c, &[&[2, 3, 2], &[2, 3, 2]], 48).no_cpu_kernel());
     let c = Case::new("CumSum", vec![r.t(&[2, 3, 4]), int_scalar(1)]);
     v.push(row(c, &[&[2, 3, 4]], 24));
+    for (excl, rev) in [(0, 0), (1, 1)] {
+        let c = Case::new("CumProd", vec![r.away_from_zero(&[2, 3, 4]), int_scalar(1)])
+            .attr("exclusive", Attr::Int(excl))
+            .attr("reverse", Attr::Int(rev));
+        v.push(row(c, &[&[2, 3, 4]], 24));
+    }
 
     // Sources and shape computations: data movement, 0 FLOPs.
     let c = Case::new("Constant", vec![]).attr("value_floats", Attr::Floats(vec![1.0, 2.0]));

@@ -431,16 +431,21 @@ impl Op for CumSum {
     fn arity(&self) -> Arity {
         Arity::new(2, 2, 1, 1)
     }
+    /// The shape is the input's whatever the axis; a constant axis is checked, and
+    /// a 1-D integer constant folds.
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
         let x = cx.input(0)?;
-        let a = axis(
-            cx.value(1)?.scalar_int().ok_or("axis must be one value")?,
-            x.rank(),
-        )?;
+        let a = match &cx.input(1)?.value {
+            Some(v) => Some(axis(
+                v.scalar_int().ok_or("axis must be one value")?,
+                x.rank(),
+            )?),
+            None => None,
+        };
         let value = x
             .value
             .as_ref()
-            .filter(|v| v.data.len() <= MAX_FOLD_ELEMS && x.rank() == 1 && a == 0)
+            .filter(|v| v.data.len() <= MAX_FOLD_ELEMS && x.rank() == 1 && a == Some(0))
             .map(|v| {
                 let mut acc = 0i64;
                 Value::ints(
@@ -561,6 +566,141 @@ impl Op for CumSum {
     }
 }
 
+/// `CumProd(x, axis)` (opset 26): same shape, running products (`exclusive`,
+/// `reverse`). FLOPs: 1 multiply per element.
+struct CumProd;
+
+/// One line of `n` elements of a cumulative op along an axis: `at(k)` is the flat
+/// index of its `k`-th element in scan order.
+fn scan_lines(shape: &[usize], a: usize, rev: bool, mut f: impl FnMut(&dyn Fn(usize) -> usize)) {
+    let outer: usize = shape[..a].iter().product();
+    let n = shape[a];
+    let inner: usize = shape[a + 1..].iter().product();
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |k: usize| {
+                let k = if rev { n - 1 - k } else { k };
+                (o * n + k) * inner + i
+            };
+            f(&at);
+        }
+    }
+}
+
+impl Op for CumProd {
+    fn arity(&self) -> Arity {
+        Arity::new(2, 2, 1, 1)
+    }
+    /// The shape is the input's whatever the axis; a constant axis is checked.
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        if let Some(v) = &cx.input(1)?.value {
+            axis(v.scalar_int().ok_or("axis must be one value")?, x.rank())?;
+        }
+        Ok(vec![Fact::new(x.dtype, x.shape.clone())])
+    }
+    fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {
+        out[0].numel()
+    }
+    /// CumprodBackward saves the input and the result.
+    fn backward(&self, _cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        if !out[0].dtype.is_float() {
+            return Ok(None);
+        }
+        let n = out[0].numel();
+        Ok(Some(Backward::each(
+            &[0],
+            &[Saved::Input(0), Saved::Output(0)],
+            n.saturating_mul(3),
+        )))
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
+    /// Running products along the axis, f64 for floats.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let x = cx.input(0)?;
+        let a = axis(
+            *cx.input(1)?
+                .to_i64s()
+                .first()
+                .ok_or("axis must be one value")?,
+            x.rank(),
+        )?;
+        let excl = cx.attrs().int_or("exclusive", 0) != 0;
+        let rev = cx.attrs().int_or("reverse", 0) != 0;
+        let xs = x.to_f64s();
+        let n = x.shape[a];
+        let mut y = vec![0f64; xs.len()];
+        scan_lines(&x.shape, a, rev, |at| {
+            let mut acc = 1f64;
+            for k in 0..n {
+                if excl {
+                    y[at(k)] = acc;
+                    acc *= xs[at(k)];
+                } else {
+                    acc *= xs[at(k)];
+                    y[at(k)] = acc;
+                }
+            }
+        });
+        if x.dtype().is_float() {
+            Ok(vec![Tensor::from_f64(x.dtype(), x.shape.clone(), y)?])
+        } else {
+            let v = y.into_iter().map(|v| v as i64).collect();
+            Ok(vec![Tensor::from_i64(x.dtype(), x.shape.clone(), v)?])
+        }
+    }
+    /// `dx_k = Σ_p g_p · Π_{q ∈ S_p, q ≠ k} x_q` over the outputs `p` whose product
+    /// `S_p` holds element `k`: exact with zeros in the input (O(n²) per line).
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        let f = cx.input(0)?;
+        if !f.dtype.is_float() {
+            return no_gradient(cx);
+        }
+        let a = axis(
+            cx.input(1)?
+                .value
+                .as_ref()
+                .and_then(|v| v.scalar_int())
+                .ok_or("axis must be a constant")?,
+            f.rank(),
+        )?;
+        let excl = cx.attrs().int_or("exclusive", 0) != 0;
+        let rev = cx.attrs().int_or("reverse", 0) != 0;
+        let xs = cx.saved(Saved::Input(0))?.to_f64s();
+        let g = cx.grad(0)?;
+        let n = f.shape[a];
+        let mut dx = vec![0f32; g.len()];
+        scan_lines(&f.shape, a, rev, |at| {
+            let mut prefix = 1f64;
+            for k in 0..n {
+                // Outputs holding k: p ≥ k (inclusive) or p > k (exclusive).
+                let mut run = prefix;
+                let mut acc = 0f64;
+                let first = if excl { k + 1 } else { k };
+                for p in first..n {
+                    if p > first {
+                        run *= xs[at(p - usize::from(excl))];
+                    }
+                    acc += g[at(p)] as f64 * run;
+                }
+                dx[at(k)] = acc as f32;
+                prefix *= xs[at(k)];
+            }
+        });
+        cx.answer(vec![(0, dx)])
+    }
+    /// Runs on the host on the GPU backend (no device kernels yet).
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
+    }
+    /// On autocast's fp32 list.
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Full
+    }
+}
+
 /// Registers reductions.
 pub fn register(r: &mut Registry) {
     // Autocast runs every sum-like reduction in float32, max and min in the input type.
@@ -589,4 +729,5 @@ pub fn register(r: &mut Registry) {
     r.add("ArgMin", ArgReduce);
     r.add("TopK", TopK);
     r.add("CumSum", CumSum);
+    r.add("CumProd", CumProd);
 }
