@@ -790,6 +790,8 @@ fn seeded_parameters_are_deterministic() {
 // difference printed. The last two are ONNX forms PyTorch does not export,
 // computed by onnxruntime and checked against the ONNX reference implementation.
 #[rustfmt::skip]
+#[path = "exec_forward/depth_space.rs"]
+mod depth_space;
 #[path = "exec_forward/resize_ref.rs"]
 mod resize_ref;
 

@@ -338,6 +338,14 @@ fn rows() -> Vec<Row> {
         &[&[4, 3]],
         0,
     ));
+    for mode in ["DCR", "CRD"] {
+        let c = Case::new("DepthToSpace", vec![r.t(&[1, 8, 2, 3])])
+            .attr("blocksize", Attr::Int(2))
+            .attr("mode", s(mode));
+        v.push(row(c, &[&[1, 2, 4, 6]], 0));
+    }
+    let c = Case::new("SpaceToDepth", vec![r.t(&[1, 2, 4, 6])]).attr("blocksize", Attr::Int(2));
+    v.push(row(c, &[&[1, 8, 2, 3]], 0));
     let c = Case::new("Pad", vec![r.t(&[3, 3]), i64s(&[1, 0, 0, 2])]).attr("mode", s("reflect"));
     v.push(row(c, &[&[4, 5]], 0));
 

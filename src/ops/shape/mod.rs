@@ -17,11 +17,13 @@ macro_rules! no_flops {
 /// The strided copies of the data-movement ops, one per element size.
 pub(super) const COPIES: &[&str] = &["strided_copy_b1", "strided_copy_b4", "strided_copy_b8"];
 
+mod depth_space;
 mod pad_tile;
 mod select;
 mod sources;
 mod views;
 
+use depth_space::*;
 use pad_tile::*;
 use select::*;
 pub use sources::literal_fact;
@@ -104,6 +106,8 @@ pub fn register(r: &mut Registry) {
     r.add("Range", Range);
     r.add("Expand", Expand);
     r.add("Tile", Tile);
+    r.add("DepthToSpace", DepthSpace { to_space: true });
+    r.add("SpaceToDepth", DepthSpace { to_space: false });
     r.add("Pad", Pad);
     r.add("NonZero", NonZero);
     r.add(
