@@ -377,20 +377,12 @@ pub static COMPARE: &[CompareRow] = &[
 
 /// The row of arithmetic op `op` and its op code.
 pub fn binary_row(op: &str) -> Option<(i32, &'static BinaryRow)> {
-    BINARY
-        .iter()
-        .enumerate()
-        .find(|(_, r)| r.name == op)
-        .map(|(i, r)| (i as i32, r))
+    row_of(BINARY, op, |r| r.name)
 }
 
 /// The row of comparison `op` and its op code.
 pub fn compare_row(op: &str) -> Option<(i32, &'static CompareRow)> {
-    COMPARE
-        .iter()
-        .enumerate()
-        .find(|(_, r)| r.name == op)
-        .map(|(i, r)| (i as i32, r))
+    row_of(COMPARE, op, |r| r.name)
 }
 
 /// The C of `mp_binary(op, a, b)`, `mp_binary_d(op, slot, gv, A, B, Y)` and
@@ -564,16 +556,7 @@ impl Op for Binary {
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
     }
-    /// TensorIterator's output layout.
-    fn out_strides(
-        &self,
-        cx: &Cx,
-        _k: usize,
-        out: &Fact,
-        strides: &[Option<&[usize]>],
-    ) -> Vec<usize> {
-        crate::ops::elementwise_strides(cx, out, strides)
-    }
+    elementwise_layout!();
     /// Input 0's type: floats in f32, integers in wrapping i64.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         let (a, b) = (cx.input(0)?, cx.input(1)?);
@@ -678,16 +661,7 @@ impl Op for Compare {
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
     }
-    /// TensorIterator's output layout.
-    fn out_strides(
-        &self,
-        cx: &Cx,
-        _k: usize,
-        out: &Fact,
-        strides: &[Option<&[usize]>],
-    ) -> Vec<usize> {
-        crate::ops::elementwise_strides(cx, out, strides)
-    }
+    elementwise_layout!();
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         let (a, b) = (cx.input(0)?, cx.input(1)?);
         let out = cx.out(0)?.shape.clone();

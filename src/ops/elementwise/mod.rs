@@ -5,6 +5,31 @@
 //! (1 for arithmetic, comparisons and single transcendental functions; more for
 //! composite activations, e.g. Gelu 8 for its erf/tanh polynomial).
 
+/// An element-wise op's `out_strides`: TensorIterator lays the output out like its
+/// inputs ([`crate::ops::elementwise_strides`]).
+macro_rules! elementwise_layout {
+    () => {
+        fn out_strides(
+            &self,
+            cx: &Cx,
+            _k: usize,
+            out: &Fact,
+            strides: &[Option<&[usize]>],
+        ) -> Vec<usize> {
+            crate::ops::elementwise_strides(cx, out, strides)
+        }
+    };
+}
+
+/// The row named `op` of an op table and its op code (the row's index).
+fn row_of<R>(table: &'static [R], op: &str, name: fn(&R) -> &str) -> Option<(i32, &'static R)> {
+    table
+        .iter()
+        .enumerate()
+        .find(|(_, r)| name(r) == op)
+        .map(|(i, r)| (i as i32, r))
+}
+
 mod binary;
 mod others;
 mod unary;

@@ -141,16 +141,7 @@ impl Op for Where {
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
     }
-    /// TensorIterator's output layout.
-    fn out_strides(
-        &self,
-        cx: &Cx,
-        _k: usize,
-        out: &Fact,
-        strides: &[Option<&[usize]>],
-    ) -> Vec<usize> {
-        crate::ops::elementwise_strides(cx, out, strides)
-    }
+    elementwise_layout!();
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         where_kernel(cx)
     }
@@ -253,16 +244,7 @@ impl Op for Cast {
             _ => Storage::New,
         }
     }
-    /// TensorIterator's output layout.
-    fn out_strides(
-        &self,
-        cx: &Cx,
-        _k: usize,
-        out: &Fact,
-        strides: &[Option<&[usize]>],
-    ) -> Vec<usize> {
-        crate::ops::elementwise_strides(cx, out, strides)
-    }
+    elementwise_layout!();
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         Ok(vec![cx.input(0)?.cast(cx.out(0)?.dtype)?])
     }
@@ -310,16 +292,7 @@ impl Op for Clip {
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
     }
-    /// TensorIterator's output layout.
-    fn out_strides(
-        &self,
-        cx: &Cx,
-        _k: usize,
-        out: &Fact,
-        strides: &[Option<&[usize]>],
-    ) -> Vec<usize> {
-        crate::ops::elementwise_strides(cx, out, strides)
-    }
+    elementwise_layout!();
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         clip_kernel(cx)
     }

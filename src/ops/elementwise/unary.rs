@@ -644,11 +644,7 @@ pub static UNARY: &[UnaryRow] = &[
 
 /// The row of unary op `op` and its op code (its index in [`UNARY`]).
 pub fn unary_row(op: &str) -> Option<(i32, &'static UnaryRow)> {
-    UNARY
-        .iter()
-        .enumerate()
-        .find(|(_, r)| r.name == op)
-        .map(|(i, r)| (i as i32, r))
+    row_of(UNARY, op, |r| r.name)
 }
 
 /// The C of kernels/elementwise.cu's `mp_unary(op, x, alpha, beta, gamma)` and
@@ -704,16 +700,7 @@ impl Op for Unary {
             Storage::New
         }
     }
-    /// TensorIterator's output layout.
-    fn out_strides(
-        &self,
-        cx: &Cx,
-        _k: usize,
-        out: &Fact,
-        strides: &[Option<&[usize]>],
-    ) -> Vec<usize> {
-        crate::ops::elementwise_strides(cx, out, strides)
-    }
+    elementwise_layout!();
     /// Floats computed in f32 (half types widened and rounded back); integers
     /// where the row has an integer kernel.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
@@ -804,15 +791,7 @@ impl Op for Predicate {
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
     }
-    fn out_strides(
-        &self,
-        cx: &Cx,
-        _k: usize,
-        out: &Fact,
-        strides: &[Option<&[usize]>],
-    ) -> Vec<usize> {
-        crate::ops::elementwise_strides(cx, out, strides)
-    }
+    elementwise_layout!();
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         let x = cx.input(0)?;
         let v = (self.kernel)(x, cx.attrs())?;
