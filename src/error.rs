@@ -32,6 +32,17 @@ pub enum Error {
     /// The model decodes but its graph is malformed (undefined tensor, duplicate producer, cycle...).
     #[error("invalid graph: {0}")]
     Graph(String),
+    /// A graph input or output of a type memplan does not model: strings, sequences,
+    /// maps, optionals, sparse tensors (`kind` names it: "a string tensor", "a sequence").
+    #[error("graph {role} '{tensor}' is {kind}: memplan models numeric tensors only (not strings, sequences, maps or optionals)")]
+    UnsupportedType {
+        /// "input" or "output".
+        role: &'static str,
+        /// The tensor's name.
+        tensor: String,
+        /// What it is.
+        kind: &'static str,
+    },
     /// Ops the tool has no rule for; one entry per op type with one node using it.
     #[error("unsupported ops: {}", .0.iter().map(|(op, node)| format!("{op} (node '{node}')")).collect::<Vec<_>>().join(", "))]
     Unsupported(Vec<(String, String)>),

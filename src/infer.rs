@@ -82,8 +82,16 @@ pub fn check_supported(model: &Model) -> Result<()> {
     }
     let reg = registry();
     let mut missing: Vec<(String, String)> = Vec::new();
+    let mut value_shaped = None;
     for &ix in &model.graph.order {
         let n = model.graph.node(ix);
+        if let Some(&(_, input)) = crate::ops::VALUE_SHAPED
+            .iter()
+            .find(|(op, _)| n.domain.is_empty() && *op == n.op_type)
+        {
+            value_shaped.get_or_insert((n, input));
+            continue;
+        }
         if reg.get(&n.domain, &n.op_type).is_none() {
             let key = if n.domain.is_empty() {
                 n.op_type.clone()
@@ -95,10 +103,16 @@ pub fn check_supported(model: &Model) -> Result<()> {
             }
         }
     }
-    if missing.is_empty() {
-        Ok(())
-    } else {
-        Err(Error::Unsupported(missing))
+    if !missing.is_empty() {
+        return Err(Error::Unsupported(missing));
+    }
+    match value_shaped {
+        Some((n, input)) => Err(Error::rule(
+            &n.name,
+            &n.op_type,
+            crate::numeric::RuleError::NotConstant(input),
+        )),
+        None => Ok(()),
     }
 }
 

@@ -194,7 +194,9 @@ fn classify(e: &Error) -> (String, String) {
             source: RuleError::NotConstant(_),
             ..
         } => "refused: value-dependent",
-        Error::Unsupported(ops) if ops.iter().all(|(op, _)| op.contains(':')) => {
+        Error::UnsupportedType { .. } => "refused: unsupported-type",
+        // A domain other than the default: listed as `domain.op`.
+        Error::Unsupported(ops) if ops.iter().all(|(op, _)| op.contains('.')) => {
             "refused: other-domain"
         }
         Error::Unsupported(_) => "refused: unsupported-op",
@@ -203,9 +205,6 @@ fn classify(e: &Error) -> (String, String) {
         _ if msg.contains("no opset_import for the default ONNX domain") => "refused: other-domain",
         // An output inferred unlike the model's own declaration: a wrong shape.
         _ if msg.contains("is inferred as") => "wrong",
-        _ if msg.contains("string") || msg.contains("sequence") || msg.contains("map") => {
-            "refused: unsupported-type"
-        }
         _ => "error",
     };
     (class.to_string(), msg)

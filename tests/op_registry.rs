@@ -441,6 +441,41 @@ fn rows() -> Vec<Row> {
     .attr("axis", Attr::Int(-1));
     v.push(row(c, &[&[2, 3, 4]], 24 * 8));
     let c = Case::new(
+        "RMSNormalization",
+        vec![r.t(&[2, 3, 4]), r.range(&[4], 0.5, 1.5)],
+    )
+    .attr("axis", Attr::Int(-1))
+    .opset(23);
+    v.push(row(c, &[&[2, 3, 4]], 24 * 5));
+    // Losses over scores [N=3, C=4, d=2] (24) and targets [3, 2] (6): NLL 3 per
+    // target; SoftmaxCrossEntropyLoss 5 per score more.
+    let targets = Tensor::i64(vec![3, 2], vec![0, 3, 1, -1, 2, 2]);
+    for (red, shape) in [("mean", &[][..]), ("sum", &[]), ("none", &[3, 2])] {
+        let c = Case::new(
+            "NegativeLogLikelihoodLoss",
+            vec![r.t(&[3, 4, 2]), targets.clone(), r.range(&[4], 0.5, 1.5)],
+        )
+        .attr("reduction", s(red))
+        .attr("ignore_index", Attr::Int(-1))
+        .opset(13);
+        v.push(row(c, &[shape], 18));
+        let c = Case::new(
+            "SoftmaxCrossEntropyLoss",
+            vec![r.t(&[3, 4, 2]), targets.clone(), r.range(&[4], 0.5, 1.5)],
+        )
+        .attr("reduction", s(red))
+        .attr("ignore_index", Attr::Int(-1))
+        .outs(2, 2)
+        .opset(13);
+        v.push(row(c, &[shape, &[3, 4, 2]], 24 * 5 + 18));
+    }
+    let c = Case::new(
+        "SoftmaxCrossEntropyLoss",
+        vec![r.t(&[3, 4]), Tensor::i64(vec![3], vec![2, 0, 3])],
+    )
+    .opset(13);
+    v.push(row(c, &[&[]], 12 * 5 + 9));
+    let c = Case::new(
         "InstanceNormalization",
         vec![r.t(&[4, 3, 2]), r.range(&[3], 0.5, 1.5), r.t(&[3])],
     );

@@ -93,6 +93,32 @@ pub fn from_proto(m: proto::ModelProto) -> Result<Model> {
     })
 }
 
+/// What a declared type is when memplan does not model it (not a numeric tensor).
+fn unmodelled(vi: &proto::ValueInfoProto) -> Option<&'static str> {
+    use proto::type_proto::Value as V;
+    match vi.r#type.as_ref().and_then(|t| t.value.as_ref())? {
+        V::TensorType(tt) if tt.elem_type == Some(8) => Some("a string tensor"),
+        V::TensorType(_) => None,
+        V::SequenceType(_) => Some("a sequence"),
+        V::MapType(_) => Some("a map"),
+        V::OptionalType(_) => Some("an optional"),
+        V::SparseTensorType(_) => Some("a sparse tensor"),
+        _ => Some("of an unknown type"),
+    }
+}
+
+/// Refuses a graph input or output of a type memplan does not model.
+fn check_modelled(vi: &proto::ValueInfoProto, role: &'static str) -> Result<()> {
+    match unmodelled(vi) {
+        Some(kind) => Err(Error::UnsupportedType {
+            role,
+            tensor: vi.name.clone().unwrap_or_default(),
+            kind,
+        }),
+        None => Ok(()),
+    }
+}
+
 fn decl_type(vi: &proto::ValueInfoProto) -> (Option<DType>, Option<Vec<DimDecl>>) {
     let Some(proto::type_proto::Value::TensorType(tt)) =
         vi.r#type.as_ref().and_then(|t| t.value.as_ref())
@@ -314,6 +340,7 @@ fn build_graph(gp: proto::GraphProto) -> Result<Graph> {
 
     // Graph inputs that are not initializers are fed by the user.
     for vi in &gp.input {
+        check_modelled(vi, "input")?;
         let name = vi.name.clone().unwrap_or_default();
         let (dtype, shape) = decl_type(vi);
         if let Some(&id) = b.g.by_name.get(&name) {
@@ -414,6 +441,7 @@ fn build_graph(gp: proto::GraphProto) -> Result<Graph> {
 
     // Graph outputs.
     for vi in &gp.output {
+        check_modelled(vi, "output")?;
         let name = vi.name.clone().unwrap_or_default();
         let Some(&t) = b.g.by_name.get(&name) else {
             return Err(bad(format!(

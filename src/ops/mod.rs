@@ -23,6 +23,7 @@ pub mod gather_nd;
 pub mod grid_sample;
 pub mod layout;
 pub mod linalg;
+pub mod loss;
 pub mod norm;
 pub mod random;
 pub mod reduce;
@@ -656,6 +657,19 @@ impl Registry {
     }
 }
 
+/// Ops whose output shape depends on input values however they are written: each
+/// with the input whose values decide it. memplan refuses them as data-dependent
+/// ([`RuleError::NotConstant`](crate::numeric::RuleError::NotConstant)) rather than
+/// folding image bytes or box scores; nobody trains through them.
+pub const VALUE_SHAPED: &[(&str, usize)] = &[
+    // The number of boxes kept depends on the scores (input 1) and overlaps.
+    ("NonMaxSuppression", 1),
+    // The number of distinct values.
+    ("Unique", 0),
+    // The decoded image's height and width are in the encoded bytes.
+    ("ImageDecoder", 0),
+];
+
 /// The global op table.
 pub fn registry() -> &'static Registry {
     static REG: OnceLock<Registry> = OnceLock::new();
@@ -665,6 +679,7 @@ pub fn registry() -> &'static Registry {
         };
         elementwise::register(&mut r);
         linalg::register(&mut r);
+        loss::register(&mut r);
         conv::register(&mut r);
         einsum::register(&mut r);
         gather_nd::register(&mut r);

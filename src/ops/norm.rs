@@ -198,13 +198,13 @@ impl Op for LayerNorm {
     /// With [`KernelCx::extras`], the mean and InvStdDev the backward rule saves
     /// (float32, shaped as those outputs) follow the declared outputs.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
-        layer_norm_kernel(cx)
+        layer_norm_kernel(cx, true)
     }
     /// Per normalized row, from the saved x, Scale, mean and inverse std,
     /// `x̂ = (x − μ)·r`, `h = g·γ`: `dx = r·(h − mean(h) − x̂·mean(h·x̂))`;
     /// `dγ = Σ_rows g·x̂` and `dB = Σ_rows g`, summed back to their shapes.
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-        layer_norm_backward(cx)
+        layer_norm_backward(cx, true)
     }
     /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
@@ -218,6 +218,77 @@ impl Op for LayerNorm {
                 "reduce_f32",
             ],
         )
+    }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Full
+    }
+}
+
+/// `RMSNormalization(X, scale) -> Y` (opset 23) over axes `axis..`:
+/// `Y = X / √(mean(X²) + ε) · scale`, scale broadcasting to the normalized shape.
+/// FLOPs: 5 per element (square, sum, scale by 1/rms, scale).
+struct RmsNorm;
+
+impl Op for RmsNorm {
+    fn arity(&self) -> Arity {
+        Arity::new(2, 2, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let ax = axis(cx.attrs().int_or("axis", -1), x.rank())?;
+        let normalized = &x.shape[ax..];
+        let s = cx.input(1)?;
+        super::broadcast(&[&s.shape, normalized])
+            .ok()
+            .filter(|b| b == normalized)
+            .ok_or_else(|| {
+                format!(
+                    "scale {:?} does not broadcast to the normalized shape {normalized:?}",
+                    s.shape
+                )
+            })?;
+        super::dtype_attr(cx.attrs().int_or("stash_type", 1))?;
+        Ok(vec![Fact::new(x.dtype, x.shape.clone())])
+    }
+    fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {
+        out[0].numel().saturating_mul(5)
+    }
+    /// As PyTorch's fused `rms_norm` (`_fused_rms_norm`): saves the input, the
+    /// scale and the per-row inverse RMS (float32). Backward FLOPs: 6 per element.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        let x = cx.input(0)?;
+        let ax = axis(cx.attrs().int_or("axis", -1), x.rank())?;
+        let mut stat = x.shape[..ax].to_vec();
+        stat.resize(x.rank(), 1);
+        let needs = vec![Saved::Input(0), Saved::Input(1), Saved::Extra(0)];
+        Ok(Some(Backward {
+            grads: vec![
+                Grad {
+                    input: 0,
+                    needs: needs.clone(),
+                },
+                Grad { input: 1, needs },
+            ],
+            extras: vec![Fact::new(DType::F32, stat)],
+            flops: out[0].numel().saturating_mul(6),
+        }))
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
+    /// Per row: `r = 1/√(mean(x²) + ε)` (f64), `x·r·scale`; with
+    /// [`KernelCx::extras`], `r` (float32) follows.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        layer_norm_kernel(cx, false)
+    }
+    /// From the saved x, scale and `r`, `x̂ = x·r`, `h = g·scale`:
+    /// `dx = r·(h − x̂·mean(h·x̂))`, `dscale = Σ_rows g·x̂` summed to its shape.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        layer_norm_backward(cx, false)
+    }
+    /// Runs on the host on the GPU backend (no device kernels yet).
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
     }
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Full
@@ -645,7 +716,7 @@ fn batch_norm_backward(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
 }
 
 /// LayerNormalization on the CPU; see [`LayerNorm`]'s `forward_cpu`.
-fn layer_norm_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+fn layer_norm_kernel(cx: &KernelCx, centered: bool) -> RuleResult<Vec<Tensor>> {
     let x = cx.input(0)?;
     let a = axis(cx.attrs().int_or("axis", -1), x.rank())?;
     let eps = cx.attrs().float("epsilon").unwrap_or(1e-5) as f64;
@@ -674,7 +745,11 @@ fn layer_norm_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
             .enumerate()
             .for_each(|(r, (yr, st))| {
                 let xr = &xs[r * cols..(r + 1) * cols];
-                let mu = xr.iter().map(|&v| v as f64).sum::<f64>() / cols as f64;
+                let mu = if centered {
+                    xr.iter().map(|&v| v as f64).sum::<f64>() / cols as f64
+                } else {
+                    0.0
+                };
                 let var = xr.iter().map(|&v| (v as f64 - mu).powi(2)).sum::<f64>() / cols as f64;
                 let inv = 1.0 / (var + eps).sqrt();
                 for (k, o) in yr.iter_mut().enumerate() {
@@ -684,7 +759,8 @@ fn layer_norm_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
             });
     }
     let mut outs = vec![Tensor::from_f32(x.dtype(), x.shape.clone(), y)?];
-    for (i, pick) in [(1usize, 0usize), (2, 1)] {
+    let stat_outputs: &[(usize, usize)] = if centered { &[(1, 0), (2, 1)] } else { &[] };
+    for &(i, pick) in stat_outputs {
         if let Some(Some(f)) = cx.outputs.get(i) {
             let v = stats
                 .iter()
@@ -698,17 +774,19 @@ fn layer_norm_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
     if cx.extras {
         let mut shape = x.shape[..a].to_vec();
         shape.resize(x.rank(), 1);
-        outs.push(Tensor::f32(
-            shape.clone(),
-            stats.iter().map(|s| s.0).collect(),
-        ));
+        if centered {
+            outs.push(Tensor::f32(
+                shape.clone(),
+                stats.iter().map(|s| s.0).collect(),
+            ));
+        }
         outs.push(Tensor::f32(shape, stats.iter().map(|s| s.1).collect()));
     }
     Ok(outs)
 }
 
 /// LayerNormalization backward; see [`LayerNorm`]'s `backward_cpu`.
-fn layer_norm_backward(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+fn layer_norm_backward(cx: &BackwardCx, centered: bool) -> RuleResult<Vec<Option<Tensor>>> {
     let f = cx.input(0)?;
     let a = axis(cx.attrs().int_or("axis", -1), f.rank())?;
     let norm_shape = f.shape[a..].to_vec();
@@ -728,8 +806,15 @@ fn layer_norm_backward(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
     };
     if cx.wants(0) || cx.wants(1) {
         let xs = cx.saved(Saved::Input(0))?.to_f32()?;
-        let mean = cx.saved(Saved::Extra(0))?.to_f32()?;
-        let inv = cx.saved(Saved::Extra(1))?.to_f32()?;
+        let (mean, inv) = if centered {
+            (
+                cx.saved(Saved::Extra(0))?.to_f32()?,
+                cx.saved(Saved::Extra(1))?.to_f32()?,
+            )
+        } else {
+            let inv = cx.saved(Saved::Extra(0))?.to_f32()?;
+            (std::borrow::Cow::Owned(vec![0.0; inv.len()]), inv)
+        };
         let xhat = |r: usize, k: usize| (xs[r * cols + k] as f64 - mean[r] as f64) * inv[r] as f64;
         if cx.wants(0) {
             let st = cx.saved(Saved::Input(1))?;
@@ -746,7 +831,8 @@ fn layer_norm_backward(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
                         sh += h;
                         shx += h * xhat(r, k);
                     }
-                    let (mh, mhx) = (sh / cols as f64, shx / cols as f64);
+                    let mh = if centered { sh / cols as f64 } else { 0.0 };
+                    let mhx = shx / cols as f64;
                     let rs = inv[r] as f64;
                     for k in 0..cols {
                         let h = gr[k] as f64 * scale[k] as f64;
@@ -823,6 +909,7 @@ fn softmax_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
 pub fn register(r: &mut Registry) {
     r.add("BatchNormalization", BatchNorm);
     r.add("LayerNormalization", LayerNorm);
+    r.add("RMSNormalization", RmsNorm);
     r.add(
         "InstanceNormalization",
         SameShapeNorm {
