@@ -475,6 +475,69 @@ fn rows() -> Vec<Row> {
     )
     .opset(13);
     v.push(row(c, &[&[]], 12 * 5 + 9));
+    // Quantization: shape-only (no 8-bit tensors on the CPU); int32 stands in
+    // for the 8-bit operands. Quantize 3 FLOPs per element, Dequantize 2,
+    // DynamicQuantize 5; the integer products 2 per multiply-add.
+    let c = Case::new("QuantizeLinear", vec![r.t(&[2, 3]), scalar(0.1)]).opset(21);
+    v.push(row(c, &[&[2, 3]], 18).no_cpu_kernel());
+    let qi = Tensor::i64(vec![2, 3], vec![1, 2, 3, 4, 5, 6])
+        .cast(DType::I32)
+        .unwrap();
+    let zp = Tensor::i64(vec![3], vec![0, 1, 2])
+        .cast(DType::I32)
+        .unwrap();
+    let c = Case::new("DequantizeLinear", vec![qi.clone(), r.t(&[3]), zp.clone()])
+        .attr("axis", Attr::Int(1))
+        .opset(21);
+    v.push(row(c, &[&[2, 3]], 12).no_cpu_kernel());
+    let c = Case::new("DynamicQuantizeLinear", vec![r.t(&[2, 3])])
+        .outs(3, 0)
+        .opset(11);
+    v.push(row(c, &[&[2, 3], &[], &[]], 30).no_cpu_kernel());
+    let qb = Tensor::i64(vec![3, 4], (0..12).collect())
+        .cast(DType::I32)
+        .unwrap();
+    let one = Tensor::i64(vec![], vec![1]).cast(DType::I32).unwrap();
+    let c = Case::new(
+        "QLinearMatMul",
+        vec![
+            qi.clone(),
+            scalar(0.1),
+            one.clone(),
+            qb.clone(),
+            scalar(0.1),
+            one.clone(),
+            scalar(0.2),
+            one.clone(),
+        ],
+    )
+    .opset(21);
+    v.push(row(c, &[&[2, 4]], 2 * 8 * 3).no_cpu_kernel());
+    let c = Case::new("MatMulInteger", vec![qi.clone(), qb]).opset(10);
+    v.push(row(c, &[&[2, 4]], 2 * 8 * 3).no_cpu_kernel());
+    let qx = Tensor::i64(vec![1, 2, 3, 3], (0..18).collect())
+        .cast(DType::I32)
+        .unwrap();
+    let qw = Tensor::i64(vec![4, 2, 2, 2], (0..32).collect())
+        .cast(DType::I32)
+        .unwrap();
+    let c = Case::new("ConvInteger", vec![qx.clone(), qw.clone()]).opset(10);
+    v.push(row(c, &[&[1, 4, 2, 2]], 16 * 8 * 2).no_cpu_kernel());
+    let c = Case::new(
+        "QLinearConv",
+        vec![
+            qx,
+            scalar(0.1),
+            one.clone(),
+            qw,
+            scalar(0.1),
+            one.clone(),
+            scalar(0.2),
+            one,
+        ],
+    )
+    .opset(10);
+    v.push(row(c, &[&[1, 4, 2, 2]], 16 * 8 * 2).no_cpu_kernel());
     let c = Case::new(
         "InstanceNormalization",
         vec![r.t(&[4, 3, 2]), r.range(&[3], 0.5, 1.5), r.t(&[3])],

@@ -25,6 +25,7 @@ pub mod layout;
 pub mod linalg;
 pub mod loss;
 pub mod norm;
+pub mod quantize;
 pub mod random;
 pub mod reduce;
 pub mod resize;
@@ -685,6 +686,7 @@ pub fn registry() -> &'static Registry {
         gather_nd::register(&mut r);
         grid_sample::register(&mut r);
         norm::register(&mut r);
+        quantize::register(&mut r);
         random::register(&mut r);
         reduce::register(&mut r);
         resize::register(&mut r);

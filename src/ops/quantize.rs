@@ -1,0 +1,280 @@
+//! Quantization: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear and the
+//! integer products QLinearMatMul, MatMulInteger, QLinearConv, ConvInteger.
+//!
+//! Shape rules and FLOPs only. memplan's CPU executor holds no 8-bit or sub-byte
+//! tensors, so these have no CPU kernel (each says so), and they run nowhere on
+//! the device. Their outputs are integers (Quantize, the products) or come from
+//! integers (Dequantize), so no gradient flows through them, except
+//! fake quantization: a float input of QuantizeLinear that requires a gradient
+//! (PyTorch's `fake_quantize_*`, exported as a QuantizeLinear → DequantizeLinear
+//! pair, trains with a straight-through gradient), which memplan refuses in one
+//! line rather than train as if nothing upstream had a gradient.
+
+use super::{
+    conv::window_out, linalg::matmul_shape, no_gradient, no_kernel, Arity, Autocast, Backward,
+    BackwardCx, CudaKernels, Cx, Fact, KernelCx, Op, Registry, RuleResult, Storage,
+};
+use crate::ir::DType;
+use crate::numeric::Tensor;
+
+/// Checks a scale (or zero point) against `x` for per-tensor (scalar or `[1]`),
+/// per-axis (`[x[axis]]`) or blocked (`x`'s rank, `ceil(x[axis]/block)` on the
+/// axis) quantization.
+fn check_scale(cx: &Cx, x: &Fact, s: &Fact, what: &str) -> RuleResult<()> {
+    if s.numel() == 1 && s.rank() <= 1 {
+        return Ok(());
+    }
+    let ax = super::axis(cx.attrs().int_or("axis", 1), x.rank())?;
+    let block = cx.attrs().int_or("block_size", 0);
+    let ok = if block > 0 {
+        let b = block as usize;
+        s.rank() == x.rank()
+            && s.shape.iter().enumerate().all(|(i, &d)| {
+                if i == ax {
+                    d == x.shape[i].div_ceil(b)
+                } else {
+                    d == x.shape[i]
+                }
+            })
+    } else {
+        s.shape == [x.shape[ax]]
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} {:?} fits neither per-tensor, per-axis (axis {ax}) nor blocked (block_size {block}) quantization of {:?}",
+            s.shape, x.shape
+        )
+        .into())
+    }
+}
+
+/// `QuantizeLinear(x, y_scale, y_zero_point?) -> y`: `saturate(round(x / scale) +
+/// zero_point)`, of the zero point's type, else `output_dtype`, else uint8.
+/// FLOPs: 3 per element (divide, round, add and clamp).
+struct Quantize;
+
+impl Op for Quantize {
+    fn arity(&self) -> Arity {
+        Arity::new(2, 3, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        check_scale(cx, x, cx.input(1)?, "y_scale")?;
+        let dtype = match cx.opt(2) {
+            Some(z) => {
+                check_scale(cx, x, z, "y_zero_point")?;
+                z.dtype
+            }
+            None => match cx.attrs().int_or("output_dtype", 0) {
+                0 => DType::U8,
+                code => super::dtype_attr(code)?,
+            },
+        };
+        Ok(vec![Fact::new(dtype, x.shape.clone())])
+    }
+    fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {
+        out[0].numel().saturating_mul(3)
+    }
+    /// Fake quantization's straight-through gradient is not modelled: refused
+    /// where the float input requires a gradient (see the module).
+    fn backward(&self, cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
+        let _ = cx;
+        Err("fake quantization (QuantizeLinear -> DequantizeLinear) trains with a straight-through gradient, which memplan does not model yet".into())
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
+    /// The CPU executor holds no 8-bit or sub-byte tensors.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        no_kernel(cx)
+    }
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        no_gradient(cx)
+    }
+    /// Runs nowhere on the device (no CPU kernel to run on the host either).
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
+    }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Full
+    }
+}
+
+/// `DequantizeLinear(x, x_scale, x_zero_point?) -> y`: `(x − zero_point)·scale`,
+/// of `output_dtype` when set, else the scale's type. FLOPs: 2 per element.
+/// DynamicQuantizeLinear(x) -> (y uint8, y_scale float32 [], y_zero_point uint8
+/// []): FLOPs 5 per element (min and max, then quantize).
+struct Dequantize;
+
+impl Op for Dequantize {
+    fn arity(&self) -> Arity {
+        Arity::new(1, 3, 1, 3)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        if cx.node.op_type == "DynamicQuantizeLinear" {
+            if x.dtype != DType::F32 {
+                return Err(format!("input must be float32, got {}", x.dtype).into());
+            }
+            let mut out = vec![Fact::new(DType::U8, x.shape.clone())];
+            if cx.n_outputs() > 1 {
+                out.push(Fact::new(DType::F32, vec![]));
+            }
+            if cx.n_outputs() > 2 {
+                out.push(Fact::new(DType::U8, vec![]));
+            }
+            return Ok(out);
+        }
+        if cx.n_outputs() != 1 {
+            return Err("DequantizeLinear has one output".into());
+        }
+        let s = cx.input(1)?;
+        check_scale(cx, x, s, "x_scale")?;
+        if let Some(z) = cx.opt(2) {
+            check_scale(cx, x, z, "x_zero_point")?;
+        }
+        let dtype = match cx.attrs().int_or("output_dtype", 0) {
+            0 => s.dtype,
+            code => super::dtype_attr(code)?,
+        };
+        Ok(vec![Fact::new(dtype, x.shape.clone())])
+    }
+    fn flops(&self, cx: &Cx, out: &[Fact]) -> u64 {
+        let per = if cx.node.op_type == "DynamicQuantizeLinear" {
+            5
+        } else {
+            2
+        };
+        out[0].numel().saturating_mul(per)
+    }
+    /// No gradient: DequantizeLinear reads integers (its scale is not trained
+    /// here); DynamicQuantizeLinear's outputs are integers.
+    fn backward(&self, _cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
+        Ok(None)
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
+    /// The CPU executor holds no 8-bit or sub-byte tensors.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        no_kernel(cx)
+    }
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        no_gradient(cx)
+    }
+    /// Runs nowhere on the device (no CPU kernel to run on the host either).
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
+    }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Full
+    }
+}
+
+/// The integer products: `QLinearMatMul(a, a_scale, a_zp, b, b_scale, b_zp,
+/// y_scale, y_zp)` (output of y_zp's type), `MatMulInteger(A, B, a_zp?, b_zp?)`
+/// (int32), `QLinearConv(x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, B?)`
+/// (y_zp's type) and `ConvInteger(x, w, x_zp?, w_zp?)` (int32), shaped as MatMul
+/// and Conv. FLOPs: 2 per multiply-add, as MatMul and Conv (integer operations).
+struct IntegerProduct;
+
+impl IntegerProduct {
+    /// Slots of the two operands, and of the output zero point (none: int32).
+    fn slots(op: &str) -> (usize, usize, Option<usize>) {
+        match op {
+            "QLinearMatMul" | "QLinearConv" => (0, 3, Some(7)),
+            _ => (0, 1, None),
+        }
+    }
+}
+
+impl Op for IntegerProduct {
+    fn arity(&self) -> Arity {
+        Arity::new(2, 9, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let op = cx.node.op_type.as_str();
+        let (ia, ib, zp) = Self::slots(op);
+        let (a, b) = (cx.input(ia)?, cx.input(ib)?);
+        let dtype = match zp {
+            Some(z) => cx.input(z)?.dtype,
+            None => DType::I32,
+        };
+        let shape = if op.contains("Conv") {
+            if a.rank() < 3 || b.rank() != a.rank() {
+                return Err(format!(
+                    "input {:?} and weight {:?} are no convolution",
+                    a.shape, b.shape
+                )
+                .into());
+            }
+            let group = cx.attrs().int_or("group", 1).max(1) as usize;
+            if b.shape[1] * group != a.shape[1] {
+                return Err(format!(
+                    "input has {} channels, weight {:?} with group {group} expects {}",
+                    a.shape[1],
+                    b.shape,
+                    b.shape[1] * group
+                )
+                .into());
+            }
+            let mut s = vec![a.shape[0], b.shape[0]];
+            s.extend(window_out(&a.shape[2..], &b.shape[2..], cx.attrs(), false)?);
+            s
+        } else {
+            matmul_shape(&a.shape, &b.shape)?.0
+        };
+        Ok(vec![Fact::new(dtype, shape)])
+    }
+    fn flops(&self, cx: &Cx, out: &[Fact]) -> u64 {
+        let (ia, ib, _) = Self::slots(&cx.node.op_type);
+        let (Ok(a), Ok(b)) = (cx.input(ia), cx.input(ib)) else {
+            return 0;
+        };
+        // Multiply-adds per output: the contracted length (K, or C/g · kernel).
+        let per = if cx.node.op_type.contains("Conv") {
+            b.shape[1..].iter().product::<usize>() as u64
+        } else {
+            *a.shape.last().unwrap_or(&0) as u64
+        };
+        out[0].numel().saturating_mul(per).saturating_mul(2)
+    }
+    /// Integer results: no gradient.
+    fn backward(&self, _cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
+        Ok(None)
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
+    /// The CPU executor holds no 8-bit tensors.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        no_kernel(cx)
+    }
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        no_gradient(cx)
+    }
+    /// Runs nowhere on the device (no CPU kernel to run on the host either).
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
+    }
+    /// Integer products are not autocast.
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
+    }
+}
+
+pub(super) fn register(r: &mut Registry) {
+    r.add("QuantizeLinear", Quantize);
+    r.add("DequantizeLinear", Dequantize);
+    r.add("DynamicQuantizeLinear", Dequantize);
+    for op in [
+        "QLinearMatMul",
+        "MatMulInteger",
+        "QLinearConv",
+        "ConvInteger",
+    ] {
+        r.add(op, IntegerProduct);
+    }
+}
