@@ -16,6 +16,7 @@ use std::sync::OnceLock;
 use crate::ir::{Attrs, DType, Node, Value};
 use crate::numeric::Tensor;
 
+pub mod attention;
 pub mod conv;
 pub mod einsum;
 pub mod elementwise;
@@ -29,7 +30,10 @@ pub mod quantize;
 pub mod random;
 pub mod reduce;
 pub mod resize;
+pub mod rnn;
+pub mod rotary;
 pub mod shape;
+pub mod signal;
 
 /// What shape inference knows about one tensor: type, concrete shape, and its value
 /// when it is a small constant (shape computations).
@@ -678,6 +682,7 @@ pub fn registry() -> &'static Registry {
         let mut r = Registry {
             ops: HashMap::new(),
         };
+        attention::register(&mut r);
         elementwise::register(&mut r);
         linalg::register(&mut r);
         loss::register(&mut r);
@@ -690,7 +695,10 @@ pub fn registry() -> &'static Registry {
         random::register(&mut r);
         reduce::register(&mut r);
         resize::register(&mut r);
+        rnn::register(&mut r);
+        rotary::register(&mut r);
         shape::register(&mut r);
+        signal::register(&mut r);
         r
     })
 }

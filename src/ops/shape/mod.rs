@@ -128,6 +128,15 @@ pub fn register(r: &mut Registry) {
             arity: Arity::new(3, 3, 1, 1),
         },
     );
+    // Scatter (opsets 9-10) is ScatterElements under its old name.
+    r.add(
+        "Scatter",
+        LikeInput {
+            arity: Arity::new(3, 3, 1, 1),
+        },
+    );
+    r.add("BitCast", BitCast);
+    r.add("OneHot", OneHot);
     r.add(
         "EyeLike",
         LikeInput {

@@ -523,3 +523,79 @@ impl Op for NonZero {
         Autocast::Promote
     }
 }
+
+/// `OneHot(indices, depth, values) -> output`: `indices`' shape with `depth`
+/// (a constant) inserted at `axis` (default -1, counting the new axis), of
+/// `values`' type: `values[1]` where the index (negative ones count from
+/// `depth`) equals the position, `values[0]` elsewhere and for indices out of
+/// range.
+pub(super) struct OneHot;
+
+impl OneHot {
+    fn depth(cx: &Cx) -> RuleResult<usize> {
+        let v = cx.value(1)?;
+        if v.data.len() != 1 {
+            return Err(format!("depth must hold one value, got shape {:?}", v.shape).into());
+        }
+        let d = v.data.float(0);
+        if !(d >= 1.0 && d <= (1u64 << 40) as f64) {
+            return Err(format!("depth {d} is not a positive count").into());
+        }
+        Ok(d as usize)
+    }
+}
+
+impl Op for OneHot {
+    fn arity(&self) -> Arity {
+        Arity::new(3, 3, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let values = cx.input(2)?;
+        if values.numel() != 2 {
+            return Err(format!("values must be [off, on], got {:?}", values.shape).into());
+        }
+        let depth = Self::depth(cx)?;
+        let ax = axis(cx.attrs().int_or("axis", -1), x.rank() + 1)?;
+        let mut shape = x.shape.clone();
+        shape.insert(ax, depth);
+        Ok(vec![Fact::new(values.dtype, shape)])
+    }
+    no_flops!();
+    /// PyTorch's `one_hot` has no gradient (its values are constants).
+    fn backward(&self, _cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
+        Ok(None)
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
+    /// As the module documents, in the values' type.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let x = cx.input(0)?;
+        let f = cx.out(0)?;
+        let vals = cx.input(2)?.to_f64s();
+        let ax = axis(cx.attrs().int_or("axis", -1), x.rank() + 1)?;
+        let depth = f.shape[ax];
+        let idx = x.to_f64s();
+        let inner: usize = x.shape[ax..].iter().product();
+        let mut out = vec![vals[0]; idx.len() * depth];
+        for (j, &i) in idx.iter().enumerate() {
+            let i = if i < 0.0 { i + depth as f64 } else { i };
+            if i >= 0.0 && (i as usize) < depth {
+                let (o, r) = (j / inner, j % inner);
+                out[(o * depth + i as usize) * inner + r] = vals[1];
+            }
+        }
+        Ok(vec![Tensor::from_f64(f.dtype, f.shape.clone(), out)?])
+    }
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        no_gradient(cx)
+    }
+    /// Runs on the host on the GPU backend.
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
+    }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
+    }
+}

@@ -505,3 +505,81 @@ impl Op for Expand {
         Autocast::Promote
     }
 }
+
+/// `BitCast(x)` (opset 26): the same bytes read as `to`. Equal widths keep the
+/// shape; a wider input gains a last dimension of the width ratio, a narrower one
+/// loses its last dimension, which must equal the ratio (as
+/// `torch.Tensor.view(dtype)`, a view).
+pub(super) struct BitCast;
+
+impl Op for BitCast {
+    fn arity(&self) -> Arity {
+        Arity::new(1, 1, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let to = dtype_attr(cx.attrs().int("to").ok_or("attribute 'to' is required")?)?;
+        let (from_bits, to_bits) = (x.dtype.bits(), to.bits());
+        if from_bits % 8 != 0 || to_bits % 8 != 0 || from_bits == 0 || to_bits == 0 {
+            return Err(format!("cannot reinterpret {} as {to}", x.dtype).into());
+        }
+        let mut shape = x.shape.clone();
+        if from_bits > to_bits {
+            shape.push((from_bits / to_bits) as usize);
+        } else if from_bits < to_bits {
+            let k = (to_bits / from_bits) as usize;
+            if shape.last() != Some(&k) {
+                return Err(format!(
+                    "reinterpreting {} {:?} as {to} needs a last dimension of {k}",
+                    x.dtype, x.shape
+                )
+                .into());
+            }
+            shape.pop();
+        }
+        Ok(vec![Fact::new(to, shape)])
+    }
+    no_flops!();
+    /// A reinterpretation of bits: no gradient.
+    fn backward(&self, _cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
+        Ok(None)
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::View
+    }
+    /// float32 ↔ int32 (the widths the executor holds both of); any type to itself.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let x = cx.input(0)?;
+        let to = cx.out(0)?.dtype;
+        match (x.dtype(), to) {
+            (a, b) if a == b => Ok(vec![x.clone()]),
+            (DType::F32, DType::I32) => {
+                let v = x
+                    .as_f32()?
+                    .iter()
+                    .map(|f| f.to_bits() as i32 as i64)
+                    .collect();
+                Ok(vec![Tensor::from_i64(to, x.shape.clone(), v)?])
+            }
+            (DType::I32, DType::F32) => {
+                let v = x
+                    .to_i64s()
+                    .into_iter()
+                    .map(|i| f32::from_bits(i as i32 as u32))
+                    .collect();
+                Ok(vec![Tensor::f32(x.shape.clone(), v)])
+            }
+            _ => crate::ops::no_kernel(cx),
+        }
+    }
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        no_gradient(cx)
+    }
+    /// Runs on the host on the GPU backend.
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
+    }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
+    }
+}
