@@ -8,11 +8,13 @@
 //! `MEMPLAN_REQUIRE_CONFORMANCE=1` (CI), where it fails.
 //!
 //! Each model ends in one outcome:
-//! - `match`: every output has the expected dtype and shape;
+//! - `match`: every output has the expected dtype and shape, and where the CPU
+//!   executor runs the model on the suite's inputs, the expected values
+//!   (relative 1e-4 plus 1e-6, more for half types: [`tolerance`]);
 //! - `refused: <reason>`: a documented refusal (tools/conformance/README.md):
 //!   `value-dependent` (a shape depends on input values), `unsupported-op`,
 //!   `other-domain`, `unsupported-type`;
-//! - `wrong`: an output's dtype or shape differs;
+//! - `wrong`: an output's dtype, shape or values differ;
 //! - `error`: any other failure;
 //! - `panic`.
 //!
@@ -132,7 +134,124 @@ fn run(m: &Model) -> (String, String, Vec<String>) {
     ops.sort();
     ops.dedup();
     let (c, d) = outcome(m, &model);
+    let (c, d) = if c == "match" {
+        match values(m, &model, &ops) {
+            Values::Differ(why) => ("wrong".to_string(), format!("values: {why}")),
+            Values::Equal => ("match".to_string(), "values equal".to_string()),
+            Values::Skipped(why) => ("match".to_string(), format!("values not compared: {why}")),
+        }
+    } else {
+        (c, d)
+    };
     (c, d, ops)
+}
+
+/// The forward values' comparison with `test_data_set_0`.
+enum Values {
+    Equal,
+    Differ(String),
+    Skipped(String),
+}
+
+/// Relative tolerance of the comparison, by element type: float32 1e-4; float16
+/// and bfloat16 their rounding (2^-10, 2^-7) on top, as the kernels compute in
+/// f32 and round once. The absolute floor is 1e-6 (values near zero). Integers
+/// and booleans are exact; NaN equals NaN.
+fn tolerance(dt: DType) -> f64 {
+    match dt {
+        DType::F16 => 1e-4 + 2f64.powi(-10),
+        DType::BF16 => 1e-4 + 2f64.powi(-7),
+        _ => 1e-4,
+    }
+}
+
+/// Models whose expected values are written to 4 decimals by hand (the onnx
+/// reference evaluator computes memplan's values): compared to within 5e-5.
+const FOUR_DECIMALS: &[&str] = &[
+    "node/test_averagepool_2d_ceil_last_window_starts_on_pad",
+    "node/test_gridsample_bicubic",
+];
+
+/// Runs the CPU executor on the suite's inputs and compares every output.
+fn values(m: &Model, model: &memplan::ir::Model, ops: &[String]) -> Values {
+    use memplan::exec::Tensor;
+    if m.inputs.is_empty() && !model.graph.inputs.is_empty() {
+        return Values::Skipped("no input data".into());
+    }
+    if let Some(op) = ops
+        .iter()
+        .find(|o| o.starts_with("Random") || *o == "Bernoulli" || *o == "Dropout")
+    {
+        return Values::Skipped(format!("{op} draws random values"));
+    }
+    let mut b = Bindings::default();
+    for (k, &t) in model.graph.inputs.iter().enumerate() {
+        let Some(Ok(tp)) = m.inputs.get(k).map(|p| tensor(p)) else {
+            return Values::Skipped(format!("input {k} has no data"));
+        };
+        for (i, d) in model
+            .graph
+            .tensor(t)
+            .declared_shape
+            .iter()
+            .flatten()
+            .enumerate()
+        {
+            match (d, tp.dims.get(i)) {
+                (DimDecl::Named(n), Some(&v)) => {
+                    b.dims.insert(n.clone(), v as u64);
+                }
+                (DimDecl::Unknown, Some(&v)) if i == 0 => b.batch = Some(v as u64),
+                _ => {}
+            }
+        }
+    }
+    let Ok(inf) = infer(model, &b) else {
+        return Values::Skipped("inference failed".into());
+    };
+    let load = |p: &PathBuf| -> Result<Tensor, String> {
+        let td = memplan::onnx::load::tensor_data(&tensor(p)?)?;
+        Tensor::from_data(&td).map_err(|e| e.to_string())
+    };
+    let mut inputs = Vec::new();
+    for p in &m.inputs[..model.graph.inputs.len().min(m.inputs.len())] {
+        match load(p) {
+            Ok(t) => inputs.push(t),
+            Err(e) => return Values::Skipped(format!("an input the executor cannot hold: {e}")),
+        }
+    }
+    let outs = match memplan::exec::forward(model, &inf, &inputs) {
+        Ok(o) => o,
+        Err(e) => return Values::Skipped(format!("{e}")),
+    };
+    for (k, got) in outs.iter().enumerate() {
+        let want = match m.outputs.get(k).map(load) {
+            Some(Ok(t)) => t,
+            Some(Err(e)) => {
+                return Values::Skipped(format!("output {k} the executor cannot hold: {e}"))
+            }
+            None => return Values::Skipped(format!("no data for output {k}")),
+        };
+        let (a, e) = (got.to_f64s(), want.to_f64s());
+        let tol = tolerance(want.dtype());
+        let floor = if FOUR_DECIMALS.contains(&m.name.as_str()) {
+            5e-5
+        } else {
+            1e-6
+        };
+        let float = want.dtype().is_float();
+        for (i, (&x, &y)) in a.iter().zip(&e).enumerate() {
+            let ok = if float {
+                (x.is_nan() && y.is_nan()) || x == y || (x - y).abs() <= floor + tol * y.abs()
+            } else {
+                x == y
+            };
+            if !ok {
+                return Values::Differ(format!("output {k} element {i}: {x}, expected {y}"));
+            }
+        }
+    }
+    Values::Equal
 }
 
 /// The outcome of a loaded model: class and detail.

@@ -751,7 +751,20 @@ fn pool_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
     }
     let mut outs = vec![Tensor::from_f32(x.dtype(), out.clone(), vals)?];
     if cx.n_outputs() > 1 {
-        outs.push(Tensor::i64(out.clone(), idx.clone()));
+        // Output 1 indexes each plane column-major with `storage_order` 1 (the
+        // backward's own indices stay row-major).
+        let declared = if cx.attrs().int_or("storage_order", 0) != 0 {
+            let plane = (h * wd) as i64;
+            idx.iter()
+                .map(|&i| {
+                    let (base, off) = (i - i % plane, i % plane);
+                    base + (off % wd as i64) * h as i64 + off / wd as i64
+                })
+                .collect()
+        } else {
+            idx.clone()
+        };
+        outs.push(Tensor::i64(out.clone(), declared));
     }
     if cx.extras && op == "MaxPool" {
         // The argmax indices the backward rule saves.

@@ -137,7 +137,8 @@ impl Op for Pad {
         let _ = cx;
         Storage::New
     }
-    /// `constant` (value from input 2, default 0), `edge` and `reflect` modes.
+    /// `constant` (value from input 2, default 0; attribute `value` before opset
+    /// 11), `edge` and `reflect` modes.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         let x = cx.input(0)?;
         let r = x.rank();
@@ -157,7 +158,13 @@ impl Op for Pad {
             mode,
         )?;
         let fill = match cx.opt(2) {
-            Some(v) if v.numel() == 1 => v.cast(x.dtype())?,
+            Some(v) if v.numel() == 1 && cx.opset >= 11 => v.cast(x.dtype())?,
+            // Before opset 11 the value is an attribute.
+            _ if cx.opset < 11 => Tensor::from_f64(
+                x.dtype(),
+                vec![1],
+                vec![cx.attrs().float("value").unwrap_or(0.0) as f64],
+            )?,
             _ => Tensor::zeros(x.dtype(), vec![1])?,
         };
         let both = [x, &fill];
