@@ -792,6 +792,79 @@ fn rows() -> Vec<Row> {
     .attr("layout", Attr::Int(1))
     .opset(14);
     v.push(row(c, &[&[2, 3, 1, 5]], 3 * 2 * (2 * 20 * 9 + 60 + 15)).no_cpu_kernel());
+    // Image ops beside convolution (shape-only): Col2Im 1 FLOP per input
+    // element; DeformConv Conv's 2 per multiply-add plus 9 per sampled point;
+    // RoiAlign 9 per sample (sampling_ratio² per output); MaxUnpool 0.
+    let c = Case::new(
+        "Col2Im",
+        vec![r.t(&[1, 4, 4]), i64s(&[3, 3]), i64s(&[2, 2])],
+    )
+    .opset(18);
+    v.push(row(c, &[&[1, 1, 3, 3]], 16).no_cpu_kernel());
+    let c = Case::new(
+        "DeformConv",
+        vec![r.t(&[1, 2, 3, 3]), r.t(&[1, 2, 2, 2]), r.t(&[1, 8, 2, 2])],
+    )
+    .opset(19);
+    v.push(row(c, &[&[1, 1, 2, 2]], 64 + 32 * 9).no_cpu_kernel());
+    let c = Case::new(
+        "RoiAlign",
+        vec![
+            r.t(&[1, 2, 4, 4]),
+            Tensor::f32(vec![2, 4], vec![0.0, 0.0, 2.0, 2.0, 1.0, 1.0, 3.0, 3.0]),
+            i64s(&[0, 0]),
+        ],
+    )
+    .attr("output_height", Attr::Int(3))
+    .attr("output_width", Attr::Int(3))
+    .attr("sampling_ratio", Attr::Int(2))
+    .opset(16);
+    v.push(row(c, &[&[2, 2, 3, 3]], 36 * 4 * 9).no_cpu_kernel());
+    let c = Case::new(
+        "MaxUnpool",
+        vec![
+            r.t(&[1, 1, 2, 2]),
+            Tensor::i64(vec![1, 1, 2, 2], vec![0, 3, 9, 15]),
+        ],
+    )
+    .attr("kernel_shape", ints(&[2, 2]))
+    .attr("strides", ints(&[2, 2]))
+    .opset(11);
+    v.push(row(c, &[&[1, 1, 4, 4]], 0).no_cpu_kernel());
+    let c = Case::new("AffineGrid", vec![r.t(&[2, 2, 3]), i64s(&[2, 1, 4, 5])]).opset(20);
+    v.push(row(c, &[&[2, 4, 5, 2]], 80 * 6).no_cpu_kernel());
+    let tokens = Tensor::i64(vec![2, 6], vec![1, 1, 3, 3, 3, 7, 8, 6, 7, 5, 6, 8])
+        .cast(DType::I32)
+        .unwrap();
+    let c = Case::new("TfIdfVectorizer", vec![tokens])
+        .attr("max_gram_length", Attr::Int(2))
+        .attr("min_gram_length", Attr::Int(2))
+        .attr("max_skip_count", Attr::Int(0))
+        .attr("mode", s("TF"))
+        .attr("ngram_counts", ints(&[0, 4]))
+        .attr("ngram_indexes", ints(&[0, 1, 2, 3, 4, 5, 6]))
+        .attr("pool_int64s", ints(&[2, 3, 5, 4, 5, 6, 7, 8, 6, 7]))
+        .opset(9);
+    v.push(row(c, &[&[2, 7]], 14).no_cpu_kernel());
+    let c = Case::new("Det", vec![r.t(&[3, 2, 2])]).opset(11);
+    v.push(row(c, &[&[3]], 3 * (6 + 2)).no_cpu_kernel());
+    // Selections and reversals move data: 0 FLOPs.
+    let cond = Tensor::bool(vec![3], vec![true, false, true]);
+    let c = Case::new("Compress", vec![r.t(&[3, 2]), cond.clone()])
+        .attr("axis", Attr::Int(0))
+        .opset(11);
+    v.push(row(c, &[&[2, 2]], 0));
+    let c = Case::new("Compress", vec![r.t(&[3, 2]), cond]).opset(11);
+    v.push(row(c, &[&[2]], 0));
+    let c = Case::new("ReverseSequence", vec![r.t(&[4, 3]), i64s(&[1, 2, 3, 0])])
+        .attr("batch_axis", Attr::Int(0))
+        .attr("time_axis", Attr::Int(1))
+        .opset(10);
+    v.push(row(c, &[&[4, 3]], 0));
+    let c = Case::new("CenterCropPad", vec![r.t(&[5, 4, 2]), i64s(&[3, 6])])
+        .attr("axes", ints(&[0, 1]))
+        .opset(18);
+    v.push(row(c, &[&[3, 6, 2]], 0));
     // Random ops: one FLOP per element drawn.
     for op in ["RandomUniform", "RandomNormal"] {
         let c = Case::new(op, vec![]).attr("shape", ints(&[2, 3]));

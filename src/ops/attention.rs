@@ -401,7 +401,11 @@ impl Op for Attention {
         let flops = n
             .saturating_mul(2 * (3 * d.d as u64 + 2 * d.dv as u64))
             .saturating_add(n.saturating_mul(per_score))
-            .saturating_add(((d.b * d.hq * d.sq) as u64).saturating_mul(2 * d.dv as u64));
+            .saturating_add(
+                [d.b, d.hq, d.sq, 2 * d.dv]
+                    .iter()
+                    .fold(1u64, |a, &x| a.saturating_mul(x as u64)),
+            );
         Ok(Some(Backward {
             grads: inputs
                 .into_iter()

@@ -576,6 +576,63 @@ impl Op for GridSample {
 /// Registers GridSample.
 pub fn register(r: &mut Registry) {
     r.add("GridSample", GridSample);
+    r.add("AffineGrid", AffineGrid);
+}
+
+/// `AffineGrid(theta [N, 2, 3] | [N, 3, 4], size [N, C, H, W] | [N, C, D, H, W])
+/// -> grid [N, H, W, 2] | [N, D, H, W, 3]`: the sampling grid of an affine map,
+/// `size` a constant (GridSample's companion, `F.affine_grid`). FLOPs: 2 per
+/// multiply-add of each output coordinate (3 or 4 per coordinate).
+struct AffineGrid;
+
+impl Op for AffineGrid {
+    fn arity(&self) -> Arity {
+        Arity::new(2, 2, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let t = cx.input(0)?;
+        let size: Vec<usize> = cx
+            .value(1)?
+            .to_ints()
+            .into_iter()
+            .map(|v| super::dim(v, "size"))
+            .collect::<RuleResult<_>>()?;
+        let nd = size.len().saturating_sub(2);
+        if !(nd == 2 || nd == 3) || t.shape != [size[0], nd, nd + 1] {
+            return Err(format!("theta {:?} does not fit size {size:?}", t.shape).into());
+        }
+        let mut shape = vec![size[0]];
+        shape.extend_from_slice(&size[2..]);
+        shape.push(nd);
+        Ok(vec![Fact::new(t.dtype, shape)])
+    }
+    fn flops(&self, cx: &Cx, out: &[Fact]) -> u64 {
+        let k = cx
+            .input(0)
+            .map_or(0, |t| *t.shape.last().unwrap_or(&0) as u64);
+        out[0].numel().saturating_mul(2 * k)
+    }
+    /// `affine_grid_generator`'s backward multiplies the gradient by the base
+    /// grid it rebuilds: nothing saved. Backward FLOPs: the forward's.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        Ok(Some(Backward::each(&[0], &[], self.flops(cx, out))))
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        super::no_kernel(cx)
+    }
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        super::no_backward_kernel(cx)
+    }
+    /// No CPU kernel to run on the host yet, no device kernels.
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
+    }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
+    }
 }
 
 #[cfg(test)]

@@ -517,10 +517,81 @@ impl Op for Gemm {
     }
 }
 
-/// Registers MatMul and Gemm.
+/// `Det(X [*, M, M]) -> [*]`. FLOPs: an LU factorization per matrix,
+/// `⌈2·M³/3⌉`, and `M` multiplies for the product of the pivots.
+struct Det;
+
+impl Op for Det {
+    fn arity(&self) -> Arity {
+        Arity::new(1, 1, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let r = x.rank();
+        if r < 2 || x.shape[r - 1] != x.shape[r - 2] || !x.dtype.is_float() {
+            return Err(format!(
+                "input must be floating square matrices [*, M, M], got {} {:?}",
+                x.dtype, x.shape
+            )
+            .into());
+        }
+        Ok(vec![Fact::new(x.dtype, x.shape[..r - 2].to_vec())])
+    }
+    fn flops(&self, cx: &Cx, out: &[Fact]) -> u64 {
+        let m = cx
+            .input(0)
+            .map_or(0, |x| *x.shape.last().unwrap_or(&0) as u64);
+        let lu = (2 * m.saturating_pow(3)).div_ceil(3);
+        out[0].numel().saturating_mul(lu + m)
+    }
+    /// `linalg_det`'s backward (`_linalg_det`) saves the input, the determinant,
+    /// and the LU factors and pivots the forward made (`[*, M, M]` and int32
+    /// `[*, M]`). Backward FLOPs: an LU solve per matrix, `2·M³`.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        let x = cx.input(0)?;
+        let r = x.rank();
+        let m = x.shape[r - 1] as u64;
+        Ok(Some(Backward {
+            grads: vec![Grad {
+                input: 0,
+                needs: vec![
+                    Saved::Input(0),
+                    Saved::Output(0),
+                    Saved::Extra(0),
+                    Saved::Extra(1),
+                ],
+            }],
+            extras: vec![
+                Fact::new(x.dtype, x.shape.clone()),
+                Fact::new(crate::ir::DType::I32, x.shape[..r - 1].to_vec()),
+            ],
+            flops: out[0].numel().saturating_mul(2 * m.saturating_pow(3)),
+        }))
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        super::no_kernel(cx)
+    }
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        super::no_backward_kernel(cx)
+    }
+    /// No CPU kernel to run on the host yet, no device kernels.
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
+    }
+    /// linalg ops run in float32 under autocast.
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Full
+    }
+}
+
+/// Registers MatMul, Gemm and Det.
 pub fn register(r: &mut Registry) {
     r.add("MatMul", MatMul);
     r.add("Gemm", Gemm);
+    r.add("Det", Det);
 }
 
 #[cfg(test)]

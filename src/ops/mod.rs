@@ -24,6 +24,7 @@ pub mod gather_nd;
 pub mod grid_sample;
 pub mod layout;
 pub mod linalg;
+pub mod local_norm;
 pub mod loss;
 pub mod norm;
 pub mod quantize;
@@ -34,6 +35,8 @@ pub mod rnn;
 pub mod rotary;
 pub mod shape;
 pub mod signal;
+pub mod spatial;
+pub mod text;
 
 /// What shape inference knows about one tensor: type, concrete shape, and its value
 /// when it is a small constant (shape computations).
@@ -685,6 +688,7 @@ pub fn registry() -> &'static Registry {
         attention::register(&mut r);
         elementwise::register(&mut r);
         linalg::register(&mut r);
+        local_norm::register(&mut r);
         loss::register(&mut r);
         conv::register(&mut r);
         einsum::register(&mut r);
@@ -699,6 +703,8 @@ pub fn registry() -> &'static Registry {
         rotary::register(&mut r);
         shape::register(&mut r);
         signal::register(&mut r);
+        spatial::register(&mut r);
+        text::register(&mut r);
         r
     })
 }

@@ -136,6 +136,9 @@ pub fn register(r: &mut Registry) {
         },
     );
     r.add("BitCast", BitCast);
+    r.add("Compress", Compress);
+    r.add("CenterCropPad", CenterCropPad);
+    r.add("ReverseSequence", ReverseSequence);
     r.add("OneHot", OneHot);
     r.add(
         "EyeLike",

@@ -269,3 +269,128 @@ pub(super) fn pad_sources(
     }
     Ok(src)
 }
+
+/// `CenterCropPad(input, shape)`: each of `axes` (default all) centre-cropped or
+/// zero-padded to the constant `shape`: a crop starts at `(in − out)/2`, a pad
+/// puts `(out − in)/2` zeros first (floors).
+pub(super) struct CenterCropPad;
+
+impl CenterCropPad {
+    /// The output shape and, per axis, the source offset (`src = dst + offset`).
+    fn plan(
+        x: &[usize],
+        target: &[i64],
+        axes: Option<&[i64]>,
+    ) -> RuleResult<(Vec<usize>, Vec<i64>)> {
+        let axes: Vec<usize> = match axes {
+            Some(a) => a
+                .iter()
+                .map(|&v| axis(v, x.len()))
+                .collect::<RuleResult<_>>()?,
+            None => (0..x.len()).collect(),
+        };
+        if target.len() != axes.len() {
+            return Err(format!("shape {target:?} does not match {} axes", axes.len()).into());
+        }
+        let mut shape = x.to_vec();
+        let mut off = vec![0i64; x.len()];
+        for (&a, &t) in axes.iter().zip(target) {
+            let t = dim(t, "target size")?;
+            off[a] = (x[a] as i64 - t as i64).div_euclid(2);
+            if t > x[a] {
+                off[a] = -(((t - x[a]) / 2) as i64);
+            }
+            shape[a] = t;
+        }
+        Ok((shape, off))
+    }
+
+    /// The source element of each output element (`None`: padding).
+    fn sources(x: &[usize], out: &[usize], off: &[i64]) -> Vec<Option<usize>> {
+        let n: usize = out.iter().product();
+        (0..n)
+            .map(|mut i| {
+                let mut src = 0usize;
+                let mut stride = 1usize;
+                for a in (0..out.len()).rev() {
+                    let o = (i % out[a]) as i64 + off[a];
+                    i /= out[a];
+                    if o < 0 || o >= x[a] as i64 {
+                        return None;
+                    }
+                    src += o as usize * stride;
+                    stride *= x[a];
+                }
+                Some(src)
+            })
+            .collect()
+    }
+}
+
+impl Op for CenterCropPad {
+    fn arity(&self) -> Arity {
+        Arity::new(2, 2, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let target = cx.value(1)?.to_ints();
+        let (shape, _) = Self::plan(&x.shape, &target, cx.attrs().ints("axes"))?;
+        Ok(vec![Fact::new(x.dtype, shape)])
+    }
+    no_flops!();
+    /// A slice and a pad: the gradient is the matching region; nothing saved.
+    fn backward(&self, _cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        if !out[0].dtype.is_float() {
+            return Ok(None);
+        }
+        Ok(Some(Backward::each(&[0], &[], out[0].numel())))
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
+    /// A gather with zeros where padded.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let x = cx.input(0)?;
+        let (shape, off) = Self::plan(&x.shape, &cx.input(1)?.to_i64s(), cx.attrs().ints("axes"))?;
+        let src = Self::sources(&x.shape, &shape, &off);
+        let zero = Tensor::zeros(x.dtype(), vec![1])?;
+        let both = [x, &zero];
+        let joined = crate::numeric::tensor::with_same_elems!(&both, p => {
+            src.iter().map(|o| match o { Some(o) => p[0][*o], None => p[1][0] }).collect()
+        });
+        Ok(vec![Tensor::new(shape, joined)])
+    }
+    /// The gradient added back to the source of each output element.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        let x = cx.input(0)?;
+        let target = match cx
+            .inputs
+            .get(1)
+            .copied()
+            .flatten()
+            .and_then(|f| f.value.as_ref())
+        {
+            Some(v) => v.to_ints(),
+            None => return Err(RuleError::NotConstant(1)),
+        };
+        let (shape, off) = Self::plan(&x.shape, &target, cx.attrs().ints("axes"))?;
+        let g = cx.grad(0)?;
+        let mut dx = vec![0f32; x.numel() as usize];
+        for (k, s) in Self::sources(&x.shape, &shape, &off)
+            .into_iter()
+            .enumerate()
+        {
+            if let Some(s) = s {
+                dx[s] += g[k];
+            }
+        }
+        cx.answer(vec![(0, dx)])
+    }
+    /// Runs on the host on the GPU backend.
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
+    }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
+    }
+}

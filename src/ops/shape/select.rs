@@ -770,3 +770,214 @@ impl Op for GatherElements {
         Autocast::Promote
     }
 }
+
+/// `Compress(input, condition)`: the slices along `axis` (the flattened input
+/// without one) where the constant boolean `condition` holds; a shorter
+/// condition selects among the leading slices.
+pub(super) struct Compress;
+
+impl Compress {
+    /// The selected positions and the axis (`None`: flattened).
+    fn picks(cx: &Cx) -> RuleResult<(Vec<usize>, Option<usize>)> {
+        let x = cx.input(0)?;
+        let cond = cx.value(1)?.to_ints();
+        let ax = match cx.attrs().int("axis") {
+            Some(a) => Some(axis(a, x.rank())?),
+            None => None,
+        };
+        let len = ax.map_or(x.numel() as usize, |a| x.shape[a]);
+        if cond.len() > len {
+            return Err(format!("condition has {} values for {len} slices", cond.len()).into());
+        }
+        let picks = cond
+            .iter()
+            .enumerate()
+            .filter(|(_, &c)| c != 0)
+            .map(|(i, _)| i)
+            .collect();
+        Ok((picks, ax))
+    }
+}
+
+impl Op for Compress {
+    fn arity(&self) -> Arity {
+        Arity::new(2, 2, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let (picks, ax) = Self::picks(cx)?;
+        let shape = match ax {
+            Some(a) => {
+                let mut s = x.shape.clone();
+                s[a] = picks.len();
+                s
+            }
+            None => vec![picks.len()],
+        };
+        Ok(vec![Fact::new(x.dtype, shape)])
+    }
+    no_flops!();
+    /// As `index_select` (or `masked_select` flattened): the gradient scatters
+    /// back by the selection, a constant here; nothing saved.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        if !out[0].dtype.is_float() {
+            return Ok(None);
+        }
+        let _ = cx;
+        Ok(Some(Backward::each(&[0], &[], out[0].numel())))
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
+    /// A gather of the selected slices.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let x = cx.input(0)?;
+        let f = cx.out(0)?;
+        let cond = cx.input(1)?.to_i64s();
+        let picks: Vec<usize> = (0..cond.len()).filter(|&i| cond[i] != 0).collect();
+        let idx: Vec<usize> = match cx.attrs().int("axis") {
+            None => picks,
+            Some(a) => {
+                let a = axis(a, x.rank())?;
+                let (outer, n) = (x.shape[..a].iter().product::<usize>(), x.shape[a]);
+                let inner: usize = x.shape[a + 1..].iter().product();
+                let mut v = Vec::with_capacity(f.shape.iter().product());
+                for o in 0..outer {
+                    for &p in &picks {
+                        v.extend((0..inner).map(|i| (o * n + p) * inner + i));
+                    }
+                }
+                v
+            }
+        };
+        Ok(vec![x.select(&idx, f.shape.clone())])
+    }
+    /// The gradient added back at the selected elements, zeros elsewhere.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        let x = cx.input(0)?;
+        let (picks, ax) = Self::picks(&cx.rule_cx())?;
+        let g = cx.grad(0)?;
+        let mut dx = vec![0f32; x.numel() as usize];
+        match ax {
+            None => {
+                for (k, &p) in picks.iter().enumerate() {
+                    dx[p] = g[k];
+                }
+            }
+            Some(a) => {
+                let (outer, n) = (x.shape[..a].iter().product::<usize>(), x.shape[a]);
+                let inner: usize = x.shape[a + 1..].iter().product();
+                let mut k = 0;
+                for o in 0..outer {
+                    for &p in &picks {
+                        for i in 0..inner {
+                            dx[(o * n + p) * inner + i] = g[k];
+                            k += 1;
+                        }
+                    }
+                }
+            }
+        }
+        cx.answer(vec![(0, dx)])
+    }
+    /// Runs on the host on the GPU backend.
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
+    }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
+    }
+}
+
+/// `ReverseSequence(input, sequence_lens)`: along `time_axis` (default 0), the
+/// first `sequence_lens[b]` steps of each batch entry (`batch_axis`, default 1)
+/// reversed; shaped as the input.
+pub(super) struct ReverseSequence;
+
+impl ReverseSequence {
+    fn axes(cx_attrs: &crate::ir::Attrs, rank: usize) -> RuleResult<(usize, usize)> {
+        let b = axis(cx_attrs.int_or("batch_axis", 1), rank)?;
+        let t = axis(cx_attrs.int_or("time_axis", 0), rank)?;
+        if b == t || b > 1 || t > 1 {
+            return Err("batch_axis and time_axis must be 0 and 1".into());
+        }
+        Ok((b, t))
+    }
+
+    /// The source of each element, by flat index.
+    fn sources(shape: &[usize], lens: &[i64], (b, t): (usize, usize)) -> Vec<usize> {
+        let inner: usize = shape[2..].iter().product();
+        let n: usize = shape.iter().product();
+        (0..n)
+            .map(|i| {
+                let (d0, d1, r) = (i / (shape[1] * inner), (i / inner) % shape[1], i % inner);
+                let mut pos = [d0, d1];
+                let (bi, ti) = (pos[b], pos[t]);
+                let len = (lens.get(bi).copied().unwrap_or(0).max(0) as usize).min(shape[t]);
+                if ti < len {
+                    pos[t] = len - 1 - ti;
+                }
+                (pos[0] * shape[1] + pos[1]) * inner + r
+            })
+            .collect()
+    }
+}
+
+impl Op for ReverseSequence {
+    fn arity(&self) -> Arity {
+        Arity::new(2, 2, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        if x.rank() < 2 {
+            return Err(format!("input must have rank 2 or more, got {:?}", x.shape).into());
+        }
+        let (b, _) = Self::axes(cx.attrs(), x.rank())?;
+        let l = cx.input(1)?;
+        if l.shape != [x.shape[b]] {
+            return Err(
+                format!("sequence_lens is {:?}, expected [{}]", l.shape, x.shape[b]).into(),
+            );
+        }
+        Ok(vec![Fact::new(x.dtype, x.shape.clone())])
+    }
+    no_flops!();
+    /// `flip` of each sequence: the gradient reversed the same way, reading the
+    /// lengths.
+    fn backward(&self, _cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        if !out[0].dtype.is_float() {
+            return Ok(None);
+        }
+        Ok(Some(Backward::each(
+            &[0],
+            &[Saved::Input(1)],
+            out[0].numel(),
+        )))
+    }
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
+    /// A gather by the reversed positions.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let x = cx.input(0)?;
+        let ax = Self::axes(cx.attrs(), x.rank())?;
+        let src = Self::sources(&x.shape, &cx.input(1)?.to_i64s(), ax);
+        Ok(vec![x.select(&src, x.shape.clone())])
+    }
+    /// The reversal is its own inverse: the gradient gathered the same way.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        let x = cx.input(0)?;
+        let ax = Self::axes(cx.attrs(), x.rank())?;
+        let lens = cx.saved(Saved::Input(1))?.to_i64s();
+        let src = Self::sources(&x.shape, &lens, ax);
+        let g = cx.grad(0)?;
+        cx.answer(vec![(0, src.iter().map(|&s| g[s]).collect())])
+    }
+    /// Runs on the host on the GPU backend.
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
+    }
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
+    }
+}

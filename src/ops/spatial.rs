@@ -1,0 +1,282 @@
+//! Image ops beside convolution: Col2Im (`torch.nn.Fold`), DeformConv
+//! (torchvision's `deform_conv2d`), RoiAlign (torchvision's `roi_align`) and
+//! MaxUnpool (`torch.nn.MaxUnpool2d`).
+//!
+//! Shape rules, FLOPs and backward rules as PyTorch/torchvision run them; no
+//! CPU kernels yet (each says so).
+
+use super::{
+    conv::window_out, dim, no_backward_kernel, no_kernel, Arity, Autocast, Backward, BackwardCx,
+    CudaKernels, Cx, Fact, Grad, KernelCx, Op, Registry, RuleResult, Saved, Storage,
+};
+use crate::numeric::Tensor;
+
+/// The trait methods every op here shares: a new tensor, no CPU kernels, host
+/// on the device.
+macro_rules! shape_only {
+    () => {
+        fn storage(&self, _cx: &Cx) -> Storage {
+            Storage::New
+        }
+        fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+            no_kernel(cx)
+        }
+        fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+            no_backward_kernel(cx)
+        }
+        /// No CPU kernel to run on the host yet, no device kernels.
+        fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+            CudaKernels::HOST
+        }
+    };
+}
+
+/// A constant list of positive sizes at input `i`.
+fn sizes(cx: &Cx, i: usize, what: &str) -> RuleResult<Vec<usize>> {
+    cx.value(i)?
+        .to_ints()
+        .into_iter()
+        .map(|v| dim(v, what))
+        .collect()
+}
+
+/// `Col2Im(input [N, C·∏block, L], image_shape, block_shape) -> [N, C,
+/// image...]`: the blocks summed back into an image (`strides`, `pads`,
+/// `dilations` as Conv). L must equal the number of block positions. FLOPs: 1
+/// per input element (the adds).
+struct Col2Im;
+
+impl Op for Col2Im {
+    fn arity(&self) -> Arity {
+        Arity::new(3, 3, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let x = cx.input(0)?;
+        let image = sizes(cx, 1, "image_shape")?;
+        let block = sizes(cx, 2, "block_shape")?;
+        if x.rank() != 3 || image.len() != block.len() || image.is_empty() {
+            return Err(format!(
+                "input {:?}, image_shape {image:?} and block_shape {block:?} do not fit",
+                x.shape
+            )
+            .into());
+        }
+        let per: usize = block.iter().product();
+        if per == 0 || x.shape[1] % per != 0 {
+            return Err(format!(
+                "{} channels are not a multiple of the block's {per}",
+                x.shape[1]
+            )
+            .into());
+        }
+        let positions: usize = window_out(&image, &block, cx.attrs(), false)?
+            .iter()
+            .product();
+        if positions != x.shape[2] {
+            return Err(format!(
+                "{} blocks given, the image has {positions} block positions",
+                x.shape[2]
+            )
+            .into());
+        }
+        let mut shape = vec![x.shape[0], x.shape[1] / per];
+        shape.extend(image);
+        Ok(vec![Fact::new(x.dtype, shape)])
+    }
+    fn flops(&self, cx: &Cx, _out: &[Fact]) -> u64 {
+        cx.input(0).map_or(0, |x| x.numel())
+    }
+    /// `fold`'s backward is `unfold` of the gradient: nothing saved.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        Ok(Some(Backward::each(&[0], &[], self.flops(cx, out))))
+    }
+    shape_only!();
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
+    }
+}
+
+/// `DeformConv(X, W, offset, B?, mask?) -> Y`, shaped as Conv (`group`,
+/// `offset_group`). FLOPs: Conv's 2 per multiply-add, plus per sampled point
+/// its bilinear interpolation (4 taps, 2 each) and the mask multiply.
+struct DeformConv;
+
+impl Op for DeformConv {
+    fn arity(&self) -> Arity {
+        Arity::new(3, 5, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let (x, w, off) = (cx.input(0)?, cx.input(1)?, cx.input(2)?);
+        if x.rank() < 3 || w.rank() != x.rank() || off.rank() != x.rank() {
+            return Err(format!(
+                "X {:?}, W {:?} and offset {:?} do not fit",
+                x.shape, w.shape, off.shape
+            )
+            .into());
+        }
+        let group = cx.attrs().int_or("group", 1).max(1) as usize;
+        if w.shape[1] * group != x.shape[1] {
+            return Err(format!(
+                "input has {} channels, weight {:?} with group {group} expects {}",
+                x.shape[1],
+                w.shape,
+                w.shape[1] * group
+            )
+            .into());
+        }
+        let kernel = &w.shape[2..];
+        let mut shape = vec![x.shape[0], w.shape[0]];
+        shape.extend(window_out(&x.shape[2..], kernel, cx.attrs(), false)?);
+        let og = cx.attrs().int_or("offset_group", 1).max(1) as usize;
+        let k: usize = kernel.iter().product();
+        let mut want_off = vec![x.shape[0], og * k * kernel.len()];
+        want_off.extend_from_slice(&shape[2..]);
+        if off.shape != want_off {
+            return Err(format!("offset is {:?}, expected {want_off:?}", off.shape).into());
+        }
+        Ok(vec![Fact::new(x.dtype, shape)])
+    }
+    fn flops(&self, cx: &Cx, out: &[Fact]) -> u64 {
+        let (Ok(x), Ok(w)) = (cx.input(0), cx.input(1)) else {
+            return 0;
+        };
+        let k: u64 = w.shape[2..].iter().product::<usize>() as u64;
+        let macs = out[0].numel().saturating_mul(w.shape[1] as u64 * k);
+        let points =
+            (out[0].numel() / w.shape[0].max(1) as u64).saturating_mul(x.shape[1] as u64 * k);
+        macs.saturating_mul(2)
+            .saturating_add(points.saturating_mul(9))
+    }
+    /// torchvision's DeformConv2dFunction saves the input, weight, offset, mask
+    /// and bias; gradients for all of them. Backward FLOPs: twice the forward's.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        let present: Vec<usize> = (0..5).filter(|&i| cx.opt(i).is_some()).collect();
+        let needs: Vec<Saved> = present.iter().map(|&i| Saved::Input(i)).collect();
+        Ok(Some(Backward {
+            grads: present
+                .iter()
+                .map(|&input| Grad {
+                    input,
+                    needs: needs.clone(),
+                })
+                .collect(),
+            extras: Vec::new(),
+            flops: self.flops(cx, out).saturating_mul(2),
+        }))
+    }
+    shape_only!();
+    /// Not on autocast's lists (torchvision registers it to run in float32).
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Full
+    }
+}
+
+/// `RoiAlign(X [N, C, H, W], rois [R, 4], batch_indices [R]) -> [R, C,
+/// output_height, output_width]`. FLOPs: per output element, `sampling_ratio²`
+/// samples (4 when adaptive, 0) of 4 bilinear taps at 2 each, plus their average.
+struct RoiAlign;
+
+impl Op for RoiAlign {
+    fn arity(&self) -> Arity {
+        Arity::new(3, 3, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let (x, rois, idx) = (cx.input(0)?, cx.input(1)?, cx.input(2)?);
+        if x.rank() != 4 || rois.rank() != 2 || rois.shape[1] != 4 || idx.shape != [rois.shape[0]] {
+            return Err(format!(
+                "X {:?}, rois {:?} and batch_indices {:?} do not fit",
+                x.shape, rois.shape, idx.shape
+            )
+            .into());
+        }
+        let a = cx.attrs();
+        let oh = dim(a.int_or("output_height", 1), "output_height")?;
+        let ow = dim(a.int_or("output_width", 1), "output_width")?;
+        Ok(vec![Fact::new(
+            x.dtype,
+            vec![rois.shape[0], x.shape[1], oh, ow],
+        )])
+    }
+    fn flops(&self, cx: &Cx, out: &[Fact]) -> u64 {
+        let sr = cx.attrs().int_or("sampling_ratio", 0).max(0) as u64;
+        let samples = if sr == 0 { 4 } else { sr * sr };
+        out[0].numel().saturating_mul(samples * 9)
+    }
+    /// torchvision's RoIAlignFunction saves the rois (and the input's shape);
+    /// the gradient goes to X only. Backward FLOPs: the forward's.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        Ok(Some(Backward::each(
+            &[0],
+            &[Saved::Input(1), Saved::Input(2)],
+            self.flops(cx, out),
+        )))
+    }
+    shape_only!();
+    /// torchvision runs roi_align in float32 under autocast.
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Full
+    }
+}
+
+/// `MaxUnpool(X, I, output_shape?) -> Y`: each value written where its index
+/// says, zeros elsewhere; `[N, C, (in − 1)·stride + kernel − pads...]` or
+/// `output_shape` (a constant). FLOPs: 0 (data movement).
+struct MaxUnpool;
+
+impl Op for MaxUnpool {
+    fn arity(&self) -> Arity {
+        Arity::new(2, 3, 1, 1)
+    }
+    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
+        let (x, i) = (cx.input(0)?, cx.input(1)?);
+        if i.shape != x.shape || x.rank() < 3 {
+            return Err(format!("X {:?} and I {:?} do not fit", x.shape, i.shape).into());
+        }
+        if cx.opt(2).is_some() {
+            let s = sizes(cx, 2, "output_shape")?;
+            if s.len() != x.rank() || s[..2] != x.shape[..2] {
+                return Err(format!("output_shape {s:?} does not fit X {:?}", x.shape).into());
+            }
+            return Ok(vec![Fact::new(x.dtype, s)]);
+        }
+        let nd = x.rank() - 2;
+        let a = cx.attrs();
+        let ks = a
+            .ints("kernel_shape")
+            .ok_or("missing attribute 'kernel_shape'")?;
+        let get = |n: &str, d: i64, len: usize| a.ints(n).map_or(vec![d; len], |v| v.to_vec());
+        let (st, pads) = (get("strides", 1, nd), get("pads", 0, 2 * nd));
+        if ks.len() != nd || st.len() != nd || pads.len() != 2 * nd {
+            return Err("kernel_shape, strides and pads do not match the spatial rank".into());
+        }
+        let mut shape = x.shape[..2].to_vec();
+        for k in 0..nd {
+            let v = (x.shape[k + 2] as i64 - 1) * st[k] + ks[k] - pads[k] - pads[k + nd];
+            shape.push(dim(v, "output size")?);
+        }
+        Ok(vec![Fact::new(x.dtype, shape)])
+    }
+    fn flops(&self, _cx: &Cx, _out: &[Fact]) -> u64 {
+        0
+    }
+    /// `max_unpool`'s backward gathers the gradient at the saved indices.
+    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        let _ = out;
+        Ok(Some(Backward::each(
+            &[0],
+            &[Saved::Input(1)],
+            cx.input(0)?.numel(),
+        )))
+    }
+    shape_only!();
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        Autocast::Promote
+    }
+}
+
+pub(super) fn register(r: &mut Registry) {
+    r.add("Col2Im", Col2Im);
+    r.add("DeformConv", DeformConv);
+    r.add("RoiAlign", RoiAlign);
+    r.add("MaxUnpool", MaxUnpool);
+}
