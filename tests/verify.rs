@@ -543,3 +543,83 @@ fn device_cuda_without_a_gpu_is_one_line() {
         assert!(!err.contains("panicked"), "{err}");
     }
 }
+
+/// An MLP whose first output is its own loss: Gemm → Relu → Gemm → scores
+/// `[batch, 10]` → SoftmaxCrossEntropyLoss against integer labels (random in
+/// `[0, 10)`, as verify draws them).
+fn mlp_with_loss() -> String {
+    use common::*;
+    let m = model(
+        vec![
+            with_int(node("Gemm", "fc1", &["x", "w1", "b1"], &["h"]), "transB", 1),
+            node("Relu", "relu", &["h"], &["r"]),
+            with_int(
+                node("Gemm", "fc2", &["r", "w2", "b2"], &["scores"]),
+                "transB",
+                1,
+            ),
+            node(
+                "SoftmaxCrossEntropyLoss",
+                "ce",
+                &["scores", "labels"],
+                &["loss"],
+            ),
+        ],
+        vec![
+            weight("w1", &[8, 4]),
+            weight("b1", &[8]),
+            weight("w2", &[10, 8]),
+            weight("b2", &[10]),
+        ],
+        vec![
+            value_info("x", 1, &[D::S("batch"), D::N(4)]),
+            value_info("labels", 7, &[D::S("batch")]),
+        ],
+        vec![value_info("loss", 1, &[])],
+    );
+    let p = tmp("mlp_loss.onnx");
+    std::fs::write(&p, encode(&m)).unwrap();
+    p.display().to_string()
+}
+
+/// `--loss graph` trains on the loss the model computes: verify measures the
+/// predicted peak, baseline and planned; profile --train reports it; a model
+/// whose first output is not a scalar is refused in one line naming it.
+#[test]
+fn graph_loss_trains_on_the_models_own_loss() {
+    let m = mlp_with_loss();
+    let v = ok_json(&[
+        "verify",
+        &m,
+        "--batch",
+        "64",
+        "--budget",
+        "0.99",
+        "--optimizer",
+        "sgd",
+        "--loss",
+        "graph",
+        "--json",
+    ]);
+    assert_eq!(v["measured_peak_bytes"], v["predicted_peak_bytes"]);
+    assert_eq!(
+        v["baseline_measured_peak_bytes"],
+        v["baseline_predicted_peak_bytes"]
+    );
+    let p = ok_json(&[
+        "profile", &m, "--batch", "4", "--train", "--loss", "graph", "--json",
+    ]);
+    assert!(p["training"]["peak_bytes"].as_u64().unwrap() > 0, "{p}");
+    fails(
+        &[
+            "profile",
+            &cnn(),
+            "--batch",
+            "2",
+            "--train",
+            "--loss",
+            "graph",
+        ],
+        &["not a scalar", "--loss"],
+    );
+}

@@ -681,6 +681,7 @@ impl<'a> Writer<'a> {
         let reduction = match src.options.loss {
             Loss::Mean => "mean",
             Loss::Sum => "sum",
+            Loss::Graph => "graph",
         };
         let mut attribute = Vec::new();
         let op_type = match (step.kind, step.node) {

@@ -172,6 +172,16 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
             inf.facts[out0].dtype
         )));
     }
+    if opts.loss == Loss::Graph && inf.facts[out0].numel() != 1 {
+        return Err(Error::Setting {
+            setting: crate::error::Setting::Loss,
+            reason: format!(
+                "the first output '{}' is {:?}, not a scalar: the model computes no loss of its own to train on",
+                g.tensor(out0).name,
+                inf.facts[out0].shape
+            ),
+        });
+    }
     let mut has_grad = vec![false; n_t];
     has_grad[out0] = requires[out0];
     if !has_grad[out0] {
@@ -461,6 +471,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         op: match b.opts.loss {
             Loss::Mean => "ReduceMean",
             Loss::Sum => "ReduceSum",
+            Loss::Graph => "Identity",
         }
         .into(),
         kind: StepKind::Loss,
@@ -477,6 +488,8 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         Loss::Mean => inf.facts[out0].clone(),
         // SumBackward expands the scalar gradient: a view, one element of storage.
         Loss::Sum => Fact::new(inf.facts[out0].dtype, vec![]),
+        // `loss.backward()` seeds a scalar one.
+        Loss::Graph => inf.facts[out0].clone(),
     };
     let g0_dtype = b.dtype_of(out0, &float_dtype);
     let g0 = b.new_storage(

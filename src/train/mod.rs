@@ -62,11 +62,16 @@ pub enum Loss {
     Mean,
     /// `out.sum()`: its backward is a broadcast view of the scalar gradient.
     Sum,
+    /// The first output is the loss the model computes itself (an in-graph
+    /// SoftmaxCrossEntropyLoss, NegativeLogLikelihoodLoss or reduction): a scalar,
+    /// differentiated as `loss.backward()` (a scalar gradient of one).
+    Graph,
 }
 
 crate::choice::choice!(Loss {
     Mean => "mean", "`out.mean()`: its backward writes a full-size gradient";
     Sum => "sum", "`out.sum()`: its backward is a broadcast view of the scalar gradient";
+    Graph => "graph", "the first output is the model's own scalar loss: `loss.backward()`";
 });
 
 /// Options of one training step.

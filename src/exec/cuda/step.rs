@@ -122,7 +122,7 @@ impl StepBackend for DeviceStep<'_> {
                 st.name, st.dtype
             ).into());
         }
-        if opts.loss == Loss::Sum {
+        if opts.loss != Loss::Mean {
             return Err(crate::Error::setting(
                 crate::error::Setting::Loss,
                 "the device step supports the mean loss only",

@@ -61,7 +61,7 @@
 //! added in f32 and rounded. Pure bf16: parameters, the batch, optimizer state and
 //! temporaries bf16 too, the update computed in f32 and rounded back.
 //!
-//! Supported: fp32, amp-fp16, amp-bf16, bf16; `Loss::Mean` or `Loss::Sum`; SGD,
+//! Supported: fp32, amp-fp16, amp-bf16, bf16; `Loss::Mean`, `Loss::Sum` or `Loss::Graph`; SGD,
 //! momentum, Adam, AdamW; gradients resident or not; the fused exact GELU, SiLU and SDPA
 //! (under every policy). Not run: a fused pattern whose input is an activation the
 //! fused kernel does not save and that has no folded value (refused, named).
@@ -644,7 +644,8 @@ pub fn train_step_on<B: StepBackend>(
                         let sum: f64 = b.sum_f64(y).map_err(&err)?;
                         loss_f64 = match opts.loss {
                             Loss::Mean => sum / B::numel(y).max(1) as f64,
-                            Loss::Sum => sum,
+                            // The model's own loss is a scalar: its sum is itself.
+                            Loss::Sum | Loss::Graph => sum,
                         };
                         sval[step.writes[0]] = Some(
                             b.put(Tensor::f32(vec![], vec![loss_f64 as f32]))
@@ -659,7 +660,7 @@ pub fn train_step_on<B: StepBackend>(
                                 f.shape.clone(),
                                 vec![1.0 / f.numel().max(1) as f32; f.numel() as usize],
                             ),
-                            Loss::Sum => Tensor::f32(vec![], vec![1.0]),
+                            Loss::Sum | Loss::Graph => Tensor::f32(vec![], vec![1.0]),
                         };
                         let st = step.writes[0];
                         let dt = s.storages[st].dtype;
@@ -676,7 +677,7 @@ pub fn train_step_on<B: StepBackend>(
                         gval[out0] = Some(
                             b.put(match opts.loss {
                                 Loss::Mean => g0,
-                                Loss::Sum => Tensor::from_f32(
+                                Loss::Sum | Loss::Graph => Tensor::from_f32(
                                     dt,
                                     f.shape.clone(),
                                     vec![1.0; f.numel() as usize],
