@@ -273,7 +273,18 @@ fn rows() -> Vec<Row> {
             r.t(&[2, 3]),
         ],
     );
-    v.push(row(c, &[&[4, 3]], 0).no_cpu_kernel());
+    v.push(row(c, &[&[4, 3]], 0));
+    let c = Case::new(
+        "ScatterND",
+        vec![
+            r.t(&[4, 3]),
+            Tensor::i64(vec![3, 2], vec![0, 1, 3, 2, -1, 0]),
+            r.t(&[3]),
+        ],
+    )
+    .attr("reduction", s("add"))
+    .opset(16);
+    v.push(row(c, &[&[4, 3]], 0));
     let c = Case::new(
         "ScatterElements",
         vec![
@@ -282,7 +293,19 @@ fn rows() -> Vec<Row> {
             r.t(&[1, 3]),
         ],
     );
-    v.push(row(c, &[&[3, 3]], 0).no_cpu_kernel());
+    v.push(row(c, &[&[3, 3]], 0));
+    let c = Case::new(
+        "ScatterElements",
+        vec![
+            r.t(&[3, 3]),
+            Tensor::i64(vec![3, 2], vec![1, 0, 2, -1, 0, 0]),
+            r.t(&[3, 2]),
+        ],
+    )
+    .attr("axis", Attr::Int(1))
+    .attr("reduction", s("add"))
+    .opset(16);
+    v.push(row(c, &[&[3, 3]], 0));
     v.push(row(
         Case::new("Reshape", vec![r.t(&[2, 3, 4]), i64s(&[6, -1])]),
         &[&[6, 4]],
@@ -765,7 +788,7 @@ fn rows() -> Vec<Row> {
         ],
     )
     .opset(9);
-    v.push(row(c, &[&[3, 3]], 0).no_cpu_kernel());
+    v.push(row(c, &[&[3, 3]], 0));
     // Recurrent layers (shape-only), seq 3, batch 2, input 4, hidden 5: per step
     // and row 2·G·5·9 + 3·G·5 + 15 FLOPs.
     for (op, g, outs) in [("RNN", 1, 2), ("GRU", 3, 2), ("LSTM", 4, 3)] {
@@ -865,6 +888,32 @@ fn rows() -> Vec<Row> {
         .attr("axes", ints(&[0, 1]))
         .opset(18);
     v.push(row(c, &[&[3, 6, 2]], 0));
+    // Upsample: Resize-10's arithmetic (nearest a gather, 0 FLOPs; linear 2·2²
+    // per output element over two resized axes); scales an input from opset 9,
+    // an attribute before.
+    let up = Tensor::f32(vec![4], vec![1.0, 1.0, 2.0, 3.0]);
+    let c = Case::new("Upsample", vec![r.t(&[1, 1, 2, 2]), up])
+        .consts(&[1])
+        .opset(9);
+    v.push(row(c, &[&[1, 1, 4, 6]], 0));
+    let c = Case::new("Upsample", vec![r.t(&[1, 1, 2, 2])])
+        .attr("scales", Attr::Floats(vec![1.0, 1.0, 2.0, 2.0]))
+        .attr("mode", s("linear"))
+        .opset(7);
+    v.push(row(c, &[&[1, 1, 4, 4]], 16 * 8));
+    let c = Case::new(
+        "Resize",
+        vec![
+            r.t(&[1, 1, 2, 2]),
+            Tensor::f32(vec![8], vec![0.0, 0.0, 0.2, 0.2, 1.0, 1.0, 0.8, 0.8]),
+            Tensor::f32(vec![4], vec![1.0, 1.0, 2.0, 2.0]),
+        ],
+    )
+    .attr("coordinate_transformation_mode", s("tf_crop_and_resize"))
+    .attr("mode", s("linear"))
+    .consts(&[1, 2])
+    .opset(13);
+    v.push(row(c, &[&[1, 1, 4, 4]], 16 * 8).no_cpu_kernel());
     // Random ops: one FLOP per element drawn.
     for op in ["RandomUniform", "RandomNormal"] {
         let c = Case::new(op, vec![]).attr("shape", ints(&[2, 3]));

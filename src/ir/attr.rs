@@ -59,6 +59,14 @@ impl Attrs {
         }
     }
 
+    /// Float list attribute, if present.
+    pub fn floats(&self, name: &str) -> Option<&[f32]> {
+        match self.0.get(name)? {
+            Attr::Floats(v) => Some(v),
+            _ => None,
+        }
+    }
+
     /// String attribute, if present.
     pub fn string(&self, name: &str) -> Option<&str> {
         match self.0.get(name)? {

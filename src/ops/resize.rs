@@ -20,7 +20,7 @@ enum Mode {
     Cubic,
 }
 
-/// `coordinate_transformation_mode` (tf_crop_and_resize is refused).
+/// `coordinate_transformation_mode` (tf_crop_and_resize: shapes only, see [`Config`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Coord {
     HalfPixel,
@@ -50,6 +50,9 @@ struct Config {
     a: f64,
     exclude_outside: bool,
     antialias: bool,
+    /// `tf_crop_and_resize`: the shape rules hold (they do not read the
+    /// coordinates); the CPU kernels refuse it.
+    crop_and_resize: bool,
 }
 
 fn config(attrs: &Attrs, opset: i64) -> RuleResult<Config> {
@@ -69,6 +72,7 @@ fn config(attrs: &Attrs, opset: i64) -> RuleResult<Config> {
             a: -0.75,
             exclude_outside: false,
             antialias: false,
+            crop_and_resize: false,
         });
     }
     let coord = match attrs
@@ -81,11 +85,7 @@ fn config(attrs: &Attrs, opset: i64) -> RuleResult<Config> {
         "align_corners" => Coord::AlignCorners,
         "asymmetric" => Coord::Asymmetric,
         "tf_half_pixel_for_nn" if opset < 13 => Coord::TfHalfPixelForNn,
-        "tf_crop_and_resize" => {
-            return Err(
-                "coordinate_transformation_mode 'tf_crop_and_resize' is not supported".into(),
-            )
-        }
+        "tf_crop_and_resize" => Coord::Asymmetric,
         m => return Err(format!("unknown coordinate_transformation_mode '{m}'").into()),
     };
     let round = match attrs.string("nearest_mode").unwrap_or("round_prefer_floor") {
@@ -102,6 +102,8 @@ fn config(attrs: &Attrs, opset: i64) -> RuleResult<Config> {
         a: attrs.float("cubic_coeff_a").unwrap_or(-0.75) as f64,
         exclude_outside: attrs.int_or("exclude_outside", 0) != 0,
         antialias: opset >= 18 && attrs.int_or("antialias", 0) != 0,
+        crop_and_resize: attrs.string("coordinate_transformation_mode")
+            == Some("tf_crop_and_resize"),
     })
 }
 
@@ -494,13 +496,50 @@ fn slots(opset: i64) -> (usize, Option<usize>) {
     }
 }
 
+/// The CPU kernels do not crop (`tf_crop_and_resize`'s roi and extrapolation).
+fn refuse_crop(cfg: &Config) -> RuleResult<()> {
+    if cfg.crop_and_resize {
+        return Err(crate::numeric::RuleError::NoKernel(
+            "Resize with coordinate_transformation_mode 'tf_crop_and_resize'".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The opset whose Resize rules apply: Upsample is Resize-10's arithmetic at
+/// any opset it appears in.
+fn opset_of(op: &str, opset: i64) -> i64 {
+    if op == "Upsample" {
+        opset.min(10)
+    } else {
+        opset
+    }
+}
+
+/// Upsample before opset 9 gives its scales as an attribute.
+fn attr_scales(attrs: &Attrs, op: &str, opset: i64) -> Option<Vec<f64>> {
+    (op == "Upsample" && opset < 9)
+        .then(|| {
+            attrs
+                .floats("scales")
+                .map(|v| v.iter().map(|&f| f as f64).collect())
+        })
+        .flatten()
+}
+
 /// The plan from the input facts (their folded values).
 fn plan_facts(cx: &Cx) -> RuleResult<(Config, Vec<Axis>)> {
-    let cfg = config(cx.attrs(), cx.opset)?;
+    let cfg = config(cx.attrs(), opset_of(&cx.node.op_type, cx.opset))?;
     let x = cx.input(0)?;
-    let (si, zi) = slots(cx.opset);
+    let (si, zi) = slots(opset_of(&cx.node.op_type, cx.opset));
     let present = |i: usize| cx.opt(i).is_some_and(|f| f.numel() > 0);
-    let scales = if present(si) {
+    let scales = if let Some(s) = attr_scales(
+        cx.attrs(),
+        &cx.node.op_type,
+        opset_of(&cx.node.op_type, cx.opset),
+    ) {
+        Some(s)
+    } else if present(si) {
         let v = cx.value(si).map_err(|e| format!("scales: {e}"))?;
         Some((0..v.data.len()).map(|k| v.data.float(k)).collect())
     } else {
@@ -510,7 +549,14 @@ fn plan_facts(cx: &Cx) -> RuleResult<(Config, Vec<Axis>)> {
         Some(zi) if present(zi) => Some(cx.value(zi).map_err(|e| format!("sizes: {e}"))?.to_ints()),
         _ => None,
     };
-    let axes = plan(&cfg, cx.attrs(), cx.opset, &x.shape, scales, sizes)?;
+    let axes = plan(
+        &cfg,
+        cx.attrs(),
+        opset_of(&cx.node.op_type, cx.opset),
+        &x.shape,
+        scales,
+        sizes,
+    )?;
     Ok((cfg, axes))
 }
 
@@ -534,7 +580,8 @@ fn tap_count(cfg: &Config, axes: &[Axis]) -> (u64, u32) {
 /// output length; pytorch_half_pixel maps a length-1 output to 0, as the spec says),
 /// then nearest (`nearest_mode`, index clamped), linear (2 taps) or cubic (4 taps,
 /// `cubic_coeff_a`), out-of-range taps clamped to the edge or, with
-/// `exclude_outside`, dropped and the rest renormalized. Refused: tf_crop_and_resize,
+/// `exclude_outside`, dropped and the rest renormalized. tf_crop_and_resize has its
+/// shape (the roi does not change it) but no CPU kernel. Refused:
 /// antialias=1 except for linear upsampling (where it is the plain filter).
 ///
 /// FLOPs: nearest 0 (a gather); linear and cubic a multiply-add per tap of the
@@ -543,8 +590,9 @@ fn tap_count(cfg: &Config, axes: &[Axis]) -> (u64, u32) {
 struct Resize;
 
 impl Op for Resize {
+    /// Upsample before opset 9 has one input (its scales an attribute).
     fn arity(&self) -> Arity {
-        Arity::new(2, 4, 1, 1)
+        Arity::new(1, 4, 1, 1)
     }
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
         let x = cx.input(0)?;
@@ -586,12 +634,25 @@ impl Op for Resize {
     /// at a time (separable, as the ONNX reference), each axis's taps computed once.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         let x = cx.input(0)?;
-        let cfg = config(cx.attrs(), cx.opset)?;
-        let (si, zi) = slots(cx.opset);
+        let cfg = config(cx.attrs(), opset_of(&cx.node.op_type, cx.opset))?;
+        refuse_crop(&cfg)?;
+        let (si, zi) = slots(opset_of(&cx.node.op_type, cx.opset));
         let present = |i: usize| cx.opt(i).filter(|t| t.numel() > 0);
-        let scales = present(si).map(|t| t.to_f64s());
+        let scales = attr_scales(
+            cx.attrs(),
+            &cx.node.op_type,
+            opset_of(&cx.node.op_type, cx.opset),
+        )
+        .or_else(|| present(si).map(|t| t.to_f64s()));
         let sizes = zi.and_then(present).map(|t| t.to_i64s());
-        let axes = plan(&cfg, cx.attrs(), cx.opset, &x.shape, scales, sizes)?;
+        let axes = plan(
+            &cfg,
+            cx.attrs(),
+            opset_of(&cx.node.op_type, cx.opset),
+            &x.shape,
+            scales,
+            sizes,
+        )?;
         let shape: Vec<usize> = axes.iter().map(|a| a.n_out).collect();
         if shape != cx.out(0)?.shape {
             return Err(format!(
@@ -623,6 +684,7 @@ impl Op for Resize {
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
         let rcx = cx.rule_cx();
         let (cfg, axes) = plan_facts(&rcx)?;
+        refuse_crop(&cfg)?;
         let x = cx.input(0)?;
         let g = cx.grad(0)?;
         let dx = if cfg.mode == Mode::Nearest {
@@ -660,6 +722,9 @@ impl Op for Resize {
 /// Registers Resize.
 pub fn register(r: &mut Registry) {
     r.add("Resize", Resize);
+    // Upsample (opsets 7-9) is Resize-10 under its old name: asymmetric
+    // coordinates, nearest rounding down; scales an attribute before opset 9.
+    r.add("Upsample", Resize);
 }
 
 #[cfg(test)]
@@ -847,13 +912,15 @@ mod tests {
         assert!(err(&[], 13, vec![x(), None, dynamic])
             .to_string()
             .contains("constant"));
-        assert!(err(
+        // tf_crop_and_resize: its shape (the roi does not change it), no kernel.
+        let crop = run(
             &[("coordinate_transformation_mode", s("tf_crop_and_resize"))],
             13,
-            vec![x(), None, Some(floats(&[1., 1., 2., 2.]))]
+            vec![x(), None, Some(floats(&[1., 1., 2., 2.]))],
         )
-        .to_string()
-        .contains("tf_crop_and_resize"));
+        .unwrap();
+        let x0 = x().unwrap();
+        assert_eq!(crop.0[2..], [x0.shape[2] * 2, x0.shape[3] * 2]);
         assert!(err(
             &[("mode", s("cubic")), ("antialias", Attr::Int(1))],
             18,
@@ -900,6 +967,7 @@ mod tests {
             a: -0.75,
             exclude_outside: false,
             antialias: false,
+            crop_and_resize: false,
         };
         let ax = Axis {
             n_in: 4,

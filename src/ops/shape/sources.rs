@@ -366,15 +366,21 @@ impl Op for LikeInput {
         Storage::New
     }
     /// Trilu (keeps the upper or lower triangle from diagonal `k`) and EyeLike
-    /// (ones on diagonal `k`); the scatters have no kernel yet.
+    /// (ones on diagonal `k`); the scatters write each update where its index
+    /// says (`reduction` none, add, mul, max or min), in index order.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         let x = cx.input(0)?;
         let f = cx.out(0)?;
         let r = x.rank();
-        if r < 2 {
+        let scatter = cx.node.op_type.starts_with("Scatter");
+        if r < 2 && !scatter {
             return crate::ops::no_kernel(cx);
         }
-        let (h, w) = (x.shape[r - 2], x.shape[r - 1]);
+        let (h, w) = if scatter {
+            (1, 1)
+        } else {
+            (x.shape[r - 2], x.shape[r - 1])
+        };
         match cx.node.op_type.as_str() {
             "Trilu" => {
                 let k = cx
@@ -403,11 +409,31 @@ impl Op for LikeInput {
                     .collect();
                 Ok(vec![Tensor::from_i64(f.dtype, x.shape.clone(), v)?])
             }
+            "ScatterND" | "ScatterElements" | "Scatter" => {
+                let plan = scatter_plan(&cx.node.op_type, cx.attrs(), &x.shape, cx.input(1)?)?;
+                let red = cx.attrs().string("reduction").unwrap_or("none");
+                let (mut out, upd) = (x.to_f64s(), cx.input(2)?.to_f64s());
+                let per = upd.len() / plan.len().max(1);
+                for (k, &dst) in plan.iter().enumerate() {
+                    for j in 0..per {
+                        let (o, u) = (&mut out[dst + j], upd[k * per + j]);
+                        *o = match red {
+                            "add" => *o + u,
+                            "mul" => *o * u,
+                            "max" => o.max(u),
+                            "min" => o.min(u),
+                            _ => u,
+                        };
+                    }
+                }
+                Ok(vec![Tensor::from_f64(f.dtype, x.shape.clone(), out)?])
+            }
             _ => crate::ops::no_kernel(cx),
         }
     }
     /// Trilu: the gradient masked by the same triangle (`k` a constant). EyeLike
-    /// has no gradient; the scatters have no kernel yet.
+    /// has no gradient; the scatters (reduction none or add) pass the gradient at
+    /// the indices to the updates and the rest (all, for add) to the data.
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
         match cx.node.op_type.as_str() {
             "EyeLike" => no_gradient(cx),
@@ -446,6 +472,38 @@ impl Op for LikeInput {
                     })
                     .collect();
                 cx.answer(vec![(0, dx)])
+            }
+            "ScatterND" | "ScatterElements" | "Scatter" => {
+                let x = cx.input(0)?;
+                let red = cx.attrs().string("reduction").unwrap_or("none");
+                if red != "none" && red != "add" {
+                    return no_backward_kernel(cx);
+                }
+                let idx = cx.saved(Saved::Input(1))?;
+                let plan = scatter_plan(&cx.node.op_type, cx.attrs(), &x.shape, idx)?;
+                let g = cx.grad(0)?;
+                let n_upd: usize = cx.input(2)?.shape.iter().product();
+                let per = n_upd / plan.len().max(1);
+                let mut res = Vec::new();
+                if cx.wants(2) {
+                    let du = plan
+                        .iter()
+                        .flat_map(|&dst| (0..per).map(move |j| dst + j))
+                        .map(|i| g[i])
+                        .collect();
+                    res.push((2, du));
+                }
+                if cx.wants(0) {
+                    // Replaced elements take no gradient; added-to ones pass it.
+                    let mut dx = g.to_vec();
+                    if red == "none" {
+                        for &dst in &plan {
+                            dx[dst..dst + per].iter_mut().for_each(|v| *v = 0.0);
+                        }
+                    }
+                    res.push((0, dx));
+                }
+                cx.answer(res)
             }
             _ => no_backward_kernel(cx),
         }
@@ -522,6 +580,55 @@ impl Op for NonZero {
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Promote
     }
+}
+
+/// The flat offset in `data` (of `shape`) each update goes to: one per update
+/// element (ScatterElements, Scatter: the index replaces the coordinate along
+/// `axis`), or one per update slice (ScatterND: the first `k` coordinates,
+/// the slice contiguous after them). Negative indices count from the end.
+fn scatter_plan(
+    op: &str,
+    attrs: &crate::ir::Attrs,
+    shape: &[usize],
+    idx: &Tensor,
+) -> RuleResult<Vec<usize>> {
+    let ids = idx.to_i64s();
+    let strides = crate::ops::layout::contiguous(shape);
+    let fix = |v: i64, d: usize| -> RuleResult<usize> {
+        let u = if v < 0 { v + d as i64 } else { v };
+        if u < 0 || u as usize >= d {
+            return Err(format!("index {v} is out of range for a dimension of {d}").into());
+        }
+        Ok(u as usize)
+    };
+    if op == "ScatterND" {
+        let k = *idx.shape.last().ok_or("indices must have rank 1 or more")?;
+        if k > shape.len() {
+            return Err(format!("index tuples of {k} for a rank-{} data", shape.len()).into());
+        }
+        return ids
+            .chunks(k.max(1))
+            .map(|t| {
+                t.iter()
+                    .enumerate()
+                    .map(|(a, &v)| Ok(fix(v, shape[a])? * strides[a]))
+                    .sum()
+            })
+            .collect();
+    }
+    let ax = axis(attrs.int_or("axis", 0), shape.len())?;
+    let istr = crate::ops::layout::contiguous(&idx.shape);
+    (0..ids.len())
+        .map(|p| {
+            let mut off = 0;
+            for a in 0..shape.len() {
+                let c = (p / istr[a]) % idx.shape[a];
+                let c = if a == ax { fix(ids[p], shape[a])? } else { c };
+                off += c * strides[a];
+            }
+            Ok(off)
+        })
+        .collect()
 }
 
 /// `OneHot(indices, depth, values) -> output`: `indices`' shape with `depth`
