@@ -18,7 +18,7 @@
 //!   measured peak equal to replay's peak of that plan, live bytes equal after every
 //!   instruction.
 //! - Fused patterns (transformer: exact GELU; bert_base, vit_b_16 ignored: GELU and
-//!   SDPA): as above.
+//!   SDPA; decomposed LayerNorm and RMSNorm's rsqrt, tests/data/fusion): as above.
 //! - Optimizers (momentum, Adam, AdamW; gradients resident or not): peaks as above;
 //!   one update checked element-wise against PyTorch's formulas computed in f64.
 //! - Precision policies (amp-fp16, amp-bf16, bf16) on mlp and cnn, SGD and Adam:
@@ -404,6 +404,29 @@ fn gemma_fused_tanh_gelu_baseline_gradients_and_plan() {
     assert_eq!(n, 2, "one tanh GELU per decoder layer");
     check_gradients(&su, &r);
     planned_identical(&su, &r);
+}
+
+/// The normalization patterns of tests/data/fusion (made by its export.py;
+/// tests/fusion.rs checks their saved bytes against PyTorch's): `nn.LayerNorm`
+/// decomposed at opset 16 (affine, no affine, weight only) and LlamaRMSNorm's rsqrt
+/// through both exporters (`Div(1, Sqrt)`, `Reciprocal(Sqrt)`). The inner values
+/// are recomputed from what the pattern reads at its backward.
+#[test]
+fn decomposed_norms_baseline_gradients_and_plan() {
+    use memplan::train::FusedKind;
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/fusion");
+    for (name, kind, n) in [
+        ("layernorm_opset16", FusedKind::LayerNorm, 3),
+        ("rmsnorm_llama", FusedKind::Rsqrt, 1),
+        ("rmsnorm_llama_dynamo", FusedKind::Rsqrt, 1),
+    ] {
+        let model = load_model(&dir.join(format!("{name}.onnx"))).unwrap();
+        let (su, r) = baseline_of(setup_from(model, name, 2, sgd_fp32()), 2);
+        let found = su.s.fused.iter().filter(|p| p.kind == kind).count();
+        assert_eq!(found, n, "{name}: {kind:?} patterns");
+        check_gradients(&su, &r);
+        planned_identical(&su, &r);
+    }
 }
 
 /// A node reading one tensor at two slots (`Mul(h, h)`, `Mul(w, w)`: squares the

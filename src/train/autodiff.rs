@@ -18,7 +18,11 @@
 //! (`F.gelu` saves only `x`), `F.gelu(approximate="tanh")` written out (saves only
 //! `x`), SiLU written as `x · sigmoid(x)` (`F.silu` saves only `x`), and the
 //! exporter's decomposition of `scaled_dot_product_attention` (flash attention
-//! saves q, k, v, the output and a logsumexp). GPT-2's hand-written tanh GELU
+//! saves q, k, v, the output and a logsumexp), LayerNorm decomposed into
+//! ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div (`native_layer_norm` saves the input
+//! and the per-row mean and rstd), and the `torch.rsqrt` of LLaMA-style RMSNorm
+//! written as Pow/ReduceMean/Add/Sqrt/Reciprocal (rsqrt saves its result, not the
+//! square root). GPT-2's hand-written tanh GELU
 //! (`NewGELUActivation`, with `torch.pow`) and eager attention are left as written,
 //! since PyTorch runs them op by op.
 

@@ -1,6 +1,9 @@
 //! Fused patterns: subgraphs the exporter writes op by op that PyTorch runs as one
 //! kernel saving less (the exact and tanh GELU, SiLU, the exporter's decomposition of
-//! `scaled_dot_product_attention`). The schedule models what the fused kernel saves.
+//! `scaled_dot_product_attention`, LayerNorm decomposed below opset 17). The schedule
+//! models what the fused kernel saves. One pattern is no kernel of PyTorch's but one
+//! op the exporter writes as two: `torch.rsqrt` in RMSNorm's statistics, which saves
+//! its result alone where the exported `Sqrt`, `Div` would save the square root too.
 
 use std::collections::HashMap;
 
@@ -22,6 +25,16 @@ pub enum FusedKind {
     Silu,
     /// The tanh GELU (`F.gelu(x, approximate="tanh")`): saves only its input.
     GeluTanh,
+    /// `nn.LayerNorm` / `F.layer_norm` as exporters below opset 17 write it
+    /// (`native_layer_norm`, `NativeLayerNormBackward0`): saves its input and the
+    /// per-row mean and reciprocal standard deviation (float32).
+    LayerNorm,
+    /// RMSNorm's statistics `torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)`
+    /// (transformers' LlamaRMSNorm, T5, Gemma). Not fused in PyTorch: run op by op,
+    /// `PowBackward0` saving `x` and `RsqrtBackward0` its result; as a pattern only
+    /// because the exporter writes rsqrt as two nodes (`Div(1, Sqrt(·))` or
+    /// `Reciprocal(Sqrt(·))`) whose rules would also save the square root.
+    Rsqrt,
 }
 
 /// A recognised fused pattern: nodes PyTorch runs as one kernel. The schedule keeps
@@ -64,7 +77,8 @@ impl FusedPattern {
     }
 }
 
-/// Every fused pattern of the model: exact and tanh GELU, SiLU and the exporter's SDPA.
+/// Every fused pattern of the model: exact and tanh GELU, SiLU, the exporter's SDPA,
+/// decomposed LayerNorm and RMSNorm's rsqrt.
 pub fn fused_patterns(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
     let pos: HashMap<NodeIndex, usize> = model
         .graph
@@ -77,6 +91,8 @@ pub fn fused_patterns(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
     out.extend(find_silu(model, inf));
     out.extend(find_tanh_gelu(model, inf));
     out.extend(find_sdpa(model, inf));
+    out.extend(find_layer_norm(model, inf));
+    out.extend(find_rms_rsqrt(model, inf));
     for p in &mut out {
         p.nodes.sort_by_key(|n| pos[n]);
         p.nodes.dedup();
@@ -428,6 +444,242 @@ fn find_sdpa(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
             extras: vec![lse],
             out_layout,
         });
+    }
+    out
+}
+
+/// Look-ups the normalization finders share.
+struct Look<'a> {
+    model: &'a Model,
+    inf: &'a Inferred,
+}
+
+impl Look<'_> {
+    fn op(&self, n: NodeIndex) -> &str {
+        &self.model.graph.node(n).op_type
+    }
+
+    /// The node's present inputs, in order.
+    fn inputs(&self, n: NodeIndex) -> Vec<TensorId> {
+        self.model
+            .graph
+            .node(n)
+            .inputs
+            .iter()
+            .flatten()
+            .copied()
+            .collect()
+    }
+
+    fn out0(&self, n: NodeIndex) -> Option<TensorId> {
+        self.model.graph.node(n).outputs.first().copied().flatten()
+    }
+
+    /// The only consumer of `t`, when it is an `op` node and `t` is no graph output.
+    fn single(&self, t: TensorId, op: &str) -> Option<NodeIndex> {
+        match consumers(self.model, t).as_slice() {
+            [c] if self.op(*c) == op && !self.model.graph.outputs.contains(&t) => Some(*c),
+            _ => None,
+        }
+    }
+
+    /// A constant: a folded value that is not a parameter.
+    fn is_const(&self, t: TensorId) -> bool {
+        self.inf.facts[t].value.is_some()
+            && self.model.graph.tensor(t).kind != TensorKind::Parameter
+    }
+
+    /// The value of a one-element constant.
+    fn scalar(&self, t: TensorId) -> Option<f64> {
+        let v = self.inf.facts[t].value.as_ref()?;
+        (self.is_const(t) && v.data.len() == 1).then(|| v.data.float(0))
+    }
+
+    /// A floating activation (or graph input): what a pattern normalizes.
+    fn is_var(&self, t: TensorId) -> bool {
+        self.inf.facts[t].dtype.is_float() && !self.is_const(t)
+    }
+
+    /// The operand of binary node `n` other than `t`, when `t` is one of exactly two.
+    fn other(&self, n: NodeIndex, t: TensorId) -> Option<TensorId> {
+        match self.inputs(n).as_slice() {
+            [a, b] if *a == t && *b != t => Some(*b),
+            [a, b] if *b == t && *a != t => Some(*a),
+            _ => None,
+        }
+    }
+
+    /// How many trailing dims ReduceMean node `n` averages with `keepdims` (its
+    /// axes the last k, as attribute or, from opset 18, constant input); `None` for
+    /// anything else (all axes by default, other axes, dims dropped).
+    fn trailing_mean(&self, n: NodeIndex) -> Option<usize> {
+        let node = self.model.graph.node(n);
+        if node.op_type != "ReduceMean" || node.attrs.int_or("keepdims", 1) != 1 {
+            return None;
+        }
+        let x = node.inputs.first().copied().flatten()?;
+        let rank = self.inf.facts[x].shape.len() as i64;
+        let axes: Vec<i64> = match node.attrs.ints("axes") {
+            Some(a) => a.to_vec(),
+            None => {
+                let v = self.inf.facts[node.inputs.get(1).copied().flatten()?]
+                    .value
+                    .as_ref()?;
+                (0..v.data.len()).map(|i| v.data.int(i)).collect()
+            }
+        };
+        let mut axes: Vec<i64> = axes
+            .into_iter()
+            .map(|a| if a < 0 { a + rank } else { a })
+            .collect();
+        axes.sort_unstable();
+        axes.dedup();
+        let k = axes.len() as i64;
+        let trailing =
+            (1..=rank).contains(&k) && axes.iter().zip(rank - k..).all(|(&a, want)| a == want);
+        trailing.then_some(k as usize)
+    }
+
+    /// Whether `w` is a parameter shaped as the normalized (last `k`) dims of `x`:
+    /// a LayerNorm's weight or bias.
+    fn is_affine(&self, w: TensorId, x: TensorId, k: usize) -> bool {
+        let xs = &self.inf.facts[x].shape;
+        self.model.graph.tensor(w).kind == TensorKind::Parameter
+            && self.inf.facts[w].shape.as_slice() == &xs[xs.len() - k..]
+    }
+}
+
+/// Finds LayerNorm as the TorchScript exporter writes `nn.LayerNorm` below opset 17
+/// (where ONNX has no LayerNormalization): `μ = ReduceMean(x)`, `d = x − μ`,
+/// `s = Sqrt(ReduceMean(Pow(d, 2)) + eps)`, `Div(d, s)`, then `Mul(·, weight)` and
+/// `Add(·, bias)` where the module has them (both means over the same trailing
+/// dims, every inner value feeding only the pattern). PyTorch runs it as
+/// `native_layer_norm`, whose backward saves the input, the weight, the bias and the
+/// per-row mean and reciprocal standard deviation (float32, `[rows.., 1..]`). The
+/// pattern reads `x`, `μ` and `s`: the graph's own per-row statistics, the bytes of
+/// PyTorch's two in float32 (they follow the policy's type under bf16, where
+/// PyTorch keeps float32 statistics).
+fn find_layer_norm(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
+    let l = Look { model, inf };
+    let g = &model.graph;
+    let mut out = Vec::new();
+    for &m1 in &g.order {
+        if l.op(m1) != "ReduceMean" {
+            continue;
+        }
+        let found = (|| {
+            let x = l.inputs(m1).first().copied().filter(|&x| l.is_var(x))?;
+            let k = l.trailing_mean(m1)?;
+            let mean = l.out0(m1)?;
+            let sub = l.single(mean, "Sub")?;
+            let d = l.out0(sub)?;
+            if l.inputs(sub) != [x, mean] || g.outputs.contains(&d) {
+                return None;
+            }
+            // `d` feeds the square and the division, nothing else.
+            let (pow, div) = match consumers(model, d).as_slice() {
+                [a, b] if l.op(*a) == "Pow" && l.op(*b) == "Div" => (*a, *b),
+                [a, b] if l.op(*a) == "Div" && l.op(*b) == "Pow" => (*b, *a),
+                _ => return None,
+            };
+            match l.inputs(pow).as_slice() {
+                [b, e] if *b == d && l.scalar(*e) == Some(2.0) => {}
+                _ => return None,
+            }
+            let m2 = l.single(l.out0(pow)?, "ReduceMean")?;
+            if l.trailing_mean(m2)? != k {
+                return None;
+            }
+            let var = l.out0(m2)?;
+            let add = l.single(var, "Add")?;
+            if !l.other(add, var).is_some_and(|e| l.is_const(e)) {
+                return None;
+            }
+            let sqrt = l.single(l.out0(add)?, "Sqrt")?;
+            let s = l.out0(sqrt)?;
+            if l.single(s, "Div")? != div || l.inputs(div) != [d, s] {
+                return None;
+            }
+            let mut nodes = vec![m1, sub, pow, m2, add, sqrt, div];
+            // The affine part: `· weight`, then `+ bias`.
+            let mut y = l.out0(div)?;
+            for op in ["Mul", "Add"] {
+                let Some(n) = l.single(y, op) else { break };
+                if !l.other(n, y).is_some_and(|w| l.is_affine(w, x, k)) {
+                    break;
+                }
+                nodes.push(n);
+                y = l.out0(n)?;
+            }
+            Some(FusedPattern {
+                kind: FusedKind::LayerNorm,
+                nodes,
+                reads: vec![x, mean, s],
+                extras: Vec::new(),
+                out_layout: None,
+            })
+        })();
+        out.extend(found);
+    }
+    out
+}
+
+/// Finds RMSNorm's statistics as exporters write `torch.rsqrt(x.pow(2).mean(dims,
+/// keepdim=True) + eps)` (transformers' LlamaRMSNorm and its copies in Mistral,
+/// Qwen2, Gemma, T5LayerNorm): `Pow(x, 2)`, a ReduceMean over trailing dims,
+/// `Add(eps)`, `Sqrt`, then `Div(1, ·)` (TorchScript's rsqrt) or `Reciprocal`
+/// (dynamo's), every inner value feeding only the next node. PyTorch runs these op
+/// by op, saving `x` (`PowBackward0`) and rsqrt's result `r` (`RsqrtBackward0`);
+/// the nodes' own rules would save the square root as well (Sqrt's result,
+/// Div's divisor), so the pattern reads `x` and `r` only. The rest of the norm
+/// (`x · r`, `weight · ·`) is left op by op: its rules save what eager's
+/// `MulBackward0`s save. A hand-written `1 / torch.sqrt(·)` exports as the same
+/// `Reciprocal(Sqrt(·))` and saves the square root too in PyTorch (one per-row
+/// value per norm); `torch.rsqrt` is what those models use. `x / torch.sqrt(·)`
+/// (Div with `x` as dividend) does not match: eager saves what its rules save.
+fn find_rms_rsqrt(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
+    let l = Look { model, inf };
+    let g = &model.graph;
+    let mut out = Vec::new();
+    for &pow in &g.order {
+        if l.op(pow) != "Pow" {
+            continue;
+        }
+        let found = (|| {
+            let x = match l.inputs(pow).as_slice() {
+                [x, e] if l.is_var(*x) && l.scalar(*e) == Some(2.0) => *x,
+                _ => return None,
+            };
+            let mean = l.single(l.out0(pow)?, "ReduceMean")?;
+            l.trailing_mean(mean)?;
+            let var = l.out0(mean)?;
+            let add = l.single(var, "Add")?;
+            if !l.other(add, var).is_some_and(|e| l.is_const(e)) {
+                return None;
+            }
+            let sqrt = l.single(l.out0(add)?, "Sqrt")?;
+            let s = l.out0(sqrt)?;
+            if g.outputs.contains(&s) {
+                return None;
+            }
+            let last = match consumers(model, s).as_slice() {
+                [c] if l.op(*c) == "Reciprocal" => *c,
+                [c] if l.op(*c) == "Div" => match l.inputs(*c).as_slice() {
+                    [one, b] if *b == s && l.scalar(*one) == Some(1.0) => *c,
+                    _ => return None,
+                },
+                _ => return None,
+            };
+            let r = l.out0(last)?;
+            Some(FusedPattern {
+                kind: FusedKind::Rsqrt,
+                nodes: vec![pow, mean, add, sqrt, last],
+                reads: vec![x, r],
+                extras: Vec::new(),
+                out_layout: None,
+            })
+        })();
+        out.extend(found);
     }
     out
 }

@@ -28,7 +28,8 @@
 //! after a `Compute` that is the step's high-water mark (its writes are allocated
 //! before its kernel runs, and nothing is freed inside a step).
 //!
-//! Fused patterns ([`crate::train::FusedPattern`]: exact GELU, SiLU, SDPA) run op by op
+//! Fused patterns ([`crate::train::FusedPattern`]: exact and tanh GELU, SiLU, SDPA,
+//! decomposed LayerNorm, RMSNorm's rsqrt) run op by op
 //! forward, each node's step writing what the schedule says; the SDPA's Softmax
 //! step also computes the per-row logsumexp of its scores, which the pattern's last
 //! forward step writes as its Extra (the exact bytes the schedule counts; on the GPU
@@ -62,7 +63,7 @@
 //! temporaries bf16 too, the update computed in f32 and rounded back.
 //!
 //! Supported: fp32, amp-fp16, amp-bf16, bf16; `Loss::Mean`, `Loss::Sum` or `Loss::Graph`; SGD,
-//! momentum, Adam, AdamW; gradients resident or not; the fused exact GELU, SiLU and SDPA
+//! momentum, Adam, AdamW; gradients resident or not; the fused patterns
 //! (under every policy). Not run: a fused pattern whose input is an activation the
 //! fused kernel does not save and that has no folded value (refused, named).
 
