@@ -418,7 +418,39 @@ fn rows() -> Vec<Row> {
         vec![r.t(&[1, 2, 5, 5]), r.t(&[2, 3, 2, 2]), r.t(&[3])],
     )
     .attr("strides", ints(&[2, 2]));
-    v.push(row(c, &[&[1, 3, 10, 10]], 50 * 24 + 300).no_cpu_kernel());
+    v.push(row(c, &[&[1, 3, 10, 10]], 50 * 24 + 300));
+    // Two groups of 2 → 1 channels, 3×2 kernel, strides 2×3, dilations 2×1,
+    // pads (1, 0, 0, 1), output_padding 1×0: H 2·2 + 1 + 2·2 + 1 − 1 = 9,
+    // W 3·2 + 0 + 1 + 1 − 1 = 7. 72 inputs × 2·1·6, + 252 for bias.
+    let c = Case::new(
+        "ConvTranspose",
+        vec![r.t(&[2, 4, 3, 3]), r.t(&[4, 1, 3, 2]), r.t(&[2])],
+    )
+    .attr("group", Attr::Int(2))
+    .attr("strides", ints(&[2, 3]))
+    .attr("dilations", ints(&[2, 1]))
+    .attr("pads", ints(&[1, 0, 0, 1]))
+    .attr("output_padding", ints(&[1, 0]));
+    v.push(row(c, &[&[2, 2, 9, 7]], 72 * 12 + 252));
+    // 1-D, stride 2, pads 1 1, no bias: 2·3 + 2 + 1 − 2 = 7; 8 inputs × 2·2·3.
+    let c = Case::new("ConvTranspose", vec![r.t(&[1, 2, 4]), r.t(&[2, 2, 3])])
+        .attr("strides", ints(&[2]))
+        .attr("pads", ints(&[1, 1]));
+    v.push(row(c, &[&[1, 2, 7]], 96));
+    // output_shape 8 with SAME_UPPER: total pad 2·2 + 3 − 8 = −1, so the start
+    // pad is ⌊−1/2⌋ = −1 (one more output in front); 6 inputs × 2·1·3.
+    let c = Case::new("ConvTranspose", vec![r.t(&[1, 2, 3]), r.t(&[2, 1, 3])])
+        .attr("strides", ints(&[2]))
+        .attr("auto_pad", s("SAME_UPPER"))
+        .attr("output_shape", ints(&[8]));
+    v.push(row(c, &[&[1, 1, 8]], 36));
+    // 3-D, 2×2×2 kernel, stride 2: 8 inputs × 2·1·8.
+    let c = Case::new(
+        "ConvTranspose",
+        vec![r.t(&[1, 1, 2, 2, 2]), r.t(&[1, 1, 2, 2, 2])],
+    )
+    .attr("strides", ints(&[2, 2, 2]));
+    v.push(row(c, &[&[1, 1, 4, 4, 4]], 128));
     // Pools, 2×2 stride 1: 2·4·4 = 32 outputs × 4.
     for op in ["MaxPool", "AveragePool", "LpPool"] {
         let c = Case::new(op, vec![r.distinct(&[1, 2, 5, 5])]).attr("kernel_shape", ints(&[2, 2]));
@@ -563,16 +595,26 @@ fn rows() -> Vec<Row> {
     v.push(row(c, &[&[1, 4, 2, 2]], 16 * 8 * 2).no_cpu_kernel());
     let c = Case::new(
         "InstanceNormalization",
-        vec![r.t(&[4, 3, 2]), r.range(&[3], 0.5, 1.5), r.t(&[3])],
+        vec![r.t(&[2, 3, 2, 3]), r.range(&[3], 0.5, 1.5), r.t(&[3])],
     );
-    v.push(row(c, &[&[4, 3, 2]], 24 * 8).no_cpu_kernel());
+    v.push(row(c, &[&[2, 3, 2, 3]], 36 * 8));
+    // GroupNormalization, 6 channels: opset 21 scale and B per channel (3 groups
+    // of 2), opset 18 per group (2 groups of 3).
     let c = Case::new(
         "GroupNormalization",
-        vec![r.t(&[4, 3, 2]), r.range(&[3], 0.5, 1.5), r.t(&[3])],
+        vec![r.t(&[2, 6, 3]), r.range(&[6], 0.5, 1.5), r.t(&[6])],
     )
     .attr("num_groups", Attr::Int(3))
     .opset(21);
-    v.push(row(c, &[&[4, 3, 2]], 24 * 8).no_cpu_kernel());
+    v.push(row(c, &[&[2, 6, 3]], 36 * 8));
+    let c = Case::new(
+        "GroupNormalization",
+        vec![r.t(&[2, 6, 2, 2]), r.range(&[2], 0.5, 1.5), r.t(&[2])],
+    )
+    .attr("num_groups", Attr::Int(2))
+    .attr("epsilon", Attr::Float(1e-3))
+    .opset(18);
+    v.push(row(c, &[&[2, 6, 2, 2]], 48 * 8));
     for op in ["Softmax", "LogSoftmax", "Hardmax"] {
         let c = Case::new(op, vec![r.distinct(&[4, 3, 2])]).attr("axis", Attr::Int(-1));
         v.push(row(c, &[&[4, 3, 2]], 24 * 5));

@@ -3,8 +3,8 @@
 use rayon::prelude::*;
 
 use super::{
-    dim, no_backward_kernel, no_kernel, numel, Arity, Autocast, Backward, BackwardCx, CudaKernels,
-    Cx, Fact, Grad, KernelCx, Launch, Op, Registry, RuleResult, Saved, Storage, CUBLAS_SGEMM,
+    dim, no_backward_kernel, numel, Arity, Autocast, Backward, BackwardCx, CudaKernels, Cx, Fact,
+    Grad, KernelCx, Launch, Op, Registry, RuleResult, Saved, Storage, CUBLAS_SGEMM,
 };
 use crate::ir::{Attrs, DType};
 use crate::numeric::gemm::{sgemm, Mat};
@@ -92,7 +92,7 @@ pub fn window_out(
     Ok(out)
 }
 
-fn check_nc(x: &Fact, what: &str) -> RuleResult<()> {
+pub(super) fn check_nc(x: &Fact, what: &str) -> RuleResult<()> {
     if x.rank() < 3 {
         return Err(format!("{what} input must be [N, C, spatial...], got {:?}", x.shape).into());
     }
@@ -101,7 +101,7 @@ fn check_nc(x: &Fact, what: &str) -> RuleResult<()> {
 
 /// Backward of Conv and ConvTranspose: the weight for the input's gradient, the
 /// input for the weight's, nothing for the bias's; the forward's FLOPs per gradient.
-fn conv_backward(forward_flops: u64) -> Backward {
+pub(super) fn conv_backward(forward_flops: u64) -> Backward {
     Backward {
         grads: vec![
             Grad {
@@ -198,102 +198,6 @@ impl Op for Conv {
             &["im2col_f32", CUBLAS_SGEMM, "conv_bias_f32"],
             &["im2col_f32", "col2im_f32", CUBLAS_SGEMM, "channel_sum_f32"],
         )
-    }
-    fn autocast(&self, _op_type: &str) -> Autocast {
-        Autocast::Half
-    }
-}
-
-/// `ConvTranspose(X, W, B?)`, W = `[C, M/group, k...]`.
-/// FLOPs: 2·(M/group)·prod(k) per input element, + 1 per output element for bias.
-struct ConvTranspose;
-
-impl Op for ConvTranspose {
-    fn arity(&self) -> Arity {
-        Arity::new(2, 3, 1, 1)
-    }
-    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
-        let (x, w) = (cx.input(0)?, cx.input(1)?);
-        check_nc(x, "ConvTranspose")?;
-        if w.rank() != x.rank() || w.shape[0] != x.shape[1] {
-            return Err(format!("weight {:?} does not match input {:?}", w.shape, x.shape).into());
-        }
-        let group = cx.attrs().int_or("group", 1).max(1) as usize;
-        let nd = x.rank() - 2;
-        let a = cx.attrs();
-        let get =
-            |n: &str, d: i64, len: usize| a.ints(n).map(|v| v.to_vec()).unwrap_or(vec![d; len]);
-        let (s, d, op, p) = (
-            get("strides", 1, nd),
-            get("dilations", 1, nd),
-            get("output_padding", 0, nd),
-            get("pads", 0, 2 * nd),
-        );
-        if s.len() != nd || d.len() != nd || op.len() != nd || p.len() != 2 * nd {
-            return Err("strides/dilations/pads do not match the spatial rank".into());
-        }
-        let w_shape = &w.shape;
-        let out_channels = w.shape[1]
-            .checked_mul(group)
-            .ok_or_else(|| format!("group {group} is out of range"))?;
-        let mut shape = vec![x.shape[0], out_channels];
-        if let Some(os) = a.ints("output_shape") {
-            let os = &os[os.len().saturating_sub(nd)..];
-            for &v in os {
-                shape.push(dim(v, "output_shape")?);
-            }
-        } else if matches!(a.string("auto_pad"), Some("SAME_UPPER" | "SAME_LOWER")) {
-            // The spec: the output is the input times the stride, pads chosen to fit.
-            for (&xi, &si) in x.shape[2..].iter().zip(&s) {
-                let o = xi as i128 * si as i128;
-                let o = i64::try_from(o).map_err(|_| format!("output size {o} is too large"))?;
-                shape.push(dim(o, "output size")?);
-            }
-        } else {
-            // VALID: no padding.
-            let valid = a.string("auto_pad") == Some("VALID");
-            for i in 0..nd {
-                let w = |v: i64| v as i128;
-                let pad = |k: usize| if valid { 0 } else { w(p[k]) };
-                let o = w(s[i]) * (x.shape[2 + i] as i128 - 1)
-                    + w(op[i])
-                    + (w_shape[2 + i] as i128 - 1) * w(d[i])
-                    + 1
-                    - pad(i)
-                    - pad(i + nd);
-                let o = i64::try_from(o).map_err(|_| format!("output size {o} is too large"))?;
-                shape.push(dim(o, "output size")?);
-            }
-        }
-        Ok(vec![Fact::new(x.dtype, shape)])
-    }
-    fn flops(&self, cx: &Cx, out: &[Fact]) -> u64 {
-        let (Some(x), Some(w)) = (cx.inputs[0], cx.inputs[1]) else {
-            return 0;
-        };
-        numel(&w.shape[1..])
-            .saturating_mul(2)
-            .saturating_mul(x.numel())
-            .saturating_add(cx.opt(2).map_or(0, |_| out[0].numel()))
-    }
-    /// As Conv: input for the weight's gradient, weight for the input's.
-    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
-        Ok(Some(conv_backward(self.flops(cx, out))))
-    }
-    fn storage(&self, _cx: &Cx) -> Storage {
-        Storage::New
-    }
-    /// No model in models/ uses it yet.
-    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
-        no_kernel(cx)
-    }
-    /// No forward kernel yet, hence none backward.
-    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-        no_backward_kernel(cx)
-    }
-    /// Runs on the host on the GPU backend (no device kernels yet).
-    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::HOST
     }
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Half
@@ -970,7 +874,6 @@ fn pool_backward(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
 /// Registers convolution and pooling ops.
 pub fn register(r: &mut Registry) {
     r.add("Conv", Conv);
-    r.add("ConvTranspose", ConvTranspose);
     r.add("MaxPool", Pool { max: true });
     r.add("AveragePool", Pool { max: false });
     r.add("LpPool", Pool { max: false });
@@ -1019,40 +922,6 @@ mod tests {
             ("auto_pad", Attr::String("SAME_UPPER".into())),
         ]);
         assert_eq!(window_out(&[5], &[3], &a, false).unwrap(), vec![3]);
-    }
-
-    /// ConvTranspose: SAME_* gives input × stride, VALID no padding, whatever `pads` say.
-    #[test]
-    fn conv_transpose_auto_pad() {
-        let out = |auto: &str| {
-            let node = crate::ir::Node {
-                name: "ct".into(),
-                op_type: "ConvTranspose".into(),
-                domain: String::new(),
-                inputs: vec![Some(0), Some(1)],
-                outputs: vec![Some(2)],
-                attrs: attrs(&[
-                    ("strides", Attr::Ints(vec![2, 2])),
-                    ("pads", Attr::Ints(vec![1, 1, 1, 1])),
-                    ("auto_pad", Attr::String(auto.into())),
-                ]),
-            };
-            let (x, w) = (
-                Fact::new(DType::F32, vec![1, 1, 3, 3]),
-                Fact::new(DType::F32, vec![1, 2, 3, 3]),
-            );
-            let cx = Cx {
-                node: &node,
-                inputs: vec![Some(&x), Some(&w)],
-                opset: 17,
-            };
-            ConvTranspose.infer(&cx).unwrap()[0].shape.clone()
-        };
-        assert_eq!(out("SAME_UPPER"), vec![1, 2, 6, 6]);
-        assert_eq!(out("SAME_LOWER"), vec![1, 2, 6, 6]);
-        // 2·(3 − 1) + (3 − 1) + 1 = 7 without pads.
-        assert_eq!(out("VALID"), vec![1, 2, 7, 7]);
-        assert_eq!(out("NOTSET"), vec![1, 2, 5, 5]);
     }
 
     #[test]

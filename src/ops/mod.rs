@@ -18,6 +18,7 @@ use crate::numeric::Tensor;
 
 pub mod attention;
 pub mod conv;
+pub mod conv_transpose;
 pub mod einsum;
 pub mod elementwise;
 pub mod gather_nd;
@@ -691,6 +692,7 @@ pub fn registry() -> &'static Registry {
         local_norm::register(&mut r);
         loss::register(&mut r);
         conv::register(&mut r);
+        conv_transpose::register(&mut r);
         einsum::register(&mut r);
         gather_nd::register(&mut r);
         grid_sample::register(&mut r);

@@ -4,8 +4,8 @@
 use rayon::prelude::*;
 
 use super::{
-    axis, no_backward_kernel, no_gradient, no_kernel, Arity, Autocast, Backward, BackwardCx,
-    CudaKernels, Cx, Fact, Grad, KernelCx, Launch, Op, Registry, RuleResult, Saved, Storage,
+    axis, no_backward_kernel, no_gradient, Arity, Autocast, Backward, BackwardCx, CudaKernels, Cx,
+    Fact, Grad, KernelCx, Launch, Op, Registry, RuleResult, Saved, Storage,
 };
 use crate::ir::DType;
 use crate::numeric::broadcast::for_each;
@@ -296,9 +296,35 @@ impl Op for RmsNorm {
 }
 
 /// `InstanceNormalization(X, scale, B)` and `GroupNormalization(X, scale, B)`: Y like X.
+/// Statistics per (image, group) over the group's channels and all spatial
+/// positions; instance norm is group norm with one group per channel. Scale and B
+/// are `[C]`, except GroupNormalization before opset 21, where they are
+/// `[num_groups]` (one per group, as the opset 18 spec says; opset 21 made them
+/// per channel, as PyTorch's `GroupNorm`).
 /// FLOPs: 8 per element, as LayerNormalization.
 struct SameShapeNorm {
     arity: Arity,
+}
+
+/// Groups of an Instance/GroupNormalization over `c` channels, and whether its
+/// scale and bias are one per group (GroupNormalization before opset 21) rather
+/// than one per channel.
+fn norm_groups(
+    op: &str,
+    attrs: &crate::ir::Attrs,
+    opset: i64,
+    c: usize,
+) -> RuleResult<(usize, bool)> {
+    if op != "GroupNormalization" {
+        return Ok((c, false));
+    }
+    let g = attrs
+        .int("num_groups")
+        .ok_or("missing attribute 'num_groups'")?;
+    if g < 1 || c as i64 % g != 0 {
+        return Err(format!("num_groups {g} does not divide the {c} channels").into());
+    }
+    Ok((g as usize, opset < 21))
 }
 
 impl Op for SameShapeNorm {
@@ -310,19 +336,27 @@ impl Op for SameShapeNorm {
         if x.rank() < 2 {
             return Err(format!("input must be [N, C, ...], got {:?}", x.shape).into());
         }
+        let c = x.shape[1];
+        let (groups, per_group) = norm_groups(&cx.node.op_type, cx.attrs(), cx.opset, c)?;
+        let want = if per_group { groups } else { c };
+        for (i, name) in [(1, "scale"), (2, "B")] {
+            let f = cx.input(i)?;
+            if f.shape != [want] {
+                return Err(format!("{name} is {:?}, expected [{want}]", f.shape).into());
+            }
+        }
         Ok(vec![Fact::new(x.dtype, x.shape.clone())])
     }
     fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {
         out[0].numel().saturating_mul(8)
     }
-    /// Instance/group norm save the input, scale and per-group mean and rstd.
+    /// As `native_group_norm` (NativeGroupNormBackward), which PyTorch's GroupNorm
+    /// runs (instance norm: one group per channel): saves the input, the scale and
+    /// the per-(image, group) mean and rstd (float32 `[N, groups]`). The bias's
+    /// gradient reads nothing. Backward FLOPs: 8 per element.
     fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
         let x = cx.input(0)?;
-        let groups = if cx.node.op_type == "GroupNormalization" {
-            cx.attrs().int_or("num_groups", 1).max(1) as usize
-        } else {
-            x.shape[1]
-        };
+        let (groups, _) = norm_groups(&cx.node.op_type, cx.attrs(), cx.opset, x.shape[1])?;
         let stat = Fact::new(DType::F32, vec![x.shape[0], groups]);
         let needs = vec![
             Saved::Input(0),
@@ -349,13 +383,19 @@ impl Op for SameShapeNorm {
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
     }
-    /// No model in models/ uses them yet.
+    /// Per (image, group), one task each: mean and biased variance in f64,
+    /// `(x − μ)/√(var + ε)·scale + B` (ε: `epsilon`, default 1e-5), scale and B
+    /// per channel or per group. With [`KernelCx::extras`], the mean and inverse
+    /// std (float32 `[N, groups]`) that the backward rule saves follow.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
-        no_kernel(cx)
+        group_norm_kernel(cx)
     }
-    /// No forward kernel yet (which would make the statistics), hence none backward.
+    /// As `native_group_norm_backward`, from the saved x, scale, mean and inverse
+    /// std: per (image, group) of `M` elements, `x̂ = (x − μ)·r`, `h = g·γ`:
+    /// `dx = r·(h − Σh/M − x̂·Σ(h·x̂)/M)`; `dγ = Σ g·x̂` and `dB = Σ g` over images
+    /// and positions (and the group's channels, for per-group scale and B); sums in f64.
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-        no_backward_kernel(cx)
+        group_norm_backward(cx)
     }
     /// Runs on the host on the GPU backend (no device kernels yet).
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
@@ -850,6 +890,141 @@ fn layer_norm_backward(cx: &BackwardCx, centered: bool) -> RuleResult<Vec<Option
     if cx.wants(2) {
         let full = col_sum(&|r, k| g[r * cols + k] as f64);
         res.push((2, sum_to(&full, &norm_shape, &cx.input(2)?.shape)));
+    }
+    cx.answer(res)
+}
+
+/// Instance/GroupNormalization on the CPU; see [`SameShapeNorm`]'s `forward_cpu`.
+fn group_norm_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+    let x = cx.input(0)?;
+    let (n, c) = (x.shape[0], x.shape[1]);
+    let (groups, per_group) = norm_groups(&cx.node.op_type, cx.attrs(), cx.opset, c)?;
+    let cg = c / groups;
+    let plane: usize = x.shape[2..].iter().product();
+    let len = cg * plane;
+    let eps = cx.attrs().float("epsilon").unwrap_or(1e-5) as f64;
+    let xs = x.to_f32()?;
+    let (scale, bias) = (cx.input(1)?.to_f32()?, cx.input(2)?.to_f32()?);
+    let want = if per_group { groups } else { c };
+    if scale.len() != want || bias.len() != want {
+        return Err(format!("scale and B must have {want} elements").into());
+    }
+    let mut y = vec![0f32; xs.len()];
+    let mut stats = vec![(0f32, 0f32); n * groups];
+    if len > 0 {
+        y.par_chunks_mut(len)
+            .zip(stats.par_iter_mut())
+            .enumerate()
+            .for_each(|(job, (yg, st))| {
+                let gr = job % groups;
+                let xg = &xs[job * len..(job + 1) * len];
+                let mu = xg.iter().map(|&v| v as f64).sum::<f64>() / len as f64;
+                let var = xg.iter().map(|&v| (v as f64 - mu).powi(2)).sum::<f64>() / len as f64;
+                let inv = 1.0 / (var + eps).sqrt();
+                for ch in 0..cg {
+                    let k = if per_group { gr } else { gr * cg + ch };
+                    let (s, b) = (scale[k] as f64, bias[k] as f64);
+                    let r = ch * plane..(ch + 1) * plane;
+                    for (o, &v) in yg[r.clone()].iter_mut().zip(&xg[r]) {
+                        *o = ((v as f64 - mu) * inv * s + b) as f32;
+                    }
+                }
+                *st = (mu as f32, inv as f32);
+            });
+    }
+    let mut outs = vec![Tensor::from_f32(x.dtype(), x.shape.clone(), y)?];
+    if cx.extras {
+        outs.push(Tensor::f32(
+            vec![n, groups],
+            stats.iter().map(|s| s.0).collect(),
+        ));
+        outs.push(Tensor::f32(
+            vec![n, groups],
+            stats.iter().map(|s| s.1).collect(),
+        ));
+    }
+    Ok(outs)
+}
+
+/// Instance/GroupNormalization backward; see [`SameShapeNorm`]'s `backward_cpu`.
+fn group_norm_backward(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+    let f = cx.input(0)?;
+    let (n, c) = (f.shape[0], f.shape[1]);
+    let (groups, per_group) = norm_groups(&cx.node.op_type, cx.attrs(), cx.opset, c)?;
+    let cg = c / groups;
+    let plane: usize = f.shape[2..].iter().product();
+    let len = (cg * plane) as f64;
+    let g = cx.grad(0)?;
+    // Σ g per (image, channel) row; the row's group is `row / cg`.
+    let rows = n * c;
+    let row = |r: usize| r * plane..(r + 1) * plane;
+    let sum_g: Vec<f64> = (0..rows)
+        .into_par_iter()
+        .map(|r| g[row(r)].iter().map(|&v| v as f64).sum())
+        .collect();
+    // A per-row sum reduced over images to the scale's or bias's shape.
+    let to_param = |per_row: &[f64]| -> Vec<f32> {
+        let mut acc = vec![0f64; if per_group { groups } else { c }];
+        for (r, &v) in per_row.iter().enumerate() {
+            let ch = r % c;
+            acc[if per_group { ch / cg } else { ch }] += v;
+        }
+        acc.into_iter().map(|v| v as f32).collect()
+    };
+    let mut res = Vec::new();
+    if cx.wants(0) || cx.wants(1) {
+        let xs = cx.saved(Saved::Input(0))?.to_f32()?;
+        let mean = cx.saved(Saved::Extra(0))?.to_f32()?;
+        let inv = cx.saved(Saved::Extra(1))?.to_f32()?;
+        if mean.len() != n * groups || inv.len() != n * groups {
+            return Err("the saved statistics are not [N, groups]".into());
+        }
+        let xhat = |r: usize, v: f32| (v as f64 - mean[r / cg] as f64) * inv[r / cg] as f64;
+        // Σ g·x̂ per row.
+        let sum_gx: Vec<f64> = (0..rows)
+            .into_par_iter()
+            .map(|r| {
+                g[row(r)]
+                    .iter()
+                    .zip(&xs[row(r)])
+                    .map(|(&gv, &xv)| gv as f64 * xhat(r, xv))
+                    .sum()
+            })
+            .collect();
+        if cx.wants(0) {
+            let scale = cx.saved(Saved::Input(1))?.to_f32()?;
+            let gamma = |r: usize| {
+                let ch = r % c;
+                scale[if per_group { ch / cg } else { ch }] as f64
+            };
+            let mut dx = vec![0f32; xs.len()];
+            let chunk = cg * plane;
+            if chunk > 0 {
+                dx.par_chunks_mut(chunk).enumerate().for_each(|(job, d)| {
+                    let first = job * cg;
+                    let (mut sh, mut shx) = (0f64, 0f64);
+                    for r in first..first + cg {
+                        sh += gamma(r) * sum_g[r];
+                        shx += gamma(r) * sum_gx[r];
+                    }
+                    let (mh, mhx, rs) = (sh / len, shx / len, inv[job] as f64);
+                    for r in first..first + cg {
+                        let k = gamma(r);
+                        let at = (r - first) * plane;
+                        for (i, (&gv, &xv)) in g[row(r)].iter().zip(&xs[row(r)]).enumerate() {
+                            d[at + i] = (rs * (k * gv as f64 - mh - xhat(r, xv) * mhx)) as f32;
+                        }
+                    }
+                });
+            }
+            res.push((0, dx));
+        }
+        if cx.wants(1) {
+            res.push((1, to_param(&sum_gx)));
+        }
+    }
+    if cx.wants(2) {
+        res.push((2, to_param(&sum_g)));
     }
     cx.answer(res)
 }
