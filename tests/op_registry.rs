@@ -145,6 +145,12 @@ fn rows() -> Vec<Row> {
     }
     let bools = Tensor::bool(vec![2, 3], vec![true, false, true, true, false, false]);
     v.push(row(Case::new("Not", vec![bools.clone()]), &[&[2, 3]], 6));
+    let c = Case::new(
+        "BitwiseNot",
+        vec![Tensor::i64(vec![2, 3], vec![0, 1, -1, 5, -6, 7])],
+    )
+    .opset(18);
+    v.push(row(c, &[&[2, 3]], 6));
     for op in ["IsNaN", "IsInf"] {
         v.push(row(Case::new(op, vec![r.t(&[2, 3])]), &[&[2, 3]], 6));
     }

@@ -192,6 +192,19 @@ pub static UNARY: &[UnaryRow] = &[
         d: |_, _| 0.0,
         cuda: None,
     },
+    // Integers only (opset 18): floats are refused by the shape rule.
+    UnaryRow {
+        name: "BitwiseNot",
+        flops: 1,
+        keeps: No,
+        autocast: Promote,
+        fold: None,
+        int: Some(|x| !x),
+        params: no_params,
+        f: |x, _| x,
+        d: |_, _| 0.0,
+        cuda: None,
+    },
     UnaryRow {
         name: "Sqrt",
         flops: 1,
@@ -674,6 +687,9 @@ impl Op for Unary {
     }
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
         let x = cx.input(0)?;
+        if self.0.name == "BitwiseNot" && (x.dtype.is_float() || x.dtype == DType::Bool) {
+            return Err(format!("BitwiseNot takes integers, got {}", x.dtype).into());
+        }
         let value = match (&x.value, self.0.fold) {
             (Some(v), Some(f)) => Some(map_value(v, x.dtype.is_float(), f)),
             _ => None,
