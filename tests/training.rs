@@ -45,8 +45,15 @@ fn saved_activations_and_peak_match_pytorch() {
             let cpu_dropout_extra = x["saved_bytes"].as_u64().unwrap()
                 - x["saved_bytes_cuda_equivalent"].as_u64().unwrap();
             for (key, optimizer) in [("sgd", Optimizer::Sgd), ("adam", Optimizer::Adam)] {
+                // A model whose first output is its own loss was measured with
+                // `loss = out` (the reference says `"loss": "graph"`).
+                let loss = match x["loss"].as_str() {
+                    Some("graph") => memplan::train::Loss::Graph,
+                    _ => memplan::train::Loss::Mean,
+                };
                 let opts = TrainOptions {
                     optimizer,
+                    loss,
                     ..Default::default()
                 };
                 let s = build_schedule(&model, &inf, &opts).unwrap();
