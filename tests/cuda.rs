@@ -717,6 +717,9 @@ const HOST_FLOAT_OPS: &[&str] = &[
     "InstanceNormalization",
     "GroupNormalization",
     "ConvTranspose",
+    "RNN",
+    "GRU",
+    "LSTM",
 ];
 
 /// Which nodes of the models in models/ the device forward of a training step

@@ -837,8 +837,8 @@ fn rows() -> Vec<Row> {
     )
     .opset(9);
     v.push(row(c, &[&[3, 3]], 0));
-    // Recurrent layers (shape-only), seq 3, batch 2, input 4, hidden 5: per step
-    // and row 2·G·5·9 + 3·G·5 + 15 FLOPs.
+    // Recurrent layers, seq 3, batch 2, input 4, hidden 5: per step and row
+    // 2·G·5·9 + 3·G·5 + 15 FLOPs.
     for (op, g, outs) in [("RNN", 1, 2), ("GRU", 3, 2), ("LSTM", 4, 3)] {
         let c = Case::new(
             op,
@@ -853,7 +853,7 @@ fn rows() -> Vec<Row> {
         for _ in 1..outs {
             shapes.push(&[2, 2, 5]);
         }
-        v.push(row(c, &shapes, 3 * 2 * 2 * per).no_cpu_kernel());
+        v.push(row(c, &shapes, 3 * 2 * 2 * per));
     }
     let c = Case::new(
         "LSTM",
@@ -862,7 +862,54 @@ fn rows() -> Vec<Row> {
     .attr("hidden_size", Attr::Int(5))
     .attr("layout", Attr::Int(1))
     .opset(14);
-    v.push(row(c, &[&[2, 3, 1, 5]], 3 * 2 * (2 * 20 * 9 + 60 + 15)).no_cpu_kernel());
+    v.push(row(c, &[&[2, 3, 1, 5]], 3 * 2 * (2 * 20 * 9 + 60 + 15)));
+    // With B, sequence_lens (all full), initial states, LSTM's peepholes, both
+    // layouts, GRU with and without linear_before_reset.
+    for (op, g, dir, lbr, layout) in [
+        ("RNN", 1, "reverse", 0, 1),
+        ("GRU", 3, "forward", 1, 0),
+        ("GRU", 3, "bidirectional", 1, 1),
+        ("GRU", 3, "reverse", 0, 0),
+        ("LSTM", 4, "reverse", 0, 0),
+        ("LSTM", 4, "bidirectional", 0, 1),
+    ] {
+        let dirs = if dir == "bidirectional" { 2 } else { 1 };
+        let (x, st): (&[usize], &[usize]) = if layout == 1 {
+            (&[2, 3, 4], &[2, dirs, 5])
+        } else {
+            (&[3, 2, 4], &[dirs, 2, 5])
+        };
+        let mut ins = vec![
+            r.t(x),
+            r.t(&[dirs, g * 5, 4]),
+            r.t(&[dirs, g * 5, 5]),
+            r.t(&[dirs, 2 * g * 5]),
+            i64s(&[3, 3]),
+            r.t(st),
+        ];
+        if g == 4 {
+            ins.push(r.t(st));
+            ins.push(r.t(&[dirs, 15]));
+        }
+        let outs = if g == 4 { 3 } else { 2 };
+        let mut c = Case::new(op, ins)
+            .outs(outs, outs)
+            .attr("hidden_size", Attr::Int(5))
+            .attr("direction", s(dir))
+            .attr("layout", Attr::Int(layout))
+            .opset(14);
+        if g == 3 {
+            c = c.attr("linear_before_reset", Attr::Int(lbr));
+        }
+        let per = (2 * g * 5 * 9 + 3 * g * 5 + 15) as u64;
+        let y: Vec<usize> = if layout == 1 {
+            vec![2, 3, dirs, 5]
+        } else {
+            vec![3, dirs, 2, 5]
+        };
+        let shapes: Vec<&[usize]> = vec![&y, st, st];
+        v.push(row(c, &shapes[..outs], 3 * dirs as u64 * 2 * per));
+    }
     // Image ops beside convolution (shape-only): Col2Im 1 FLOP per input
     // element; DeformConv Conv's 2 per multiply-add plus 9 per sampled point;
     // RoiAlign 9 per sample (sampling_ratio² per output); MaxUnpool 0.
