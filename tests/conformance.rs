@@ -31,7 +31,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use memplan::infer::{infer, Bindings};
+use memplan::infer::{infer, Bindings, Inferred};
 use memplan::ir::{DType, DimDecl};
 use memplan::onnx::load_model;
 use memplan::onnx::proto::TensorProto;
@@ -135,15 +135,13 @@ fn run(m: &Model) -> (String, String, Vec<String>) {
         .collect();
     ops.sort();
     ops.dedup();
-    let (c, d) = outcome(m, &model);
-    let (c, d) = if c == "match" {
-        match values(m, &model, &ops) {
+    let (c, d) = match outcome(m, &model) {
+        Ok(inf) => match values(m, &model, &inf, &ops) {
             Values::Differ(why) => ("wrong".to_string(), format!("values: {why}")),
             Values::Equal => ("match".to_string(), "values equal".to_string()),
             Values::Skipped(why) => ("match".to_string(), format!("values not compared: {why}")),
-        }
-    } else {
-        (c, d)
+        },
+        Err(cd) => cd,
     };
     (c, d, ops)
 }
@@ -175,7 +173,7 @@ const FOUR_DECIMALS: &[&str] = &[
 ];
 
 /// Runs the CPU executor on the suite's inputs and compares every output.
-fn values(m: &Model, model: &memplan::ir::Model, ops: &[String]) -> Values {
+fn values(m: &Model, model: &memplan::ir::Model, inf: &Inferred, ops: &[String]) -> Values {
     use memplan::exec::Tensor;
     if m.inputs.is_empty() && !model.graph.inputs.is_empty() {
         return Values::Skipped("no input data".into());
@@ -186,31 +184,9 @@ fn values(m: &Model, model: &memplan::ir::Model, ops: &[String]) -> Values {
     {
         return Values::Skipped(format!("{op} draws random values"));
     }
-    let mut b = Bindings::default();
-    for (k, &t) in model.graph.inputs.iter().enumerate() {
-        let Some(Ok(tp)) = m.inputs.get(k).map(|p| tensor(p)) else {
-            return Values::Skipped(format!("input {k} has no data"));
-        };
-        for (i, d) in model
-            .graph
-            .tensor(t)
-            .declared_shape
-            .iter()
-            .flatten()
-            .enumerate()
-        {
-            match (d, tp.dims.get(i)) {
-                (DimDecl::Named(n), Some(&v)) => {
-                    b.dims.insert(n.clone(), v as u64);
-                }
-                (DimDecl::Unknown, Some(&v)) if i == 0 => b.batch = Some(v as u64),
-                _ => {}
-            }
-        }
+    if m.inputs.len() < model.graph.inputs.len() {
+        return Values::Skipped(format!("input {} has no data", m.inputs.len()));
     }
-    let Ok(inf) = infer(model, &b) else {
-        return Values::Skipped("inference failed".into());
-    };
     let load = |p: &PathBuf| -> Result<Tensor, String> {
         let td = memplan::onnx::load::tensor_data(&tensor(p)?)?;
         Tensor::from_data(&td).map_err(|e| e.to_string())
@@ -222,7 +198,7 @@ fn values(m: &Model, model: &memplan::ir::Model, ops: &[String]) -> Values {
             Err(e) => return Values::Skipped(format!("an input the executor cannot hold: {e}")),
         }
     }
-    let outs = match memplan::exec::forward(model, &inf, &inputs) {
+    let outs = match memplan::exec::forward(model, inf, &inputs) {
         Ok(o) => o,
         Err(e) => return Values::Skipped(format!("{e}")),
     };
@@ -256,8 +232,9 @@ fn values(m: &Model, model: &memplan::ir::Model, ops: &[String]) -> Values {
     Values::Equal
 }
 
-/// The outcome of a loaded model: class and detail.
-fn outcome(m: &Model, model: &memplan::ir::Model) -> (String, String) {
+/// The outcome of a loaded model: its inference where every output's dtype and
+/// shape match, else the class and detail.
+fn outcome(m: &Model, model: &memplan::ir::Model) -> Result<Inferred, (String, String)> {
     // Named and unnamed dims from the inputs the suite feeds.
     let mut b = Bindings::default();
     let g = &model.graph;
@@ -277,21 +254,21 @@ fn outcome(m: &Model, model: &memplan::ir::Model) -> (String, String) {
     }
     let inf = match infer(model, &b) {
         Ok(x) => x,
-        Err(e) => return classify(&e),
+        Err(e) => return Err(classify(&e)),
     };
     for (k, &t) in g.outputs.iter().enumerate() {
         let Some(p) = m.outputs.get(k) else {
-            return ("error".into(), format!("no expected value for output {k}"));
+            return Err(("error".into(), format!("no expected value for output {k}")));
         };
         let tp = match tensor(p) {
             Ok(x) => x,
-            Err(e) => return ("error".into(), format!("output {k}: {e}")),
+            Err(e) => return Err(("error".into(), format!("output {k}: {e}"))),
         };
         let want_dt = tp.data_type.and_then(DType::from_onnx);
         let want_shape: Vec<usize> = tp.dims.iter().map(|&d| d as usize).collect();
         let f = &inf.facts[t];
         if want_dt != Some(f.dtype) || want_shape != f.shape {
-            return (
+            return Err((
                 "wrong".into(),
                 format!(
                     "output {k} '{}': {} {:?}, expected {} {:?}",
@@ -301,10 +278,10 @@ fn outcome(m: &Model, model: &memplan::ir::Model) -> (String, String) {
                     want_dt.map_or("?".to_string(), |d| d.to_string()),
                     want_shape
                 ),
-            );
+            ));
         }
     }
-    ("match".into(), String::new())
+    Ok(inf)
 }
 
 /// A failure as an outcome: a documented refusal, or an error.

@@ -790,16 +790,22 @@ fn conv_backward_kernel(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
         res.push((1, dw));
     }
     if cx.wants(2) {
-        let mut db = vec![0f64; m];
-        for img in 0..n {
-            for (o, acc) in db.iter_mut().enumerate() {
-                let row = &g[(img * m + o) * plane..(img * m + o + 1) * plane];
-                *acc += row.iter().map(|&v| v as f64).sum::<f64>();
-            }
-        }
-        res.push((2, db.into_iter().map(|v| v as f32).collect()));
+        res.push((2, bias_grad(&g, n, m, plane)));
     }
     cx.answer(res)
+}
+
+/// The bias gradient of a convolution (or its transpose): the output gradient
+/// `[n, m, plane]` summed over images and positions per channel, in f64.
+pub(super) fn bias_grad(g: &[f32], n: usize, m: usize, plane: usize) -> Vec<f32> {
+    let mut db = vec![0f64; m];
+    for img in 0..n {
+        for (o, acc) in db.iter_mut().enumerate() {
+            let row = &g[(img * m + o) * plane..(img * m + o + 1) * plane];
+            *acc += row.iter().map(|&v| v as f64).sum::<f64>();
+        }
+    }
+    db.into_iter().map(|v| v as f32).collect()
 }
 
 /// Pooling backward; see [`Pool`]'s `backward_cpu`.

@@ -425,14 +425,7 @@ fn conv_transpose_backward(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
         res.push((1, dw));
     }
     if cx.wants(2) {
-        let mut db = vec![0f64; m];
-        for img in 0..n {
-            for (o, acc) in db.iter_mut().enumerate() {
-                let row = &g[(img * m + o) * big..(img * m + o + 1) * big];
-                *acc += row.iter().map(|&v| v as f64).sum::<f64>();
-            }
-        }
-        res.push((2, db.into_iter().map(|v| v as f32).collect()));
+        res.push((2, super::conv::bias_grad(&g, n, m, big)));
     }
     cx.answer(res)
 }

@@ -591,12 +591,7 @@ impl Op for AffineGrid {
     }
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
         let t = cx.input(0)?;
-        let size: Vec<usize> = cx
-            .value(1)?
-            .to_ints()
-            .into_iter()
-            .map(|v| super::dim(v, "size"))
-            .collect::<RuleResult<_>>()?;
+        let size = cx.sizes(1, "size")?;
         let nd = size.len().saturating_sub(2);
         if !(nd == 2 || nd == 3) || t.shape != [size[0], nd, nd + 1] {
             return Err(format!("theta {:?} does not fit size {size:?}", t.shape).into());
@@ -617,19 +612,7 @@ impl Op for AffineGrid {
     fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
         Ok(Some(Backward::each(&[0], &[], self.flops(cx, out))))
     }
-    fn storage(&self, _cx: &Cx) -> Storage {
-        Storage::New
-    }
-    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
-        super::no_kernel(cx)
-    }
-    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-        super::no_backward_kernel(cx)
-    }
-    /// No CPU kernel to run on the host yet, no device kernels.
-    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::HOST
-    }
+    shape_only!(no_backward_kernel);
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Promote
     }

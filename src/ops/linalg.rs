@@ -568,19 +568,7 @@ impl Op for Det {
             flops: out[0].numel().saturating_mul(2 * m.saturating_pow(3)),
         }))
     }
-    fn storage(&self, _cx: &Cx) -> Storage {
-        Storage::New
-    }
-    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
-        super::no_kernel(cx)
-    }
-    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-        super::no_backward_kernel(cx)
-    }
-    /// No CPU kernel to run on the host yet, no device kernels.
-    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::HOST
-    }
+    shape_only!(no_backward_kernel);
     /// linalg ops run in float32 under autocast.
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Full

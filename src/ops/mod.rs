@@ -16,6 +16,33 @@ use std::sync::OnceLock;
 use crate::ir::{Attrs, DType, Node, Value};
 use crate::numeric::Tensor;
 
+/// The methods every op with shape rules only shares: a new tensor, no CPU
+/// forward kernel (it says so), `$backward` ([`no_gradient`] or
+/// [`no_backward_kernel`]) as its CPU backward, and no device kernels.
+macro_rules! shape_only {
+    ($backward:ident) => {
+        fn storage(&self, _cx: &$crate::ops::Cx) -> $crate::ops::Storage {
+            $crate::ops::Storage::New
+        }
+        fn forward_cpu(
+            &self,
+            cx: &$crate::ops::KernelCx,
+        ) -> $crate::ops::RuleResult<Vec<$crate::numeric::Tensor>> {
+            $crate::ops::no_kernel(cx)
+        }
+        fn backward_cpu(
+            &self,
+            cx: &$crate::ops::BackwardCx,
+        ) -> $crate::ops::RuleResult<Vec<Option<$crate::numeric::Tensor>>> {
+            $crate::ops::$backward(cx)
+        }
+        /// No CPU kernel to run on the host yet, no device kernels.
+        fn cuda_kernels(&self, _op_type: &str) -> $crate::ops::CudaKernels {
+            $crate::ops::CudaKernels::HOST
+        }
+    };
+}
+
 pub mod attention;
 pub mod conv;
 pub mod conv_transpose;
@@ -158,6 +185,15 @@ impl<'a> Cx<'a> {
             .value
             .as_ref()
             .ok_or(RuleError::NotConstant(i))
+    }
+
+    /// A constant list of sizes (non-negative dimensions) at input `i`.
+    pub fn sizes(&self, i: usize, what: &str) -> RuleResult<Vec<usize>> {
+        self.value(i)?
+            .to_ints()
+            .into_iter()
+            .map(|v| dim(v, what))
+            .collect()
     }
 
     /// Optional constant integer list at input `i` (absent → `None`).

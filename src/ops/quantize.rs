@@ -11,11 +11,10 @@
 //! line rather than train as if nothing upstream had a gradient.
 
 use super::{
-    conv::window_out, linalg::matmul_shape, no_gradient, no_kernel, Arity, Autocast, Backward,
-    BackwardCx, CudaKernels, Cx, Fact, KernelCx, Op, Registry, RuleResult, Storage,
+    conv::window_out, linalg::matmul_shape, Arity, Autocast, Backward, Cx, Fact, Op, Registry,
+    RuleResult,
 };
 use crate::ir::DType;
-use crate::numeric::Tensor;
 
 /// Checks a scale (or zero point) against `x` for per-tensor (scalar or `[1]`),
 /// per-axis (`[x[axis]]`) or blocked (`x`'s rank, `ceil(x[axis]/block)` on the
@@ -83,20 +82,7 @@ impl Op for Quantize {
         let _ = cx;
         Err("fake quantization (QuantizeLinear -> DequantizeLinear) trains with a straight-through gradient, which memplan does not model yet".into())
     }
-    fn storage(&self, _cx: &Cx) -> Storage {
-        Storage::New
-    }
-    /// The CPU executor holds no 8-bit or sub-byte tensors.
-    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
-        no_kernel(cx)
-    }
-    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-        no_gradient(cx)
-    }
-    /// Runs nowhere on the device (no CPU kernel to run on the host either).
-    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::HOST
-    }
+    shape_only!(no_gradient);
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Full
     }
@@ -154,20 +140,7 @@ impl Op for Dequantize {
     fn backward(&self, _cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
         Ok(None)
     }
-    fn storage(&self, _cx: &Cx) -> Storage {
-        Storage::New
-    }
-    /// The CPU executor holds no 8-bit or sub-byte tensors.
-    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
-        no_kernel(cx)
-    }
-    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-        no_gradient(cx)
-    }
-    /// Runs nowhere on the device (no CPU kernel to run on the host either).
-    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::HOST
-    }
+    shape_only!(no_gradient);
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Full
     }
@@ -245,20 +218,7 @@ impl Op for IntegerProduct {
     fn backward(&self, _cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
         Ok(None)
     }
-    fn storage(&self, _cx: &Cx) -> Storage {
-        Storage::New
-    }
-    /// The CPU executor holds no 8-bit tensors.
-    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
-        no_kernel(cx)
-    }
-    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-        no_gradient(cx)
-    }
-    /// Runs nowhere on the device (no CPU kernel to run on the host either).
-    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::HOST
-    }
+    shape_only!(no_gradient);
     /// Integer products are not autocast.
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Promote

@@ -424,6 +424,17 @@ impl Op for TopK {
     }
 }
 
+/// The axis of a CumSum or CumProd backward: input 1, a constant (folded fact).
+fn cumulative_axis(cx: &BackwardCx, rank: usize) -> RuleResult<usize> {
+    let a = cx
+        .input(1)?
+        .value
+        .as_ref()
+        .and_then(|v| v.scalar_int())
+        .ok_or("axis must be a constant")?;
+    axis(a, rank)
+}
+
 /// `CumSum(x, axis)`: same shape. FLOPs: 1 add per element.
 struct CumSum;
 
@@ -524,14 +535,7 @@ impl Op for CumSum {
         if !f.dtype.is_float() {
             return no_gradient(cx);
         }
-        let a = axis(
-            cx.input(1)?
-                .value
-                .as_ref()
-                .and_then(|v| v.scalar_int())
-                .ok_or("axis must be a constant")?,
-            f.rank(),
-        )?;
+        let a = cumulative_axis(cx, f.rank())?;
         let excl = cx.attrs().int_or("exclusive", 0) != 0;
         let rev = cx.attrs().int_or("reverse", 0) == 0;
         let g = cx.grad(0)?;
@@ -658,14 +662,7 @@ impl Op for CumProd {
         if !f.dtype.is_float() {
             return no_gradient(cx);
         }
-        let a = axis(
-            cx.input(1)?
-                .value
-                .as_ref()
-                .and_then(|v| v.scalar_int())
-                .ok_or("axis must be a constant")?,
-            f.rank(),
-        )?;
+        let a = cumulative_axis(cx, f.rank())?;
         let excl = cx.attrs().int_or("exclusive", 0) != 0;
         let rev = cx.attrs().int_or("reverse", 0) != 0;
         let xs = cx.saved(Saved::Input(0))?.to_f64s();

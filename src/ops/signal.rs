@@ -5,11 +5,7 @@
 //! linear: their backward (PyTorch's `fft_*` and `stft`) saves nothing and costs
 //! one more transform; the generators read no float input.
 
-use super::{
-    axis, dim, no_backward_kernel, no_gradient, no_kernel, Arity, Autocast, Backward, BackwardCx,
-    CudaKernels, Cx, Fact, KernelCx, Op, Registry, RuleResult, Storage,
-};
-use crate::numeric::Tensor;
+use super::{axis, dim, Arity, Autocast, Backward, Cx, Fact, Op, Registry, RuleResult};
 
 /// FLOPs of one complex transform of length `n`: `5·n·log2(n)`, the usual
 /// radix-2 FFT count (a length-1 transform is free).
@@ -98,19 +94,7 @@ impl Op for Dft {
     fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
         Ok(Some(Backward::each(&[0], &[], self.flops(cx, out))))
     }
-    fn storage(&self, _cx: &Cx) -> Storage {
-        Storage::New
-    }
-    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
-        no_kernel(cx)
-    }
-    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-        no_backward_kernel(cx)
-    }
-    /// No CPU kernel to run on the host yet, no device kernels.
-    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::HOST
-    }
+    shape_only!(no_backward_kernel);
     /// PyTorch's fft ops are on autocast's fp32 list.
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Full
@@ -182,19 +166,7 @@ impl Op for Stft {
     fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
         Ok(Some(Backward::each(&[0], &[], self.flops(cx, out))))
     }
-    fn storage(&self, _cx: &Cx) -> Storage {
-        Storage::New
-    }
-    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
-        no_kernel(cx)
-    }
-    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-        no_backward_kernel(cx)
-    }
-    /// No CPU kernel to run on the host yet, no device kernels.
-    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::HOST
-    }
+    shape_only!(no_backward_kernel);
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Full
     }
@@ -235,19 +207,7 @@ impl Op for Generator {
     fn backward(&self, _cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
         Ok(None)
     }
-    fn storage(&self, _cx: &Cx) -> Storage {
-        Storage::New
-    }
-    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
-        no_kernel(cx)
-    }
-    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-        no_gradient(cx)
-    }
-    /// No CPU kernel to run on the host yet, no device kernels.
-    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::HOST
-    }
+    shape_only!(no_gradient);
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Promote
     }

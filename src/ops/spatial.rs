@@ -6,39 +6,9 @@
 //! CPU kernels yet (each says so).
 
 use super::{
-    conv::window_out, dim, no_backward_kernel, no_kernel, Arity, Autocast, Backward, BackwardCx,
-    CudaKernels, Cx, Fact, Grad, KernelCx, Op, Registry, RuleResult, Saved, Storage,
+    conv::window_out, dim, Arity, Autocast, Backward, Cx, Fact, Grad, Op, Registry, RuleResult,
+    Saved,
 };
-use crate::numeric::Tensor;
-
-/// The trait methods every op here shares: a new tensor, no CPU kernels, host
-/// on the device.
-macro_rules! shape_only {
-    () => {
-        fn storage(&self, _cx: &Cx) -> Storage {
-            Storage::New
-        }
-        fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
-            no_kernel(cx)
-        }
-        fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-            no_backward_kernel(cx)
-        }
-        /// No CPU kernel to run on the host yet, no device kernels.
-        fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-            CudaKernels::HOST
-        }
-    };
-}
-
-/// A constant list of positive sizes at input `i`.
-fn sizes(cx: &Cx, i: usize, what: &str) -> RuleResult<Vec<usize>> {
-    cx.value(i)?
-        .to_ints()
-        .into_iter()
-        .map(|v| dim(v, what))
-        .collect()
-}
 
 /// `Col2Im(input [N, C·∏block, L], image_shape, block_shape) -> [N, C,
 /// image...]`: the blocks summed back into an image (`strides`, `pads`,
@@ -52,8 +22,8 @@ impl Op for Col2Im {
     }
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
         let x = cx.input(0)?;
-        let image = sizes(cx, 1, "image_shape")?;
-        let block = sizes(cx, 2, "block_shape")?;
+        let image = cx.sizes(1, "image_shape")?;
+        let block = cx.sizes(2, "block_shape")?;
         if x.rank() != 3 || image.len() != block.len() || image.is_empty() {
             return Err(format!(
                 "input {:?}, image_shape {image:?} and block_shape {block:?} do not fit",
@@ -90,7 +60,7 @@ impl Op for Col2Im {
     fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
         Ok(Some(Backward::each(&[0], &[], self.flops(cx, out))))
     }
-    shape_only!();
+    shape_only!(no_backward_kernel);
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Promote
     }
@@ -164,7 +134,7 @@ impl Op for DeformConv {
             flops: self.flops(cx, out).saturating_mul(2),
         }))
     }
-    shape_only!();
+    shape_only!(no_backward_kernel);
     /// Not on autocast's lists (torchvision registers it to run in float32).
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Full
@@ -211,7 +181,7 @@ impl Op for RoiAlign {
             self.flops(cx, out),
         )))
     }
-    shape_only!();
+    shape_only!(no_backward_kernel);
     /// torchvision runs roi_align in float32 under autocast.
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Full
@@ -233,7 +203,7 @@ impl Op for MaxUnpool {
             return Err(format!("X {:?} and I {:?} do not fit", x.shape, i.shape).into());
         }
         if cx.opt(2).is_some() {
-            let s = sizes(cx, 2, "output_shape")?;
+            let s = cx.sizes(2, "output_shape")?;
             if s.len() != x.rank() || s[..2] != x.shape[..2] {
                 return Err(format!("output_shape {s:?} does not fit X {:?}", x.shape).into());
             }
@@ -268,7 +238,7 @@ impl Op for MaxUnpool {
             cx.input(0)?.numel(),
         )))
     }
-    shape_only!();
+    shape_only!(no_backward_kernel);
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Promote
     }

@@ -4,12 +4,8 @@
 //!
 //! Shape rule and FLOPs; no CPU kernel yet.
 
-use super::{
-    no_gradient, no_kernel, Arity, Autocast, Backward, BackwardCx, CudaKernels, Cx, Fact, KernelCx,
-    Op, Registry, RuleResult, Storage,
-};
+use super::{Arity, Autocast, Backward, Cx, Fact, Op, Registry, RuleResult};
 use crate::ir::DType;
-use crate::numeric::Tensor;
 
 /// FLOPs: 1 per output element for the weighting (the matching is integer work).
 struct TfIdf;
@@ -42,19 +38,7 @@ impl Op for TfIdf {
     fn backward(&self, _cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
         Ok(None)
     }
-    fn storage(&self, _cx: &Cx) -> Storage {
-        Storage::New
-    }
-    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
-        no_kernel(cx)
-    }
-    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-        no_gradient(cx)
-    }
-    /// No CPU kernel to run on the host yet, no device kernels.
-    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::HOST
-    }
+    shape_only!(no_gradient);
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Promote
     }

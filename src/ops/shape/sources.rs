@@ -371,16 +371,14 @@ impl Op for LikeInput {
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         let x = cx.input(0)?;
         let f = cx.out(0)?;
+        if cx.node.op_type.starts_with("Scatter") {
+            return scatter_kernel(cx);
+        }
         let r = x.rank();
-        let scatter = cx.node.op_type.starts_with("Scatter");
-        if r < 2 && !scatter {
+        if r < 2 {
             return crate::ops::no_kernel(cx);
         }
-        let (h, w) = if scatter {
-            (1, 1)
-        } else {
-            (x.shape[r - 2], x.shape[r - 1])
-        };
+        let (h, w) = (x.shape[r - 2], x.shape[r - 1]);
         match cx.node.op_type.as_str() {
             "Trilu" => {
                 let k = cx
@@ -408,25 +406,6 @@ impl Op for LikeInput {
                     .map(|i| ((i % w) as i64 - ((i / w) % h) as i64 == k) as i64)
                     .collect();
                 Ok(vec![Tensor::from_i64(f.dtype, x.shape.clone(), v)?])
-            }
-            "ScatterND" | "ScatterElements" | "Scatter" => {
-                let plan = scatter_plan(&cx.node.op_type, cx.attrs(), &x.shape, cx.input(1)?)?;
-                let red = cx.attrs().string("reduction").unwrap_or("none");
-                let (mut out, upd) = (x.to_f64s(), cx.input(2)?.to_f64s());
-                let per = upd.len() / plan.len().max(1);
-                for (k, &dst) in plan.iter().enumerate() {
-                    for j in 0..per {
-                        let (o, u) = (&mut out[dst + j], upd[k * per + j]);
-                        *o = match red {
-                            "add" => *o + u,
-                            "mul" => *o * u,
-                            "max" => o.max(u),
-                            "min" => o.min(u),
-                            _ => u,
-                        };
-                    }
-                }
-                Ok(vec![Tensor::from_f64(f.dtype, x.shape.clone(), out)?])
             }
             _ => crate::ops::no_kernel(cx),
         }
@@ -580,6 +559,30 @@ impl Op for NonZero {
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Promote
     }
+}
+
+/// The scatters' forward: `data` with each update written where its index says
+/// (`reduction` none, add, mul, max or min), in index order.
+fn scatter_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+    let x = cx.input(0)?;
+    let f = cx.out(0)?;
+    let plan = scatter_plan(&cx.node.op_type, cx.attrs(), &x.shape, cx.input(1)?)?;
+    let red = cx.attrs().string("reduction").unwrap_or("none");
+    let (mut out, upd) = (x.to_f64s(), cx.input(2)?.to_f64s());
+    let per = upd.len() / plan.len().max(1);
+    for (k, &dst) in plan.iter().enumerate() {
+        for j in 0..per {
+            let (o, u) = (&mut out[dst + j], upd[k * per + j]);
+            *o = match red {
+                "add" => *o + u,
+                "mul" => *o * u,
+                "max" => o.max(u),
+                "min" => o.min(u),
+                _ => u,
+            };
+        }
+    }
+    Ok(vec![Tensor::from_f64(f.dtype, x.shape.clone(), out)?])
 }
 
 /// The flat offset in `data` (of `shape`) each update goes to: one per update
