@@ -126,13 +126,12 @@ pub struct FitOptions {
 
 /// Peak bytes of one strategy at one batch, and the recompute FLOP fraction.
 fn peak_at(model: &Model, o: &FitOptions, st: Strategy, batch: u64) -> Result<(Vec<u64>, f64)> {
-    let inf = infer(
-        model,
-        &Bindings {
-            batch: Some(batch),
-            dims: o.dims.clone(),
-        },
-    )?;
+    let b = Bindings {
+        batch: Some(batch),
+        dims: o.dims.clone(),
+    };
+    let model = &*crate::lower::lower(model, &b)?;
+    let inf = infer(model, &b)?;
     let mut topts = o.train;
     if st == Strategy::MixedPrecision {
         topts.precision = match o.train.precision {
@@ -217,24 +216,48 @@ fn max_batch(model: &Model, o: &FitOptions, st: Strategy) -> Result<(u64, u64, f
         return Ok((0, peak1, ov));
     }
     let (t2, _) = peak_at(model, o, st, 2)?;
-    // Solve every step's affine bytes a + c·(b-1) <= M.
-    let mut best = MAX_BATCH;
-    if t1.len() == t2.len() {
-        for (&a, &b2) in t1.iter().zip(&t2) {
-            let c = b2.saturating_sub(a);
-            if let Some(more) = (o.memory - a.min(o.memory)).checked_div(c) {
-                best = best.min(1 + more);
-            }
-        }
-    } else {
-        best = 1;
-    }
-    // Confirm: fits at `best`, not at `best + 1`; walk if the model is not affine.
     let fits = |b: u64| -> Result<(bool, u64, f64)> {
         let (t, ov) = peak_at(model, o, st, b)?;
         let p = t.iter().copied().max().unwrap_or(0);
         Ok((p <= o.memory, p, ov))
     };
+    if t1.len() != t2.len() {
+        // The step itself changes with the batch (a Loop over the rows, lowered per
+        // batch): no affine model; gallop, then bisect, on the peak (monotone in
+        // the batch).
+        let (mut lo, mut at_lo) = (1, (peak1, ov));
+        let mut hi = 2;
+        loop {
+            let (ok, p, o2) = fits(hi)?;
+            if !ok {
+                break;
+            }
+            (lo, at_lo) = (hi, (p, o2));
+            if hi >= MAX_BATCH {
+                return Ok((lo, at_lo.0, at_lo.1));
+            }
+            hi = (hi * 2).min(MAX_BATCH);
+        }
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            let (ok, p, o2) = fits(mid)?;
+            if ok {
+                (lo, at_lo) = (mid, (p, o2));
+            } else {
+                hi = mid;
+            }
+        }
+        return Ok((lo, at_lo.0, at_lo.1));
+    }
+    // Solve every step's affine bytes a + c·(b-1) <= M.
+    let mut best = MAX_BATCH;
+    for (&a, &b2) in t1.iter().zip(&t2) {
+        let c = b2.saturating_sub(a);
+        if let Some(more) = (o.memory - a.min(o.memory)).checked_div(c) {
+            best = best.min(1 + more);
+        }
+    }
+    // Confirm: fits at `best`, not at `best + 1`; walk if the model is not affine.
     let mut b = best.max(1);
     let (ok, mut peak, mut ov) = fits(b)?;
     let mut ok = ok;

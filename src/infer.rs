@@ -83,8 +83,29 @@ pub fn check_supported(model: &Model) -> Result<()> {
     let reg = registry();
     let mut missing: Vec<(String, String)> = Vec::new();
     let mut value_shaped = None;
+    let mut check = |domain: &str, op_type: &str, name: &str| {
+        if reg.get(domain, op_type).is_none() {
+            let key = if domain.is_empty() {
+                op_type.to_string()
+            } else {
+                format!("{domain}.{op_type}")
+            };
+            if !missing.iter().any(|(k, _)| *k == key) {
+                missing.push((key, name.to_string()));
+            }
+        }
+    };
     for &ix in &model.graph.order {
         let n = model.graph.node(ix);
+        if crate::lower::is_lowered(n) {
+            // Lowered (crate::lower) into the ops of its subgraphs, checked here.
+            for a in n.attrs.0.values() {
+                if let crate::ir::Attr::Graph(g) = a {
+                    subgraph_ops(g, &mut check);
+                }
+            }
+            continue;
+        }
         if let Some(&(_, input)) = crate::ops::VALUE_SHAPED
             .iter()
             .find(|(op, _)| n.domain.is_empty() && *op == n.op_type)
@@ -92,16 +113,7 @@ pub fn check_supported(model: &Model) -> Result<()> {
             value_shaped.get_or_insert((n, input));
             continue;
         }
-        if reg.get(&n.domain, &n.op_type).is_none() {
-            let key = if n.domain.is_empty() {
-                n.op_type.clone()
-            } else {
-                format!("{}.{}", n.domain, n.op_type)
-            };
-            if !missing.iter().any(|(k, _)| *k == key) {
-                missing.push((key, n.name.clone()));
-            }
-        }
+        check(&n.domain, &n.op_type, &n.name);
     }
     if !missing.is_empty() {
         return Err(Error::Unsupported(missing));
@@ -113,6 +125,26 @@ pub fn check_supported(model: &Model) -> Result<()> {
             crate::numeric::RuleError::NotConstant(input),
         )),
         None => Ok(()),
+    }
+}
+
+/// Calls `check(domain, op_type, name)` for every node of a subgraph and of the
+/// subgraphs inside it, except the ops `crate::lower` rewrites.
+fn subgraph_ops(g: &crate::onnx::proto::GraphProto, check: &mut impl FnMut(&str, &str, &str)) {
+    for n in &g.node {
+        let domain = match n.domain() {
+            "ai.onnx" => "",
+            d => d,
+        };
+        if domain.is_empty() && crate::lower::LOWERED.contains(&n.op_type()) {
+            for a in &n.attribute {
+                if let Some(sub) = &a.g {
+                    subgraph_ops(sub, check);
+                }
+            }
+        } else {
+            check(domain, n.op_type(), n.name());
+        }
     }
 }
 
@@ -239,90 +271,11 @@ fn bind_inputs(model: &Model, b: &Bindings) -> Result<Bound> {
 /// Infers every tensor's dtype and shape for the given bindings.
 pub fn infer(model: &Model, b: &Bindings) -> Result<Inferred> {
     check_supported(model)?;
+    let (mut facts, batch, env) = initial_facts(model, b)?;
     let g = &model.graph;
-    let (input_shapes, batch, env) = bind_inputs(model, b)?;
-    let mut facts: Vec<Option<Fact>> = vec![None; g.tensors.len()];
-    for (&t, shape) in g.inputs.iter().zip(input_shapes) {
-        let info = g.tensor(t);
-        let dtype = info.declared_dtype.ok_or_else(|| {
-            Error::Binding(format!(
-                "graph input '{}' has no tensor element type",
-                info.name
-            ))
-        })?;
-        let fact = Fact::new(dtype, shape);
-        if fact.bytes().is_none() {
-            return Err(Error::Binding(format!(
-                "input '{}' of shape {:?} overflows a 64-bit byte count",
-                info.name, fact.shape
-            )));
-        }
-        facts[t] = Some(fact);
-    }
-    for (t, info) in g.tensors.iter().enumerate() {
-        if let Some(init) = &info.init {
-            facts[t] = Some(literal_fact(init));
-        }
-    }
-    let reg = registry();
-    let opset = model.opset();
     let mut flops = Vec::with_capacity(g.order.len());
     for &ix in &g.order {
-        let node = g.node(ix);
-        let err = |reason: String| Error::node(&node.name, &node.op_type, reason);
-        let rule_err = |e: RuleError| Error::rule(&node.name, &node.op_type, e);
-        let op = reg
-            .get(&node.domain, &node.op_type)
-            .expect("checked by check_supported");
-        let ar = op.arity();
-        if node.inputs.len() < ar.min_in || node.inputs.len() > ar.max_in {
-            return Err(err(format!(
-                "has {} inputs, expected {}",
-                node.inputs.len(),
-                range_text(ar.min_in, ar.max_in)
-            )));
-        }
-        if node.outputs.len() < ar.min_out || node.outputs.len() > ar.max_out {
-            return Err(err(format!(
-                "has {} outputs, expected {}",
-                node.outputs.len(),
-                range_text(ar.min_out, ar.max_out)
-            )));
-        }
-        let inputs = node
-            .inputs
-            .iter()
-            .map(|t| t.and_then(|t| facts[t].as_ref()))
-            .collect();
-        let cx = Cx {
-            node,
-            inputs,
-            opset,
-        };
-        let out = op.infer(&cx).map_err(rule_err)?;
-        if out.len() < node.outputs.len() {
-            return Err(err(format!(
-                "rule gave {} outputs for {} declared",
-                out.len(),
-                node.outputs.len()
-            )));
-        }
-        let f = op.flops(&cx, &out);
-        if f == u64::MAX {
-            return Err(err("its FLOP count overflows 64 bits".into()));
-        }
-        flops.push(f);
-        for (slot, (t, f)) in node.outputs.iter().zip(out).enumerate() {
-            let Some(t) = *t else { continue };
-            if f.bytes().is_none() {
-                return Err(err(format!(
-                    "output {slot} '{}' of shape {:?} overflows a 64-bit byte count",
-                    g.tensor(t).name,
-                    f.shape
-                )));
-            }
-            facts[t] = Some(f);
-        }
+        flops.push(infer_node(model, ix, &mut facts)?);
     }
     let facts: Vec<Fact> = facts
         .into_iter()
@@ -349,6 +302,112 @@ pub fn infer(model: &Model, b: &Bindings) -> Result<Inferred> {
         flops,
         batch,
     })
+}
+
+/// Every named dim's value.
+type Env = BTreeMap<String, u64>;
+
+/// The facts known before any node runs: graph inputs (bound) and initializers;
+/// with the batch in effect and every named dim's value.
+pub(crate) fn initial_facts(
+    model: &Model,
+    b: &Bindings,
+) -> Result<(Vec<Option<Fact>>, Option<u64>, Env)> {
+    let g = &model.graph;
+    let (input_shapes, batch, env) = bind_inputs(model, b)?;
+    let mut facts: Vec<Option<Fact>> = vec![None; g.tensors.len()];
+    for (&t, shape) in g.inputs.iter().zip(input_shapes) {
+        let info = g.tensor(t);
+        let dtype = info.declared_dtype.ok_or_else(|| {
+            Error::Binding(format!(
+                "graph input '{}' has no tensor element type",
+                info.name
+            ))
+        })?;
+        let fact = Fact::new(dtype, shape);
+        if fact.bytes().is_none() {
+            return Err(Error::Binding(format!(
+                "input '{}' of shape {:?} overflows a 64-bit byte count",
+                info.name, fact.shape
+            )));
+        }
+        facts[t] = Some(fact);
+    }
+    for (t, info) in g.tensors.iter().enumerate() {
+        if let Some(init) = &info.init {
+            facts[t] = Some(literal_fact(init));
+        }
+    }
+    Ok((facts, batch, env))
+}
+
+/// Infers one node from the facts of its inputs: writes its outputs' facts and
+/// returns its FLOPs. `facts` is indexed by tensor id and covers every tensor.
+pub(crate) fn infer_node(
+    model: &Model,
+    ix: petgraph::stable_graph::NodeIndex,
+    facts: &mut [Option<Fact>],
+) -> Result<u64> {
+    let g = &model.graph;
+    let node = g.node(ix);
+    let err = |reason: String| Error::node(&node.name, &node.op_type, reason);
+    let rule_err = |e: RuleError| Error::rule(&node.name, &node.op_type, e);
+    let Some(op) = registry().get(&node.domain, &node.op_type) else {
+        return Err(if crate::lower::is_lowered(node) {
+            err("control flow and sequences are lowered first (memplan::lower::lower)".into())
+        } else {
+            Error::Unsupported(vec![(node.op_type.clone(), node.name.clone())])
+        });
+    };
+    let ar = op.arity();
+    if node.inputs.len() < ar.min_in || node.inputs.len() > ar.max_in {
+        return Err(err(format!(
+            "has {} inputs, expected {}",
+            node.inputs.len(),
+            range_text(ar.min_in, ar.max_in)
+        )));
+    }
+    if node.outputs.len() < ar.min_out || node.outputs.len() > ar.max_out {
+        return Err(err(format!(
+            "has {} outputs, expected {}",
+            node.outputs.len(),
+            range_text(ar.min_out, ar.max_out)
+        )));
+    }
+    let inputs = node
+        .inputs
+        .iter()
+        .map(|t| t.and_then(|t| facts[t].as_ref()))
+        .collect();
+    let cx = Cx {
+        node,
+        inputs,
+        opset: model.opset(),
+    };
+    let out = op.infer(&cx).map_err(rule_err)?;
+    if out.len() < node.outputs.len() {
+        return Err(err(format!(
+            "rule gave {} outputs for {} declared",
+            out.len(),
+            node.outputs.len()
+        )));
+    }
+    let f = op.flops(&cx, &out);
+    if f == u64::MAX {
+        return Err(err("its FLOP count overflows 64 bits".into()));
+    }
+    for (slot, (t, f)) in node.outputs.iter().zip(out).enumerate() {
+        let Some(t) = *t else { continue };
+        if f.bytes().is_none() {
+            return Err(err(format!(
+                "output {slot} '{}' of shape {:?} overflows a 64-bit byte count",
+                g.tensor(t).name,
+                f.shape
+            )));
+        }
+        facts[t] = Some(f);
+    }
+    Ok(f)
 }
 
 fn range_text(lo: usize, hi: usize) -> String {

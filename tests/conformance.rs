@@ -33,6 +33,7 @@ use std::path::{Path, PathBuf};
 
 use memplan::infer::{infer, Bindings, Inferred};
 use memplan::ir::{DType, DimDecl};
+use memplan::lower::lowered;
 use memplan::onnx::load_model;
 use memplan::onnx::proto::TensorProto;
 use memplan::ops::RuleError;
@@ -136,7 +137,7 @@ fn run(m: &Model) -> (String, String, Vec<String>) {
     ops.sort();
     ops.dedup();
     let (c, d) = match outcome(m, &model) {
-        Ok(inf) => match values(m, &model, &inf, &ops) {
+        Ok((model, inf)) => match values(m, &model, &inf, &ops) {
             Values::Differ(why) => ("wrong".to_string(), format!("values: {why}")),
             Values::Equal => ("match".to_string(), "values equal".to_string()),
             Values::Skipped(why) => ("match".to_string(), format!("values not compared: {why}")),
@@ -234,7 +235,10 @@ fn values(m: &Model, model: &memplan::ir::Model, inf: &Inferred, ops: &[String])
 
 /// The outcome of a loaded model: its inference where every output's dtype and
 /// shape match, else the class and detail.
-fn outcome(m: &Model, model: &memplan::ir::Model) -> Result<Inferred, (String, String)> {
+fn outcome(
+    m: &Model,
+    model: &memplan::ir::Model,
+) -> Result<(memplan::ir::Model, Inferred), (String, String)> {
     // Named and unnamed dims from the inputs the suite feeds.
     let mut b = Bindings::default();
     let g = &model.graph;
@@ -252,7 +256,12 @@ fn outcome(m: &Model, model: &memplan::ir::Model) -> Result<Inferred, (String, S
             }
         }
     }
-    let inf = match infer(model, &b) {
+    let model = match lowered(model.clone(), &b) {
+        Ok(x) => x,
+        Err(e) => return Err(classify(&e)),
+    };
+    let g = &model.graph;
+    let inf = match infer(&model, &b) {
         Ok(x) => x,
         Err(e) => return Err(classify(&e)),
     };
@@ -281,7 +290,7 @@ fn outcome(m: &Model, model: &memplan::ir::Model) -> Result<Inferred, (String, S
             ));
         }
     }
-    Ok(inf)
+    Ok((model, inf))
 }
 
 /// A failure as an outcome: a documented refusal, or an error.
@@ -289,7 +298,7 @@ fn classify(e: &Error) -> (String, String) {
     let msg = e.to_string();
     let class = match e {
         Error::Rule {
-            source: RuleError::NotConstant(_),
+            source: RuleError::NotConstant(_) | RuleError::ValueDependent(_),
             ..
         } => "refused: value-dependent",
         Error::UnsupportedType { .. } => "refused: unsupported-type",

@@ -6,6 +6,7 @@ use anyhow::Context;
 
 use super::{parse_dims, TrainArgs};
 use memplan::infer::{infer, Bindings};
+use memplan::lower::lower;
 use memplan::memory::{profile_inference, simulate};
 use memplan::onnx::load_model;
 use memplan::report::train::TrainingReport;
@@ -53,6 +54,7 @@ pub fn run(a: ProfileArgs) -> anyhow::Result<()> {
     };
     let path = model.display().to_string();
     let m = load_model(&model).with_context(|| path.clone())?;
+    let m = lower(&m, &bindings).with_context(|| path.clone())?;
     let inf = infer(&m, &bindings).with_context(|| path.clone())?;
     let prof = profile_inference(&m.graph, &inf);
     let mut report = ProfileReport::new(&path, &m, &inf, &prof, detail);

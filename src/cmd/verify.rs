@@ -6,6 +6,7 @@ use anyhow::{bail, Context};
 
 use super::{choice, parse_budget, parse_dims, size_arg, TrainArgs};
 use memplan::infer::{infer, Bindings};
+use memplan::lower::lower;
 use memplan::onnx::load_model;
 use memplan::remat::from_schedule::from_schedule;
 use memplan::remat::plan::Solver;
@@ -115,14 +116,12 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
     let path = a.model.display().to_string();
     let dims = parse_dims(&a.dims)?;
     let m = load_model(&a.model).with_context(|| path.clone())?;
-    let inf = infer(
-        &m,
-        &Bindings {
-            batch: a.batch,
-            dims: dims.clone(),
-        },
-    )
-    .with_context(|| path.clone())?;
+    let bindings = Bindings {
+        batch: a.batch,
+        dims: dims.clone(),
+    };
+    let m = lower(&m, &bindings).with_context(|| path.clone())?;
+    let inf = infer(&m, &bindings).with_context(|| path.clone())?;
     let opts = training.options();
     let source = StepSource::new(&a.model, a.batch, &dims, &opts);
     let plan_source = match (file, &a.budget) {

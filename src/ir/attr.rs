@@ -21,7 +21,11 @@ pub enum Attr {
     Strings(Vec<String>),
     /// `TENSOR` (e.g. Constant's `value`).
     Tensor(TensorData),
-    /// `GRAPH`/`GRAPHS` and other kinds memplan does not interpret; the string names the kind.
+    /// `GRAPH`: a subgraph (If's branches, Loop's and Scan's body), kept as decoded;
+    /// `crate::lower` inlines it once shapes are known.
+    Graph(std::sync::Arc<crate::onnx::proto::GraphProto>),
+    /// Other kinds memplan does not interpret (`GRAPHS`, sparse tensors...); the
+    /// string names the kind.
     Other(&'static str),
 }
 
@@ -71,6 +75,14 @@ impl Attrs {
     pub fn string(&self, name: &str) -> Option<&str> {
         match self.0.get(name)? {
             Attr::String(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// Subgraph attribute, if present.
+    pub fn graph(&self, name: &str) -> Option<&std::sync::Arc<crate::onnx::proto::GraphProto>> {
+        match self.0.get(name)? {
+            Attr::Graph(g) => Some(g),
             _ => None,
         }
     }

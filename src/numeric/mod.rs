@@ -30,6 +30,10 @@ pub enum RuleError {
     /// The output shape depends on an input's values, which are not known.
     #[error("input {0} must be a constant for its output shape to be known (data-dependent shapes are not supported)")]
     NotConstant(usize),
+    /// What the node does depends on input values (an If's condition, a Loop's
+    /// trip count): the reason, in words.
+    #[error("{0}")]
+    ValueDependent(String),
     /// The CPU executor has no kernel for the op (a clear refusal, never a guess).
     #[error("the CPU executor has no kernel for {0} yet")]
     NoKernel(String),

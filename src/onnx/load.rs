@@ -236,7 +236,7 @@ pub fn tensor_data(t: &proto::TensorProto) -> std::result::Result<TensorData, St
     Ok(TensorData { payload, ..td })
 }
 
-fn attrs_of(node: &proto::NodeProto, node_name: &str) -> Result<Attrs> {
+pub(crate) fn attrs_of(node: &proto::NodeProto, node_name: &str) -> Result<Attrs> {
     use proto::attribute_proto::AttributeType as T;
     let mut out = BTreeMap::new();
     for a in &node.attribute {
@@ -268,7 +268,10 @@ fn attrs_of(node: &proto::NodeProto, node_name: &str) -> Result<Attrs> {
                     )
                 })?)
             }
-            Some(T::Graph) | Some(T::Graphs) => Attr::Other("graph"),
+            Some(T::Graph) => match &a.g {
+                Some(g) => Attr::Graph(std::sync::Arc::new(g.clone())),
+                None => Attr::Other("graph"),
+            },
             Some(other) => Attr::Other(other.as_str_name()),
             None if a.i.is_some() => Attr::Int(a.i.unwrap_or(0)),
             None if a.f.is_some() => Attr::Float(a.f.unwrap_or(0.0)),

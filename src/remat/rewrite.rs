@@ -128,6 +128,20 @@ impl Loaded {
         options: &TrainOptions,
     ) -> Result<Self> {
         let model = from_proto(proto.clone())?;
+        if let Some(&ix) = model
+            .graph
+            .order
+            .iter()
+            .find(|&&ix| crate::lower::is_lowered(model.graph.node(ix)))
+        {
+            let n = model.graph.node(ix);
+            return Err(Error::Rewrite(format!(
+                "node '{}' ({}) is control flow or a sequence op, which memplan lowers to \
+                 other nodes; --rewrite writes the model's own nodes and cannot hold them \
+                 yet (the plan JSON can)",
+                n.name, n.op_type
+            )));
+        }
         let inf = infer(&model, bindings)?;
         let schedule = build_schedule(&model, &inf, options)?;
         Ok(Loaded {

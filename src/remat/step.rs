@@ -26,12 +26,15 @@ pub struct TrainingStep {
 }
 
 /// The training step of `model` under `bindings` and `opts`; `name` names the graph.
+/// A model with control flow or sequences is lowered first ([`crate::lower`]): the
+/// step's tensors are then the lowered model's (what [`load`] returns).
 pub fn build(
     model: &Model,
     bindings: &Bindings,
     opts: &TrainOptions,
     name: &str,
 ) -> Result<TrainingStep> {
+    let model = &*crate::lower::lower(model, bindings)?;
     let inferred = infer(model, bindings)?;
     let schedule = build_schedule(model, &inferred, opts)?;
     let graph = from_schedule(&schedule, name);
@@ -43,13 +46,13 @@ pub fn build(
 }
 
 /// Loads the ONNX file at `path` and builds its training step (the graph named by
-/// the path).
+/// the path); the model is returned lowered for `bindings` ([`crate::lower`]).
 pub fn load(
     path: &Path,
     bindings: &Bindings,
     opts: &TrainOptions,
 ) -> Result<(Model, TrainingStep)> {
-    let model = load_model(path)?;
+    let model = crate::lower::lowered(load_model(path)?, bindings)?;
     let step = build(&model, bindings, opts, &path.display().to_string())?;
     Ok((model, step))
 }

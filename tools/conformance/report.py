@@ -73,7 +73,7 @@ for o in sorted(total, key=lambda o: -total[o]):
 w("")
 w("**Outcomes.**")
 w("- `match`: every output has the expected dtype and shape (and values, where compared).")
-w("- `refused: value-dependent`: a shape that depends on input values (often the suite feeds a shape as a graph input).")
+w("- `refused: value-dependent`: a shape, an If condition, a Loop trip count or a sequence split that depends on input values (often the suite feeds a shape or a condition as a graph input); control flow and sequences that fold are lowered to plain ops (src/lower.rs).")
 w("- `refused: other-domain`: only ops of another domain are missing.")
 w("- `refused: unsupported-type`: strings, maps, sequences.")
 w("- `refused: unsupported-op`: an op of the default domain memplan has no rule for yet. It is not a documented reason: issue 13's ops work.")
