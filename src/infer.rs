@@ -100,8 +100,12 @@ pub fn check_supported(model: &Model) -> Result<()> {
         if crate::lower::is_lowered(n) {
             // Lowered (crate::lower) into the ops of its subgraphs, checked here.
             for a in n.attrs.0.values() {
-                if let crate::ir::Attr::Graph(g) = a {
-                    subgraph_ops(g, &mut check);
+                if let crate::ir::Attr::Graph(bytes) = a {
+                    use prost::Message;
+                    // A subgraph that does not decode is reported when lowered.
+                    if let Ok(g) = crate::onnx::proto::GraphProto::decode(bytes.clone()) {
+                        subgraph_ops(&g, &mut check);
+                    }
                 }
             }
             continue;

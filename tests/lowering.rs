@@ -222,7 +222,7 @@ fn what_does_not_fold_is_refused_in_one_line() {
     ]);
     assert!(!ok);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
-    assert!(err.contains("--rewrite"), "{err}");
+    assert!(err.contains("rewritten step"), "{err}");
 }
 
 fn train_peak(name: &str, b: u64) -> u64 {

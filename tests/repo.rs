@@ -87,6 +87,10 @@ fn layers_point_one_way() {
             "infer.rs",
             &["exec", "train", "remat", "memory", "report", "fit"],
         ),
+        (
+            "lower",
+            &["exec", "train", "remat", "memory", "report", "fit"],
+        ),
         ("train", &["exec", "remat", "memory", "report", "fit"]),
         ("memory", &["exec", "remat", "report", "fit"]),
         ("units.rs", &above_numeric),

@@ -21,9 +21,10 @@ pub enum Attr {
     Strings(Vec<String>),
     /// `TENSOR` (e.g. Constant's `value`).
     Tensor(TensorData),
-    /// `GRAPH`: a subgraph (If's branches, Loop's and Scan's body), kept as decoded;
-    /// `crate::lower` inlines it once shapes are known.
-    Graph(std::sync::Arc<crate::onnx::proto::GraphProto>),
+    /// `GRAPH`: a subgraph (If's branches, Loop's and Scan's body), kept as its
+    /// protobuf encoding (a `GraphProto`); `crate::lower` decodes and inlines it
+    /// once shapes are known.
+    Graph(bytes::Bytes),
     /// Other kinds memplan does not interpret (`GRAPHS`, sparse tensors...); the
     /// string names the kind.
     Other(&'static str),
@@ -80,7 +81,7 @@ impl Attrs {
     }
 
     /// Subgraph attribute, if present.
-    pub fn graph(&self, name: &str) -> Option<&std::sync::Arc<crate::onnx::proto::GraphProto>> {
+    pub fn graph(&self, name: &str) -> Option<&bytes::Bytes> {
         match self.0.get(name)? {
             Attr::Graph(g) => Some(g),
             _ => None,

@@ -269,7 +269,7 @@ pub(crate) fn attrs_of(node: &proto::NodeProto, node_name: &str) -> Result<Attrs
                 })?)
             }
             Some(T::Graph) => match &a.g {
-                Some(g) => Attr::Graph(std::sync::Arc::new(g.clone())),
+                Some(g) => Attr::Graph(Bytes::from(g.encode_to_vec())),
                 None => Attr::Other("graph"),
             },
             Some(other) => Attr::Other(other.as_str_name()),

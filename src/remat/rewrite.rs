@@ -137,8 +137,8 @@ impl Loaded {
             let n = model.graph.node(ix);
             return Err(Error::Rewrite(format!(
                 "node '{}' ({}) is control flow or a sequence op, which memplan lowers to \
-                 other nodes; --rewrite writes the model's own nodes and cannot hold them \
-                 yet (the plan JSON can)",
+                 other nodes; a rewritten step holds the model's own nodes and cannot hold \
+                 these yet (the plan file can)",
                 n.name, n.op_type
             )));
         }

@@ -18,6 +18,9 @@
 //!   `SequenceAt` an Identity of the element, `SequenceLength` a constant and
 //!   `ConcatFromSequence` a Concat (Unsqueeze first with `new_axis=1`).
 //!
+//! - Optionals: `Optional` wraps a tensor or nothing, `OptionalHasElement` becomes
+//!   a constant, `OptionalGetElement` an Identity of the tensor.
+//!
 //! What does not fold is refused in one line naming the node: a condition or trip
 //! count that depends on input values, a sequence position that does, a sequence
 //! read by any other op. A graph input or output that is a sequence is refused at
@@ -31,6 +34,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use petgraph::stable_graph::NodeIndex;
+use prost::Message;
 
 use crate::error::{Error, Result};
 use crate::infer::{check_supported, infer_node, initial_facts, Bindings};
@@ -42,6 +46,8 @@ use crate::numeric::RuleError;
 use crate::onnx::load::{attrs_of, tensor_data};
 use crate::onnx::proto::GraphProto;
 use crate::ops::{shape::literal_fact, Fact};
+
+mod sequence;
 
 /// The op types [`lower`] rewrites (default domain).
 pub const LOWERED: &[&str] = &[
@@ -56,6 +62,9 @@ pub const LOWERED: &[&str] = &[
     "SequenceLength",
     "SplitToSequence",
     "ConcatFromSequence",
+    "Optional",
+    "OptionalHasElement",
+    "OptionalGetElement",
 ];
 
 /// Most iterations one Loop or Scan is unrolled to.
@@ -89,10 +98,12 @@ pub fn lower<'m>(model: &'m Model, b: &Bindings) -> Result<Cow<'m, Model>> {
         m,
         facts,
         seqs: HashMap::new(),
+        optionals: HashMap::new(),
         order: Vec::with_capacity(order.len()),
         removed: Vec::new(),
         scopes: Vec::new(),
         consts: HashMap::new(),
+        decoded: HashMap::new(),
     };
     for ix in order {
         l.process(ix)?;
@@ -115,6 +126,8 @@ struct Lowering {
     facts: Vec<Option<Fact>>,
     /// The tensors each sequence-valued tensor holds.
     seqs: HashMap<TensorId, Vec<TensorId>>,
+    /// What each optional-valued tensor holds (`None`: empty).
+    optionals: HashMap<TensorId, Option<TensorId>>,
     /// The new execution order.
     order: Vec<NodeIndex>,
     /// Nodes replaced by what they lower to.
@@ -123,6 +136,8 @@ struct Lowering {
     scopes: Vec<HashMap<String, TensorId>>,
     /// Subgraph initializers already made constants: (subgraph, name).
     consts: HashMap<(usize, String), TensorId>,
+    /// Subgraphs decoded, by the address of their encoding.
+    decoded: HashMap<usize, Arc<GraphProto>>,
 }
 
 /// Where a node's failure is reported.
@@ -167,6 +182,9 @@ impl Lowering {
                 "If" => self.lower_if(&node),
                 "Loop" => self.lower_loop(&node),
                 "Scan" => self.lower_scan(&node),
+                "Optional" | "OptionalHasElement" | "OptionalGetElement" => {
+                    self.lower_optional(&node)
+                }
                 _ => self.lower_sequence(&node),
             };
         }
@@ -312,6 +330,10 @@ impl Lowering {
             self.seqs.insert(to, list);
             return Ok(());
         }
+        if let Some(&held) = self.optionals.get(&from) {
+            self.optionals.insert(to, held);
+            return Ok(());
+        }
         self.add_node(
             &format!("{name}/{}", self.name(to)),
             "Identity",
@@ -328,6 +350,24 @@ impl Lowering {
     }
 
     // ---- subgraphs -------------------------------------------------------------
+
+    /// The subgraph attribute `name` of `n`, decoded once.
+    fn subgraph(&mut self, n: &Node, name: &str) -> Result<Arc<GraphProto>> {
+        let bytes = n
+            .attrs
+            .graph(name)
+            .ok_or_else(|| fail(n, format!("has no {name} subgraph")))?;
+        let key = bytes.as_ptr() as usize;
+        if let Some(g) = self.decoded.get(&key) {
+            return Ok(g.clone());
+        }
+        let g = Arc::new(
+            GraphProto::decode(bytes.clone())
+                .map_err(|e| fail(n, format!("its {name} subgraph does not decode ({e})")))?,
+        );
+        self.decoded.insert(key, g.clone());
+        Ok(g)
+    }
 
     fn resolve(&self, name: &str) -> Option<TensorId> {
         self.scopes
@@ -479,11 +519,7 @@ impl Lowering {
         } else {
             "else_branch"
         };
-        let body = n
-            .attrs
-            .graph(branch)
-            .ok_or_else(|| fail(n, format!("has no {branch} subgraph")))?
-            .clone();
+        let body = self.subgraph(n, branch)?;
         let outs = self.inline(n, &format!("{}/{branch}/", n.name), &body, &[])?;
         if outs.len() != n.outputs.len() {
             return Err(fail(
@@ -502,11 +538,7 @@ impl Lowering {
     }
 
     fn lower_loop(&mut self, n: &Node) -> Result<()> {
-        let body = n
-            .attrs
-            .graph("body")
-            .ok_or_else(|| fail(n, "has no body subgraph"))?
-            .clone();
+        let body = self.subgraph(n, "body")?;
         let carried: Vec<TensorId> = n
             .inputs
             .iter()
@@ -602,11 +634,7 @@ impl Lowering {
     }
 
     fn lower_scan(&mut self, n: &Node) -> Result<()> {
-        let body = n
-            .attrs
-            .graph("body")
-            .ok_or_else(|| fail(n, "has no body subgraph"))?
-            .clone();
+        let body = self.subgraph(n, "body")?;
         // Opset 8: a first input sequence_lens, every other input batch-major (the
         // scan axis is 1), one `directions` list.
         let v8 = self.m.opset() < 9;
@@ -843,244 +871,6 @@ impl Lowering {
             }
         }
         Ok((states, scans))
-    }
-
-    // ---- sequences -------------------------------------------------------------
-
-    fn seq(&self, n: &Node, slot: usize) -> Result<Vec<TensorId>> {
-        let t = n
-            .inputs
-            .get(slot)
-            .copied()
-            .flatten()
-            .ok_or_else(|| fail(n, format!("input {slot} is missing")))?;
-        self.seqs.get(&t).cloned().ok_or_else(|| {
-            fail(
-                n,
-                format!(
-                    "input '{}' is not a sequence memplan could follow (a graph input, or \
-                     one whose length depends on values)",
-                    self.name(t)
-                ),
-            )
-        })
-    }
-
-    /// A constant position input, or `default` when absent.
-    fn position(&self, n: &Node, slot: usize, default: i64) -> Result<i64> {
-        match n.inputs.get(slot).copied().flatten() {
-            None => Ok(default),
-            Some(p) => self
-                .ints_of(p)
-                .filter(|v| v.len() == 1)
-                .map(|v| v[0])
-                .ok_or_else(|| {
-                    value_dependent(n, "its position depends on input values: memplan lowers only static sequences")
-                }),
-        }
-    }
-
-    fn lower_sequence(&mut self, n: &Node) -> Result<()> {
-        let out = n.outputs.first().copied().flatten();
-        let bad_pos = |p: i64, len: usize| {
-            fail(
-                n,
-                format!("position {p} is out of range for a sequence of {len}"),
-            )
-        };
-        match n.op_type.as_str() {
-            "SequenceEmpty" => {
-                if let Some(o) = out {
-                    self.seqs.insert(o, Vec::new());
-                }
-            }
-            "SequenceConstruct" => {
-                let list: Vec<TensorId> = n.inputs.iter().flatten().copied().collect();
-                if let Some(t) = list.iter().find(|t| self.seqs.contains_key(t)) {
-                    return Err(fail(
-                        n,
-                        format!(
-                            "'{}' is a sequence: nested sequences are not supported",
-                            self.name(*t)
-                        ),
-                    ));
-                }
-                if let Some(o) = out {
-                    self.seqs.insert(o, list);
-                }
-            }
-            "SequenceInsert" => {
-                let mut list = self.seq(n, 0)?;
-                let t = n
-                    .inputs
-                    .get(1)
-                    .copied()
-                    .flatten()
-                    .ok_or_else(|| fail(n, "has no tensor to insert"))?;
-                let len = list.len() as i64;
-                let p = self.position(n, 2, len)?;
-                if !(-len..=len).contains(&p) {
-                    return Err(bad_pos(p, list.len()));
-                }
-                list.insert(if p < 0 { p + len } else { p } as usize, t);
-                if let Some(o) = out {
-                    self.seqs.insert(o, list);
-                }
-            }
-            "SequenceErase" => {
-                let mut list = self.seq(n, 0)?;
-                let len = list.len() as i64;
-                let p = self.position(n, 1, -1)?;
-                if !(-len..len).contains(&p) {
-                    return Err(bad_pos(p, list.len()));
-                }
-                list.remove(if p < 0 { p + len } else { p } as usize);
-                if let Some(o) = out {
-                    self.seqs.insert(o, list);
-                }
-            }
-            "SequenceAt" => {
-                let list = self.seq(n, 0)?;
-                let len = list.len() as i64;
-                let p = self.position(n, 1, i64::MIN)?;
-                if !(-len..len).contains(&p) {
-                    return Err(bad_pos(p, list.len()));
-                }
-                let t = list[if p < 0 { p + len } else { p } as usize];
-                self.link(t, out, &n.name)?;
-            }
-            "SequenceLength" => {
-                let len = self.seq(n, 0)?.len() as i64;
-                if let Some(o) = out {
-                    let c =
-                        self.constant(&format!("{}/length", n.name), DType::I64, vec![], vec![len]);
-                    self.link(c, Some(o), &n.name)?;
-                }
-            }
-            "ConcatFromSequence" => {
-                let list = self.seq(n, 0)?;
-                let Some(o) = out else { return Ok(()) };
-                if list.is_empty() {
-                    return Err(fail(n, "concatenates an empty sequence"));
-                }
-                let axis = n
-                    .attrs
-                    .int("axis")
-                    .ok_or_else(|| fail(n, "has no 'axis' attribute"))?;
-                if n.attrs.int_or("new_axis", 0) != 0 {
-                    let r = self.fact(list[0]).map_or(0, Fact::rank) as i64 + 1;
-                    if !(-r..r).contains(&axis) {
-                        return Err(fail(n, format!("axis {axis} is out of range for rank {r}")));
-                    }
-                    self.stack(&n.name, &list, axis.rem_euclid(r), o)?;
-                } else {
-                    let attrs = Attrs([("axis".to_string(), Attr::Int(axis))].into());
-                    self.add_node(
-                        &n.name,
-                        "Concat",
-                        list.into_iter().map(Some).collect(),
-                        vec![Some(o)],
-                        attrs,
-                    )?;
-                }
-            }
-            "SplitToSequence" => self.split_to_sequence(n)?,
-            other => unreachable!("{other} is not a sequence op"),
-        }
-        Ok(())
-    }
-
-    fn split_to_sequence(&mut self, n: &Node) -> Result<()> {
-        let x = n
-            .inputs
-            .first()
-            .copied()
-            .flatten()
-            .ok_or_else(|| fail(n, "has no input"))?;
-        let fact = self
-            .fact(x)
-            .ok_or_else(|| fail(n, "its input has no shape"))?
-            .clone();
-        let r = fact.rank() as i64;
-        let axis = n.attrs.int_or("axis", 0);
-        if !(-r..r).contains(&axis) {
-            return Err(fail(n, format!("axis {axis} is out of range for rank {r}")));
-        }
-        let a = axis.rem_euclid(r) as usize;
-        let d = fact.shape[a] as i64;
-        let split = n.inputs.get(1).copied().flatten();
-        let (sizes, squeeze) = match split {
-            None => (vec![1; d as usize], n.attrs.int_or("keepdims", 1) == 0),
-            Some(s) => {
-                let sf = self
-                    .fact(s)
-                    .ok_or_else(|| fail(n, "its split has no shape"))?;
-                let scalar = sf.rank() == 0;
-                let v = self.ints_of(s).ok_or_else(|| {
-                    value_dependent(
-                        n,
-                        "its split depends on input values: memplan lowers only static sequences",
-                    )
-                })?;
-                if scalar {
-                    let c = v[0];
-                    if c <= 0 {
-                        return Err(fail(n, format!("split {c} is not positive")));
-                    }
-                    let mut sizes = vec![c; (d / c) as usize];
-                    if d % c != 0 {
-                        sizes.push(d % c);
-                    }
-                    (sizes, false)
-                } else {
-                    if v.iter().any(|&c| c < 0) || v.iter().sum::<i64>() != d {
-                        return Err(fail(
-                            n,
-                            format!("split {v:?} does not add up to the axis length {d}"),
-                        ));
-                    }
-                    (v, false)
-                }
-            }
-        };
-        let mut list = Vec::with_capacity(sizes.len());
-        let mut start = 0i64;
-        for (i, len) in sizes.into_iter().enumerate() {
-            let base = format!("{}/{i}", n.name);
-            let starts = self.constant(&format!("{base}/starts"), DType::I64, vec![1], vec![start]);
-            let ends = self.constant(
-                &format!("{base}/ends"),
-                DType::I64,
-                vec![1],
-                vec![start + len],
-            );
-            let axes = self.constant(&format!("{base}/axes"), DType::I64, vec![1], vec![a as i64]);
-            let mut t = self.op(&base, "Slice", vec![x, starts, ends, axes], vec![])?;
-            if squeeze {
-                t = if self.m.opset() >= 13 {
-                    let sq = self.constant(
-                        &format!("{base}/squeeze_axes"),
-                        DType::I64,
-                        vec![1],
-                        vec![a as i64],
-                    );
-                    self.op(&format!("{base}/squeeze"), "Squeeze", vec![t, sq], vec![])?
-                } else {
-                    self.op(
-                        &format!("{base}/squeeze"),
-                        "Squeeze",
-                        vec![t],
-                        vec![("axes", Attr::Ints(vec![a as i64]))],
-                    )?
-                };
-            }
-            start += len;
-            list.push(t);
-        }
-        if let Some(o) = n.outputs.first().copied().flatten() {
-            self.seqs.insert(o, list);
-        }
-        Ok(())
     }
 
     // ---- the result --------------------------------------------------------------
