@@ -720,6 +720,22 @@ const HOST_FLOAT_OPS: &[&str] = &[
     "RNN",
     "GRU",
     "LSTM",
+    // Fake quantization (QuantizeLinear -> [Clip ->] DequantizeLinear, one fused
+    // float op: train::FakeQuant): the mask and output computed on the host from the
+    // downloaded input, the masked gradient likewise (exec::train).
+    "QuantizeLinear",
+    "DequantizeLinear",
+    // The random ops draw on the host by design (ops::random: drop-path masks of
+    // [batch, 1, ..], a few bytes; the timm models in models/).
+    "RandomUniform",
+    "RandomUniformLike",
+    "RandomNormal",
+    "RandomNormalLike",
+    "Bernoulli",
+    // No device kernel yet, forward and backward on the host: ReduceL2
+    // (F.normalize: siglip_tiny), Pad (F.unfold's padding: tnt_tiny).
+    "ReduceL2",
+    "Pad",
 ];
 
 /// Which nodes of the models in models/ the device forward of a training step

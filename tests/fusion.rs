@@ -25,6 +25,16 @@
 //! - `silu`, `gelu_tanh`: `F.silu` (exported as Sigmoid + Mul) and
 //!   `F.gelu(approximate="tanh")` written out at opset 17: only the input saved.
 //!
+//! - `qat_convnet`: torch.ao.quantization's eager QAT (prepare_qat: a float stem
+//!   Conv2d, QuantStub, qat.ConvReLU2d with its weight fake-quantized per channel,
+//!   qat.Linear per tensor, activations in PyTorch's reduce_range `(0, 127)`, the
+//!   exporter's `Clip`); `fake_quant_fn`: `torch.fake_quantize_per_tensor_affine`
+//!   (Python scalars, and tensor qparams) and `torch.fake_quantize_per_channel_affine`
+//!   of a weight between Linear layers. Each QuantizeLinear → [Clip →]
+//!   DequantizeLinear is one fake quantization saving its bool mask (1 byte per
+//!   element) as `FakeQuantize*CachemaskBackward0` does, and nothing else: 44372
+//!   bytes at batch 2 for qat_convnet, 62464 for fake_quant_fn, as PyTorch.
+//!
 //! Each model's training step also runs on the CPU executor: `memplan verify
 //! --batch 2 --optimizer sgd --budget 0.9 --json` measures the peak predicted, for
 //! the no-recompute baseline and for the plan, with identical gradients.
@@ -191,4 +201,33 @@ fn tanh_gelu_saves_as_pytorch() {
     let s = saved_as_pytorch("gelu_tanh");
     assert_eq!(sizes(&s, FusedKind::GeluTanh), vec![9, 9]);
     verifies("gelu_tanh");
+}
+
+/// QAT fake quantization: every QuantizeLinear → [Clip →] DequantizeLinear pair
+/// (with the zero point's Cast, a Python scalar's Constant and Cast, the Clip's
+/// bound) is one fake quantization whose backward reads only its bool mask, the
+/// integer values views costing nothing; the fake-quantized weights and
+/// activations are saved by the layers that read them, as in PyTorch.
+#[test]
+fn fake_quantization_saves_its_mask_as_pytorch() {
+    let s = saved_as_pytorch("qat_convnet");
+    // QuantStub's (0, 127) activation, the conv weight per channel, the ConvReLU's
+    // activation, the Linear's weight per tensor, its activation.
+    assert_eq!(sizes(&s, FusedKind::FakeQuant), vec![5, 3, 5, 3, 5]);
+    let masks: Vec<u64> = s
+        .fused
+        .iter()
+        .filter(|p| p.kind == FusedKind::FakeQuant)
+        .map(|p| p.extras[0].bytes().unwrap())
+        .collect();
+    assert_eq!(
+        masks,
+        vec![2 * 8 * 64, 8 * 8 * 9, 2 * 8 * 64, 10 * 512, 2 * 10]
+    );
+    verifies("qat_convnet");
+    let s = saved_as_pytorch("fake_quant_fn");
+    // Python scalars (two Constants and two Casts), the weight per channel, tensor
+    // qparams.
+    assert_eq!(sizes(&s, FusedKind::FakeQuant), vec![6, 3, 3]);
+    verifies("fake_quant_fn");
 }

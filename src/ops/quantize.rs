@@ -1,20 +1,26 @@
 //! Quantization: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear and the
 //! integer products QLinearMatMul, MatMulInteger, QLinearConv, ConvInteger.
 //!
-//! Shape rules and FLOPs only. memplan's CPU executor holds no 8-bit or sub-byte
-//! tensors, so these have no CPU kernel (each says so), and they run nowhere on
-//! the device. Their outputs are integers (Quantize, the products) or come from
-//! integers (Dequantize), so no gradient flows through them, except
-//! fake quantization: a float input of QuantizeLinear that requires a gradient
-//! (PyTorch's `fake_quantize_*`, exported as a QuantizeLinear → DequantizeLinear
-//! pair, trains with a straight-through gradient), which memplan refuses in one
-//! line rather than train as if nothing upstream had a gradient.
+//! Shape rules and FLOPs. memplan's CPU executor holds no 8-bit or sub-byte
+//! tensors, so these ops have no CPU kernel of their own (each says so), and they
+//! run nowhere on the device. Their outputs are integers (Quantize, the products)
+//! or come from integers (Dequantize), so no gradient flows through them, except
+//! fake quantization: PyTorch's QAT (`torch.ao.quantization.FakeQuantize`,
+//! `torch.fake_quantize_per_tensor_affine`, `torch.fake_quantize_per_channel_affine`)
+//! exports as a QuantizeLinear → DequantizeLinear pair of the same scale and zero
+//! point (with a `Clip` to 127 between them for the `(0, 127)` range), which trains
+//! with a straight-through gradient. `train::fusion` recognises the pair as one
+//! float → float op whose kernels are [`fake_quantize`] and
+//! [`fake_quantize_backward`] here; a QuantizeLinear outside such a pair whose
+//! float input requires a gradient is refused in one line.
 
 use super::{
     conv::window_out, linalg::matmul_shape, Arity, Autocast, Backward, Cx, Fact, Op, Registry,
     RuleResult,
 };
 use crate::ir::DType;
+use crate::numeric::Tensor;
+use rayon::prelude::*;
 
 /// Checks a scale (or zero point) against `x` for per-tensor (scalar or `[1]`),
 /// per-axis (`[x[axis]]`) or blocked (`x`'s rank, `ceil(x[axis]/block)` on the
@@ -76,15 +82,17 @@ impl Op for Quantize {
     fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {
         out[0].numel().saturating_mul(3)
     }
-    /// Fake quantization's straight-through gradient is not modelled: refused
-    /// where the float input requires a gradient (see the module).
-    fn backward(&self, cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
-        let _ = cx;
-        Err("fake quantization (QuantizeLinear -> DequantizeLinear) trains with a straight-through gradient, which memplan does not model yet".into())
+    /// Refused where the float input requires a gradient: a QuantizeLinear trains
+    /// only as half of a fake-quant pair, whose rule `train::fusion` gives (see the
+    /// module); one reaching this rule is not part of one.
+    fn backward(&self, _cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
+        Err("a QuantizeLinear whose float input requires a gradient trains only as fake quantization, followed by a DequantizeLinear of the same scale, zero point and axis (a Clip between them allowed), and this one is not".into())
     }
     shape_only!(no_gradient);
+    /// Not on autocast's lists: PyTorch's fake quantization runs in its input's
+    /// type.
     fn autocast(&self, _op_type: &str) -> Autocast {
-        Autocast::Full
+        Autocast::Promote
     }
 }
 
@@ -141,8 +149,10 @@ impl Op for Dequantize {
         Ok(None)
     }
     shape_only!(no_gradient);
+    /// Not on autocast's lists: PyTorch's fake quantization runs in its input's
+    /// type.
     fn autocast(&self, _op_type: &str) -> Autocast {
-        Autocast::Full
+        Autocast::Promote
     }
 }
 
@@ -223,6 +233,107 @@ impl Op for IntegerProduct {
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Promote
     }
+}
+
+/// The parameters of one fake quantization (PyTorch's `fake_quantize_*`): what
+/// an exported QuantizeLinear → [Clip →] DequantizeLinear pair holds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FakeQuantParams {
+    /// One scale (per tensor) or one per index along [`Self::axis`].
+    pub scale: Vec<f32>,
+    /// As many zero points as scales.
+    pub zero_point: Vec<i64>,
+    /// The quantized axis of the input (per channel); `None`: per tensor.
+    pub axis: Option<usize>,
+    /// The integer range rounded values are clamped to (PyTorch's `quant_min`,
+    /// `quant_max`): the quantized type's range, narrowed by the Clip.
+    pub qmin: i64,
+    /// See [`Self::qmin`].
+    pub qmax: i64,
+}
+
+/// FLOPs of one fake quantization per element: the multiply by `1/scale`, the
+/// rounding, the zero point's add, the clamp, its subtraction and the multiply by
+/// the scale, counted as the pair's nodes count them (QuantizeLinear 3,
+/// DequantizeLinear 2).
+pub const FAKE_QUANT_FLOPS: u64 = 5;
+
+/// FLOPs of its backward per element: the gradient masked (one select).
+pub const FAKE_QUANT_BACKWARD_FLOPS: u64 = 1;
+
+/// The fake quantization of `x` (float → float, in `x`'s dtype), and with
+/// `with_mask` the bool mask its backward saves: as PyTorch's
+/// `fake_quantize_per_{tensor,channel}_affine_cachemask` kernels compute it, in
+/// float32: `q = nearbyint(x · (1/scale)) + zero_point` (round half to even),
+/// `out = (clamp(q, qmin, qmax) − zero_point) · scale`, `mask = qmin ≤ q ≤ qmax`.
+/// (ONNX's QuantizeLinear divides by the scale; PyTorch multiplies by its
+/// reciprocal, which can differ in the last bit of the quotient. The training step
+/// simulates PyTorch's.)
+pub fn fake_quantize(
+    x: &Tensor,
+    p: &FakeQuantParams,
+    with_mask: bool,
+) -> RuleResult<(Tensor, Option<Tensor>)> {
+    let n_q = p.scale.len();
+    if n_q == 0 || p.zero_point.len() != n_q {
+        return Err(format!("{} scales and {} zero points", n_q, p.zero_point.len()).into());
+    }
+    if p.qmin > p.qmax {
+        return Err(format!("an empty quantization range [{}, {}]", p.qmin, p.qmax).into());
+    }
+    // Elements per index of the axis, and the axis' length.
+    let (inner, len) = match p.axis {
+        None if n_q == 1 => (1, 1),
+        None => return Err(format!("{n_q} scales for a per-tensor quantization").into()),
+        Some(a) => {
+            let d = *x
+                .shape
+                .get(a)
+                .ok_or_else(|| format!("axis {a} of a rank-{} input", x.rank()))?;
+            if d != n_q {
+                return Err(format!("{n_q} scales for axis {a} of {:?}", x.shape).into());
+            }
+            (x.shape[a + 1..].iter().product::<usize>(), d)
+        }
+    };
+    let xs = x.to_f32()?;
+    let (qmin, qmax) = (p.qmin, p.qmax);
+    let one = |i: usize, v: f32| -> (f32, bool) {
+        let c = (i / inner.max(1)) % len.max(1);
+        let (s, z) = (p.scale[c], p.zero_point[c]);
+        let q = ((v * (1.0 / s)).round_ties_even() + z as f32) as i64;
+        (
+            ((q.clamp(qmin, qmax) - z) as f32) * s,
+            qmin <= q && q <= qmax,
+        )
+    };
+    let (out, mask): (Vec<f32>, Vec<bool>) =
+        xs.par_iter().enumerate().map(|(i, &v)| one(i, v)).unzip();
+    let y = Tensor::from_f32(x.dtype(), x.shape.clone(), out)?;
+    Ok((y, with_mask.then(|| Tensor::bool(x.shape.clone(), mask))))
+}
+
+/// The straight-through gradient of [`fake_quantize`]: the incoming gradient
+/// where the mask is set, zero where the value was clamped
+/// (`fake_quantize_per_tensor_affine_cachemask_backward`), of `dtype`.
+pub fn fake_quantize_backward(g: &Tensor, mask: &Tensor, dtype: DType) -> RuleResult<Tensor> {
+    let crate::numeric::Elems::Bool(m) = &mask.elems else {
+        return Err(format!("the fake-quant mask is {}, not bool", mask.dtype()).into());
+    };
+    if g.shape != mask.shape {
+        return Err(format!(
+            "a gradient of {:?} for a fake-quant mask of {:?}",
+            g.shape, mask.shape
+        )
+        .into());
+    }
+    let gs = g.to_f32()?;
+    let d: Vec<f32> = gs
+        .par_iter()
+        .zip(m.par_iter())
+        .map(|(&g, &keep)| if keep { g } else { 0.0 })
+        .collect();
+    Tensor::from_f32(dtype, g.shape.clone(), d)
 }
 
 pub(super) fn register(r: &mut Registry) {

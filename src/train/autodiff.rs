@@ -22,11 +22,14 @@
 //! ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div (`native_layer_norm` saves the input
 //! and the per-row mean and rstd), and the `torch.rsqrt` of LLaMA-style RMSNorm
 //! written as Pow/ReduceMean/Add/Sqrt/Reciprocal (rsqrt saves its result, not the
-//! square root). GPT-2's hand-written tanh GELU
+//! square root), and QAT's fake quantization, QuantizeLinear → [Clip →]
+//! DequantizeLinear (one float → float kernel saving a bool mask; its integer values
+//! are views of its input, and its rules are [`super::fusion::FakeQuant::rule`]).
+//! GPT-2's hand-written tanh GELU
 //! (`NewGELUActivation`, with `torch.pow`) and eager attention are left as written,
 //! since PyTorch runs them op by op.
 
-use super::fusion::{fused_patterns, per_node};
+use super::fusion::{fake_quant_roles, fused_patterns, per_node, FakeQuantRole};
 use super::schedule::{Schedule, Step, StepKind, Storage, StorageId, StorageKind};
 use super::{Loss, TrainOptions};
 use crate::error::{Error, Result};
@@ -83,6 +86,21 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
     let n_t = g.tensors.len();
     let is_float = |t: TensorId| inf.facts[t].dtype.is_float();
 
+    let fused = fused_patterns(model, inf);
+    let fusions = per_node(&fused);
+    // Fake quantization: each node's role, and the pattern's integer values, which
+    // carry the gradient through (as views of the float input).
+    let fq = fake_quant_roles(&fused);
+    let mut fq_carries = vec![false; n_t];
+    for (&n, &(_, role)) in &fq {
+        if matches!(role, FakeQuantRole::Quantize | FakeQuantRole::Clip) {
+            for &t in g.node(n).outputs.iter().flatten() {
+                fq_carries[t] = true;
+            }
+        }
+    }
+    let carries = |t: TensorId| is_float(t) || fq_carries[t];
+
     // 1. Rules per node, in execution order.
     let mut rules = Vec::with_capacity(g.order.len());
     for &ix in &g.order {
@@ -107,13 +125,18 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
                 None => Fact::new(DType::F32, vec![]),
             })
             .collect();
+        let fq_rule = fq.get(&ix).and_then(|&(k, role)| {
+            let p = &fused[k];
+            p.fake_quant.as_ref()?.rule(role, p.extras.first()?)
+        });
         rules.push(NodeRule {
-            backward: op.backward(&cx, &outs),
+            backward: match fq_rule {
+                Some(bw) => Ok(Some(bw)),
+                None => op.backward(&cx, &outs),
+            },
             storage: op.storage(&cx),
         });
     }
-    let fused = fused_patterns(model, inf);
-    let fusions = per_node(&fused);
 
     // 2. Trainable parameters: floating initializers read at a differentiable slot.
     let mut trainable = vec![false; n_t];
@@ -137,7 +160,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
             .inputs
             .iter()
             .flatten()
-            .any(|&t| requires[t] && is_float(t));
+            .any(|&t| requires[t] && carries(t));
         if !any_float_req {
             continue;
         }
@@ -150,7 +173,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
                     .any(|gr| matches!(node.inputs.get(gr.input), Some(Some(t)) if requires[*t]));
                 if grad_req {
                     for t in node.outputs.iter().flatten() {
-                        requires[*t] = is_float(*t);
+                        requires[*t] = carries(*t);
                     }
                 }
             }
@@ -364,6 +387,16 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
             .filter(|&(_, t)| is_float(t) && g.tensor(t).kind != TensorKind::Parameter)
             .map(|(s, _)| b.storages[s].dtype)
             .max_by_key(|d| d.bits());
+        // A fake quantization's output is of its float input's type (read through
+        // the integer view).
+        let widest = match fq.get(&ix) {
+            Some((_, FakeQuantRole::Dequantize)) => slots
+                .first()
+                .copied()
+                .flatten()
+                .map(|s| b.storages[s].dtype),
+            _ => widest,
+        };
         for t in node.outputs.iter().flatten() {
             if is_float(*t) {
                 float_dtype[*t] = Some(prec.output_dtype(class, widest));
@@ -372,6 +405,14 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         // Output storages.
         let rule = &rules[step];
         let in0 = node.inputs.first().copied().flatten();
+        // A fake quantization's integer values (and its qparam casts) are views of
+        // their input, whatever the dtypes: no 8-bit tensor exists in PyTorch.
+        let fq_alias = fq.get(&ix).is_some_and(|&(k, role)| {
+            fused[k]
+                .fake_quant
+                .as_ref()
+                .is_some_and(|f| f.aliases(role, &node.op_type))
+        });
         for (k, t) in node.outputs.iter().enumerate() {
             let Some(t) = *t else { continue };
             let view_of = |b: &Builder| {
@@ -380,6 +421,9 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
                 })
             };
             let alias = match (rule.storage, view_of(&b)) {
+                _ if fq_alias && k == 0 && slots.first().copied().flatten().is_some() => {
+                    Some((slots[0].expect("read"), in_strides[0].clone()))
+                }
                 (ops::Storage::New, _) | (_, None) => None,
                 (kind, Some(i)) => {
                     let st = strides[i]
@@ -408,6 +452,12 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
                     strides[t] = Some(op.out_strides(&cx, k, &inf.facts[t], &own));
                     if kind == StorageKind::Constant {
                         b.storages[s].persistent = true;
+                        // A fake quantization's constant (a Python scalar scale or
+                        // zero point, the Clip's bound): a number on the host in
+                        // PyTorch, no tensor.
+                        if matches!(fq.get(&ix), Some((_, FakeQuantRole::QParam))) {
+                            b.storages[s].bytes = 0;
+                        }
                     } else {
                         writes.push(s);
                     }
@@ -556,6 +606,9 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         let is_view = matches!(
             rules[step].storage,
             ops::Storage::View | ops::Storage::StridedView | ops::Storage::Reshape
+        ) || matches!(
+            fq.get(&ix),
+            Some((_, FakeQuantRole::Clip | FakeQuantRole::Dequantize))
         );
         let fusion = fusions.get(&ix);
         let mut grad_inputs = Vec::new();

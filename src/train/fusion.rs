@@ -4,14 +4,17 @@
 //! models what the fused kernel saves. One pattern is no kernel of PyTorch's but one
 //! op the exporter writes as two: `torch.rsqrt` in RMSNorm's statistics, which saves
 //! its result alone where the exported `Sqrt`, `Div` would save the square root too.
+//! And one op the exporter writes as an integer round trip: QAT's fake quantization,
+//! a QuantizeLinear → DequantizeLinear pair that PyTorch runs as one float → float
+//! kernel saving a bool mask ([`FusedKind::FakeQuant`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use petgraph::stable_graph::NodeIndex;
 
 use crate::infer::Inferred;
 use crate::ir::{DType, Model, TensorId, TensorKind};
-use crate::ops::Fact;
+use crate::ops::{Backward, Fact, Grad, Saved};
 
 /// Which fused kernel a pattern stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +38,17 @@ pub enum FusedKind {
     /// because the exporter writes rsqrt as two nodes (`Div(1, Sqrt(·))` or
     /// `Reciprocal(Sqrt(·))`) whose rules would also save the square root.
     Rsqrt,
+    /// Fake quantization (QAT: `torch.ao.quantization.FakeQuantize`,
+    /// `torch.fake_quantize_per_tensor_affine`, `torch.fake_quantize_per_channel_affine`),
+    /// exported as `QuantizeLinear` → [`Clip` to 127 →] `DequantizeLinear` of the same
+    /// scale, zero point and axis: PyTorch runs one float → float kernel
+    /// (`fake_quantize_per_{tensor,channel}_affine_cachemask`) whose backward
+    /// (`FakeQuantize*CachemaskBackward0`) saves only a bool mask of the input's shape
+    /// (1 byte per element: where the rounded value was inside the range) and passes
+    /// the gradient straight through where it is set. No 8-bit tensor exists: the
+    /// pair's integer values are views of the input, costing nothing
+    /// ([`FakeQuant`] has the parts and the schedule's rules).
+    FakeQuant,
 }
 
 /// A recognised fused pattern: nodes PyTorch runs as one kernel. The schedule keeps
@@ -56,6 +70,131 @@ pub struct FusedPattern {
     pub extras: Vec<Fact>,
     /// Physical dim order of the output, when not contiguous-as-shaped.
     pub out_layout: Option<Vec<usize>>,
+    /// A [`FusedKind::FakeQuant`]'s parts (`None` for every other kind).
+    pub fake_quant: Option<FakeQuant>,
+}
+
+/// The parts of a fake quantization ([`FusedKind::FakeQuant`]) and how the schedule
+/// runs it. PyTorch's kernel reads the float input `x` and writes the float output
+/// and the mask at once; the schedule keeps the exported nodes, each its own step:
+/// - the QuantizeLinear's step reads `x` and writes the mask (its Extra, bool of
+///   `x`'s shape); its integer output is a view of `x`'s storage (no bytes);
+/// - the Clip's step (the `(0, 127)` range) writes nothing, its output a view too;
+/// - the DequantizeLinear's step reads that view (`x`'s storage) and writes the float
+///   output: the fused kernel's float → float forward ([`crate::ops::quantize::fake_quantize`]);
+/// - the qparam nodes (the exporter's `Cast` of the zero point to 8 bits, of a
+///   double scale to float, the `Constant`s they cast and the Clip's 8-bit bound,
+///   each feeding only this pattern) are PyTorch's buffers or host scalars: a
+///   Cast's output is a view of its input, a Constant's storage has no bytes (a
+///   Python number in PyTorch), and none runs a kernel (the scale and zero point
+///   are read from their folded values, the range is [`Self::qmin`],
+///   [`Self::qmax`]);
+/// - backward: the DequantizeLinear's and Clip's gradients are views of the incoming
+///   one; the QuantizeLinear's reads it and the mask and writes `x`'s gradient
+///   ([`crate::ops::quantize::fake_quantize_backward`]), new as PyTorch's, or added
+///   into a parameter's (a weight's fake quantization trains the float weight).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FakeQuant {
+    /// The float input.
+    pub x: TensorId,
+    /// The scale (QuantizeLinear's input 1; the DequantizeLinear's is the same).
+    pub scale: TensorId,
+    /// The zero point, when given (else 0).
+    pub zero_point: Option<TensorId>,
+    /// The quantized axis of `x` (per channel); `None`: per tensor.
+    pub axis: Option<usize>,
+    /// The integer range (PyTorch's `quant_min`): the quantized type's, narrowed by
+    /// the Clip.
+    pub qmin: i64,
+    /// The integer range's top (`quant_max`).
+    pub qmax: i64,
+    /// The QuantizeLinear.
+    pub quantize: NodeIndex,
+    /// The Clip between them (the `(0, 127)` range), if any.
+    pub clip: Option<NodeIndex>,
+    /// The DequantizeLinear.
+    pub dequantize: NodeIndex,
+    /// The qparam nodes (Cast, Constant) that compute the scale, the zero point and
+    /// the Clip's bounds for this pattern alone.
+    pub qparams: Vec<NodeIndex>,
+}
+
+/// A node's part in a [`FakeQuant`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FakeQuantRole {
+    /// A Cast or Constant computing the scale, the zero point or a Clip bound.
+    QParam,
+    /// The QuantizeLinear: the mask; backward, the masked gradient.
+    Quantize,
+    /// The Clip: a view forward and backward.
+    Clip,
+    /// The DequantizeLinear: the float output; backward, a view.
+    Dequantize,
+}
+
+impl FakeQuant {
+    /// The part node `n` plays, if any.
+    pub fn role(&self, n: NodeIndex) -> Option<FakeQuantRole> {
+        if n == self.quantize {
+            Some(FakeQuantRole::Quantize)
+        } else if Some(n) == self.clip {
+            Some(FakeQuantRole::Clip)
+        } else if n == self.dequantize {
+            Some(FakeQuantRole::Dequantize)
+        } else if self.qparams.contains(&n) {
+            Some(FakeQuantRole::QParam)
+        } else {
+            None
+        }
+    }
+
+    /// The backward rule of the pattern's node playing `role` (`None` for a qparam
+    /// node: its own rule). The QuantizeLinear's gradient (of `x`) reads its mask
+    /// (Extra 0, `mask`); the Clip's and the DequantizeLinear's pass the gradient
+    /// through as a view and read nothing.
+    pub fn rule(&self, role: FakeQuantRole, mask: &Fact) -> Option<Backward> {
+        match role {
+            FakeQuantRole::QParam => None,
+            FakeQuantRole::Quantize => Some(Backward {
+                grads: vec![Grad {
+                    input: 0,
+                    needs: vec![Saved::Extra(0)],
+                }],
+                extras: vec![mask.clone()],
+                flops: mask
+                    .numel()
+                    .saturating_mul(crate::ops::quantize::FAKE_QUANT_BACKWARD_FLOPS),
+            }),
+            FakeQuantRole::Clip | FakeQuantRole::Dequantize => Some(Backward::each(&[0], &[], 0)),
+        }
+    }
+
+    /// Whether the node playing `role` writes its output 0 into its input 0's
+    /// storage (a view, whatever the dtypes): the QuantizeLinear, the Clip, a Cast
+    /// among the qparam nodes.
+    pub fn aliases(&self, role: FakeQuantRole, op_type: &str) -> bool {
+        match role {
+            FakeQuantRole::Quantize | FakeQuantRole::Clip => true,
+            FakeQuantRole::QParam => op_type == "Cast",
+            FakeQuantRole::Dequantize => false,
+        }
+    }
+}
+
+/// Each node of a fake quantization in `patterns`: its pattern's index and its
+/// role.
+pub fn fake_quant_roles(patterns: &[FusedPattern]) -> HashMap<NodeIndex, (usize, FakeQuantRole)> {
+    let mut out = HashMap::new();
+    for (k, p) in patterns.iter().enumerate() {
+        if let Some(fq) = &p.fake_quant {
+            for &n in &p.nodes {
+                if let Some(r) = fq.role(n) {
+                    out.insert(n, (k, r));
+                }
+            }
+        }
+    }
+    out
 }
 
 impl FusedPattern {
@@ -67,6 +206,7 @@ impl FusedPattern {
             reads: vec![x],
             extras: Vec::new(),
             out_layout: None,
+            fake_quant: None,
         }
     }
 
@@ -78,7 +218,7 @@ impl FusedPattern {
 }
 
 /// Every fused pattern of the model: exact and tanh GELU, SiLU, the exporter's SDPA,
-/// decomposed LayerNorm and RMSNorm's rsqrt.
+/// decomposed LayerNorm, RMSNorm's rsqrt and fake quantization.
 pub fn fused_patterns(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
     let pos: HashMap<NodeIndex, usize> = model
         .graph
@@ -93,6 +233,7 @@ pub fn fused_patterns(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
     out.extend(find_sdpa(model, inf));
     out.extend(find_layer_norm(model, inf));
     out.extend(find_rms_rsqrt(model, inf));
+    out.extend(find_fake_quant(model, inf));
     for p in &mut out {
         p.nodes.sort_by_key(|n| pos[n]);
         p.nodes.dedup();
@@ -113,10 +254,11 @@ pub(super) struct Fusion {
     pub(super) out_layout: Option<Vec<usize>>,
 }
 
-/// The per-node view of the patterns.
+/// The per-node view of the patterns (fake quantization apart: its nodes keep
+/// rules of their own, [`FakeQuant::rule`]).
 pub(super) fn per_node(patterns: &[FusedPattern]) -> HashMap<NodeIndex, Fusion> {
     let mut out = HashMap::new();
-    for p in patterns {
+    for p in patterns.iter().filter(|p| p.fake_quant.is_none()) {
         for &n in &p.nodes {
             out.insert(n, Fusion::default());
         }
@@ -443,6 +585,7 @@ fn find_sdpa(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
             reads: vec![qk[0], qk[1], v, o],
             extras: vec![lse],
             out_layout,
+            fake_quant: None,
         });
     }
     out
@@ -617,6 +760,7 @@ fn find_layer_norm(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
                 reads: vec![x, mean, s],
                 extras: Vec::new(),
                 out_layout: None,
+                fake_quant: None,
             })
         })();
         out.extend(found);
@@ -677,6 +821,179 @@ fn find_rms_rsqrt(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
                 reads: vec![x, r],
                 extras: Vec::new(),
                 out_layout: None,
+                fake_quant: None,
+            })
+        })();
+        out.extend(found);
+    }
+    out
+}
+
+/// The integer range of a quantized type.
+fn int_range(dt: DType) -> Option<(i64, i64)> {
+    Some(match dt {
+        DType::U8 => (0, 255),
+        DType::I8 => (-128, 127),
+        DType::U16 => (0, 65535),
+        DType::I16 => (-32768, 32767),
+        _ => return None,
+    })
+}
+
+/// Finds fake quantization as the TorchScript exporter writes PyTorch's
+/// `fake_quantize_per_tensor_affine` and `fake_quantize_per_channel_affine` (what
+/// `torch.ao.quantization.FakeQuantize` calls): `QuantizeLinear(x, scale, zp)`, for
+/// the `(0, 127)` range `Clip(·, , 127)`, then `DequantizeLinear(·, scale, zp)` with
+/// the same scale, zero point (the same tensors or equal constants) and axis; the
+/// integer values feed nothing else; `x` floating, the output of its dtype and
+/// shape; 8- or 16-bit integers; no blocked quantization. The range is the
+/// quantized type's narrowed by the Clip (PyTorch's `quant_min`, `quant_max`).
+/// The nodes that compute the scale, the zero point and the Clip's bounds for this
+/// pattern alone, from folded values (`Cast` of the zero-point buffer to 8 bits;
+/// `Constant` and `Cast` of a Python scalar's double; the Clip's uint8 `Constant`),
+/// are its qparam nodes. A QuantizeLinear that matches
+/// nothing keeps its own rule (refused where its input requires a gradient).
+fn find_fake_quant(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
+    let l = Look { model, inf };
+    let g = &model.graph;
+    let mut out = Vec::new();
+    // Same tensor, or both constants of equal values (or both absent).
+    let same = |a: Option<TensorId>, b: Option<TensorId>| match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) if a == b => true,
+        (Some(a), Some(b)) => {
+            let (fa, fb) = (&inf.facts[a], &inf.facts[b]);
+            fa.dtype == fb.dtype
+                && fa.value.is_some()
+                && fa.value == fb.value
+                && l.model.graph.tensor(a).kind != TensorKind::Parameter
+                && l.model.graph.tensor(b).kind != TensorKind::Parameter
+        }
+        _ => false,
+    };
+    let input = |n: NodeIndex, i: usize| g.node(n).inputs.get(i).copied().flatten();
+    for &qn in &g.order {
+        if l.op(qn) != "QuantizeLinear" {
+            continue;
+        }
+        let found = (|| {
+            let x = input(qn, 0)?;
+            let scale = input(qn, 1)?;
+            let zp = input(qn, 2);
+            let xf = &inf.facts[x];
+            if !xf.dtype.is_float() {
+                return None;
+            }
+            let q = l.out0(qn)?;
+            let (mut qmin, mut qmax) = int_range(inf.facts[q].dtype)?;
+            let blocked = |n: NodeIndex| g.node(n).attrs.int_or("block_size", 0) != 0;
+            if blocked(qn) || !inf.facts[scale].dtype.is_float() {
+                return None;
+            }
+            // The `(0, 127)` range's Clip.
+            let mut cur = q;
+            let mut clip = None;
+            if let Some(c) = l.single(q, "Clip") {
+                if input(c, 0) != Some(q) {
+                    return None;
+                }
+                let bound = |i: usize, attr: &str| -> Option<Option<f64>> {
+                    match input(c, i) {
+                        Some(t) => inf.facts[t]
+                            .value
+                            .as_ref()
+                            .filter(|v| v.data.len() == 1)
+                            .map(|v| Some(v.data.float(0))),
+                        None => Some(g.node(c).attrs.float(attr).map(f64::from)),
+                    }
+                };
+                if let Some(lo) = bound(1, "min")? {
+                    qmin = qmin.max(lo.ceil() as i64);
+                }
+                if let Some(hi) = bound(2, "max")? {
+                    qmax = qmax.min(hi.floor() as i64);
+                }
+                if qmin > qmax {
+                    return None;
+                }
+                clip = Some(c);
+                cur = l.out0(c)?;
+            }
+            let dq = l.single(cur, "DequantizeLinear")?;
+            if input(dq, 0) != Some(cur)
+                || blocked(dq)
+                || !same(Some(scale), input(dq, 1))
+                || !same(zp, input(dq, 2))
+            {
+                return None;
+            }
+            let y = l.out0(dq)?;
+            if inf.facts[y].dtype != xf.dtype || inf.facts[y].shape != xf.shape {
+                return None;
+            }
+            // Per tensor, or per axis (the same axis on both nodes).
+            let sf = &inf.facts[scale];
+            let axis = if sf.numel() == 1 && sf.rank() <= 1 {
+                None
+            } else {
+                let ax = |n: NodeIndex| {
+                    crate::ops::axis(g.node(n).attrs.int_or("axis", 1), xf.rank()).ok()
+                };
+                let a = ax(qn)?;
+                if ax(dq)? != a || sf.shape != [xf.shape[a]] {
+                    return None;
+                }
+                Some(a)
+            };
+            // The qparam nodes: Casts and Constants with folded outputs that feed
+            // only the pattern (or each other).
+            let mut inside: HashSet<NodeIndex> =
+                [Some(qn), clip, Some(dq)].into_iter().flatten().collect();
+            let mut qparams = Vec::new();
+            let mut todo: Vec<TensorId> = [Some(scale), zp].into_iter().flatten().collect();
+            if let Some(c) = clip {
+                todo.extend(g.node(c).inputs.iter().skip(1).flatten().copied());
+            }
+            while let Some(t) = todo.pop() {
+                let Some(p) = g.tensor(t).producer else {
+                    continue;
+                };
+                if inside.contains(&p) || !matches!(l.op(p), "Cast" | "Constant") {
+                    continue;
+                }
+                let outs: Vec<TensorId> = g.node(p).outputs.iter().flatten().copied().collect();
+                let only_here = outs.iter().all(|&o| {
+                    inf.facts[o].value.is_some()
+                        && !g.outputs.contains(&o)
+                        && consumers(model, o).iter().all(|c| inside.contains(c))
+                });
+                if !only_here {
+                    continue;
+                }
+                inside.insert(p);
+                qparams.push(p);
+                todo.extend(g.node(p).inputs.iter().flatten().copied());
+            }
+            let mut nodes = qparams.clone();
+            nodes.extend([Some(qn), clip, Some(dq)].into_iter().flatten());
+            Some(FusedPattern {
+                kind: FusedKind::FakeQuant,
+                nodes,
+                reads: Vec::new(),
+                extras: vec![Fact::new(DType::Bool, xf.shape.clone())],
+                out_layout: None,
+                fake_quant: Some(FakeQuant {
+                    x,
+                    scale,
+                    zero_point: zp,
+                    axis,
+                    qmin,
+                    qmax,
+                    quantize: qn,
+                    clip,
+                    dequantize: dq,
+                    qparams,
+                }),
             })
         })();
         out.extend(found);

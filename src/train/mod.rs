@@ -8,7 +8,9 @@ pub mod policy;
 pub mod schedule;
 
 pub use autodiff::build_schedule;
-pub use fusion::{fused_patterns, FusedKind, FusedPattern};
+pub use fusion::{
+    fake_quant_roles, fused_patterns, FakeQuant, FakeQuantRole, FusedKind, FusedPattern,
+};
 pub use policy::Precision;
 pub use schedule::{Schedule, Step, StepKind, Storage, StorageId, StorageKind};
 

@@ -45,6 +45,16 @@
 //! kernel does not save (an attention mask computed in the graph) stands in with its
 //! folded constant value; without one the step is refused, naming it.
 //!
+//! Fake quantization ([`crate::train::FakeQuant`]) runs as one float → float op:
+//! its QuantizeLinear's step computes the mask (its Extra) from the float input, its
+//! DequantizeLinear's step the fake-quantized output from the same input (read
+//! through the pair's integer views, which hold no value: the executor has no 8-bit
+//! tensors), both with `ops::quantize::fake_quantize` on the host (downloaded and
+//! uploaded on a device); the scale and zero point are the buffers' values, or the
+//! folded values of the exporter's casts and constants, which run no kernel.
+//! Backward, the DequantizeLinear's and Clip's gradients are the incoming one (a
+//! view); the QuantizeLinear's is `fake_quantize_backward` of it and the mask.
+//!
 //! Optimizers (PyTorch's formulas, one step from zero state): SGD, momentum, Adam,
 //! AdamW with [`StepOptions`]' hyperparameters. The state storage (persistent) holds
 //! one f32 vector per state over all parameters; foreach Adam's temporary (the
@@ -87,7 +97,8 @@ use crate::numeric::{rng, Tensor};
 use crate::ops::{registry, BackwardCx, KernelCx, Saved};
 use crate::remat::graph::{Instr as PlanOp, RematGraph};
 use crate::train::{
-    FusedKind, FusedPattern, Loss, Optimizer, Schedule, StepKind, StorageId, StorageKind,
+    fake_quant_roles, FakeQuantRole, FusedKind, FusedPattern, Loss, Optimizer, Schedule, StepKind,
+    StorageId, StorageKind,
 };
 
 /// Counts live bytes and records the peak.
@@ -352,6 +363,19 @@ pub fn train_step_on<B: StepBackend>(
     // start, as the schedule does: a constant a node computes (folded by
     // inference) is put now, and that node's step keeps it.
     let mut preloaded = vec![false; n_t];
+    // Fake quantization ([`crate::train::FakeQuant`]): each node's pattern and role.
+    // Its qparam nodes run no kernel (their values are folded; a double scale or an
+    // 8-bit zero point has no tensor here), and its forward and backward are the
+    // fused float kernels of `ops::quantize`, on the host.
+    let fq = fake_quant_roles(&s.fused);
+    let mut fq_param = vec![false; n_t];
+    for (&n, &(_, role)) in &fq {
+        if role == FakeQuantRole::QParam {
+            for &t in gr.node(n).outputs.iter().flatten() {
+                fq_param[t] = true;
+            }
+        }
+    }
     if b.live_bytes().is_some() {
         for (v, val) in g.values.iter().enumerate() {
             let ts = &in_storage[v];
@@ -372,6 +396,9 @@ pub fn train_step_on<B: StepBackend>(
                 })
             });
             let Some(t) = source else { continue };
+            if fq_param[t] {
+                continue;
+            }
             let Some(folded) = folded_value(inf, t)? else {
                 continue;
             };
@@ -391,6 +418,7 @@ pub fn train_step_on<B: StepBackend>(
         .fused
         .iter()
         .enumerate()
+        .filter(|(_, p)| p.fake_quant.is_none())
         .flat_map(|(k, p)| p.nodes.iter().map(move |&n| (n, k)))
         .collect();
     let mut lse: Vec<Option<Tensor>> = (0..s.fused.len()).map(|_| None).collect();
@@ -471,6 +499,18 @@ pub fn train_step_on<B: StepBackend>(
                     Ok(())
                 };
                 match step.kind {
+                    StepKind::Forward if step.node.is_some_and(|n| fq.contains_key(&n)) => {
+                        let (k, role) = fq[&step.node.expect("a node")];
+                        let f = s.fused[k]
+                            .fake_quant
+                            .as_ref()
+                            .ok_or_else(|| err("a fake quantization without its parts".into()))?;
+                        fake_quant_forward(
+                            b, model, inf, s, f, role, i, &step_of, &alloc, &params, &mut fwd,
+                            &mut sval, opts,
+                        )
+                        .map_err(&err)?;
+                    }
                     StepKind::Forward => {
                         let ix = step.node.expect("forward steps have a node");
                         let node = gr.node(ix);

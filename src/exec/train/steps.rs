@@ -4,6 +4,8 @@
 
 #[allow(unused_imports)]
 use super::*;
+use crate::ops::quantize::FakeQuantParams;
+use crate::train::FakeQuant;
 
 /// `v`, the value of forward tensor `t`, in its storage's element type (a float
 /// tensor under a half-precision policy; every other value as it is).
@@ -478,6 +480,161 @@ pub(super) fn ensure_value<B: StepBackend>(
     Ok(())
 }
 
+/// A fake quantization's scale and zero point: the values the step holds (a
+/// buffer's), else the folded ones (the exporter's casts and constants, which run
+/// no kernel).
+fn fake_quant_params<B: StepBackend>(
+    b: &B,
+    model: &Model,
+    inf: &Inferred,
+    f: &FakeQuant,
+    params: &[Option<B::T>],
+    fwd: &[Option<B::T>],
+) -> Result<FakeQuantParams> {
+    let held = |t: TensorId| -> Result<Option<Tensor>> {
+        params[t]
+            .as_ref()
+            .or(fwd[t].as_ref())
+            .map(|v| b.get(v))
+            .transpose()
+    };
+    let folded = |t: TensorId| {
+        inf.facts[t].value.as_ref().ok_or_else(|| {
+            format!(
+                "the fake quantization's scale or zero point '{}' has no value",
+                model.graph.tensor(t).name
+            )
+        })
+    };
+    let scale: Vec<f32> = match held(f.scale)? {
+        Some(v) => v.to_f64s().into_iter().map(|x| x as f32).collect(),
+        None => {
+            let v = folded(f.scale)?;
+            (0..v.data.len()).map(|i| v.data.float(i) as f32).collect()
+        }
+    };
+    let zero_point = match f.zero_point {
+        None => vec![0; scale.len()],
+        Some(z) => match held(z)? {
+            Some(v) => v.to_i64s(),
+            None => {
+                let v = folded(z)?;
+                (0..v.data.len()).map(|i| v.data.int(i)).collect()
+            }
+        },
+    };
+    Ok(FakeQuantParams {
+        scale,
+        zero_point,
+        axis: f.axis,
+        qmin: f.qmin,
+        qmax: f.qmax,
+    })
+}
+
+/// Forward step `i` of a fake quantization's node playing `role`
+/// ([`crate::train::FakeQuant`]): the QuantizeLinear writes the mask (when its
+/// backward runs), the DequantizeLinear the fake-quantized output, both computed on
+/// the host from the float input `x`; the Clip and the qparam nodes do nothing (the
+/// integer values are views of `x` and hold no value here).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn fake_quant_forward<B: StepBackend>(
+    b: &B,
+    model: &Model,
+    inf: &Inferred,
+    s: &Schedule,
+    f: &FakeQuant,
+    role: FakeQuantRole,
+    i: usize,
+    step_of: &HashMap<NodeIndex, usize>,
+    alloc: &Allocator,
+    params: &[Option<B::T>],
+    fwd: &mut [Option<B::T>],
+    sval: &mut [Option<B::T>],
+    opts: &StepOptions,
+) -> Result<()> {
+    let step = &s.steps[i];
+    let node = model
+        .graph
+        .node(step.node.ok_or("a forward step without a node")?);
+    let extras: Vec<StorageId> = step
+        .writes
+        .iter()
+        .copied()
+        .filter(|&w| s.storages[w].kind == StorageKind::Extra)
+        .collect();
+    let makes = match role {
+        FakeQuantRole::QParam | FakeQuantRole::Clip => false,
+        FakeQuantRole::Quantize => !extras.is_empty(),
+        FakeQuantRole::Dequantize => true,
+    };
+    if !makes {
+        return Ok(());
+    }
+    ensure_value(b, model, inf, s, step_of, alloc, params, fwd, opts, f.x, 0)?;
+    let x = params[f.x]
+        .as_ref()
+        .or(fwd[f.x].as_ref())
+        .ok_or("the fake quantization's input has no value")?;
+    // Computed in f32, as every kernel (a half-precision value widened).
+    let x = b.get(x)?;
+    let x = if x.dtype() == DType::F32 {
+        x
+    } else {
+        x.cast(DType::F32)?
+    };
+    let p = fake_quant_params(b, model, inf, f, params, fwd)?;
+    let bytes_of = |st: StorageId, v: &B::T| -> Result<()> {
+        let have = B::dtype(v).bytes_for(B::numel(v) as u64);
+        if have != Some(s.storages[st].bytes) {
+            return Err(format!(
+                "writes {} bytes into '{}' of {}",
+                have.unwrap_or(u64::MAX),
+                s.storages[st].name,
+                s.storages[st].bytes
+            )
+            .into());
+        }
+        Ok(())
+    };
+    if role == FakeQuantRole::Quantize {
+        let [m] = extras[..] else {
+            return Err(format!("{} extras for a fake quantization's mask", extras.len()).into());
+        };
+        let (_, mask) = crate::ops::quantize::fake_quantize(&x, &p, true)?;
+        let v = b.put(mask.ok_or("no mask")?)?;
+        bytes_of(m, &v)?;
+        sval[m] = Some(b.hold(v));
+        return Ok(());
+    }
+    let y = node
+        .outputs
+        .first()
+        .copied()
+        .flatten()
+        .ok_or("the fake quantization's output is omitted")?;
+    let st = s.tensor_storage[y];
+    if !step.writes.contains(&st) {
+        return Err("the fake quantization's output is not the step's own storage".into());
+    }
+    let (v, _) = crate::ops::quantize::fake_quantize(&x, &p, false)?;
+    let f = &inf.facts[y];
+    if v.dtype() != f.dtype || v.shape != f.shape {
+        return Err(format!(
+            "the fake quantization gives {} {:?}, inference says {} {:?}",
+            v.dtype(),
+            v.shape,
+            f.dtype,
+            f.shape
+        )
+        .into());
+    }
+    let v = store(b, s, y, b.put(v)?)?;
+    bytes_of(st, &v)?;
+    fwd[y] = Some(b.hold(v));
+    Ok(())
+}
+
 /// Runs backward step `i` (of a forward node): the op's backward kernel, given only
 /// the saved tensors its rule lists, then each wanted gradient stored as the schedule
 /// says (a new storage, a view of the incoming gradient, or a partial added into the
@@ -510,7 +667,40 @@ pub(super) fn backward_step<B: StepBackend>(
             None => crate::ops::Fact::new(DType::F32, vec![]),
         })
         .collect();
-    let bw = op.backward(&cx, &outs)?.ok_or("no backward rule")?;
+    // A fake quantization's node: its pattern's rule.
+    let fq = s.fused.iter().find_map(|p| {
+        let f = p.fake_quant.as_ref()?;
+        let role = f.role(ix)?;
+        Some((f.rule(role, p.extras.first()?), role))
+    });
+    let bw = match fq.clone().and_then(|(bw, _)| bw) {
+        Some(bw) => bw,
+        None => op.backward(&cx, &outs)?.ok_or("no backward rule")?,
+    };
+    let fq_role = fq.map(|(_, role)| role);
+    // The fake quantization's Clip and DequantizeLinear: the gradient of the integer
+    // view is the incoming one.
+    if matches!(
+        fq_role,
+        Some(FakeQuantRole::Clip | FakeQuantRole::Dequantize)
+    ) {
+        let t = node.inputs.first().copied().flatten().ok_or("no input 0")?;
+        let o = node
+            .outputs
+            .first()
+            .copied()
+            .flatten()
+            .ok_or("no output 0")?;
+        let (Some(st), Some(g)) = (gstore[o], gval[o].as_ref()) else {
+            return Err("no incoming gradient".into());
+        };
+        if gstore[t].is_some() {
+            return Err("a fake quantization's integer view has a gradient already".into());
+        }
+        gval[t] = Some(b.reshaped(g, inf.facts[t].shape.clone())?);
+        gstore[t] = Some(st);
+        return Ok(Vec::new());
+    }
     // The forward step of this node: its extras, in order.
     let fstep = s
         .steps
@@ -582,7 +772,27 @@ pub(super) fn backward_step<B: StepBackend>(
         .iter()
         .map(|t| t.and_then(|t| gval[t].as_ref()))
         .collect();
-    let mut dx = b.backward(model, inf, node, saved, grads, wanted.clone(), opts)?;
+    let mut dx = if fq_role == Some(FakeQuantRole::Quantize) {
+        // The straight-through gradient, on the host: the incoming gradient masked.
+        let g = grads
+            .first()
+            .copied()
+            .flatten()
+            .ok_or("no incoming gradient")?;
+        let mask = saved
+            .iter()
+            .find(|(sv, _)| *sv == Saved::Extra(0))
+            .map(|(_, m)| *m)
+            .ok_or("the fake quantization's mask is not saved")?;
+        let d =
+            crate::ops::quantize::fake_quantize_backward(&b.get(g)?, &b.get(mask)?, DType::F32)?;
+        let mut d = Some(b.put(d)?);
+        (0..node.inputs.len())
+            .map(|k| if k == 0 { d.take() } else { None })
+            .collect()
+    } else {
+        b.backward(model, inf, node, saved, grads, wanted.clone(), opts)?
+    };
     let mut partials = Vec::new();
     for &slot in &wanted {
         let t = node.inputs[slot].ok_or("wanted gradient of an omitted input")?;

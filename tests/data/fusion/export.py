@@ -35,17 +35,44 @@ Every model is Linear layers around the pattern, input [batch, S, D] (S = 64, D 
   * silu: F.silu twice (SiluBackward0 saves only x), exported as Sigmoid + Mul.
   * gelu_tanh: F.gelu(approximate="tanh") twice (GeluBackward0 saves only x),
     exported at opset 17 written out (Mul, Add, Tanh...).
+
+Fake quantization (QAT), exported at opset 17 with the observers disabled (scales and
+zero points frozen: the exporter refuses the observers' in-place buffer updates); each
+fake quantization is QuantizeLinear -> DequantizeLinear (with Clip(, 127) between them
+for the (0, 127) range), and eager runs fake_quantize_*_cachemask, whose backward saves
+only a bool mask (FakeQuantize*CachemaskBackward0._saved_mask):
+  * qat_convnet: torch.ao.quantization's eager QAT, as prepare_qat makes it: a float
+    stem Conv2d (no qconfig), QuantStub, Conv2d + ReLU fused (qat.ConvReLU2d, weight
+    fake-quantized per channel, qint8 [-128, 127]), Linear (qat.Linear, weight per
+    tensor), DeQuantStub; activations quint8 with reduce_range ([0, 127]: the Clip).
+    Input [batch, 3, 8, 8]; calibrated on two seeded batches before the observers
+    are disabled.
+  * fake_quant_fn: the functional forms between Linear layers (input [batch, S, D]):
+    torch.fake_quantize_per_tensor_affine with Python scalars (exported as Constant
+    and Cast), torch.fake_quantize_per_channel_affine of a weight with buffer qparams,
+    and torch.fake_quantize_per_tensor_affine with tensor qparams, [0, 255].
+saved.json's fake_quant_reference: PyTorch's fake_quantize_per_{tensor,channel}_affine
+on a small input (ties of round-half-to-even, values beyond the range), its outputs and
+the gradient of their sum (the mask), for tests/fake_quant.rs to compare bit for bit;
+and each QAT model's "reference": one eager step at batch 2 on a computed input (output
+and each parameter's gradient summed, the mean loss), which tests/fake_quant.rs runs on
+the CPU executor.
+
+With model names as arguments, only those are exported and measured; saved.json keeps
+the other entries.
 """
 import contextlib
 import importlib.util
 import io
 import json
 import os
+import sys
 
 import onnx
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.ao.quantization as tq
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", "..", ".."))
@@ -112,8 +139,115 @@ class Fn(nn.Module):
         return self.f(x)
 
 
+class QatConvNet(nn.Module):
+    """A float stem, then torch.ao.quantization's eager QAT modules (prepare_qat)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.quant = tq.QuantStub()
+        self.conv = nn.Conv2d(8, 8, 3, padding=1)
+        self.relu = nn.ReLU()
+        self.fc = nn.Linear(8 * 8 * 8, 10)
+        self.dequant = tq.DeQuantStub()
+
+    def forward(self, x):
+        x = self.quant(self.stem(x))
+        x = self.relu(self.conv(x))
+        return self.dequant(self.fc(torch.flatten(x, 1)))
+
+
+def qat_convnet():
+    m = QatConvNet()
+    m.train()
+    m = tq.fuse_modules_qat(m, [["conv", "relu"]])
+    m.qconfig = tq.QConfig(activation=tq.default_fake_quant, weight=tq.default_per_channel_weight_fake_quant)
+    m.stem.qconfig = None
+    m.fc.qconfig = tq.default_qat_qconfig
+    tq.prepare_qat(m, inplace=True)
+    g = torch.Generator().manual_seed(3)
+    for _ in range(2):
+        m(torch.randn(4, 3, 8, 8, generator=g))
+    m.apply(tq.disable_observer)
+    return m
+
+
+class FakeQuantFn(nn.Module):
+    """Linear layers around the functional fake quantizations."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(D, D)
+        self.mid = nn.Linear(D, D)
+        self.out = nn.Linear(D, D)
+        w = self.mid.weight.detach()
+        self.register_buffer("w_scale", (w.abs().amax(1) / 127).float())
+        self.register_buffer("w_zp", torch.zeros(D, dtype=torch.int32))
+        self.register_buffer("a_scale", torch.tensor([0.02]))
+        self.register_buffer("a_zp", torch.tensor([128], dtype=torch.int32))
+
+    def forward(self, x):
+        h = self.inp(x)
+        h = torch.fake_quantize_per_tensor_affine(h, 0.05, 3, -128, 127)
+        w = torch.fake_quantize_per_channel_affine(self.mid.weight, self.w_scale, self.w_zp, 0, -128, 127)
+        h = F.linear(h, w, self.mid.bias)
+        h = torch.fake_quantize_per_tensor_affine(h, self.a_scale, self.a_zp, 0, 255)
+        return self.out(h)
+
+
+def fake_quant_reference():
+    """PyTorch's fake quantization of a small input, forward values and the mask."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(3, 5, generator=g) * 8
+    # Exact ties at scale 0.25 (x / scale = k + 1/2), and zero.
+    x[0] = torch.tensor([0.125, 0.375, -0.125, -0.375, 0.0])
+    x[1, 0] = 40.0
+    x[1, 1] = -40.0
+    cases = [
+        ("per_tensor", torch.tensor([0.25]), torch.tensor([3], dtype=torch.int32), None, 0, 255),
+        ("per_tensor_int8", torch.tensor([0.1]), torch.tensor([-2], dtype=torch.int32), None, -128, 127),
+        ("per_tensor_reduced", torch.tensor([0.0228]), torch.tensor([53], dtype=torch.int32), None, 0, 127),
+        (
+            "per_channel_axis1",
+            torch.tensor([0.25, 0.1, 0.05, 0.3, 0.07]),
+            torch.tensor([0, 1, -3, 5, 0], dtype=torch.int32),
+            1,
+            -128,
+            127,
+        ),
+        ("per_channel_axis0", torch.tensor([0.25, 0.02, 0.5]), torch.tensor([0, 0, 0], dtype=torch.int32), 0, -128, 127),
+    ]
+    out = {"x": x.tolist(), "shape": list(x.shape), "cases": []}
+    for name, scale, zp, axis, qmin, qmax in cases:
+        xx = x.clone().requires_grad_()
+        if axis is None:
+            y = torch.fake_quantize_per_tensor_affine(xx, scale, zp, qmin, qmax)
+        else:
+            y = torch.fake_quantize_per_channel_affine(xx, scale, zp, axis, qmin, qmax)
+        y.sum().backward()
+        out["cases"].append(
+            {
+                "name": name,
+                "scale": scale.tolist(),
+                "zero_point": zp.tolist(),
+                "axis": axis,
+                "qmin": qmin,
+                "qmax": qmax,
+                "out": y.detach().flatten().tolist(),
+                "mask": (xx.grad.flatten() != 0).tolist(),
+            }
+        )
+    return out
+
+
 def build(name):
     torch.manual_seed(0)
+    if name == "qat_convnet":
+        return qat_convnet()
+    if name == "fake_quant_fn":
+        m = FakeQuantFn()
+        m.train()
+        return m
     if name == "layernorm_opset16":
         mids = [nn.LayerNorm(D), nn.LayerNorm(D, elementwise_affine=False), nn.LayerNorm(D, bias=False)]
     elif name.startswith("rmsnorm_llama"):
@@ -139,18 +273,22 @@ MODELS = {
     "rmsnorm_div": ("torchscript", 17),
     "silu": ("torchscript", 17),
     "gelu_tanh": ("torchscript", 17),
+    "qat_convnet": ("torchscript", 17),
+    "fake_quant_fn": ("torchscript", 17),
 }
 
 
-def inputs(batch):
+def inputs(batch, name=None):
     g = torch.Generator().manual_seed(1)
+    if name == "qat_convnet":
+        return (torch.randn(batch, 3, 8, 8, generator=g),)
     return (torch.randn(batch, S, D, generator=g),)
 
 
 def export(name, path):
     exporter, opset = MODELS[name]
     m = build(name)
-    args = inputs(2)
+    args = inputs(2, name)
     if exporter == "torchscript":
         torch.onnx.export(
             m,
@@ -175,12 +313,50 @@ def export(name, path):
 
 def measure(name, batch):
     m = build(name)
-    a = repo_export._saved_analysis(m, inputs(batch))
+    a = repo_export._saved_analysis(m, inputs(batch, name))
     assert a["dropout"]["count"] == 0
     return {"saved_bytes": a["saved_bytes"], "saved_by_grad_fn_attr": a["saved_by_grad_fn_attr"]}
 
 
+def reference_input(shape):
+    """x[i] = ((37 i) mod 101 - 50) / 25 in float32: exact to recompute anywhere
+    (one correctly rounded division), in [-2, 2]."""
+    i = torch.arange(int(torch.tensor(shape).prod()))
+    return (((37 * i) % 101 - 50).float() / 25.0).reshape(shape)
+
+
+def sums(t):
+    t = t.detach().double()
+    return [t.sum().item(), t.abs().sum().item(), (t * t).sum().item()]
+
+
+def reference(name):
+    """One eager step of a QAT model at batch 2 on reference_input: the output and
+    each parameter's gradient summed (plain, absolute, squared) and the mean loss,
+    for tests/fake_quant.rs to run the same step on memplan's CPU executor."""
+    m = build(name)
+    shape = [2, 3, 8, 8] if name == "qat_convnet" else [2, S, D]
+    out = m(reference_input(shape))
+    loss = out.mean()
+    loss.backward()
+    return {
+        "input_shape": shape,
+        "output": sums(out),
+        "loss": loss.item(),
+        "grads": {n: sums(p.grad) for n, p in m.named_parameters()},
+    }
+
+
 def main():
+    names = sys.argv[1:] or list(MODELS)
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        raise SystemExit("unknown models: %s" % " ".join(unknown))
+    path = os.path.join(HERE, "saved.json")
+    old = {}
+    if sys.argv[1:] and os.path.exists(path):
+        with open(path) as f:
+            old = json.load(f)
     out = {
         "_about": (
             "PyTorch %s eager saved bytes of forward + mean loss, CPU float32 (no dropout: the same on "
@@ -190,13 +366,20 @@ def main():
         ),
     }
     for name in MODELS:
+        if name not in names:
+            if name in old:
+                out[name] = old[name]
+            continue
         ops = export(name, os.path.join(HERE, name + ".onnx"))
         entry = {"exporter": MODELS[name][0], "ops": ops}
         for b in BATCHES:
             entry["batch_%d" % b] = measure(name, b)
+        if name in ("qat_convnet", "fake_quant_fn"):
+            entry["reference"] = reference(name)
         out[name] = entry
         print(name, {k: v["saved_bytes"] for k, v in entry.items() if k.startswith("batch")}, " ".join(ops))
-    with open(os.path.join(HERE, "saved.json"), "w") as f:
+    out["fake_quant_reference"] = fake_quant_reference()
+    with open(path, "w") as f:
         json.dump(out, f, indent=1, sort_keys=False)
         f.write("\n")
 
