@@ -11,7 +11,7 @@ Usage:
                                              # measure one PyTorch training step (saved tensors,
                                              # peak memory) -> models/training_reference.json
 
-Requirements: torch, torchvision, transformers, onnx, onnxscript (dynamo exporter);
+Requirements: torch, torchvision, transformers, timm, onnx, onnxscript (dynamo exporter);
 onnxruntime is optional (used only to check that the exported graphs run at batch 2 and 3).
 
 All weights are randomly initialised (torch.manual_seed(0)); nothing is downloaded.
@@ -189,6 +189,48 @@ def _unet_small():
     return UNet()
 
 
+def _rnn_models():
+    """lstm_lm: nn.Embedding(1000, 64) -> nn.LSTM(64, 64, num_layers=2, batch_first=True) ->
+    nn.Linear(64, 1000) per token. gru_classifier: nn.Embedding(1000, 64) -> bidirectional
+    nn.GRU(64, 64, batch_first=True) -> mean over time -> nn.Linear(128, 10)."""
+    import torch.nn as nn
+
+    class LSTMLM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(1000, 64)
+            self.lstm = nn.LSTM(64, 64, num_layers=2, batch_first=True)
+            self.head = nn.Linear(64, 1000)
+
+        def forward(self, ids):
+            y, _ = self.lstm(self.embed(ids))
+            return self.head(y)
+
+    class GRUClassifier(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(1000, 64)
+            self.gru = nn.GRU(64, 64, batch_first=True, bidirectional=True)
+            self.head = nn.Linear(128, 10)
+
+        def forward(self, ids):
+            y, _ = self.gru(self.embed(ids))
+            return self.head(y.mean(dim=1))
+
+    class RNNTagger(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(1000, 64)
+            self.rnn = nn.RNN(64, 64, num_layers=2, batch_first=True, bidirectional=True)
+            self.head = nn.Linear(128, 10)
+
+        def forward(self, ids):
+            y, _ = self.rnn(self.embed(ids))
+            return self.head(y)
+
+    return LSTMLM, GRUClassifier, RNNTagger
+
+
 # integer inputs are drawn from [0, high): class targets need the class count
 INT_INPUT_HIGH = {"mlp_loss": 10}
 
@@ -325,6 +367,112 @@ def build(name):
         m.model.encoder.embed_positions.weight.requires_grad_(True)
         spec = [("input_features", "float32", [80, 100]), ("decoder_input_ids", "int64", [16])]
         outs = ["logits"]
+    elif name in ("lstm_lm", "gru_classifier", "rnn_tagger"):
+        LSTMLM, GRUClassifier, RNNTagger = _rnn_models()
+        m = {"lstm_lm": LSTMLM, "gru_classifier": GRUClassifier, "rnn_tagger": RNNTagger}[name]()
+        spec, outs = [("input_ids", "int64", [32])], ["logits"]
+    elif name in ("mixer_tiny", "cait_tiny", "convit_tiny", "tnt_tiny"):
+        # timm models, random init, 32x32 images, 10 classes, drop_path_rate 0.1: in train mode
+        # timm's DropPath is active (x * bernoulli(keep)/keep per sample; the TorchScript exporter
+        # writes bernoulli_ as RandomUniformLike + Less + Cast).
+        # mixer_tiny: MLP-Mixer, patch 4 (64 tokens), 4 blocks, 64 wide, token MLP 32, channel MLP 256.
+        # cait_tiny: CaiT, 2 LayerScale blocks with talking-heads attention over the patches, then 2
+        # class-attention blocks (only the class token attends), 64 wide, 4 heads, patch 4.
+        # convit_tiny: ConViT, 2 gated positional self-attention blocks (content and positional
+        # attention mixed by a learned per-head sigmoid gate) then 2 self-attention blocks after the
+        # class token joins, 4 heads x 16 = 64 wide, patch 4.
+        # tnt_tiny: Transformer-in-Transformer, 8x8 patches each unfolded into 4x4 "pixels" (inner
+        # dim 16, first stride 2) with an inner transformer per patch and an outer one over the
+        # patches (64 wide, 4 heads), 2 layers.
+        import timm.models.cait as cait
+        import timm.models.convit as convit
+        import timm.models.mlp_mixer as mlp_mixer
+        import timm.models.tnt as tnt
+
+        common = dict(img_size=32, num_classes=10, drop_path_rate=0.1)
+        if name == "mixer_tiny":
+            m = mlp_mixer.MlpMixer(patch_size=4, num_blocks=4, embed_dim=64, mlp_ratio=(0.5, 4.0), **common)
+        elif name == "cait_tiny":
+            m = cait.Cait(patch_size=4, embed_dim=64, depth=2, num_heads=4, depth_token_only=2, init_values=1e-5,
+                          **common)
+        elif name == "convit_tiny":
+            m = convit.ConVit(patch_size=4, embed_dim=16, depth=4, num_heads=4, local_up_to_layer=2, **common)
+            # GPSA builds its relative-position table (a non-persistent buffer) in its first
+            # forward; do that now, as any training step after the first sees it, so that the
+            # export writes the table as a Constant instead of tracing its construction
+            with torch.no_grad():
+                m(torch.zeros(1, 3, 32, 32))
+        else:
+            m = tnt.TNT(patch_size=8, embed_dim=64, inner_dim=16, depth=2, num_heads_inner=2, num_heads_outer=4,
+                        first_stride=2, **common)
+        spec, outs = [("input", "float32", [3, 32, 32])], ["logits"]
+    elif name == "clip_tiny":
+        # CLIPModel, small text (hidden 64, 2 layers, 4 heads, FF 128, vocab 1000, 16 tokens) and
+        # vision (hidden 64, 2 layers, 4 heads, FF 128, 32x32 images, patch 8) towers, projection
+        # 32; output logits_per_image [batch, batch] (image-text similarities).
+        import transformers
+
+        _patch_transformers()
+        small = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+        cfg = transformers.CLIPConfig(
+            text_config=dict(vocab_size=1000, max_position_embeddings=16, pad_token_id=1, bos_token_id=0,
+                             eos_token_id=2, **small),
+            vision_config=dict(image_size=32, patch_size=8, **small),
+            projection_dim=32, attn_implementation="eager",
+        )
+
+        class CLIPExport(transformers.CLIPModel):
+            def forward(self, input_ids, pixel_values):
+                return super().forward(input_ids=input_ids, pixel_values=pixel_values, return_dict=False)[0]
+
+        m = CLIPExport(cfg)
+        spec = [("input_ids", "int64", [16]), ("pixel_values", "float32", [3, 32, 32])]
+        outs = ["logits_per_image"]
+    elif name == "data2vec_audio_tiny":
+        # Data2VecAudioForCTC, small config: conv feature extractor (3 x Conv1d 32 channels, kernels
+        # 10/3/3, strides 5/2/2, each with LayerNorm over channels and GELU), feature projection,
+        # positional embedding of 2 grouped Conv1d (kernel 7, 4 groups) + affine-free LayerNorm +
+        # GELU, 2 post-norm encoder layers (hidden 64, 4 heads, FF 128), CTC head to 32 symbols;
+        # 1600 samples -> 79 frames. SpecAugment masking and LayerDrop off (random, data-dependent).
+        import transformers
+
+        _patch_transformers()
+        cfg = transformers.Data2VecAudioConfig(
+            vocab_size=32, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+            conv_dim=(32, 32, 32), conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3), conv_pos_kernel_size=7,
+            num_conv_pos_embeddings=2, num_conv_pos_embedding_groups=4, mask_time_prob=0.0, layerdrop=0.0,
+            attn_implementation="eager",
+        )
+
+        class D2VExport(transformers.Data2VecAudioForCTC):
+            def forward(self, input_values):
+                return super().forward(input_values=input_values, return_dict=False)[0]
+
+        m = D2VExport(cfg)
+        spec, outs = [("input_values", "float32", [1600])], ["logits"]
+    elif name == "siglip_tiny":
+        # SiglipModel: text (hidden 64, 2 layers, 4 heads, FF 128, vocab 1000, 16 tokens, last-token
+        # pooling + head) and vision (same sizes, 32x32 images, patch 8, attention-pooling head with
+        # nn.MultiheadAttention) towers, sigmoid-loss logit scale and bias; output logits_per_image
+        # [batch, batch].
+        import transformers
+
+        _patch_transformers()
+        small = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+        cfg = transformers.SiglipConfig(
+            text_config=dict(vocab_size=1000, max_position_embeddings=16, pad_token_id=1, bos_token_id=0,
+                             eos_token_id=2, **small),
+            vision_config=dict(image_size=32, patch_size=8, **small),
+            attn_implementation="eager",
+        )
+
+        class SiglipExport(transformers.SiglipModel):
+            def forward(self, input_ids, pixel_values):
+                return super().forward(input_ids=input_ids, pixel_values=pixel_values, return_dict=False)[0]
+
+        m = SiglipExport(cfg)
+        spec = [("input_ids", "int64", [16]), ("pixel_values", "float32", [3, 32, 32])]
+        outs = ["logits_per_image"]
     else:
         raise KeyError(name)
     int_high = INT_INPUT_HIGH.get(name, 1000)
@@ -364,6 +512,16 @@ MODELS = collections.OrderedDict(
         ("transformer_dynamo_raw", ("dynamo", False)),
         ("mlp_loss", ("torchscript", False)),
         ("whisper_mini", ("torchscript", False)),
+        ("lstm_lm", ("torchscript", False)),
+        ("gru_classifier", ("torchscript", False)),
+        ("rnn_tagger", ("torchscript", False)),
+        ("mixer_tiny", ("torchscript", False)),
+        ("cait_tiny", ("torchscript", False)),
+        ("convit_tiny", ("torchscript", False)),
+        ("tnt_tiny", ("torchscript", False)),
+        ("clip_tiny", ("torchscript", False)),
+        ("siglip_tiny", ("torchscript", False)),
+        ("data2vec_audio_tiny", ("torchscript", False)),
     ]
 )
 # dynamo exports written as torch.onnx.export(..., optimize=False) returns them: none of
@@ -887,6 +1045,14 @@ TRAIN_TWINS = {"resnet18_dynamo": "resnet18", "gpt2_dynamo": "gpt2", "transforme
 TRAIN_EXCLUDED = {
     "unet_small": "CPU oneDNN convolution_backward workspace (up to ~440 KB at batch 2) not modelled: memplan peak -15..-17 %",
     "fcn_resnet50": "CPU convolution_backward of the dilated 3x3 convs allocates up to ~78 MB: memplan SGD peak -11..-16 %",
+    # memplan's RNN/GRU/LSTM rule saves what cuDNN's _cudnn_rnn keeps (X, W, R, Y, a reserve of
+    # seq*dirs*batch*gates*hidden elements, initial states); PyTorch on CPU runs something else
+    "lstm_lm": "CPU runs oneDNN's mkldnn_rnn_layer, whose workspace is ~4x memplan's cuDNN-style reserve; "
+    "the exporter's gate-reordered W/R copies are saved by memplan only: saved -25..-44 %",
+    "gru_classifier": "CPU GRU is the per-step GRUCell (7*hidden floats saved per step and row vs memplan's 4); "
+    "the bidirectional W/R copies are saved by memplan only: saved +33 % (batch 2) / -5 % (batch 4), SGD peak +11 %",
+    "rnn_tagger": "CPU RNN is the per-step cell (one h per step; memplan's rule keeps Y and a reserve of h); "
+    "the bidirectional W/R copies are saved by memplan only: saved +128 % (batch 2) / +79 % (batch 4), SGD peak +29 %",
 }
 # models whose first output is their own loss: the step uses loss = out (memplan: --loss graph)
 TRAIN_GRAPH_LOSS = ("mlp_loss",)
@@ -1430,7 +1596,11 @@ def _measure_one_optimizer(name, batch, kind, device, analyse):
     grads_numel_bytes = sum(g.numel() * g.element_size() for g in grads)
     state = _opt_state_tensors(opt)
     opt_state_bytes = _sum_storages(state)
-    scalar_state = _sum_storages([t for t in state if t.numel() == 1])
+    # Adam's per-parameter `step` counters (not every numel-1 tensor: the exp_avg/exp_avg_sq of a
+    # 0-dim or [1] parameter such as CLIP's logit_scale are numel 1 too)
+    scalar_state = _sum_storages(
+        [st["step"] for st in opt.state.values() if isinstance(st.get("step"), torch.Tensor)]
+    )
     entry = {
         "resident_bytes_before_step": resident,
         "optimizer_state_bytes": opt_state_bytes,
@@ -1552,7 +1722,7 @@ def _json_compact(obj, indent=1, level=0):
 
 def _train_versions():
     v = {"python": sys.version.split()[0]}
-    for mod in ("torch", "torchvision", "transformers"):
+    for mod in ("torch", "torchvision", "transformers", "timm"):
         try:
             v[mod] = __import__(mod).__version__
         except ImportError:
@@ -1651,7 +1821,7 @@ def versions():
     import torch
 
     v = {"python": sys.version.split()[0], "torch": torch.__version__, "onnx": onnx.__version__}
-    for mod in ("torchvision", "transformers", "onnxscript", "onnxruntime"):
+    for mod in ("torchvision", "transformers", "timm", "onnxscript", "onnxruntime"):
         try:
             v[mod] = __import__(mod).__version__
         except ImportError:
