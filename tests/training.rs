@@ -295,3 +295,47 @@ fn strided_matmul_operands_are_saved_as_pytorch_copies_them() {
     // expanded operand once each, the folded transpose once, plus that sum.
     assert_eq!(copies_at, vec![1, 8]);
 }
+
+/// PyTorch's convolution backward is one node for input, weight and bias, and it
+/// saves input and weight whenever any gradient is wanted (saved_tensors_hooks,
+/// torch 2.15: a Conv2d on an input without gradient under bf16 autocast saves the
+/// bf16 input and the bf16 weight copy). Here the weight is an activation
+/// (`w · 2`) and the input a graph input: both are saved, x as well as the weight.
+#[test]
+fn a_conv_saves_input_and_weight_as_one_node() {
+    use common::{model, node, value_info, weight, D};
+    let m = model(
+        vec![
+            node("Mul", "scale", &["w", "two"], &["w2"]),
+            node("Conv", "conv", &["x", "w2"], &["y"]),
+        ],
+        vec![
+            weight("w", &[8, 3, 3, 3]),
+            memplan_float_scalar("two", 2.0),
+        ],
+        vec![value_info("x", 1, &[D::S("batch"), D::N(3), D::N(8), D::N(8)])],
+        vec![value_info("y", 1, &[D::S("batch"), D::N(8), D::N(6), D::N(6)])],
+    );
+    let model = memplan::onnx::load::from_proto(m).unwrap();
+    let inf = infer(
+        &model,
+        &Bindings {
+            batch: Some(2),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let s = build_schedule(&model, &inf, &TrainOptions::default()).unwrap();
+    // x [2, 3, 8, 8] and w2 [8, 3, 3, 3], float32.
+    assert_eq!(s.saved_activation_bytes(), (2 * 3 * 8 * 8 + 8 * 3 * 3 * 3) * 4);
+}
+
+fn memplan_float_scalar(name: &str, v: f32) -> memplan::onnx::proto::TensorProto {
+    memplan::onnx::proto::TensorProto {
+        name: Some(name.into()),
+        dims: vec![],
+        data_type: Some(1),
+        float_data: vec![v],
+        ..Default::default()
+    }
+}

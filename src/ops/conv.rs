@@ -99,27 +99,14 @@ pub(super) fn check_nc(x: &Fact, what: &str) -> RuleResult<()> {
     Ok(())
 }
 
-/// Backward of Conv and ConvTranspose: the weight for the input's gradient, the
-/// input for the weight's, nothing for the bias's; the forward's FLOPs per gradient.
+/// Backward of Conv and ConvTranspose. The input's gradient reads the weight, the
+/// weight's the input, the bias's nothing; but PyTorch computes all three in one
+/// `convolution_backward` and its autograd node saves input and weight whenever any
+/// of them is wanted (measured with `saved_tensors_hooks`: a conv whose weight is an
+/// activation, e.g. fake-quantized, and whose input needs no gradient still saves
+/// that weight), so each gradient here needs both. The forward's FLOPs per gradient.
 pub(super) fn conv_backward(forward_flops: u64) -> Backward {
-    Backward {
-        grads: vec![
-            Grad {
-                input: 0,
-                needs: vec![Saved::Input(1)],
-            },
-            Grad {
-                input: 1,
-                needs: vec![Saved::Input(0)],
-            },
-            Grad {
-                input: 2,
-                needs: vec![],
-            },
-        ],
-        extras: Vec::new(),
-        flops: forward_flops.saturating_mul(2),
-    }
+    Backward::each(&[0, 1, 2], &[Saved::Input(0), Saved::Input(1)], forward_flops.saturating_mul(2))
 }
 
 /// `Conv(X, W, B?)`, W = `[M, C/group, k...]`.
