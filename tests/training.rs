@@ -309,12 +309,17 @@ fn a_conv_saves_input_and_weight_as_one_node() {
             node("Mul", "scale", &["w", "two"], &["w2"]),
             node("Conv", "conv", &["x", "w2"], &["y"]),
         ],
-        vec![
-            weight("w", &[8, 3, 3, 3]),
-            memplan_float_scalar("two", 2.0),
-        ],
-        vec![value_info("x", 1, &[D::S("batch"), D::N(3), D::N(8), D::N(8)])],
-        vec![value_info("y", 1, &[D::S("batch"), D::N(8), D::N(6), D::N(6)])],
+        vec![weight("w", &[8, 3, 3, 3]), memplan_float_scalar("two", 2.0)],
+        vec![value_info(
+            "x",
+            1,
+            &[D::S("batch"), D::N(3), D::N(8), D::N(8)],
+        )],
+        vec![value_info(
+            "y",
+            1,
+            &[D::S("batch"), D::N(8), D::N(6), D::N(6)],
+        )],
     );
     let model = memplan::onnx::load::from_proto(m).unwrap();
     let inf = infer(
@@ -327,7 +332,10 @@ fn a_conv_saves_input_and_weight_as_one_node() {
     .unwrap();
     let s = build_schedule(&model, &inf, &TrainOptions::default()).unwrap();
     // x [2, 3, 8, 8] and w2 [8, 3, 3, 3], float32.
-    assert_eq!(s.saved_activation_bytes(), (2 * 3 * 8 * 8 + 8 * 3 * 3 * 3) * 4);
+    assert_eq!(
+        s.saved_activation_bytes(),
+        (2 * 3 * 8 * 8 + 8 * 3 * 3 * 3) * 4
+    );
 }
 
 fn memplan_float_scalar(name: &str, v: f32) -> memplan::onnx::proto::TensorProto {

@@ -106,7 +106,11 @@ pub(super) fn check_nc(x: &Fact, what: &str) -> RuleResult<()> {
 /// activation, e.g. fake-quantized, and whose input needs no gradient still saves
 /// that weight), so each gradient here needs both. The forward's FLOPs per gradient.
 pub(super) fn conv_backward(forward_flops: u64) -> Backward {
-    Backward::each(&[0, 1, 2], &[Saved::Input(0), Saved::Input(1)], forward_flops.saturating_mul(2))
+    Backward::each(
+        &[0, 1, 2],
+        &[Saved::Input(0), Saved::Input(1)],
+        forward_flops.saturating_mul(2),
+    )
 }
 
 /// `Conv(X, W, B?)`, W = `[M, C/group, k...]`.
