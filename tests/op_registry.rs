@@ -950,7 +950,13 @@ fn rows() -> Vec<Row> {
     .opset(11);
     v.push(row(c, &[&[1, 1, 4, 4]], 0).no_cpu_kernel());
     let c = Case::new("AffineGrid", vec![r.t(&[2, 2, 3]), i64s(&[2, 1, 4, 5])]).opset(20);
-    v.push(row(c, &[&[2, 4, 5, 2]], 80 * 6).no_cpu_kernel());
+    v.push(row(c, &[&[2, 4, 5, 2]], 80 * 6));
+    let c = Case::new("AffineGrid", vec![r.t(&[1, 3, 4]), i64s(&[1, 1, 2, 3, 1])]);
+    v.push(row(
+        c.attr("align_corners", Attr::Int(1)).opset(20),
+        &[&[1, 2, 3, 1, 3]],
+        18 * 8,
+    ));
     let tokens = Tensor::i64(vec![2, 6], vec![1, 1, 3, 3, 3, 7, 8, 6, 7, 5, 6, 8])
         .cast(DType::I32)
         .unwrap();

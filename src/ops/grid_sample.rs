@@ -612,10 +612,104 @@ impl Op for AffineGrid {
     fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
         Ok(Some(Backward::each(&[0], &[], self.flops(cx, out))))
     }
-    shape_only!(no_backward_kernel);
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
+    /// `grid[n, p, i] = Σ_j theta[n, i, j] · base[p, j]`, `base` the homogeneous
+    /// coordinates `(x, y[, z], 1)` of each output position (x along the last
+    /// spatial axis), in f32.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let theta = cx.input(0)?;
+        let out = cx.out(0)?;
+        let (n, nd) = (theta.shape[0], theta.shape[1]);
+        let spatial = &out.shape[1..out.shape.len() - 1];
+        let base = affine_base(spatial, cx.attrs().int_or("align_corners", 0) != 0);
+        let t = theta.to_f32()?;
+        let (k, positions) = (nd + 1, base.len() / (nd + 1));
+        let mut grid = vec![0f32; n * positions * nd];
+        for b in 0..n {
+            let tb = &t[b * nd * k..(b + 1) * nd * k];
+            for p in 0..positions {
+                let bp = &base[p * k..(p + 1) * k];
+                for i in 0..nd {
+                    grid[(b * positions + p) * nd + i] =
+                        (0..k).map(|j| tb[i * k + j] * bp[j]).sum();
+                }
+            }
+        }
+        Ok(vec![Tensor::from_f32(
+            theta.dtype(),
+            out.shape.clone(),
+            grid,
+        )?])
+    }
+    /// `dtheta[n, i, j] = Σ_p dgrid[n, p, i] · base[p, j]` (the base rebuilt).
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        let theta = cx.input(0)?;
+        let out = cx.output(0)?;
+        let (n, nd) = (theta.shape[0], theta.shape[1]);
+        let spatial = &out.shape[1..out.shape.len() - 1];
+        let base = affine_base(spatial, cx.attrs().int_or("align_corners", 0) != 0);
+        let g = cx.grad(0)?;
+        let (k, positions) = (nd + 1, base.len() / (nd + 1));
+        let mut dt = vec![0f32; n * nd * k];
+        for b in 0..n {
+            for p in 0..positions {
+                let bp = &base[p * k..(p + 1) * k];
+                for i in 0..nd {
+                    let gi = g[(b * positions + p) * nd + i];
+                    for j in 0..k {
+                        dt[(b * nd + i) * k + j] += gi * bp[j];
+                    }
+                }
+            }
+        }
+        cx.answer(vec![(0, dt)])
+    }
+    /// No device kernel: the host path (downloaded theta, the CPU kernels).
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
+    }
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Promote
     }
+}
+
+/// The homogeneous base grid of `F.affine_grid` over `spatial` ([H, W] or
+/// [D, H, W]): per position, row-major, `(x, y[, z], 1)`, each coordinate
+/// `-1 + 2i/(L-1)` with corners aligned (0 when L = 1, as PyTorch's
+/// `linspace_from_neg_one`), else `(2i + 1)/L - 1`.
+fn affine_base(spatial: &[usize], align: bool) -> Vec<f32> {
+    let coord = |i: usize, l: usize| -> f32 {
+        if align {
+            if l <= 1 {
+                0.0
+            } else {
+                -1.0 + 2.0 * i as f32 / (l - 1) as f32
+            }
+        } else {
+            (2 * i + 1) as f32 / l as f32 - 1.0
+        }
+    };
+    let nd = spatial.len();
+    let positions: usize = spatial.iter().product();
+    let mut base = Vec::with_capacity(positions * (nd + 1));
+    let mut idx = vec![0usize; nd];
+    for _ in 0..positions {
+        // x is the last spatial axis, then y, then z.
+        for a in (0..nd).rev() {
+            base.push(coord(idx[a], spatial[a]));
+        }
+        base.push(1.0);
+        for a in (0..nd).rev() {
+            idx[a] += 1;
+            if idx[a] < spatial[a] {
+                break;
+            }
+            idx[a] = 0;
+        }
+    }
+    base
 }
 
 #[cfg(test)]
@@ -811,5 +905,30 @@ mod tests {
     #[test]
     fn runs_on_the_host_on_cuda() {
         assert_eq!(GridSample.cuda_kernels("GridSample"), CudaKernels::HOST);
+    }
+
+    /// F.affine_grid's base (torch 2.15): the identity map of a 2x3 image gives
+    /// x over the width, then y; corners aligned or pixel centres.
+    #[test]
+    fn affine_base_is_pytorchs() {
+        let b = affine_base(&[2, 3], false);
+        let xy: Vec<(f32, f32)> = b.chunks(3).map(|c| (c[0], c[1])).collect();
+        let third = 1.0 / 3.0;
+        let want = [
+            (-1.0 + third, -0.5),
+            (0.0, -0.5),
+            (1.0 - third, -0.5),
+            (-1.0 + third, 0.5),
+            (0.0, 0.5),
+            (1.0 - third, 0.5),
+        ];
+        for (g, w) in xy.iter().zip(want) {
+            assert!(
+                (g.0 - w.0).abs() < 1e-6 && (g.1 - w.1).abs() < 1e-6,
+                "{xy:?}"
+            );
+        }
+        let b = affine_base(&[2, 1], true);
+        assert_eq!(b, vec![0.0, -1.0, 1.0, 0.0, 1.0, 1.0]);
     }
 }
