@@ -49,11 +49,15 @@ struct Model {
     outputs: Vec<PathBuf>,
 }
 
+/// Where tools/conformance/fetch.sh unpacks the suite: under `$CARGO_TARGET_DIR`
+/// (relative to the package root) when set, else `target/`.
 fn data_dir() -> PathBuf {
     std::env::var("MEMPLAN_CONFORMANCE_DATA").map_or_else(
         |_| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("target/conformance/data/onnx/backend/test/data")
+            let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+            let target =
+                std::env::var("CARGO_TARGET_DIR").map_or(root.join("target"), |t| root.join(t));
+            target.join("conformance/data/onnx/backend/test/data")
         },
         PathBuf::from,
     )

@@ -910,7 +910,7 @@ fn rows() -> Vec<Row> {
         let shapes: Vec<&[usize]> = vec![&y, st, st];
         v.push(row(c, &shapes[..outs], 3 * dirs as u64 * 2 * per));
     }
-    // Image ops beside convolution (shape-only): Col2Im 1 FLOP per input
+    // Image ops beside convolution (shape-only but MaxUnpool): Col2Im 1 FLOP per input
     // element; DeformConv Conv's 2 per multiply-add plus 9 per sampled point;
     // RoiAlign 9 per sample (sampling_ratio² per output); MaxUnpool 0.
     let c = Case::new(
@@ -948,7 +948,7 @@ fn rows() -> Vec<Row> {
     .attr("kernel_shape", ints(&[2, 2]))
     .attr("strides", ints(&[2, 2]))
     .opset(11);
-    v.push(row(c, &[&[1, 1, 4, 4]], 0).no_cpu_kernel());
+    v.push(row(c, &[&[1, 1, 4, 4]], 0));
     let c = Case::new("AffineGrid", vec![r.t(&[2, 2, 3]), i64s(&[2, 1, 4, 5])]).opset(20);
     v.push(row(c, &[&[2, 4, 5, 2]], 80 * 6));
     let c = Case::new("AffineGrid", vec![r.t(&[1, 3, 4]), i64s(&[1, 1, 2, 3, 1])]);

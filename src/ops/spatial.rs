@@ -2,13 +2,14 @@
 //! (torchvision's `deform_conv2d`), RoiAlign (torchvision's `roi_align`) and
 //! MaxUnpool (`torch.nn.MaxUnpool2d`).
 //!
-//! Shape rules, FLOPs and backward rules as PyTorch/torchvision run them; no
-//! CPU kernels yet (each says so).
+//! Shape rules, FLOPs and backward rules as PyTorch/torchvision run them;
+//! MaxUnpool has CPU kernels, the others none yet (each says so).
 
 use super::{
-    conv::window_out, dim, Arity, Autocast, Backward, Cx, Fact, Grad, Op, Registry, RuleResult,
-    Saved,
+    conv::window_out, dim, Arity, Autocast, Backward, BackwardCx, CudaKernels, Cx, Fact, Grad,
+    KernelCx, Op, Registry, RuleResult, Saved, Storage,
 };
+use crate::numeric::Tensor;
 
 /// `Col2Im(input [N, C·∏block, L], image_shape, block_shape) -> [N, C,
 /// image...]`: the blocks summed back into an image (`strides`, `pads`,
@@ -209,22 +210,7 @@ impl Op for MaxUnpool {
             }
             return Ok(vec![Fact::new(x.dtype, s)]);
         }
-        let nd = x.rank() - 2;
-        let a = cx.attrs();
-        let ks = a
-            .ints("kernel_shape")
-            .ok_or("missing attribute 'kernel_shape'")?;
-        let get = |n: &str, d: i64, len: usize| a.ints(n).map_or(vec![d; len], |v| v.to_vec());
-        let (st, pads) = (get("strides", 1, nd), get("pads", 0, 2 * nd));
-        if ks.len() != nd || st.len() != nd || pads.len() != 2 * nd {
-            return Err("kernel_shape, strides and pads do not match the spatial rank".into());
-        }
-        let mut shape = x.shape[..2].to_vec();
-        for k in 0..nd {
-            let v = (x.shape[k + 2] as i64 - 1) * st[k] + ks[k] - pads[k] - pads[k + nd];
-            shape.push(dim(v, "output size")?);
-        }
-        Ok(vec![Fact::new(x.dtype, shape)])
+        Ok(vec![Fact::new(x.dtype, unpooled(&x.shape, cx.attrs())?)])
     }
     fn flops(&self, _cx: &Cx, _out: &[Fact]) -> u64 {
         0
@@ -238,10 +224,89 @@ impl Op for MaxUnpool {
             cx.input(0)?.numel(),
         )))
     }
-    shape_only!(no_backward_kernel);
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
+    /// As the ONNX reference: each value at its index (flat over the whole
+    /// unpooled tensor, as MaxPool's indices), then that tensor placed at the
+    /// origin of `output_shape`, zeros elsewhere. A later duplicate index wins.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let (x, i) = (cx.input(0)?, cx.input(1)?);
+        let out = cx.out(0)?;
+        let map = unpool_map(&x.shape, &i.to_i64s(), cx.attrs(), &out.shape)?;
+        let v = x.to_f32()?;
+        let mut y = vec![0f32; out.numel() as usize];
+        for (e, &o) in map.iter().enumerate() {
+            y[o] = v[e];
+        }
+        Ok(vec![Tensor::from_f32(x.dtype(), out.shape.clone(), y)?])
+    }
+    /// `dX[e] = dY[I[e]]`.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        let x = cx.input(0)?;
+        let out = cx.output(0)?;
+        let i = cx.saved(Saved::Input(1))?;
+        let map = unpool_map(&x.shape, &i.to_i64s(), cx.attrs(), &out.shape)?;
+        let g = cx.grad(0)?;
+        cx.answer(vec![(0, map.iter().map(|&o| g[o]).collect())])
+    }
+    /// No device kernel: the host path.
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
+    }
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Promote
     }
+}
+
+/// MaxUnpool's shape without `output_shape`: `(in − 1)·stride + kernel − pads`.
+fn unpooled(x: &[usize], a: &crate::ir::Attrs) -> RuleResult<Vec<usize>> {
+    let nd = x.len() - 2;
+    let ks = a
+        .ints("kernel_shape")
+        .ok_or("missing attribute 'kernel_shape'")?;
+    let get = |n: &str, d: i64, len: usize| a.ints(n).map_or(vec![d; len], |v| v.to_vec());
+    let (st, pads) = (get("strides", 1, nd), get("pads", 0, 2 * nd));
+    if ks.len() != nd || st.len() != nd || pads.len() != 2 * nd {
+        return Err("kernel_shape, strides and pads do not match the spatial rank".into());
+    }
+    let mut shape = x[..2].to_vec();
+    for k in 0..nd {
+        let v = (x[k + 2] as i64 - 1) * st[k] + ks[k] - pads[k] - pads[k + nd];
+        shape.push(dim(v, "output size")?);
+    }
+    Ok(shape)
+}
+
+/// For each element of X, its flat position in the output: its index unravelled
+/// in the unpooled shape, ravelled in `out` (which must hold the unpooled shape).
+fn unpool_map(
+    x: &[usize],
+    idx: &[i64],
+    a: &crate::ir::Attrs,
+    out: &[usize],
+) -> RuleResult<Vec<usize>> {
+    let inner = unpooled(x, a)?;
+    if inner.iter().zip(out).any(|(i, o)| i > o) {
+        return Err(
+            format!("output_shape {out:?} is smaller than the unpooled shape {inner:?}").into(),
+        );
+    }
+    let total: usize = inner.iter().product();
+    idx.iter()
+        .map(|&f| {
+            if f < 0 || f as usize >= total {
+                return Err(format!("index {f} is outside the unpooled {inner:?}").into());
+            }
+            let (mut f, mut o, mut stride) = (f as usize, 0usize, 1usize);
+            for k in (0..inner.len()).rev() {
+                o += (f % inner[k]) * stride;
+                f /= inner[k];
+                stride *= out[k];
+            }
+            Ok(o)
+        })
+        .collect()
 }
 
 pub(super) fn register(r: &mut Registry) {
