@@ -1164,3 +1164,36 @@ fn gridsample_matches_pytorch() {
         assert_close(y.as_f32().unwrap(), want, 1e-6, &what);
     }
 }
+
+/// Col2Im is `torch.nn.functional.fold` (values from torch 2.15): overlapping
+/// blocks add up; strided blocks tile.
+#[test]
+fn col2im_is_fold() {
+    let arange = Tensor::f32(vec![1, 4, 4], (0..16).map(|v| v as f32).collect());
+    let y = run_op_opset(
+        "Col2Im",
+        &[],
+        &[
+            arange,
+            Tensor::i64(vec![2], vec![3, 3]),
+            Tensor::i64(vec![2], vec![2, 2]),
+        ],
+        18,
+    );
+    assert_eq!(y.shape, vec![1, 1, 3, 3]);
+    let want = [0.0, 5.0, 5.0, 10.0, 30.0, 20.0, 10.0, 25.0, 15.0];
+    assert_close(y.as_f32().unwrap(), &want, 1e-6, "fold 3x3 from 2x2 blocks");
+    let x = Tensor::f32(vec![1, 4, 2], (0..8).map(|v| v as f32).collect());
+    let y = run_op_opset(
+        "Col2Im",
+        &[("strides", ints(&[2, 2]))],
+        &[
+            x,
+            Tensor::i64(vec![2], vec![2, 4]),
+            Tensor::i64(vec![2], vec![2, 2]),
+        ],
+        18,
+    );
+    let want = [0.0, 2.0, 1.0, 3.0, 4.0, 6.0, 5.0, 7.0];
+    assert_close(y.as_f32().unwrap(), &want, 1e-6, "fold with stride 2");
+}

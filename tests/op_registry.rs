@@ -910,7 +910,7 @@ fn rows() -> Vec<Row> {
         let shapes: Vec<&[usize]> = vec![&y, st, st];
         v.push(row(c, &shapes[..outs], 3 * dirs as u64 * 2 * per));
     }
-    // Image ops beside convolution (shape-only but MaxUnpool): Col2Im 1 FLOP per input
+    // Image ops beside convolution (DeformConv and RoiAlign shape-only): Col2Im 1 FLOP per input
     // element; DeformConv Conv's 2 per multiply-add plus 9 per sampled point;
     // RoiAlign 9 per sample (sampling_ratio² per output); MaxUnpool 0.
     let c = Case::new(
@@ -918,7 +918,7 @@ fn rows() -> Vec<Row> {
         vec![r.t(&[1, 4, 4]), i64s(&[3, 3]), i64s(&[2, 2])],
     )
     .opset(18);
-    v.push(row(c, &[&[1, 1, 3, 3]], 16).no_cpu_kernel());
+    v.push(row(c, &[&[1, 1, 3, 3]], 16));
     let c = Case::new(
         "DeformConv",
         vec![r.t(&[1, 2, 3, 3]), r.t(&[1, 2, 2, 2]), r.t(&[1, 8, 2, 2])],
@@ -952,11 +952,8 @@ fn rows() -> Vec<Row> {
     let c = Case::new("AffineGrid", vec![r.t(&[2, 2, 3]), i64s(&[2, 1, 4, 5])]).opset(20);
     v.push(row(c, &[&[2, 4, 5, 2]], 80 * 6));
     let c = Case::new("AffineGrid", vec![r.t(&[1, 3, 4]), i64s(&[1, 1, 2, 3, 1])]);
-    v.push(row(
-        c.attr("align_corners", Attr::Int(1)).opset(20),
-        &[&[1, 2, 3, 1, 3]],
-        18 * 8,
-    ));
+    let c = c.attr("align_corners", Attr::Int(1)).opset(20);
+    v.push(row(c, &[&[1, 2, 3, 1, 3]], 18 * 8));
     let tokens = Tensor::i64(vec![2, 6], vec![1, 1, 3, 3, 3, 7, 8, 6, 7, 5, 6, 8])
         .cast(DType::I32)
         .unwrap();

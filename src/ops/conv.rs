@@ -472,7 +472,7 @@ pub(crate) fn window(
 }
 
 /// Fills `col` (`[c·kh·kw, oh·ow]`) from one image's `c` channels (`[c, h, w]`).
-fn im2col(x: &[f32], c: usize, w: &Window, col: &mut [f32]) {
+pub(super) fn im2col(x: &[f32], c: usize, w: &Window, col: &mut [f32]) {
     let [h, wd] = w.input;
     let [oh, ow] = w.output;
     let [kh, kw] = w.kernel;
@@ -670,7 +670,7 @@ fn pool_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
 
 /// Adds one image-group's `dcol` (`[c·kh·kw, oh·ow]`) back into its input
 /// gradient (`[c, h, w]`): the adjoint of [`im2col`].
-fn col2im(col: &[f32], c: usize, w: &Window, dx: &mut [f32]) {
+pub(super) fn col2im(col: &[f32], c: usize, w: &Window, dx: &mut [f32]) {
     let [h, wd] = w.input;
     let [oh, ow] = w.output;
     let [kh, kw] = w.kernel;

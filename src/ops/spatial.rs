@@ -3,11 +3,12 @@
 //! MaxUnpool (`torch.nn.MaxUnpool2d`).
 //!
 //! Shape rules, FLOPs and backward rules as PyTorch/torchvision run them;
-//! MaxUnpool has CPU kernels, the others none yet (each says so).
+//! Col2Im and MaxUnpool have CPU kernels, the others none yet (each says so).
 
 use super::{
-    conv::window_out, dim, Arity, Autocast, Backward, BackwardCx, CudaKernels, Cx, Fact, Grad,
-    KernelCx, Op, Registry, RuleResult, Saved, Storage,
+    conv::{col2im, im2col, window, window_out},
+    dim, Arity, Autocast, Backward, BackwardCx, CudaKernels, Cx, Fact, Grad, KernelCx, Op,
+    Registry, RuleResult, Saved, Storage,
 };
 use crate::numeric::Tensor;
 
@@ -61,7 +62,61 @@ impl Op for Col2Im {
     fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
         Ok(Some(Backward::each(&[0], &[], self.flops(cx, out))))
     }
-    shape_only!(no_backward_kernel);
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
+    /// 1-D and 2-D, f32: each image's columns summed back by Conv's col2im.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let x = cx.input(0)?;
+        let to = |t: &Tensor| {
+            t.to_i64s()
+                .into_iter()
+                .map(|v| v as usize)
+                .collect::<Vec<_>>()
+        };
+        let (image, block) = (to(cx.input(1)?), to(cx.input(2)?));
+        let out = cx.out(0)?;
+        let w = fold_window(cx.attrs(), &image, &block)?;
+        let (n, c) = (out.shape[0], out.shape[1]);
+        let per_in = x.shape[1] * x.shape[2];
+        let per_out: usize = c * image.iter().product::<usize>();
+        let v = x.to_f32()?;
+        let mut y = vec![0f32; n * per_out];
+        for b in 0..n {
+            col2im(
+                &v[b * per_in..(b + 1) * per_in],
+                c,
+                &w,
+                &mut y[b * per_out..(b + 1) * per_out],
+            );
+        }
+        Ok(vec![Tensor::from_f32(x.dtype(), out.shape.clone(), y)?])
+    }
+    /// `unfold` of the gradient (Conv's im2col).
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        let rcx = cx.rule_cx();
+        let (image, block) = (rcx.sizes(1, "image_shape")?, rcx.sizes(2, "block_shape")?);
+        let (x, out) = (cx.input(0)?, cx.output(0)?);
+        let w = fold_window(cx.attrs(), &image, &block)?;
+        let (n, c) = (out.shape[0], out.shape[1]);
+        let per_in = x.shape[1] * x.shape[2];
+        let per_out: usize = c * image.iter().product::<usize>();
+        let g = cx.grad(0)?;
+        let mut dx = vec![0f32; n * per_in];
+        for b in 0..n {
+            im2col(
+                &g[b * per_out..(b + 1) * per_out],
+                c,
+                &w,
+                &mut dx[b * per_in..(b + 1) * per_in],
+            );
+        }
+        cx.answer(vec![(0, dx)])
+    }
+    /// No device kernel: the host path.
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
+    }
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Promote
     }
@@ -257,6 +312,17 @@ impl Op for MaxUnpool {
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Promote
     }
+}
+
+/// Col2Im's sliding window: the block over the image, its positions the
+/// "output" of Conv's window.
+fn fold_window(
+    a: &crate::ir::Attrs,
+    image: &[usize],
+    block: &[usize],
+) -> RuleResult<super::conv::Window> {
+    let positions = window_out(image, block, a, false)?;
+    window(a, image, block, &positions)
 }
 
 /// MaxUnpool's shape without `output_shape`: `(in − 1)·stride + kernel − pads`.
