@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 
 use memplan::infer::{infer, Bindings, Inferred};
 use memplan::ir::{DType, DimDecl};
-use memplan::lower::lowered;
+use memplan::lower::lower;
 use memplan::onnx::load_model;
 use memplan::onnx::proto::TensorProto;
 use memplan::ops::RuleError;
@@ -239,10 +239,10 @@ fn values(m: &Model, model: &memplan::ir::Model, inf: &Inferred, ops: &[String])
 
 /// The outcome of a loaded model: its inference where every output's dtype and
 /// shape match, else the class and detail.
-fn outcome(
+fn outcome<'a>(
     m: &Model,
-    model: &memplan::ir::Model,
-) -> Result<(memplan::ir::Model, Inferred), (String, String)> {
+    model: &'a memplan::ir::Model,
+) -> Result<(std::borrow::Cow<'a, memplan::ir::Model>, Inferred), (String, String)> {
     // Named and unnamed dims from the inputs the suite feeds.
     let mut b = Bindings::default();
     let g = &model.graph;
@@ -260,7 +260,7 @@ fn outcome(
             }
         }
     }
-    let model = match lowered(model.clone(), &b) {
+    let model = match lower(model, &b) {
         Ok(x) => x,
         Err(e) => return Err(classify(&e)),
     };

@@ -67,47 +67,40 @@ fn floats(v: &Value) -> Vec<f64> {
         .collect()
 }
 
-/// A float32 initializer with the given values.
-fn f32_init(name: &str, dims: &[i64], v: &[f32]) -> TensorProto {
-    TensorProto {
-        name: Some(name.into()),
-        dims: dims.to_vec(),
-        data_type: Some(1),
-        raw_data: Some(
-            v.iter()
-                .flat_map(|x| x.to_le_bytes())
-                .collect::<Vec<u8>>()
-                .into(),
-        ),
-        ..Default::default()
-    }
-}
-
-/// An 8-bit initializer (`data_type` 2: uint8, 3: int8).
-fn int8_init(name: &str, dims: &[i64], data_type: i32, v: &[i64]) -> TensorProto {
+/// An initializer of `data_type` holding `raw` little-endian bytes.
+fn raw_init(name: &str, dims: &[i64], data_type: i32, raw: Vec<u8>) -> TensorProto {
     TensorProto {
         name: Some(name.into()),
         dims: dims.to_vec(),
         data_type: Some(data_type),
-        raw_data: Some(v.iter().map(|&x| x as u8).collect::<Vec<u8>>().into()),
+        raw_data: Some(raw.into()),
         ..Default::default()
     }
 }
 
+/// A float32 initializer with the given values.
+fn f32_init(name: &str, dims: &[i64], v: &[f32]) -> TensorProto {
+    raw_init(
+        name,
+        dims,
+        1,
+        v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    )
+}
+
+/// An 8-bit initializer (`data_type` 2: uint8, 3: int8).
+fn int8_init(name: &str, dims: &[i64], data_type: i32, v: &[i64]) -> TensorProto {
+    raw_init(name, dims, data_type, v.iter().map(|&x| x as u8).collect())
+}
+
 /// An int32 initializer (a zero-point buffer, as PyTorch keeps it).
 fn i32_init(name: &str, dims: &[i64], v: &[i32]) -> TensorProto {
-    TensorProto {
-        name: Some(name.into()),
-        dims: dims.to_vec(),
-        data_type: Some(6),
-        raw_data: Some(
-            v.iter()
-                .flat_map(|x| x.to_le_bytes())
-                .collect::<Vec<u8>>()
-                .into(),
-        ),
-        ..Default::default()
-    }
+    raw_init(
+        name,
+        dims,
+        6,
+        v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    )
 }
 
 /// A `Constant` node of the given tensor.

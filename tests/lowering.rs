@@ -153,26 +153,8 @@ fn unrolling_follows_the_bound_shapes() {
 #[test]
 fn lowered_models_train_with_the_predicted_peak() {
     for name in ["dynamo_split", "scripted_control", "scan_rnn"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_memplan"))
-            .arg("verify")
-            .arg(path(name))
-            .args([
-                "--batch",
-                "2",
-                "--optimizer",
-                "adam",
-                "--budget",
-                "1GiB",
-                "--json",
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{name}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let args = ["--batch", "2", "--optimizer", "adam", "--budget", "1GiB"];
+        let v = json("verify", name, &args);
         assert_eq!(
             v["baseline_measured_peak_bytes"], v["baseline_predicted_peak_bytes"],
             "{name}: {v}"
@@ -225,19 +207,25 @@ fn what_does_not_fold_is_refused_in_one_line() {
     assert!(err.contains("rewritten step"), "{err}");
 }
 
-fn train_peak(name: &str, b: u64) -> u64 {
+/// `memplan <cmd> <model> <args> --json`, which must succeed.
+fn json(cmd: &str, name: &str, args: &[&str]) -> Value {
     let out = Command::new(env!("CARGO_BIN_EXE_memplan"))
-        .arg("profile")
+        .arg(cmd)
         .arg(path(name))
-        .args(["--batch", &b.to_string(), "--train", "--json"])
+        .args(args)
+        .arg("--json")
         .output()
         .unwrap();
     assert!(
         out.status.success(),
-        "{}",
+        "{name}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn train_peak(name: &str, b: u64) -> u64 {
+    let v = json("profile", name, &["--batch", &b.to_string(), "--train"]);
     v["training"]["peak_bytes"].as_u64().unwrap()
 }
 
@@ -247,25 +235,12 @@ fn train_peak(name: &str, b: u64) -> u64 {
 #[test]
 fn fit_searches_when_the_step_changes_with_the_batch() {
     let budget = 64 * 1024;
-    let out = Command::new(env!("CARGO_BIN_EXE_memplan"))
-        .arg("fit")
-        .arg(path("scripted_control"))
-        .args(["--memory", "64KiB", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = json("fit", "scripted_control", &["--memory", "64KiB"]);
     let b = v["strategies"][0]["max_batch"].as_u64().unwrap();
     assert_eq!(v["strategies"][0]["name"], "as-exported");
     assert!(b > 1, "{v}");
-    assert_eq!(
-        v["strategies"][0]["peak_bytes"].as_u64().unwrap(),
-        train_peak("scripted_control", b)
-    );
-    assert!(train_peak("scripted_control", b) <= budget);
+    let at_b = train_peak("scripted_control", b);
+    assert_eq!(v["strategies"][0]["peak_bytes"].as_u64().unwrap(), at_b);
+    assert!(at_b <= budget);
     assert!(train_peak("scripted_control", b + 1) > budget);
 }

@@ -303,13 +303,13 @@ fn strided_matmul_operands_are_saved_as_pytorch_copies_them() {
 /// (`w · 2`) and the input a graph input: both are saved, x as well as the weight.
 #[test]
 fn a_conv_saves_input_and_weight_as_one_node() {
-    use common::{model, node, value_info, weight, D};
+    use common::{model, node, scalar_float, value_info, weight, D};
     let m = model(
         vec![
             node("Mul", "scale", &["w", "two"], &["w2"]),
             node("Conv", "conv", &["x", "w2"], &["y"]),
         ],
-        vec![weight("w", &[8, 3, 3, 3]), memplan_float_scalar("two", 2.0)],
+        vec![weight("w", &[8, 3, 3, 3]), scalar_float("two", 2.0)],
         vec![value_info(
             "x",
             1,
@@ -336,14 +336,4 @@ fn a_conv_saves_input_and_weight_as_one_node() {
         s.saved_activation_bytes(),
         (2 * 3 * 8 * 8 + 8 * 3 * 3 * 3) * 4
     );
-}
-
-fn memplan_float_scalar(name: &str, v: f32) -> memplan::onnx::proto::TensorProto {
-    memplan::onnx::proto::TensorProto {
-        name: Some(name.into()),
-        dims: vec![],
-        data_type: Some(1),
-        float_data: vec![v],
-        ..Default::default()
-    }
 }

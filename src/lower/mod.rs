@@ -259,15 +259,21 @@ impl Lowering {
         outputs: Vec<Option<TensorId>>,
         attrs: Attrs,
     ) -> Result<NodeIndex> {
-        let ix = self.m.graph.nodes.add_node(Node {
+        self.insert_node(Node {
             name: name.to_string(),
             op_type: op_type.to_string(),
             domain: String::new(),
             inputs,
-            outputs: outputs.clone(),
+            outputs,
             attrs,
-        });
-        for t in outputs.into_iter().flatten() {
+        })
+    }
+
+    /// Adds `node` (its outputs' producer becomes it) and processes it.
+    fn insert_node(&mut self, node: Node) -> Result<NodeIndex> {
+        let outputs: Vec<TensorId> = node.outputs.iter().flatten().copied().collect();
+        let ix = self.m.graph.nodes.add_node(node);
+        for t in outputs {
             self.m.graph.tensors[t].producer = Some(ix);
         }
         self.process(ix)?;
@@ -486,18 +492,14 @@ impl Lowering {
                     .insert(o.clone(), t);
                 outputs.push(Some(t));
             }
-            let ix = self.m.graph.nodes.add_node(Node {
+            self.insert_node(Node {
                 name,
                 op_type,
                 domain,
                 inputs,
-                outputs: outputs.clone(),
+                outputs,
                 attrs,
-            });
-            for t in outputs.into_iter().flatten() {
-                self.m.graph.tensors[t].producer = Some(ix);
-            }
-            self.process(ix)?;
+            })?;
         }
         Ok(())
     }

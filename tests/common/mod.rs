@@ -172,3 +172,14 @@ pub fn scalar_int(name: &str, v: i64) -> TensorProto {
         ..Default::default()
     }
 }
+
+/// A float32 scalar initializer.
+pub fn scalar_float(name: &str, v: f32) -> TensorProto {
+    TensorProto {
+        name: Some(name.into()),
+        dims: vec![],
+        data_type: Some(1),
+        float_data: vec![v],
+        ..Default::default()
+    }
+}

@@ -101,6 +101,15 @@ use crate::train::{
     StorageId, StorageKind,
 };
 
+/// The storages a forward step writes for backward only (its op's extras).
+fn extra_writes(s: &Schedule, step: &crate::train::Step) -> Vec<StorageId> {
+    step.writes
+        .iter()
+        .copied()
+        .filter(|&w| s.storages[w].kind == StorageKind::Extra)
+        .collect()
+}
+
 /// Counts live bytes and records the peak.
 #[derive(Debug, Clone, Default)]
 pub struct Allocator {
@@ -514,12 +523,7 @@ pub fn train_step_on<B: StepBackend>(
                     StepKind::Forward => {
                         let ix = step.node.expect("forward steps have a node");
                         let node = gr.node(ix);
-                        let extras: Vec<StorageId> = step
-                            .writes
-                            .iter()
-                            .copied()
-                            .filter(|&w| s.storages[w].kind == StorageKind::Extra)
-                            .collect();
+                        let extras = extra_writes(s, step);
                         for t in node.inputs.iter().flatten() {
                             ensure_value(
                                 b, model, inf, s, &step_of, &alloc, &params, &mut fwd, opts, *t, 0,

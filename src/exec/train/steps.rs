@@ -557,12 +557,7 @@ pub(super) fn fake_quant_forward<B: StepBackend>(
     let node = model
         .graph
         .node(step.node.ok_or("a forward step without a node")?);
-    let extras: Vec<StorageId> = step
-        .writes
-        .iter()
-        .copied()
-        .filter(|&w| s.storages[w].kind == StorageKind::Extra)
-        .collect();
+    let extras = extra_writes(s, step);
     let makes = match role {
         FakeQuantRole::QParam | FakeQuantRole::Clip => false,
         FakeQuantRole::Quantize => !extras.is_empty(),
@@ -707,12 +702,7 @@ pub(super) fn backward_step<B: StepBackend>(
         .iter()
         .find(|st| st.kind == StepKind::Forward && st.node == Some(ix))
         .ok_or("no forward step")?;
-    let extras: Vec<StorageId> = fstep
-        .writes
-        .iter()
-        .copied()
-        .filter(|&w| s.storages[w].kind == StorageKind::Extra)
-        .collect();
+    let extras = extra_writes(s, fstep);
     let wanted = step.grad_inputs.clone();
     let mut needs: Vec<Saved> = Vec::new();
     for g in bw.grads.iter().filter(|g| wanted.contains(&g.input)) {
