@@ -35,6 +35,11 @@
 //!   element) as `FakeQuantize*CachemaskBackward0` does, and nothing else: 44372
 //!   bytes at batch 2 for qat_convnet, 62464 for fake_quant_fn, as PyTorch.
 //!
+//! - `groupnorm`, `groupnorm_dynamo`: `nn.GroupNorm` (2 groups, 1, 4 without
+//!   affine) after Conv2d layers, as the TorchScript and dynamo exporters write it
+//!   (Reshape, InstanceNormalization, Reshape, Mul, Add): saved as
+//!   `native_group_norm` saves (input, per-group mean and rstd).
+//!
 //! Each model's training step also runs on the CPU executor: `memplan verify
 //! --batch 2 --optimizer sgd --budget 0.9 --json` measures the peak predicted, for
 //! the no-recompute baseline and for the plan, with identical gradients.
@@ -230,4 +235,33 @@ fn fake_quantization_saves_its_mask_as_pytorch() {
     // qparams.
     assert_eq!(sizes(&s, FusedKind::FakeQuant), vec![6, 3, 3]);
     verifies("fake_quant_fn");
+}
+
+/// `nn.GroupNorm` as both exporters write it (Reshape, InstanceNormalization with
+/// constant ones and zeros, Reshape back, `Mul(weight)`, `Add(bias)`, the affine
+/// operands through Unsqueeze): saved as `native_group_norm` saves (the input and
+/// the float32 mean and rstd per image and group); the normalized activation the
+/// weight's gradient would read is not saved. Three norms per model: 2 groups, 1
+/// group, 4 groups without affine (the exporters multiply by constant ones and add
+/// zeros).
+#[test]
+fn exported_group_norm_saves_as_native_group_norm() {
+    for name in ["groupnorm", "groupnorm_dynamo"] {
+        let s = saved_as_pytorch(name);
+        let norms: Vec<_> = s
+            .fused
+            .iter()
+            .filter(|p| p.kind == FusedKind::GroupNorm)
+            .collect();
+        assert_eq!(norms.len(), 3, "{name}: {norms:?}");
+        for (p, groups) in norms.iter().zip([2, 1, 4]) {
+            // Reshape, InstanceNormalization, Reshape, Mul, Add and the Unsqueezes.
+            assert!(p.nodes.len() >= 5, "{name}: {p:?}");
+            let [x] = p.reads[..] else { panic!("{p:?}") };
+            assert_eq!(s.storages[s.tensor_storage[x]].bytes, 2 * 8 * 64 * 4);
+            let stats: Vec<_> = p.extras.iter().map(|f| f.shape.clone()).collect();
+            assert_eq!(stats, vec![vec![2, groups]; 2], "{name}");
+        }
+        verifies(name);
+    }
 }

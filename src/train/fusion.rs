@@ -49,6 +49,15 @@ pub enum FusedKind {
     /// pair's integer values are views of the input, costing nothing
     /// ([`FakeQuant`] has the parts and the schedule's rules).
     FakeQuant,
+    /// `nn.GroupNorm` / `F.group_norm` as the exporters write it (ONNX's
+    /// GroupNormalization came at opset 18 and had per-group scales until 21):
+    /// `Reshape` to `[N, G, -1]`, `InstanceNormalization` with constant ones and
+    /// zeros, `Reshape` back, then `Mul(·, weight)`, `Add(·, bias)` where the module
+    /// has them. PyTorch runs `native_group_norm` (`NativeGroupNormBackward0`):
+    /// saves the input, the weight and the per-(image, group) mean and rstd
+    /// (float32 `[N, G]`); the nodes' own rules would also save the normalized
+    /// activation for the weight's gradient.
+    GroupNorm,
 }
 
 /// A recognised fused pattern: nodes PyTorch runs as one kernel. The schedule keeps
@@ -218,7 +227,7 @@ impl FusedPattern {
 }
 
 /// Every fused pattern of the model: exact and tanh GELU, SiLU, the exporter's SDPA,
-/// decomposed LayerNorm, RMSNorm's rsqrt and fake quantization.
+/// decomposed LayerNorm and GroupNorm, RMSNorm's rsqrt and fake quantization.
 pub fn fused_patterns(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
     let pos: HashMap<NodeIndex, usize> = model
         .graph
@@ -232,6 +241,7 @@ pub fn fused_patterns(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
     out.extend(find_tanh_gelu(model, inf));
     out.extend(find_sdpa(model, inf));
     out.extend(find_layer_norm(model, inf));
+    out.extend(find_group_norm(model, inf));
     out.extend(find_rms_rsqrt(model, inf));
     out.extend(find_fake_quant(model, inf));
     for p in &mut out {
@@ -759,6 +769,116 @@ fn find_layer_norm(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
                 nodes,
                 reads: vec![x, mean, s],
                 extras: Vec::new(),
+                out_layout: None,
+                fake_quant: None,
+            })
+        })();
+        out.extend(found);
+    }
+    out
+}
+
+/// Finds GroupNorm as the exporters write `nn.GroupNorm` ([`FusedKind::GroupNorm`]):
+/// `r = Reshape(x)` to `[N, G, M]` (`x` floating `[N, C, ...]`, `G` dividing `C`),
+/// `InstanceNormalization(r, ones, zeros)` (constant, not parameters), `Reshape`
+/// back to `x`'s shape, then `Mul(·, weight)` and `Add(·, bias)` with operands of
+/// `C` elements broadcast per channel (`[C, 1, ...]`; parameters, or the constant
+/// ones and zeros a module without affine exports, possibly of one element, either
+/// possibly through `Unsqueeze`), where the exporter writes them; every inner value feeds only the
+/// next node. The pattern reads `x`; its extras
+/// are the float32 mean and rstd `[N, G]`.
+fn find_group_norm(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
+    let l = Look { model, inf };
+    let g = &model.graph;
+    let facts = &inf.facts;
+    let mut out = Vec::new();
+    for &norm in &g.order {
+        if l.op(norm) != "InstanceNormalization" {
+            continue;
+        }
+        let found = (|| {
+            let (r, scale, bias) = match l.inputs(norm).as_slice() {
+                [r, s, b] => (*r, *s, *b),
+                _ => return None,
+            };
+            let fixed = |t: TensorId| {
+                g.tensor(t).kind != TensorKind::Parameter
+                    && (facts[t].value.is_some()
+                        || g.tensor(t).producer.is_some_and(|p| l.op(p) == "Constant"))
+            };
+            if !fixed(scale) || !fixed(bias) {
+                return None;
+            }
+            let r1 = g.tensor(r).producer?;
+            let x = match l.inputs(r1).as_slice() {
+                [x, _] if l.op(r1) == "Reshape" && l.is_var(*x) => *x,
+                _ => return None,
+            };
+            if l.single(r, "InstanceNormalization")? != norm {
+                return None;
+            }
+            let xs = &facts[x].shape;
+            let rs = &facts[r].shape;
+            let c = *xs.get(1)?;
+            let groups = *rs.get(1)?;
+            if xs.len() < 3 || rs.len() != 3 || rs[0] != xs[0] || groups == 0 || c % groups != 0 {
+                return None;
+            }
+            let r2 = l.single(l.out0(norm)?, "Reshape")?;
+            let mut y = l.out0(r2)?;
+            if &facts[y].shape != xs {
+                return None;
+            }
+            let mut nodes = vec![r1, norm, r2];
+            // The affine part: `· weight`, then `+ bias`, per channel: a parameter
+            // of C elements or a constant (one value: the ones and zeros a module
+            // without affine exports), shaped `[C or 1, 1, ...]`, as given or through
+            // Unsqueeze nodes feeding only this.
+            let per_channel = |n: NodeIndex, w: TensorId| -> Option<Vec<NodeIndex>> {
+                let ws = &facts[w].shape;
+                if ws.len() + 1 != xs.len() || ws[1..].iter().any(|&d| d != 1) {
+                    return None;
+                }
+                let mut chain = Vec::new();
+                let (mut t, mut reader) = (w, n);
+                loop {
+                    if l.single(t, l.op(reader)) != Some(reader) {
+                        return None;
+                    }
+                    match g.tensor(t).producer {
+                        Some(p) if l.op(p) == "Unsqueeze" => {
+                            chain.push(p);
+                            t = *l.inputs(p).first()?;
+                            reader = p;
+                        }
+                        _ => break,
+                    }
+                }
+                // A parameter per channel; a constant per channel or one value.
+                let ok = match facts[t].numel() {
+                    n if n == c as u64 && ws[0] == c => {
+                        g.tensor(t).kind == TensorKind::Parameter || fixed(t)
+                    }
+                    1 => fixed(t),
+                    _ => false,
+                };
+                ok.then_some(chain)
+            };
+            for op in ["Mul", "Add"] {
+                let Some(n) = l.single(y, op) else { break };
+                let Some(chain) = l.other(n, y).and_then(|w| per_channel(n, w)) else {
+                    break;
+                };
+                nodes.extend(chain);
+                nodes.push(n);
+                y = l.out0(n)?;
+            }
+            let stat = Fact::new(DType::F32, vec![xs[0], groups]);
+            Some(FusedPattern {
+                kind: FusedKind::GroupNorm,
+                nodes,
+                reads: vec![x],
+                extras: vec![stat.clone(), stat],
                 out_layout: None,
                 fake_quant: None,
             })

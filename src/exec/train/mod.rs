@@ -430,7 +430,10 @@ pub fn train_step_on<B: StepBackend>(
         .filter(|(_, p)| p.fake_quant.is_none())
         .flat_map(|(k, p)| p.nodes.iter().map(move |&n| (n, k)))
         .collect();
-    let mut lse: Vec<Option<Tensor>> = (0..s.fused.len()).map(|_| None).collect();
+    // Each pattern's extras as its fused kernel makes them, written by its last
+    // node: SDPA's logsumexp, GroupNorm's mean and rstd (from its InstanceNormalization).
+    // Kept on the host until that node puts them, when the schedule allocates them.
+    let mut pattern_extras: Vec<Option<Vec<Tensor>>> = (0..s.fused.len()).map(|_| None).collect();
     let mut recomputed: Vec<Option<Recomputed<B::T>>> = (0..s.fused.len()).map(|_| None).collect();
     let mut bw_left = vec![0usize; s.fused.len()];
     for st in &s.steps {
@@ -595,9 +598,14 @@ pub fn train_step_on<B: StepBackend>(
                                 // f32 copy under AMP).
                                 let x =
                                     ins[0].ok_or_else(|| err("the scores have no value".into()))?;
-                                lse[k] = Some(b.logsumexp_last(x).map_err(&err)?);
+                                pattern_extras[k] =
+                                    Some(vec![b.logsumexp_last(x).map_err(&err)?]);
                             }
                         }
+                        let stats_here = pattern.is_some_and(|k| {
+                            s.fused[k].kind == FusedKind::GroupNorm
+                                && node.op_type == "InstanceNormalization"
+                        });
                         // A whole-tensor view (reshape-like, the identity) is its
                         // source under the inferred shape where the backend aliases.
                         let alias = if b.aliases_views() && extras.is_empty() && pattern.is_none() {
@@ -622,16 +630,28 @@ pub fn train_step_on<B: StepBackend>(
                                     node,
                                     ins,
                                     opts,
-                                    !extras.is_empty() && pattern.is_none(),
+                                    (!extras.is_empty() && pattern.is_none()) || stats_here,
                                 )
                                 .map_err(&err)?;
                             if let Some(k) = pattern {
+                                if stats_here {
+                                    let stats = outs.split_off(node.outputs.len().min(outs.len()));
+                                    let host: Result<Vec<Tensor>> =
+                                        stats.iter().map(|v| b.get(v)).collect();
+                                    pattern_extras[k] = Some(host.map_err(&err)?);
+                                }
                                 let p = &s.fused[k];
                                 if ix == p.last() && !extras.is_empty() {
-                                    let l = lse[k].as_ref().ok_or_else(|| {
-                                        err("the attention's logsumexp was not computed".into())
+                                    let made = pattern_extras[k].take().ok_or_else(|| {
+                                        err(format!(
+                                            "the fused {:?} kernel's extras were not computed",
+                                            p.kind
+                                        )
+                                        .into())
                                     })?;
-                                    outs.push(b.put(l.clone()).map_err(&err)?);
+                                    for t in made {
+                                        outs.push(b.put(t).map_err(&err)?);
+                                    }
                                 }
                             }
                             let n_out = node.outputs.len();

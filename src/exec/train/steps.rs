@@ -289,7 +289,11 @@ pub(super) fn recompute_pattern<B: StepBackend>(
         if p.kind == FusedKind::Sdpa && node.op_type == "Softmax" {
             r.lse = Some(b.logsumexp_last(ins[0].ok_or("no Softmax input")?)?);
         }
-        let mut outs = b.forward(model, inf, node, ins, opts, node.op_type == "Dropout")?;
+        // Dropout's mask (regenerated from its seed); GroupNorm's statistics, which
+        // its InstanceNormalization's backward reads.
+        let own_extras = node.op_type == "Dropout"
+            || (p.kind == FusedKind::GroupNorm && node.op_type == "InstanceNormalization");
+        let mut outs = b.forward(model, inf, node, ins, opts, own_extras)?;
         let ex = outs.split_off(node.outputs.len().min(outs.len()));
         for (o, v) in node.outputs.iter().zip(outs) {
             if let Some(o) = *o {
@@ -333,6 +337,41 @@ pub(super) fn recompute_pattern<B: StepBackend>(
             .ok_or("the saved logsumexp is not live")?;
         if !b.get(saved).is_ok_and(|v| same_host(&v, &lse)) {
             return Err("the recomputed logsumexp differs from the saved one".into());
+        }
+    }
+    if p.kind == FusedKind::GroupNorm {
+        // The recomputed statistics are the saved ones (the last node's extras).
+        let norm = p
+            .nodes
+            .iter()
+            .find(|&&n| gr.node(n).op_type == "InstanceNormalization")
+            .ok_or("no InstanceNormalization in the group norm")?;
+        let made = r.extras.get(norm).map_or(&[][..], Vec::as_slice);
+        let saved: Vec<&B::T> = s
+            .steps
+            .iter()
+            .find(|st| st.kind == StepKind::Forward && st.node == Some(p.last()))
+            .map(|st| {
+                st.writes
+                    .iter()
+                    .filter(|&&w| s.storages[w].kind == StorageKind::Extra)
+                    .filter_map(|&e| sval[e].as_ref())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let bits = |v: &B::T| {
+            let t = b.get(v).ok()?;
+            let x = t.to_f32().ok()?;
+            Some(x.iter().map(|f| f.to_bits()).collect::<Vec<_>>())
+        };
+        if saved.len() != 2
+            || made.len() != 2
+            || saved
+                .iter()
+                .zip(made)
+                .any(|(a, c)| bits(a).is_none() || bits(a) != bits(c))
+        {
+            return Err("the recomputed group norm statistics differ from the saved ones".into());
         }
     }
     Ok(r)

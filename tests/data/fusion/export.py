@@ -51,6 +51,15 @@ only a bool mask (FakeQuantize*CachemaskBackward0._saved_mask):
     torch.fake_quantize_per_tensor_affine with Python scalars (exported as Constant
     and Cast), torch.fake_quantize_per_channel_affine of a weight with buffer qparams,
     and torch.fake_quantize_per_tensor_affine with tensor qparams, [0, 255].
+
+GroupNorm, which ONNX below opset 21 cannot say per channel: the exporters write
+Reshape to [N, G, -1], InstanceNormalization with constant ones and zeros, Reshape
+back, Mul(weight), Add(bias); eager runs native_group_norm
+(NativeGroupNormBackward0: input, weight and the per-(image, group) mean and rstd,
+float32):
+  * groupnorm: GroupNormNet (Conv2d layers each followed by GroupNorm(2, 8),
+    GroupNorm(1, 8) and GroupNorm(4, 8, affine=False), then a Linear), input
+    [batch, 3, 8, 8], opset 17; groupnorm_dynamo: the same through the dynamo exporter.
 saved.json's fake_quant_reference: PyTorch's fake_quantize_per_{tensor,channel}_affine
 on a small input (ties of round-half-to-even, values beyond the range), its outputs and
 the gradient of their sum (the mask), for tests/fake_quant.rs to compare bit for bit;
@@ -157,6 +166,27 @@ class QatConvNet(nn.Module):
         return self.dequant(self.fc(torch.flatten(x, 1)))
 
 
+class GroupNormNet(nn.Module):
+    """Conv2d layers, each followed by nn.GroupNorm: 2 groups affine, 1 group
+    (PoolFormer's and ConvNeXt-style GroupNorm(1, C)), 4 groups without affine."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.g1 = nn.GroupNorm(2, 8)
+        self.c2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.g2 = nn.GroupNorm(1, 8)
+        self.c3 = nn.Conv2d(8, 8, 3, padding=1)
+        self.g3 = nn.GroupNorm(4, 8, affine=False)
+        self.fc = nn.Linear(8 * 8 * 8, 10)
+
+    def forward(self, x):
+        x = F.relu(self.g1(self.c1(x)))
+        x = F.relu(self.g2(self.c2(x)))
+        x = F.relu(self.g3(self.c3(x)))
+        return self.fc(torch.flatten(x, 1))
+
+
 def qat_convnet():
     m = QatConvNet()
     m.train()
@@ -248,6 +278,10 @@ def build(name):
         m = FakeQuantFn()
         m.train()
         return m
+    if name.startswith("groupnorm"):
+        m = GroupNormNet()
+        m.train()
+        return m
     if name == "layernorm_opset16":
         mids = [nn.LayerNorm(D), nn.LayerNorm(D, elementwise_affine=False), nn.LayerNorm(D, bias=False)]
     elif name.startswith("rmsnorm_llama"):
@@ -275,12 +309,14 @@ MODELS = {
     "gelu_tanh": ("torchscript", 17),
     "qat_convnet": ("torchscript", 17),
     "fake_quant_fn": ("torchscript", 17),
+    "groupnorm": ("torchscript", 17),
+    "groupnorm_dynamo": ("dynamo", None),
 }
 
 
 def inputs(batch, name=None):
     g = torch.Generator().manual_seed(1)
-    if name == "qat_convnet":
+    if name == "qat_convnet" or name.startswith("groupnorm"):
         return (torch.randn(batch, 3, 8, 8, generator=g),)
     return (torch.randn(batch, S, D, generator=g),)
 
@@ -304,7 +340,8 @@ def export(name, path):
         )
     else:
         with contextlib.redirect_stdout(io.StringIO()):
-            mp = repo_export.export_dynamo(m, args, [("input", "float32", [S, D])], ["output"])
+            dims = list(args[0].shape[1:])
+            mp = repo_export.export_dynamo(m, args, [("input", "float32", dims)], ["output"])
         onnx.save(mp, path)
     mp = onnx.load(path)
     onnx.checker.check_model(mp)
