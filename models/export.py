@@ -406,6 +406,20 @@ def build(name):
             m = tnt.TNT(patch_size=8, embed_dim=64, inner_dim=16, depth=2, num_heads_inner=2, num_heads_outer=4,
                         first_stride=2, **common)
         spec, outs = [("input", "float32", [3, 32, 32])], ["logits"]
+    elif name == "poolformer_tiny":
+        # timm PoolFormer (MetaFormer with poolformer_s12's settings: pooling token mixer,
+        # GroupNorm1 = nn.GroupNorm(1, C) norms, GELU MLPs, layer scale 1e-5), dims 16/32/64/128,
+        # depths 1/1/2/1, drop path 0.1, 32x32 images, 10 classes. The exporter writes each
+        # GroupNorm as Reshape, InstanceNormalization, Reshape, Mul, Add (one native_group_norm
+        # in PyTorch).
+        import timm.models.metaformer as metaformer
+
+        m = metaformer.MetaFormer(
+            depths=(1, 1, 2, 1), dims=(16, 32, 64, 128), downsample_norm=None, mlp_act=torch.nn.GELU,
+            mlp_bias=True, norm_layers=metaformer.GroupNorm1, layer_scale_init_values=1e-5,
+            res_scale_init_values=None, use_mlp_head=False, num_classes=10, drop_path_rate=0.1,
+        )
+        spec, outs = [("input", "float32", [3, 32, 32])], ["logits"]
     elif name == "clip_tiny":
         # CLIPModel, small text (hidden 64, 2 layers, 4 heads, FF 128, vocab 1000, 16 tokens) and
         # vision (hidden 64, 2 layers, 4 heads, FF 128, 32x32 images, patch 8) towers, projection
@@ -522,6 +536,7 @@ MODELS = collections.OrderedDict(
         ("clip_tiny", ("torchscript", False)),
         ("siglip_tiny", ("torchscript", False)),
         ("data2vec_audio_tiny", ("torchscript", False)),
+        ("poolformer_tiny", ("torchscript", False)),
     ]
 )
 # dynamo exports written as torch.onnx.export(..., optimize=False) returns them: none of
