@@ -39,6 +39,9 @@
 //!   affine) after Conv2d layers, as the TorchScript and dynamo exporters write it
 //!   (Reshape, InstanceNormalization, Reshape, Mul, Add): saved as
 //!   `native_group_norm` saves (input, per-group mean and rstd).
+//! - `weightnorm`: `torch.nn.utils.parametrizations.weight_norm` on Conv1d layers
+//!   (dim 2 as wav2vec 2.0, dim 0) and a Linear, exported as `ReduceL2`, `Div`,
+//!   `Mul`: saved as `_weight_norm_interface` saves (the norms).
 //!
 //! Each model's training step also runs on the CPU executor: `memplan verify
 //! --batch 2 --optimizer sgd --budget 0.9 --json` measures the peak predicted, for
@@ -264,4 +267,24 @@ fn exported_group_norm_saves_as_native_group_norm() {
         }
         verifies(name);
     }
+}
+
+/// Weight normalization over the first or last dim (`ReduceL2`, `Div`, `Mul`):
+/// saved as `_weight_norm_interface` saves (the norms; `v` and `g` are parameters),
+/// not the `v / ‖v‖` quotient the `Mul`'s rule would keep for `g`'s gradient. The
+/// normalized weights themselves are saved by the layers that read them, as in
+/// PyTorch (the convolutions' weights, the Linear's transposed `mat2`).
+#[test]
+fn weight_norm_saves_only_the_norms() {
+    let s = saved_as_pytorch("weightnorm");
+    assert_eq!(sizes(&s, FusedKind::WeightNorm), vec![3, 3, 3]);
+    for p in s.fused.iter().filter(|p| p.kind == FusedKind::WeightNorm) {
+        let [n] = p.reads[..] else { panic!("{p:?}") };
+        // The Conv1d over dim 2: 5 norms; over dim 0: 16 and 10.
+        assert!(
+            [5 * 4, 16 * 4, 10 * 4].contains(&s.storages[s.tensor_storage[n]].bytes),
+            "{p:?}"
+        );
+    }
+    verifies("weightnorm");
 }

@@ -58,6 +58,14 @@ pub enum FusedKind {
     /// (float32 `[N, G]`); the nodes' own rules would also save the normalized
     /// activation for the weight's gradient.
     GroupNorm,
+    /// Weight normalization (`torch.nn.utils.parametrizations.weight_norm`,
+    /// `nn.utils.weight_norm`: wav2vec 2.0's positional convolution, HiFi-GAN and
+    /// WaveNet-style vocoders) over the first or last dim, exported as
+    /// `ReduceL2(v)`, `Div(v, ·)`, `Mul(·, g)`: PyTorch runs `_weight_norm_interface`
+    /// (`WeightNormInterfaceBackward0`), which saves `v`, `g` (parameters) and the
+    /// norms; the nodes' own rules would also save the `v / ‖v‖` quotient for `g`'s
+    /// gradient.
+    WeightNorm,
 }
 
 /// A recognised fused pattern: nodes PyTorch runs as one kernel. The schedule keeps
@@ -227,7 +235,8 @@ impl FusedPattern {
 }
 
 /// Every fused pattern of the model: exact and tanh GELU, SiLU, the exporter's SDPA,
-/// decomposed LayerNorm and GroupNorm, RMSNorm's rsqrt and fake quantization.
+/// decomposed LayerNorm and GroupNorm, weight normalization, RMSNorm's rsqrt and
+/// fake quantization.
 pub fn fused_patterns(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
     let pos: HashMap<NodeIndex, usize> = model
         .graph
@@ -242,6 +251,7 @@ pub fn fused_patterns(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
     out.extend(find_sdpa(model, inf));
     out.extend(find_layer_norm(model, inf));
     out.extend(find_group_norm(model, inf));
+    out.extend(find_weight_norm(model, inf));
     out.extend(find_rms_rsqrt(model, inf));
     out.extend(find_fake_quant(model, inf));
     for p in &mut out {
@@ -879,6 +889,70 @@ fn find_group_norm(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
                 nodes,
                 reads: vec![x],
                 extras: vec![stat.clone(), stat],
+                out_layout: None,
+                fake_quant: None,
+            })
+        })();
+        out.extend(found);
+    }
+    out
+}
+
+/// Finds weight normalization ([`FusedKind::WeightNorm`]): `n = ReduceL2(v)` with
+/// `keepdims` over every axis but the first or the last (PyTorch's fused
+/// `_weight_norm_interface` runs only there; other dims run op by op), `Div(v, n)`,
+/// then `Mul(·, g)`, with `v` and `g` parameters and `g` shaped as `n`; every inner
+/// value feeds only the next node. The pattern reads the norms `n`.
+fn find_weight_norm(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
+    let l = Look { model, inf };
+    let g = &model.graph;
+    let facts = &inf.facts;
+    let param = |t: TensorId| g.tensor(t).kind == TensorKind::Parameter;
+    let mut out = Vec::new();
+    for &red in &g.order {
+        if l.op(red) != "ReduceL2" {
+            continue;
+        }
+        let found = (|| {
+            let node = g.node(red);
+            let v = *l.inputs(red).first()?;
+            if !param(v) || node.attrs.int_or("keepdims", 1) != 1 {
+                return None;
+            }
+            let n = l.out0(red)?;
+            let (vs, ns) = (&facts[v].shape, &facts[n].shape);
+            let rank = vs.len() as i64;
+            let axes: Vec<i64> = match node.attrs.ints("axes") {
+                Some(a) => a.to_vec(),
+                None => {
+                    let a = facts[*node.inputs.get(1)?.as_ref()?].value.as_ref()?;
+                    (0..a.data.len()).map(|i| a.data.int(i)).collect()
+                }
+            };
+            let mut kept: Vec<i64> = (0..rank).collect();
+            for a in axes {
+                let a = if a < 0 { a + rank } else { a };
+                kept.retain(|&k| k != a);
+            }
+            // One kept axis, the first or the last: `_weight_norm`'s fused path.
+            if ns.len() != vs.len() || !matches!(kept[..], [d] if d == 0 || d == rank - 1) {
+                return None;
+            }
+            let div = l.single(n, "Div")?;
+            if l.inputs(div) != [v, n] {
+                return None;
+            }
+            let mul = l.single(l.out0(div)?, "Mul")?;
+            let q = l.out0(div)?;
+            let gain = l.other(mul, q)?;
+            if !param(gain) || facts[gain].shape != *ns {
+                return None;
+            }
+            Some(FusedPattern {
+                kind: FusedKind::WeightNorm,
+                nodes: vec![red, div, mul],
+                reads: vec![n],
+                extras: Vec::new(),
                 out_layout: None,
                 fake_quant: None,
             })

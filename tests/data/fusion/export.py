@@ -60,6 +60,12 @@ float32):
   * groupnorm: GroupNormNet (Conv2d layers each followed by GroupNorm(2, 8),
     GroupNorm(1, 8) and GroupNorm(4, 8, affine=False), then a Linear), input
     [batch, 3, 8, 8], opset 17; groupnorm_dynamo: the same through the dynamo exporter.
+
+Weight normalization (torch.nn.utils.parametrizations.weight_norm), exported as
+ReduceL2(v), Div(v, norm), Mul(., g); eager runs _weight_norm_interface over the first or
+last dim (WeightNormInterfaceBackward0: v, g and the norms):
+  * weightnorm: WeightNormNet (a Conv1d normalized over dim 2 as wav2vec 2.0's positional
+    convolution, a Conv1d and a Linear over dim 0, GELUs between), input [batch, 4, 32].
 saved.json's fake_quant_reference: PyTorch's fake_quantize_per_{tensor,channel}_affine
 on a small input (ties of round-half-to-even, values beyond the range), its outputs and
 the gradient of their sum (the mask), for tests/fake_quant.rs to compare bit for bit;
@@ -187,6 +193,24 @@ class GroupNormNet(nn.Module):
         return self.fc(torch.flatten(x, 1))
 
 
+class WeightNormNet(nn.Module):
+    """Weight-normalized layers: a Conv1d normalized over its last weight dim (dim=2,
+    wav2vec 2.0's positional convolution), a Conv1d and a Linear over dim 0 (the
+    default), through torch.nn.utils.parametrizations.weight_norm."""
+
+    def __init__(self):
+        super().__init__()
+        wn = torch.nn.utils.parametrizations.weight_norm
+        self.c1 = wn(nn.Conv1d(4, 16, 5, padding=2), dim=2)
+        self.c2 = wn(nn.Conv1d(16, 16, 3, padding=1))
+        self.fc = wn(nn.Linear(16 * 32, 10))
+
+    def forward(self, x):
+        x = F.gelu(self.c1(x))
+        x = F.gelu(self.c2(x))
+        return self.fc(torch.flatten(x, 1))
+
+
 def qat_convnet():
     m = QatConvNet()
     m.train()
@@ -278,6 +302,10 @@ def build(name):
         m = FakeQuantFn()
         m.train()
         return m
+    if name == "weightnorm":
+        m = WeightNormNet()
+        m.train()
+        return m
     if name.startswith("groupnorm"):
         m = GroupNormNet()
         m.train()
@@ -311,6 +339,7 @@ MODELS = {
     "fake_quant_fn": ("torchscript", 17),
     "groupnorm": ("torchscript", 17),
     "groupnorm_dynamo": ("dynamo", None),
+    "weightnorm": ("torchscript", 17),
 }
 
 
@@ -318,6 +347,8 @@ def inputs(batch, name=None):
     g = torch.Generator().manual_seed(1)
     if name == "qat_convnet" or name.startswith("groupnorm"):
         return (torch.randn(batch, 3, 8, 8, generator=g),)
+    if name == "weightnorm":
+        return (torch.randn(batch, 4, 32, generator=g),)
     return (torch.randn(batch, S, D, generator=g),)
 
 
