@@ -406,6 +406,28 @@ def build(name):
             m = tnt.TNT(patch_size=8, embed_dim=64, inner_dim=16, depth=2, num_heads_inner=2, num_heads_outer=4,
                         first_stride=2, **common)
         spec, outs = [("input", "float32", [3, 32, 32])], ["logits"]
+    elif name == "wav2vec2_tiny":
+        # Wav2Vec2ForCTC, data2vec_audio_tiny's sizes with wav2vec 2.0's own layers: the first conv
+        # layer's GroupNorm (one group per channel, feat_extract_norm="group"), GELU conv layers,
+        # feature projection, a weight-normalized positional Conv1d (kernel 8, 4 groups; weight_norm
+        # over dim 2), 2 post-norm encoder layers (hidden 64, 4 heads, FF 128), CTC head to 32
+        # symbols; 1600 samples -> 79 frames. SpecAugment masking and LayerDrop off.
+        import transformers
+
+        _patch_transformers()
+        cfg = transformers.Wav2Vec2Config(
+            vocab_size=32, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+            conv_dim=(32, 32, 32), conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3), num_conv_pos_embeddings=8,
+            num_conv_pos_embedding_groups=4, feat_extract_norm="group", mask_time_prob=0.0, layerdrop=0.0,
+            attn_implementation="eager",
+        )
+
+        class W2VExport(transformers.Wav2Vec2ForCTC):
+            def forward(self, input_values):
+                return super().forward(input_values=input_values, return_dict=False)[0]
+
+        m = W2VExport(cfg)
+        spec, outs = [("input_values", "float32", [1600])], ["logits"]
     elif name == "poolformer_tiny":
         # timm PoolFormer (MetaFormer with poolformer_s12's settings: pooling token mixer,
         # GroupNorm1 = nn.GroupNorm(1, C) norms, GELU MLPs, layer scale 1e-5), dims 16/32/64/128,
@@ -537,6 +559,7 @@ MODELS = collections.OrderedDict(
         ("siglip_tiny", ("torchscript", False)),
         ("data2vec_audio_tiny", ("torchscript", False)),
         ("poolformer_tiny", ("torchscript", False)),
+        ("wav2vec2_tiny", ("torchscript", False)),
     ]
 )
 # dynamo exports written as torch.onnx.export(..., optimize=False) returns them: none of
