@@ -6,7 +6,7 @@ use rayon::prelude::*;
 
 use super::{
     axis, Arity, Autocast, Backward, BackwardCx, CudaKernels, Cx, Fact, KernelCx, Op, Registry,
-    RuleResult, Storage,
+    RuleResult, Saved, Storage,
 };
 use crate::ir::Attrs;
 use crate::numeric::broadcast::strides;
@@ -20,7 +20,7 @@ enum Mode {
     Cubic,
 }
 
-/// `coordinate_transformation_mode` (tf_crop_and_resize: shapes only, see [`Config`]).
+/// `coordinate_transformation_mode` (tf_crop_and_resize: [`Axis::roi`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Coord {
     HalfPixel,
@@ -50,9 +50,11 @@ struct Config {
     a: f64,
     exclude_outside: bool,
     antialias: bool,
-    /// `tf_crop_and_resize`: the shape rules hold (they do not read the
-    /// coordinates); the CPU kernels refuse it.
+    /// `tf_crop_and_resize`: coordinates inside each axis's `roi` (see
+    /// [`Axis::roi`]), positions outside the input take [`Self::extrapolation`].
     crop_and_resize: bool,
+    /// `extrapolation_value` (tf_crop_and_resize; default 0).
+    extrapolation: f32,
 }
 
 fn config(attrs: &Attrs, opset: i64) -> RuleResult<Config> {
@@ -73,6 +75,7 @@ fn config(attrs: &Attrs, opset: i64) -> RuleResult<Config> {
             exclude_outside: false,
             antialias: false,
             crop_and_resize: false,
+            extrapolation: 0.0,
         });
     }
     let coord = match attrs
@@ -104,6 +107,7 @@ fn config(attrs: &Attrs, opset: i64) -> RuleResult<Config> {
         antialias: opset >= 18 && attrs.int_or("antialias", 0) != 0,
         crop_and_resize: attrs.string("coordinate_transformation_mode")
             == Some("tf_crop_and_resize"),
+        extrapolation: attrs.float("extrapolation_value").unwrap_or(0.0),
     })
 }
 
@@ -115,13 +119,18 @@ struct Axis {
     n_out: usize,
     num: f64,
     den: f64,
+    /// tf_crop_and_resize: the axis's `(start, end)` of the roi, as fractions of
+    /// `n_in − 1`.
+    roi: Option<(f64, f64)>,
 }
 
 impl Axis {
     /// Whether the axis maps every output position to the same input position
     /// (same length, scale 1): every coordinate mode is then the identity.
     fn identity(&self) -> bool {
-        self.n_in == self.n_out && self.num == self.den
+        self.n_in == self.n_out
+            && self.num == self.den
+            && self.roi.is_none_or(|(a, b)| a == 0.0 && b == 1.0)
     }
 }
 
@@ -159,6 +168,7 @@ fn plan(
             n_out: n,
             num: 1.0,
             den: 1.0,
+            roi: None,
         })
         .collect();
     match (scales, sizes) {
@@ -187,6 +197,7 @@ fn plan(
                     n_out: o as usize,
                     num: sc,
                     den: 1.0,
+                    roi: None,
                 };
             }
         }
@@ -223,6 +234,7 @@ fn plan(
                             n_out: n,
                             num: n as f64,
                             den: x[a].max(1) as f64,
+                            roi: None,
                         };
                     }
                 }
@@ -256,6 +268,7 @@ fn plan(
                                 n_out: o,
                                 num: n as f64,
                                 den: d as f64,
+                                roi: None,
                             };
                         }
                     }
@@ -292,6 +305,15 @@ fn source(cfg: &Config, ax: &Axis, j: usize) -> f64 {
     let (n_in, n_out) = (ax.n_in as f64, ax.n_out as f64);
     // v / scale, exact for sizes (v·input/output).
     let inv = |v: f64| v * ax.den / ax.num;
+    if let Some((start, end)) = ax.roi {
+        // tf_crop_and_resize: the output spans the roi, corners aligned.
+        let span = n_in - 1.0;
+        return if ax.n_out > 1 {
+            start * span + x * (end - start) * span / (n_out - 1.0)
+        } else {
+            0.5 * (start + end) * span
+        };
+    }
     match cfg.coord {
         Coord::HalfPixel => inv(x + 0.5) - 0.5,
         Coord::PytorchHalfPixel => {
@@ -323,6 +345,10 @@ struct Taps {
     t: usize,
     idx: Vec<usize>,
     w: Vec<f32>,
+    /// tf_crop_and_resize: output positions outside the input, which take
+    /// [`Self::fill`] (their taps weigh 0, so no gradient flows from them).
+    outside: Vec<bool>,
+    fill: f32,
 }
 
 /// The cubic convolution kernel with coefficient `a` at distance `s`.
@@ -346,8 +372,15 @@ fn taps(cfg: &Config, ax: &Axis) -> Taps {
     let last = ax.n_in.saturating_sub(1) as i64;
     let mut idx = Vec::with_capacity(ax.n_out * t);
     let mut w = Vec::with_capacity(ax.n_out * t);
-    for j in 0..ax.n_out {
+    let mut outside = vec![false; ax.n_out];
+    for (j, out) in outside.iter_mut().enumerate() {
         let xo = source(cfg, ax, j);
+        if ax.roi.is_some() && !(0.0..=last as f64).contains(&xo) {
+            *out = true;
+            idx.extend(std::iter::repeat_n(0, t));
+            w.extend(std::iter::repeat_n(0.0, t));
+            continue;
+        }
         let f = xo.floor();
         let r = xo - f;
         let f = f as i64;
@@ -400,7 +433,13 @@ fn taps(cfg: &Config, ax: &Axis) -> Taps {
             }
         }
     }
-    Taps { t, idx, w }
+    Taps {
+        t,
+        idx,
+        w,
+        outside,
+        fill: cfg.extrapolation,
+    }
 }
 
 /// Elements per parallel task, at least.
@@ -418,6 +457,10 @@ fn apply_axis(src: &[f32], outer: usize, n_in: usize, inner: usize, tp: &Taps) -
         let s = &src[o * n_in * inner..(o + 1) * n_in * inner];
         for j in 0..n_out {
             let row = &mut d[j * inner..(j + 1) * inner];
+            if tp.outside[j] {
+                row.fill(tp.fill);
+                continue;
+            }
             for k in 0..tp.t {
                 let (i, w) = (tp.idx[j * tp.t + k], tp.w[j * tp.t + k]);
                 for (a, &b) in row.iter_mut().zip(&s[i * inner..(i + 1) * inner]) {
@@ -496,12 +539,34 @@ fn slots(opset: i64) -> (usize, Option<usize>) {
     }
 }
 
-/// The CPU kernels do not crop (`tf_crop_and_resize`'s roi and extrapolation).
-fn refuse_crop(cfg: &Config) -> RuleResult<()> {
-    if cfg.crop_and_resize {
-        return Err(crate::numeric::RuleError::NoKernel(
-            "Resize with coordinate_transformation_mode 'tf_crop_and_resize'".into(),
-        ));
+/// tf_crop_and_resize: each resized axis's `(start, end)` from `roi` (starts then
+/// ends, over `axes` from opset 18, else over every axis). Other modes ignore the
+/// roi, as the spec says.
+fn crop_roi(
+    cfg: &Config,
+    attrs: &Attrs,
+    opset: i64,
+    axes: &mut [Axis],
+    roi: Option<Vec<f64>>,
+) -> RuleResult<()> {
+    if !cfg.crop_and_resize {
+        return Ok(());
+    }
+    let roi = roi.ok_or("tf_crop_and_resize needs its roi input")?;
+    let r = axes.len();
+    let which: Vec<usize> = match attrs.ints("axes").filter(|_| opset >= 18) {
+        Some(a) => a.iter().map(|&a| axis(a, r)).collect::<RuleResult<_>>()?,
+        None => (0..r).collect(),
+    };
+    if roi.len() != 2 * which.len() || roi.iter().any(|v| !v.is_finite()) {
+        return Err(format!(
+            "roi {roi:?} must hold a finite start and end for each of {} axes",
+            which.len()
+        )
+        .into());
+    }
+    for (k, &a) in which.iter().enumerate() {
+        axes[a].roi = Some((roi[k], roi[k + which.len()]));
     }
     Ok(())
 }
@@ -580,8 +645,9 @@ fn tap_count(cfg: &Config, axes: &[Axis]) -> (u64, u32) {
 /// output length; pytorch_half_pixel maps a length-1 output to 0, as the spec says),
 /// then nearest (`nearest_mode`, index clamped), linear (2 taps) or cubic (4 taps,
 /// `cubic_coeff_a`), out-of-range taps clamped to the edge or, with
-/// `exclude_outside`, dropped and the rest renormalized. tf_crop_and_resize has its
-/// shape (the roi does not change it) but no CPU kernel. Refused:
+/// `exclude_outside`, dropped and the rest renormalized. tf_crop_and_resize maps the
+/// output onto each axis's roi (`start·(n−1) + j·(end − start)·(n−1)/(out − 1)`) and
+/// fills positions outside the input with `extrapolation_value`. Refused:
 /// antialias=1 except for linear upsampling (where it is the plain filter).
 ///
 /// FLOPs: nearest 0 (a gather); linear and cubic a multiply-add per tap of the
@@ -622,20 +688,29 @@ impl Op for Resize {
             .saturating_mul(out[0].numel())
     }
     /// PyTorch's upsample_nearest*/upsample_(bi|tri)linear/upsample_bicubic2d
-    /// backward keep only the sizes and scales: nothing is saved. Backward FLOPs:
-    /// the forward's (the same weights scattered).
+    /// backward keep only the sizes and scales: nothing is saved. tf_crop_and_resize
+    /// (no PyTorch op; TensorFlow's crop_and_resize) keeps its roi, which may be
+    /// computed in the graph (boxes). Backward FLOPs: the forward's (the same
+    /// weights scattered).
     fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
-        Ok(Some(Backward::each(&[0], &[], self.flops(cx, out))))
+        let cfg = config(cx.attrs(), opset_of(&cx.node.op_type, cx.opset))?;
+        let saved: &[Saved] = if cfg.crop_and_resize {
+            &[Saved::Input(1)]
+        } else {
+            &[]
+        };
+        Ok(Some(Backward::each(&[0], saved, self.flops(cx, out))))
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
     }
     /// Nearest: a gather of the input (any dtype). Linear and cubic: f32, one axis
     /// at a time (separable, as the ONNX reference), each axis's taps computed once.
+    /// tf_crop_and_resize (float only, nearest too): the same taps over the roi,
+    /// positions outside the input filled with `extrapolation_value`.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         let x = cx.input(0)?;
         let cfg = config(cx.attrs(), opset_of(&cx.node.op_type, cx.opset))?;
-        refuse_crop(&cfg)?;
         let (si, zi) = slots(opset_of(&cx.node.op_type, cx.opset));
         let present = |i: usize| cx.opt(i).filter(|t| t.numel() > 0);
         let scales = attr_scales(
@@ -645,13 +720,20 @@ impl Op for Resize {
         )
         .or_else(|| present(si).map(|t| t.to_f64s()));
         let sizes = zi.and_then(present).map(|t| t.to_i64s());
-        let axes = plan(
+        let mut axes = plan(
             &cfg,
             cx.attrs(),
             opset_of(&cx.node.op_type, cx.opset),
             &x.shape,
             scales,
             sizes,
+        )?;
+        crop_roi(
+            &cfg,
+            cx.attrs(),
+            cx.opset,
+            &mut axes,
+            present(1).map(|t| t.to_f64s()),
         )?;
         let shape: Vec<usize> = axes.iter().map(|a| a.n_out).collect();
         if shape != cx.out(0)?.shape {
@@ -661,7 +743,7 @@ impl Op for Resize {
             )
             .into());
         }
-        if cfg.mode == Mode::Nearest {
+        if cfg.mode == Mode::Nearest && !cfg.crop_and_resize {
             let offs = nearest_offsets(&cfg, &axes);
             return Ok(vec![x.select(&offs, shape)]);
         }
@@ -678,16 +760,20 @@ impl Op for Resize {
         }
         Ok(vec![Tensor::from_f32(x.dtype(), shape, cur)?])
     }
-    /// The adjoint of the forward, from shapes and the folded scales/sizes only:
-    /// nearest scatters (adds) each output gradient to its source element; linear
-    /// and cubic apply each axis's transposed taps, axes in reverse order.
+    /// The adjoint of the forward, from shapes and the folded scales/sizes only
+    /// (and tf_crop_and_resize's saved roi): nearest scatters (adds) each output
+    /// gradient to its source element; linear and cubic apply each axis's transposed
+    /// taps, axes in reverse order. Extrapolated positions pass no gradient.
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
         let rcx = cx.rule_cx();
-        let (cfg, axes) = plan_facts(&rcx)?;
-        refuse_crop(&cfg)?;
+        let (cfg, mut axes) = plan_facts(&rcx)?;
+        if cfg.crop_and_resize {
+            let roi = cx.saved(Saved::Input(1))?.to_f64s();
+            crop_roi(&cfg, cx.attrs(), cx.opset, &mut axes, Some(roi))?;
+        }
         let x = cx.input(0)?;
         let g = cx.grad(0)?;
-        let dx = if cfg.mode == Mode::Nearest {
+        let dx = if cfg.mode == Mode::Nearest && !cfg.crop_and_resize {
             let offs = nearest_offsets(&cfg, &axes);
             let mut dx = vec![0f32; x.numel() as usize];
             for (&o, &gv) in offs.iter().zip(g.iter()) {
@@ -912,7 +998,7 @@ mod tests {
         assert!(err(&[], 13, vec![x(), None, dynamic])
             .to_string()
             .contains("constant"));
-        // tf_crop_and_resize: its shape (the roi does not change it), no kernel.
+        // tf_crop_and_resize: its shape (the roi does not change it).
         let crop = run(
             &[("coordinate_transformation_mode", s("tf_crop_and_resize"))],
             13,
@@ -968,12 +1054,14 @@ mod tests {
             exclude_outside: false,
             antialias: false,
             crop_and_resize: false,
+            extrapolation: 0.0,
         };
         let ax = Axis {
             n_in: 4,
             n_out: 8,
             num: 2.0,
             den: 1.0,
+            roi: None,
         };
         // half_pixel linear, position 0: x = -0.25, clamped at the edge.
         let tp = taps(&cfg(Mode::Linear, Coord::HalfPixel), &ax);

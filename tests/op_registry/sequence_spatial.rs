@@ -362,7 +362,7 @@ pub(super) fn rows(r: &mut Rng, v: &mut Vec<Row>) {
     .attr("mode", s("linear"))
     .consts(&[1, 2])
     .opset(13);
-    v.push(row(c, &[&[1, 1, 4, 4]], 16 * 8).no_cpu_kernel());
+    v.push(row(c, &[&[1, 1, 4, 4]], 16 * 8));
     // Random ops: one FLOP per element drawn.
     for op in ["RandomUniform", "RandomNormal"] {
         let c = Case::new(op, vec![]).attr("shape", ints(&[2, 3]));
