@@ -1,12 +1,14 @@
 //! Tensor values and the numeric machinery that op kernels (`ops`) and the
 //! executors (`exec`) share: [`Tensor`] (contiguous, row-major, typed), [`gemm`]
 //! (matrixmultiply + rayon), [`broadcast`] (numpy broadcasting), [`grad`]
-//! (gradients summed back over broadcast axes), [`rng`] (SplitMix64).
+//! (gradients summed back over broadcast axes), [`rng`] (SplitMix64), [`fft`]
+//! (complex transforms of any length, the signal ops').
 //!
 //! A leaf of the library: it uses only `ir` (element types, initializer data), so
 //! that `ops` and `exec` both depend on it and never on each other's internals.
 
 pub mod broadcast;
+pub mod fft;
 pub mod gemm;
 pub mod grad;
 pub mod rng;

@@ -1,4 +1,6 @@
-//! Matrix products: MatMul (numpy semantics, batched, broadcast) and Gemm.
+//! Matrix products: MatMul (numpy semantics, batched, broadcast) and Gemm;
+//! the determinant, Det (`torch.linalg.det`: LU with partial pivoting, as
+//! LAPACK's `getrf`, in f64; on the device the host path).
 
 use rayon::prelude::*;
 
@@ -6,6 +8,7 @@ use super::{
     broadcast, layout, Arity, Autocast, Backward, BackwardCx, CudaKernels, Cx, Fact, Grad,
     KernelCx, Launch, Op, Registry, RuleResult, Saved, Storage, CUBLAS_SGEMM,
 };
+use crate::ir::DType;
 use crate::numeric::broadcast::for_each;
 use crate::numeric::gemm::{sgemm, Mat};
 use crate::numeric::grad::sum_to;
@@ -519,7 +522,86 @@ impl Op for Gemm {
 
 /// `Det(X [*, M, M]) -> [*]`. FLOPs: an LU factorization per matrix,
 /// `⌈2·M³/3⌉`, and `M` multiplies for the product of the pivots.
+///
+/// The kernel factors each matrix's transpose, as PyTorch's `_linalg_det` does
+/// for a contiguous real input (LAPACK works on columns), with partial
+/// pivoting in f64: the determinant is the product of `U`'s diagonal, negated
+/// per row swap. The extras are the packed factors (unit `L` below the
+/// diagonal, `U` on and above) and LAPACK's 1-based int32 pivots.
 struct Det;
+
+/// The LU factorization with partial pivoting of the `m × m` row-major `a`, in
+/// place (LAPACK `getrf`: the first largest magnitude pivots; a zero column
+/// is skipped), returning the 1-based pivots and the determinant.
+fn lu_in_place(a: &mut [f64], m: usize) -> (Vec<i32>, f64) {
+    let mut piv = vec![0i32; m];
+    let mut det = 1.0;
+    for j in 0..m {
+        let mut p = j;
+        for i in j + 1..m {
+            if a[i * m + j].abs() > a[p * m + j].abs() {
+                p = i;
+            }
+        }
+        piv[j] = p as i32 + 1;
+        if p != j {
+            for k in 0..m {
+                a.swap(j * m + k, p * m + k);
+            }
+            det = -det;
+        }
+        let d = a[j * m + j];
+        det *= d;
+        if d == 0.0 {
+            continue;
+        }
+        for i in j + 1..m {
+            let l = a[i * m + j] / d;
+            a[i * m + j] = l;
+            for k in j + 1..m {
+                a[i * m + k] -= l * a[j * m + k];
+            }
+        }
+    }
+    (piv, det)
+}
+
+/// Solves `P·L·U·X = B` for the `m × m` row-major `b` in place, from packed
+/// factors and 1-based pivots; a zero on `U`'s diagonal counts as `eps`
+/// (PyTorch's `linalg_det_backward` perturbs a singular factorization so).
+fn lu_solve(lu: &[f64], piv: &[i32], b: &mut [f64], m: usize, eps: f64) {
+    for (i, &p) in piv.iter().enumerate() {
+        let p = (p - 1) as usize;
+        if p != i {
+            for k in 0..m {
+                b.swap(i * m + k, p * m + k);
+            }
+        }
+    }
+    for i in 0..m {
+        for r in 0..i {
+            let l = lu[i * m + r];
+            for k in 0..m {
+                b[i * m + k] -= l * b[r * m + k];
+            }
+        }
+    }
+    for i in (0..m).rev() {
+        for r in i + 1..m {
+            let u = lu[i * m + r];
+            for k in 0..m {
+                b[i * m + k] -= u * b[r * m + k];
+            }
+        }
+        let d = match lu[i * m + i] {
+            0.0 => eps,
+            d => d,
+        };
+        for k in 0..m {
+            b[i * m + k] /= d;
+        }
+    }
+}
 
 impl Op for Det {
     fn arity(&self) -> Arity {
@@ -568,7 +650,87 @@ impl Op for Det {
             flops: out[0].numel().saturating_mul(2 * m.saturating_pow(3)),
         }))
     }
-    shape_only!(no_backward_kernel);
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
+    /// Each matrix's transpose factored ([`lu_in_place`]); with extras, the
+    /// factors and pivots the backward reads.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let x = cx.input(0)?;
+        let r = x.rank();
+        let m = x.shape[r - 1];
+        let batch: usize = x.shape[..r - 2].iter().product();
+        let v = x.to_f32()?;
+        let per: Vec<(Vec<f64>, Vec<i32>, f64)> = (0..batch)
+            .into_par_iter()
+            .map(|b| {
+                let a = &v[b * m * m..(b + 1) * m * m];
+                let mut t: Vec<f64> = (0..m * m).map(|k| a[(k % m) * m + k / m] as f64).collect();
+                let (piv, det) = lu_in_place(&mut t, m);
+                (t, piv, det)
+            })
+            .collect();
+        let dt = x.dtype();
+        let det = per.iter().map(|p| p.2).collect();
+        let mut outs = vec![Tensor::from_f64(dt, x.shape[..r - 2].to_vec(), det)?];
+        if cx.extras {
+            let lu = per.iter().flat_map(|p| p.0.iter().copied()).collect();
+            let piv = per
+                .iter()
+                .flat_map(|p| p.1.iter().map(|&q| q as i64))
+                .collect();
+            outs.push(Tensor::from_f64(dt, x.shape.clone(), lu)?);
+            outs.push(Tensor::from_i64(
+                DType::I32,
+                x.shape[..r - 1].to_vec(),
+                piv,
+            )?);
+        }
+        Ok(outs)
+    }
+    /// PyTorch's `linalg_det_backward`: `dA = g·det·A^{-T}`, solved from the
+    /// saved factors of `Aᵀ` (`Aᵀ·X = g·det·I`), a zero pivot replaced by the
+    /// dtype's epsilon (an exactly singular matrix gets 0, as in PyTorch).
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        let x = cx.input(0)?;
+        let m = *x.shape.last().unwrap_or(&0);
+        let det = cx.saved(Saved::Output(0))?.to_f32()?;
+        let lu = cx.saved(Saved::Extra(0))?.to_f32()?;
+        let piv: Vec<i32> = cx
+            .saved(Saved::Extra(1))?
+            .to_i64s()
+            .into_iter()
+            .map(|p| p as i32)
+            .collect();
+        let g = cx.grad(0)?;
+        let eps = match x.dtype {
+            DType::F16 => f64::from(half::f16::EPSILON),
+            DType::BF16 => f64::from(half::bf16::EPSILON),
+            _ => f64::from(f32::EPSILON),
+        };
+        if piv.iter().any(|&p| p < 1 || p as usize > m) {
+            return Err("Det's saved pivots are out of range".into());
+        }
+        let dx: Vec<f32> = (0..det.len())
+            .into_par_iter()
+            .flat_map_iter(|b| {
+                let f: Vec<f64> = lu[b * m * m..(b + 1) * m * m]
+                    .iter()
+                    .map(|&v| v as f64)
+                    .collect();
+                let s = g[b] as f64 * det[b] as f64;
+                let mut rhs = vec![0f64; m * m];
+                (0..m).for_each(|i| rhs[i * m + i] = s);
+                lu_solve(&f, &piv[b * m..(b + 1) * m], &mut rhs, m, eps);
+                rhs.into_iter().map(|v| v as f32)
+            })
+            .collect();
+        cx.answer(vec![(0, dx)])
+    }
+    /// No device kernel: the host path.
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
+    }
     /// linalg ops run in float32 under autocast.
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Full

@@ -1,5 +1,5 @@
 //! Registry rows: matrix products, convolutions and pools, normalizations,
-//! losses, quantization and signal ops.
+//! losses and quantization.
 
 use super::*;
 
@@ -232,30 +232,4 @@ pub(super) fn rows(r: &mut Rng, v: &mut Vec<Row>) {
     let c = Case::new("LpNormalization", vec![r.away_from_zero(&[4, 3, 2])])
         .attr("axis", Attr::Int(-1));
     v.push(row(c, &[&[4, 3, 2]], 24 * 3).no_backward_kernel());
-
-    // Signal ops (shape-only): a length-8 transform is 5·8·3 = 120 FLOPs.
-    let c = Case::new("DFT", vec![r.t(&[2, 8, 1]), int_scalar(8), int_scalar(1)]).opset(20);
-    v.push(row(c, &[&[2, 8, 2]], 240).no_cpu_kernel());
-    let c = Case::new("DFT", vec![r.t(&[2, 8, 2])])
-        .attr("onesided", Attr::Int(1))
-        .opset(17);
-    v.push(row(c, &[&[2, 5, 2]], 240).no_cpu_kernel());
-    let c = Case::new("STFT", vec![r.t(&[1, 16, 1]), int_scalar(4), r.t(&[8])]).opset(17);
-    v.push(row(c, &[&[1, 3, 5, 2]], 3 * (120 + 8)).no_cpu_kernel());
-    for op in ["HannWindow", "HammingWindow", "BlackmanWindow"] {
-        let c = Case::new(op, vec![int_scalar(10)]).opset(17);
-        v.push(row(c, &[&[10]], 30).no_cpu_kernel());
-    }
-    let c = Case::new(
-        "MelWeightMatrix",
-        vec![
-            int_scalar(8),
-            int_scalar(16),
-            int_scalar(8000),
-            scalar(0.0),
-            scalar(4000.0),
-        ],
-    )
-    .opset(17);
-    v.push(row(c, &[&[9, 8]], 9 * 8 * 3).no_cpu_kernel());
 }

@@ -319,7 +319,7 @@ pub(super) fn rows(r: &mut Rng, v: &mut Vec<Row>) {
         .opset(9);
     v.push(row(c, &[&[2, 7]], 14).no_cpu_kernel());
     let c = Case::new("Det", vec![r.t(&[3, 2, 2])]).opset(11);
-    v.push(row(c, &[&[3]], 3 * (6 + 2)).no_cpu_kernel());
+    v.push(row(c, &[&[3]], 3 * (6 + 2)));
     // Selections and reversals move data: 0 FLOPs.
     let cond = Tensor::bool(vec![3], vec![true, false, true]);
     let c = Case::new("Compress", vec![r.t(&[3, 2]), cond.clone()])
