@@ -139,6 +139,7 @@ fn rows() -> Vec<Row> {
     elementwise_shape::rows(&mut r, &mut v);
     linalg_conv_norm::rows(&mut r, &mut v);
     sequence_spatial::rows(&mut r, &mut v);
+    window3d::rows(&mut r, &mut v);
     v
 }
 
@@ -148,6 +149,8 @@ mod elementwise_shape;
 mod linalg_conv_norm;
 #[path = "op_registry/sequence_spatial.rs"]
 mod sequence_spatial;
+#[path = "op_registry/window3d.rs"]
+mod window3d;
 
 #[test]
 fn every_registered_op_has_a_row() {
