@@ -189,6 +189,49 @@ def _unet_small():
     return UNet()
 
 
+def _video_cnn():
+    """Small 3-D (video) CNN, 10 classes, clips [3, 8, 32, 32]: an R(2+1)D-style network in the
+    manner of torchvision's video ResNets. Stem Conv3d 3->4 (3x5x5, stride (1,2,2), pad (1,2,2),
+    no bias) - BatchNorm3d - ReLU - MaxPool3d((1,3,3), stride (1,2,2), pad (0,1,1)), widened by a
+    1x1x1 Conv3d 4->16 - BatchNorm3d - ReLU (a narrow stem keeps PyTorch's CPU convolution_backward
+    workspace, about the stem's output gradient, small beside the step's peak); three residual
+    blocks of (2+1)-D convolutions (Conv3d 16->16 (1,3,3) then Conv3d 16->16 (3,1,1), each no bias -
+    BatchNorm3d - ReLU, the second ReLU after the residual Add); a downsampling Conv3d 16->32
+    (3x3x3, stride 2, pad 1, no bias) - BatchNorm3d - ReLU; AvgPool3d(2, ceil_mode) (from
+    [2, 4, 4]: one step of depth); AdaptiveAvgPool3d(1) (GlobalAveragePool); flatten; Linear(32, 10).
+    Ops: Conv (3-D), BatchNormalization (training), Relu, MaxPool, Add, AveragePool,
+    GlobalAveragePool, Flatten, Gemm."""
+    import torch
+    import torch.nn as nn
+
+    def cbr(cin, cout, k, stride=1, pad=0):
+        return nn.Sequential(nn.Conv3d(cin, cout, k, stride, pad, bias=False), nn.BatchNorm3d(cout))
+
+    class VideoCNN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = cbr(3, 4, (3, 5, 5), (1, 2, 2), (1, 2, 2))
+            self.pool = nn.MaxPool3d((1, 3, 3), (1, 2, 2), (0, 1, 1))
+            self.widen = cbr(4, 16, 1)
+            self.blocks = nn.ModuleList(
+                nn.ModuleList([cbr(16, 16, (1, 3, 3), 1, (0, 1, 1)), cbr(16, 16, (3, 1, 1), 1, (1, 0, 0))])
+                for _ in range(3)
+            )
+            self.down = cbr(16, 32, 3, 2, 1)
+            self.avg = nn.AvgPool3d(2, ceil_mode=True)
+            self.gap = nn.AdaptiveAvgPool3d(1)
+            self.fc = nn.Linear(32, 10)
+
+        def forward(self, x):
+            x = torch.relu(self.widen(self.pool(torch.relu(self.stem(x)))))
+            for spatial, temporal in self.blocks:
+                x = torch.relu(x + temporal(torch.relu(spatial(x))))
+            x = self.avg(torch.relu(self.down(x)))
+            return self.fc(torch.flatten(self.gap(x), 1))
+
+    return VideoCNN()
+
+
 def _rnn_models():
     """lstm_lm: nn.Embedding(1000, 64) -> nn.LSTM(64, 64, num_layers=2, batch_first=True) ->
     nn.Linear(64, 1000) per token. gru_classifier: nn.Embedding(1000, 64) -> bidirectional
@@ -509,6 +552,8 @@ def build(name):
         m = SiglipExport(cfg)
         spec = [("input_ids", "int64", [16]), ("pixel_values", "float32", [3, 32, 32])]
         outs = ["logits_per_image"]
+    elif name == "video_cnn":
+        m, spec, outs = _video_cnn(), [("input", "float32", [3, 8, 32, 32])], ["output"]
     else:
         raise KeyError(name)
     int_high = INT_INPUT_HIGH.get(name, 1000)
@@ -560,6 +605,7 @@ MODELS = collections.OrderedDict(
         ("data2vec_audio_tiny", ("torchscript", False)),
         ("poolformer_tiny", ("torchscript", False)),
         ("wav2vec2_tiny", ("torchscript", False)),
+        ("video_cnn", ("torchscript", False)),
     ]
 )
 # dynamo exports written as torch.onnx.export(..., optimize=False) returns them: none of

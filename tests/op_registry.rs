@@ -131,8 +131,8 @@ const UNARY: &[(&str, u64, f32, f32)] = &[
     ("Shrink", 2, 0.6, 1.0),
 ];
 
-/// One row per registered op (a few ops have two, for a second form).
-/// Every row, in one order (one random stream): the families' files in turn.
+/// One row per registered op (a few ops have two, for a second form), in one order
+/// (one random stream): the families' files in turn.
 fn rows() -> Vec<Row> {
     let mut r = Rng(12);
     let mut v = Vec::new();
@@ -140,6 +140,7 @@ fn rows() -> Vec<Row> {
     linalg_conv_norm::rows(&mut r, &mut v);
     signal::rows(&mut r, &mut v);
     sequence_spatial::rows(&mut r, &mut v);
+    window3d::rows(&mut r, &mut v);
     v
 }
 
@@ -151,6 +152,8 @@ mod linalg_conv_norm;
 mod sequence_spatial;
 #[path = "op_registry/signal.rs"]
 mod signal;
+#[path = "op_registry/window3d.rs"]
+mod window3d;
 
 #[test]
 fn every_registered_op_has_a_row() {

@@ -163,6 +163,15 @@ fn cnn_measured_equals_predicted() {
     assert!(a.measured_peak_bytes < a.baseline_measured_peak_bytes);
 }
 
+/// A 3-D (video) CNN: Conv, MaxPool, AveragePool, BatchNormalization and
+/// GlobalAveragePool over `[N, C, D, H, W]` (models/video_cnn).
+#[test]
+fn video_cnn_measured_equals_predicted() {
+    let (a, b) = verify_model("video_cnn", 2);
+    assert!(a.recomputations > 0 && b.recomputations > 0);
+    assert!(a.measured_peak_bytes < a.baseline_measured_peak_bytes);
+}
+
 #[test]
 fn transformer_measured_equals_predicted() {
     verify_model("transformer", 2);

@@ -171,7 +171,7 @@ impl Op for Conv {
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
     }
-    /// 1-D and 2-D, f32: im2col then one GEMM per (image, group), images and groups
+    /// 1-D to 3-D, f32: im2col then one GEMM per (image, group), images and groups
     /// in parallel; a 1×1, stride-1, unpadded convolution multiplies the input directly.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         conv_kernel(cx)
@@ -259,8 +259,9 @@ impl Op for Pool {
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
     }
-    /// 1-D and 2-D windows, one (image, channel) plane per task. MaxPool's indices
-    /// are flat offsets into the input (`storage_order` 0); AveragePool divides by
+    /// 1-D to 3-D windows, one (image, channel) plane per task. MaxPool's indices
+    /// are flat offsets into the input (`storage_order` 0; with 1, each channel's
+    /// offset column-major, as the ONNX reference); AveragePool divides by
     /// the window positions inside the input (`count_include_pad` 0) or inside the
     /// padded input (1); LpPool is `(Σ|x|^p)^(1/p)`.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
@@ -394,17 +395,83 @@ impl Op for GlobalPool {
     }
 }
 
-/// A 1-D or 2-D sliding window as 2-D: sizes, kernel, strides, dilations and the
-/// leading pads (top, left), the 1-D case as height 1.
+/// A 1-, 2- or 3-D sliding window as 3-D (depth, height, width): sizes, kernel,
+/// strides, dilations and the leading pads (front, top, left). A 2-D window has
+/// depth 1 and a 1-D one also height 1 (kernel, stride and dilation 1, no pad), so
+/// the loops over the leading axes run once and 1-D and 2-D results are those of
+/// a planar window.
 pub(crate) struct Window {
-    pub(crate) input: [usize; 2],
-    pub(crate) output: [usize; 2],
-    pub(crate) kernel: [usize; 2],
-    pub(crate) strides: [usize; 2],
-    pub(crate) dilations: [usize; 2],
-    pub(crate) pads: [usize; 2],
+    /// How many spatial axes the op has (1 to 3); the rest are leading 1s. The
+    /// device's planar kernels refuse a 3-D window by it (`exec::cuda`).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) rank: usize,
+    pub(crate) input: [usize; 3],
+    pub(crate) output: [usize; 3],
+    pub(crate) kernel: [usize; 3],
+    pub(crate) strides: [usize; 3],
+    pub(crate) dilations: [usize; 3],
+    pub(crate) pads: [usize; 3],
     /// Input size plus both pads (AveragePool's `count_include_pad`).
-    pub(crate) padded: [usize; 2],
+    pub(crate) padded: [usize; 3],
+}
+
+impl Window {
+    /// Elements of one input channel (`d·h·w`).
+    pub(crate) fn input_len(&self) -> usize {
+        self.input.iter().product()
+    }
+    /// Positions of the window over one channel (`od·oh·ow`).
+    pub(crate) fn output_len(&self) -> usize {
+        self.output.iter().product()
+    }
+    /// Taps of the kernel (`kd·kh·kw`).
+    pub(crate) fn kernel_len(&self) -> usize {
+        self.kernel.iter().product()
+    }
+    /// A 1×1(×1), stride-1, unpadded window: im2col's columns are the input itself.
+    pub(crate) fn is_direct(&self) -> bool {
+        self.kernel == [1; 3]
+            && self.strides == [1; 3]
+            && self.pads == [0; 3]
+            && self.padded == self.input
+    }
+    /// The input coordinate of tap `k` of the window at output position `o` on
+    /// axis `a` (negative or past the end in the padding).
+    fn at(&self, a: usize, o: usize, k: usize) -> isize {
+        (o * self.strides[a] + k * self.dilations[a]) as isize - self.pads[a] as isize
+    }
+    /// Visits the taps of the window at output position `o`, in row-major kernel
+    /// order: `f(offset)` for each tap inside the input (its offset in one input
+    /// channel). Returns how many taps lie inside the padded input (those past it,
+    /// `ceil_mode`'s, excluded): AveragePool's `count_include_pad` divisor.
+    fn taps(&self, o: [usize; 3], mut f: impl FnMut(usize)) -> usize {
+        let [d, h, wd] = self.input.map(|v| v as isize);
+        let [pd, ph, pw] = self.padded.map(|v| v as isize);
+        let [bd, bh, bw] = self.pads.map(|v| v as isize);
+        let mut in_pad = 0;
+        for ka in 0..self.kernel[0] {
+            let iz = self.at(0, o[0], ka);
+            for ki in 0..self.kernel[1] {
+                let ih = self.at(1, o[1], ki);
+                for kj in 0..self.kernel[2] {
+                    let iw = self.at(2, o[2], kj);
+                    if iz + bd < pd && ih + bh < ph && iw + bw < pw {
+                        in_pad += 1;
+                    }
+                    if iz < 0 || ih < 0 || iw < 0 || iz >= d || ih >= h || iw >= wd {
+                        continue;
+                    }
+                    f(((iz * h + ih) * wd + iw) as usize);
+                }
+            }
+        }
+        in_pad
+    }
+    /// The output positions over one channel, row-major.
+    fn positions(&self) -> impl Iterator<Item = [usize; 3]> + '_ {
+        let [od, oh, ow] = self.output;
+        (0..od).flat_map(move |z| (0..oh).flat_map(move |y| (0..ow).map(move |x| [z, y, x])))
+    }
 }
 
 /// The window of a Conv or pool from its attributes; `output` is the inferred
@@ -416,15 +483,27 @@ pub(crate) fn window(
     output: &[usize],
 ) -> RuleResult<Window> {
     let nd = input.len();
-    if nd == 0 || nd > 2 {
-        return Err(format!("the CPU kernel handles 1-D and 2-D windows, not {nd}-D").into());
+    if nd == 0 || nd > 3 {
+        return Err(format!("the CPU kernel handles 1-D to 3-D windows, not {nd}-D").into());
     }
-    let list = |name: &str| -> Vec<usize> {
-        attrs.ints(name).map_or(vec![1; nd], |v| {
-            v.iter().map(|&x| x.max(1) as usize).collect()
-        })
+    if kernel.len() != nd || output.len() != nd {
+        return Err(format!(
+            "kernel {kernel:?} and output {output:?} do not fit a {nd}-D input {input:?}"
+        )
+        .into());
+    }
+    let list = |name: &str| -> RuleResult<Vec<usize>> {
+        match attrs.ints(name) {
+            None => Ok(vec![1; nd]),
+            Some(v) if v.len() == nd => Ok(v.iter().map(|&x| x.max(1) as usize).collect()),
+            Some(v) => Err(format!(
+                "attribute '{name}' has {} values for {nd} spatial dims",
+                v.len()
+            )
+            .into()),
+        }
     };
-    let (strides, dil) = (list("strides"), list("dilations"));
+    let (strides, dil) = (list("strides")?, list("dilations")?);
     let mut begin = vec![0usize; nd];
     let mut end = vec![0usize; nd];
     match attrs.string("auto_pad").unwrap_or("NOTSET") {
@@ -445,6 +524,13 @@ pub(crate) fn window(
         "VALID" => {}
         _ => {
             if let Some(p) = attrs.ints("pads") {
+                if p.len() != 2 * nd {
+                    return Err(format!(
+                        "attribute 'pads' has {} values for {nd} spatial dims",
+                        p.len()
+                    )
+                    .into());
+                }
                 for i in 0..nd {
                     begin[i] = p[i].max(0) as usize;
                     end[i] = p[i + nd].max(0) as usize;
@@ -452,56 +538,65 @@ pub(crate) fn window(
             }
         }
     }
-    let two = |v: &[usize], fill: usize| -> [usize; 2] {
-        if nd == 1 {
-            [fill, v[0]]
-        } else {
-            [v[0], v[1]]
-        }
+    // Leading axes of size 1 (kernel, stride, dilation 1; no pad) up to three.
+    let three = |v: &[usize], fill: usize| -> [usize; 3] {
+        let mut a = [fill; 3];
+        a[3 - nd..].copy_from_slice(v);
+        a
     };
     let padded: Vec<usize> = (0..nd).map(|i| input[i] + begin[i] + end[i]).collect();
     Ok(Window {
-        input: two(input, 1),
-        output: two(output, 1),
-        kernel: two(kernel, 1),
-        strides: two(&strides, 1),
-        dilations: two(&dil, 1),
-        pads: two(&begin, 0),
-        padded: two(&padded, 1),
+        rank: nd,
+        input: three(input, 1),
+        output: three(output, 1),
+        kernel: three(kernel, 1),
+        strides: three(&strides, 1),
+        dilations: three(&dil, 1),
+        pads: three(&begin, 0),
+        padded: three(&padded, 1),
     })
 }
 
-/// Fills `col` (`[c·kh·kw, oh·ow]`) from one image's `c` channels (`[c, h, w]`).
+/// Fills `col` (`[c·kd·kh·kw, od·oh·ow]`) from one image's `c` channels
+/// (`[c, d, h, w]`).
 pub(super) fn im2col(x: &[f32], c: usize, w: &Window, col: &mut [f32]) {
-    let [h, wd] = w.input;
-    let [oh, ow] = w.output;
-    let [kh, kw] = w.kernel;
-    let [sh, sw] = w.strides;
-    let [dh, dw] = w.dilations;
-    let [ph, pw] = w.pads;
+    let [d, h, wd] = w.input;
+    let [od, oh, ow] = w.output;
+    let [kd, kh, kw] = w.kernel;
+    let (vol, out_plane) = (w.input_len(), oh * ow);
     let mut row = 0;
     for ch in 0..c {
-        let plane = &x[ch * h * wd..(ch + 1) * h * wd];
-        for ki in 0..kh {
-            for kj in 0..kw {
-                let dst = &mut col[row * oh * ow..(row + 1) * oh * ow];
-                row += 1;
-                for y in 0..oh {
-                    let d = &mut dst[y * ow..(y + 1) * ow];
-                    let ih = (y * sh + ki * dh) as isize - ph as isize;
-                    if ih < 0 || ih >= h as isize {
-                        d.fill(0.0);
-                        continue;
-                    }
-                    let src = &plane[ih as usize * wd..(ih as usize + 1) * wd];
-                    let off = (kj * dw) as isize - pw as isize;
-                    for (xo, v) in d.iter_mut().enumerate() {
-                        let iw = (xo * sw) as isize + off;
-                        *v = if iw < 0 || iw >= wd as isize {
-                            0.0
-                        } else {
-                            src[iw as usize]
-                        };
+        let chan = &x[ch * vol..(ch + 1) * vol];
+        for ka in 0..kd {
+            for ki in 0..kh {
+                for kj in 0..kw {
+                    let dst = &mut col[row * od * out_plane..(row + 1) * od * out_plane];
+                    row += 1;
+                    for z in 0..od {
+                        let dz = &mut dst[z * out_plane..(z + 1) * out_plane];
+                        let iz = w.at(0, z, ka);
+                        if iz < 0 || iz >= d as isize {
+                            dz.fill(0.0);
+                            continue;
+                        }
+                        let plane = &chan[iz as usize * h * wd..(iz as usize + 1) * h * wd];
+                        for y in 0..oh {
+                            let dy = &mut dz[y * ow..(y + 1) * ow];
+                            let ih = w.at(1, y, ki);
+                            if ih < 0 || ih >= h as isize {
+                                dy.fill(0.0);
+                                continue;
+                            }
+                            let src = &plane[ih as usize * wd..(ih as usize + 1) * wd];
+                            for (xo, v) in dy.iter_mut().enumerate() {
+                                let iw = w.at(2, xo, kj);
+                                *v = if iw < 0 || iw >= wd as isize {
+                                    0.0
+                                } else {
+                                    src[iw as usize]
+                                };
+                            }
+                        }
                     }
                 }
             }
@@ -517,25 +612,19 @@ fn conv_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
     let (n, c, m) = (x.shape[0], x.shape[1], wt.shape[0]);
     let (cg, mg) = (c / group, m / group);
     let win = window(cx.attrs(), &x.shape[2..], &wt.shape[2..], &out[2..])?;
-    let [h, wd] = win.input;
-    let [oh, ow] = win.output;
-    let [kh, kw] = win.kernel;
-    let kk = cg * kh * kw;
-    let direct = kh == 1
-        && kw == 1
-        && win.strides == [1, 1]
-        && win.pads == [0, 0]
-        && win.padded == win.input;
+    let vol = win.input_len();
+    let kk = cg * win.kernel_len();
+    let direct = win.is_direct();
     let (xs, ws) = (x.to_f32()?, wt.to_f32()?);
     let bias = cx.opt(2).map(|b| b.to_f32()).transpose()?;
-    let mut y = vec![0f32; n * m * oh * ow];
-    let plane = oh * ow;
+    let plane = win.output_len();
+    let mut y = vec![0f32; n * m * plane];
     if plane > 0 {
         y.par_chunks_mut(mg * plane)
             .enumerate()
             .for_each(|(job, yg)| {
                 let (img, g) = (job / group, job % group);
-                let xg = &xs[(img * c + g * cg) * h * wd..(img * c + (g + 1) * cg) * h * wd];
+                let xg = &xs[(img * c + g * cg) * vol..(img * c + (g + 1) * cg) * vol];
                 let wg = &ws[g * mg * kk..(g + 1) * mg * kk];
                 let col_buf;
                 let col: &[f32] = if direct {
@@ -564,81 +653,66 @@ fn conv_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
     Ok(vec![Tensor::from_f32(x.dtype(), out, y)?])
 }
 
-/// Pooling on the CPU; see [`Pool`]'s `forward_cpu`.
-fn pool_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
-    let x = cx.input(0)?;
-    let out = cx.out(0)?.shape.clone();
-    let ks: Vec<usize> = cx
-        .attrs()
+/// A pool's window from its `kernel_shape`.
+fn pool_window(attrs: &Attrs, x: &[usize], out: &[usize]) -> RuleResult<Window> {
+    let ks: Vec<usize> = attrs
         .ints("kernel_shape")
         .ok_or("missing attribute 'kernel_shape'")?
         .iter()
         .map(|&k| k.max(1) as usize)
         .collect();
-    let win = window(cx.attrs(), &x.shape[2..], &ks, &out[2..])?;
+    window(attrs, &x[2..], &ks, &out[2..])
+}
+
+/// Pooling on the CPU; see [`Pool`]'s `forward_cpu`.
+fn pool_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+    let x = cx.input(0)?;
+    let out = cx.out(0)?.shape.clone();
+    let win = pool_window(cx.attrs(), &x.shape, &out)?;
     let op = cx.node.op_type.as_str();
     let include_pad = cx.attrs().int_or("count_include_pad", 0) != 0;
     let p = cx.attrs().int_or("p", 2) as i32;
-    let [h, wd] = win.input;
-    let [oh, ow] = win.output;
-    let [kh, kw] = win.kernel;
-    let [sh, sw] = win.strides;
-    let [dh, dw] = win.dilations;
-    let [ph, pw] = win.pads;
+    let (vol, positions) = (win.input_len(), win.output_len());
     let xs = x.to_f32()?;
     let planes = x.shape[0] * x.shape[1];
     let res: Vec<(Vec<f32>, Vec<i64>)> = (0..planes)
         .into_par_iter()
         .map(|pl| {
-            let src = &xs[pl * h * wd..(pl + 1) * h * wd];
-            let mut vals = Vec::with_capacity(oh * ow);
+            let src = &xs[pl * vol..(pl + 1) * vol];
+            let mut vals = Vec::with_capacity(positions);
             let mut idx = Vec::new();
-            for y in 0..oh {
-                for xo in 0..ow {
-                    let (mut best, mut arg) = (f32::NEG_INFINITY, 0usize);
-                    let (mut sum, mut count, mut in_pad) = (0f64, 0usize, 0usize);
-                    for ki in 0..kh {
-                        let ih = (y * sh + ki * dh) as isize - ph as isize;
-                        for kj in 0..kw {
-                            let iw = (xo * sw + kj * dw) as isize - pw as isize;
-                            let (ihp, iwp) = (ih + ph as isize, iw + pw as isize);
-                            if ihp < win.padded[0] as isize && iwp < win.padded[1] as isize {
-                                in_pad += 1;
-                            }
-                            if ih < 0 || iw < 0 || ih >= h as isize || iw >= wd as isize {
-                                continue;
-                            }
-                            let off = ih as usize * wd + iw as usize;
-                            let v = src[off];
-                            count += 1;
-                            match op {
-                                "MaxPool" => {
-                                    if v > best || best.is_nan() {
-                                        (best, arg) = (v, off);
-                                    }
-                                }
-                                "LpPool" => sum += (v.abs() as f64).powi(p),
-                                _ => sum += v as f64,
-                            }
-                        }
-                    }
+            for o in win.positions() {
+                let (mut best, mut arg) = (f32::NEG_INFINITY, 0usize);
+                let (mut sum, mut count) = (0f64, 0usize);
+                let in_pad = win.taps(o, |off| {
+                    let v = src[off];
+                    count += 1;
                     match op {
                         "MaxPool" => {
-                            vals.push(best);
-                            idx.push((pl * h * wd + arg) as i64);
+                            if v > best || best.is_nan() {
+                                (best, arg) = (v, off);
+                            }
                         }
-                        "LpPool" => vals.push(sum.powf(1.0 / p as f64) as f32),
-                        _ => {
-                            let d = if include_pad { in_pad } else { count };
-                            vals.push((sum / d.max(1) as f64) as f32);
-                        }
+                        "LpPool" => sum += (v.abs() as f64).powi(p),
+                        _ => sum += v as f64,
+                    }
+                });
+                match op {
+                    "MaxPool" => {
+                        vals.push(best);
+                        idx.push((pl * vol + arg) as i64);
+                    }
+                    "LpPool" => vals.push(sum.powf(1.0 / p as f64) as f32),
+                    _ => {
+                        let d = if include_pad { in_pad } else { count };
+                        vals.push((sum / d.max(1) as f64) as f32);
                     }
                 }
             }
             (vals, idx)
         })
         .collect();
-    let mut vals = Vec::with_capacity(planes * oh * ow);
+    let mut vals = Vec::with_capacity(planes * positions);
     let mut idx = Vec::new();
     for (v, i) in res {
         vals.extend(v);
@@ -646,14 +720,17 @@ fn pool_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
     }
     let mut outs = vec![Tensor::from_f32(x.dtype(), out.clone(), vals)?];
     if cx.n_outputs() > 1 {
-        // Output 1 indexes each plane column-major with `storage_order` 1 (the
-        // backward's own indices stay row-major).
+        // Output 1 indexes each channel column-major with `storage_order` 1, as
+        // the ONNX reference does (the backward's own indices stay row-major).
         let declared = if cx.attrs().int_or("storage_order", 0) != 0 {
-            let plane = (h * wd) as i64;
+            let [d, h, wd] = win.input;
+            let vol = vol as i64;
+            let (d, h, wd) = (d as i64, h as i64, wd as i64);
             idx.iter()
                 .map(|&i| {
-                    let (base, off) = (i - i % plane, i % plane);
-                    base + (off % wd as i64) * h as i64 + off / wd as i64
+                    let (base, off) = (i - i % vol, i % vol);
+                    let (z, y, x) = (off / (h * wd), off / wd % h, off % wd);
+                    base + z + y * d + x * d * h
                 })
                 .collect()
         } else {
@@ -668,33 +745,40 @@ fn pool_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
     Ok(outs)
 }
 
-/// Adds one image-group's `dcol` (`[c·kh·kw, oh·ow]`) back into its input
-/// gradient (`[c, h, w]`): the adjoint of [`im2col`].
+/// Adds one image-group's `dcol` (`[c·kd·kh·kw, od·oh·ow]`) back into its input
+/// gradient (`[c, d, h, w]`): the adjoint of [`im2col`].
 pub(super) fn col2im(col: &[f32], c: usize, w: &Window, dx: &mut [f32]) {
-    let [h, wd] = w.input;
-    let [oh, ow] = w.output;
-    let [kh, kw] = w.kernel;
-    let [sh, sw] = w.strides;
-    let [dh, dw] = w.dilations;
-    let [ph, pw] = w.pads;
+    let [d, h, wd] = w.input;
+    let [od, oh, ow] = w.output;
+    let [kd, kh, kw] = w.kernel;
+    let (vol, out_plane) = (w.input_len(), oh * ow);
     let mut row = 0;
     for ch in 0..c {
-        let plane = &mut dx[ch * h * wd..(ch + 1) * h * wd];
-        for ki in 0..kh {
-            for kj in 0..kw {
-                let src = &col[row * oh * ow..(row + 1) * oh * ow];
-                row += 1;
-                for y in 0..oh {
-                    let ih = (y * sh + ki * dh) as isize - ph as isize;
-                    if ih < 0 || ih >= h as isize {
-                        continue;
-                    }
-                    let dst = &mut plane[ih as usize * wd..(ih as usize + 1) * wd];
-                    let off = (kj * dw) as isize - pw as isize;
-                    for (xo, &v) in src[y * ow..(y + 1) * ow].iter().enumerate() {
-                        let iw = (xo * sw) as isize + off;
-                        if iw >= 0 && iw < wd as isize {
-                            dst[iw as usize] += v;
+        let chan = &mut dx[ch * vol..(ch + 1) * vol];
+        for ka in 0..kd {
+            for ki in 0..kh {
+                for kj in 0..kw {
+                    let src = &col[row * od * out_plane..(row + 1) * od * out_plane];
+                    row += 1;
+                    for z in 0..od {
+                        let iz = w.at(0, z, ka);
+                        if iz < 0 || iz >= d as isize {
+                            continue;
+                        }
+                        let plane = &mut chan[iz as usize * h * wd..(iz as usize + 1) * h * wd];
+                        let sz = &src[z * out_plane..(z + 1) * out_plane];
+                        for y in 0..oh {
+                            let ih = w.at(1, y, ki);
+                            if ih < 0 || ih >= h as isize {
+                                continue;
+                            }
+                            let dst = &mut plane[ih as usize * wd..(ih as usize + 1) * wd];
+                            for (xo, &v) in sz[y * ow..(y + 1) * ow].iter().enumerate() {
+                                let iw = w.at(2, xo, kj);
+                                if iw >= 0 && iw < wd as isize {
+                                    dst[iw as usize] += v;
+                                }
+                            }
                         }
                     }
                 }
@@ -711,16 +795,10 @@ fn conv_backward_kernel(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
     let (n, c, m) = (fx.shape[0], fx.shape[1], fw.shape[0]);
     let (cg, mg) = (c / group, m / group);
     let win = window(cx.attrs(), &fx.shape[2..], &fw.shape[2..], &out[2..])?;
-    let [h, wd] = win.input;
-    let [oh, ow] = win.output;
-    let [kh, kw] = win.kernel;
-    let kk = cg * kh * kw;
-    let plane = oh * ow;
-    let direct = kh == 1
-        && kw == 1
-        && win.strides == [1, 1]
-        && win.pads == [0, 0]
-        && win.padded == win.input;
+    let vol = win.input_len();
+    let kk = cg * win.kernel_len();
+    let plane = win.output_len();
+    let direct = win.is_direct();
     let g = cx.grad(0)?;
     // G of (image, group): `[mg, plane]`, contiguous.
     let g_of =
@@ -728,9 +806,9 @@ fn conv_backward_kernel(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
     let mut res = Vec::new();
     if cx.wants(0) {
         let ws = cx.saved(Saved::Input(1))?.to_f32()?;
-        let mut dx = vec![0f32; n * c * h * wd];
-        if cg * h * wd > 0 && plane > 0 {
-            dx.par_chunks_mut(cg * h * wd)
+        let mut dx = vec![0f32; n * c * vol];
+        if cg * vol > 0 && plane > 0 {
+            dx.par_chunks_mut(cg * vol)
                 .enumerate()
                 .for_each(|(job, dxg)| {
                     let (img, gr) = (job / group, job % group);
@@ -760,8 +838,7 @@ fn conv_backward_kernel(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
                         vec![0f32; kk * plane]
                     };
                     for img in 0..n {
-                        let xg =
-                            &xs[(img * c + gr * cg) * h * wd..(img * c + (gr + 1) * cg) * h * wd];
+                        let xg = &xs[(img * c + gr * cg) * vol..(img * c + (gr + 1) * cg) * vol];
                         let colv: &[f32] = if direct {
                             xg
                         } else {
@@ -817,45 +894,19 @@ fn pool_backward(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
         }
         "AveragePool" => {
             let out = cx.output(0)?.shape.clone();
-            let ks: Vec<usize> = cx
-                .attrs()
-                .ints("kernel_shape")
-                .ok_or("missing attribute 'kernel_shape'")?
-                .iter()
-                .map(|&k| k.max(1) as usize)
-                .collect();
-            let win = window(cx.attrs(), &x.shape[2..], &ks, &out[2..])?;
+            let win = pool_window(cx.attrs(), &x.shape, &out)?;
             let include_pad = cx.attrs().int_or("count_include_pad", 0) != 0;
-            let [h, wd] = win.input;
-            let [oh, ow] = win.output;
-            let [kh, kw] = win.kernel;
-            let [sh, sw] = win.strides;
-            let [dh, dw] = win.dilations;
-            let [ph, pw] = win.pads;
-            let planes = x.shape[0] * x.shape[1];
-            for pl in 0..planes {
-                for y in 0..oh {
-                    for xo in 0..ow {
-                        let mut inside = Vec::new();
-                        let mut in_pad = 0usize;
-                        for ki in 0..kh {
-                            let ih = (y * sh + ki * dh) as isize - ph as isize;
-                            for kj in 0..kw {
-                                let iw = (xo * sw + kj * dw) as isize - pw as isize;
-                                let (ihp, iwp) = (ih + ph as isize, iw + pw as isize);
-                                if ihp < win.padded[0] as isize && iwp < win.padded[1] as isize {
-                                    in_pad += 1;
-                                }
-                                if ih >= 0 && iw >= 0 && ih < h as isize && iw < wd as isize {
-                                    inside.push(ih as usize * wd + iw as usize);
-                                }
-                            }
-                        }
-                        let d = if include_pad { in_pad } else { inside.len() };
-                        let gv = g[(pl * oh + y) * ow + xo] / d.max(1) as f32;
-                        for off in inside {
-                            dx[pl * h * wd + off] += gv;
-                        }
+            let (vol, positions) = (win.input_len(), win.output_len());
+            let mut inside = Vec::with_capacity(win.kernel_len());
+            for pl in 0..x.shape[0] * x.shape[1] {
+                let dxp = &mut dx[pl * vol..(pl + 1) * vol];
+                for (at, o) in win.positions().enumerate() {
+                    inside.clear();
+                    let in_pad = win.taps(o, |off| inside.push(off));
+                    let d = if include_pad { in_pad } else { inside.len() };
+                    let gv = g[pl * positions + at] / d.max(1) as f32;
+                    for &off in &inside {
+                        dxp[off] += gv;
                     }
                 }
             }

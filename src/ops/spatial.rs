@@ -65,7 +65,7 @@ impl Op for Col2Im {
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
     }
-    /// 1-D and 2-D, f32: each image's columns summed back by Conv's col2im.
+    /// 1-D to 3-D, f32: each image's columns summed back by Conv's col2im.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         let x = cx.input(0)?;
         let to = |t: &Tensor| {

@@ -3,23 +3,32 @@
 #[allow(unused_imports)]
 use super::*;
 
-pub(super) fn to_win(w: &ops::conv::Window) -> Win {
-    Win {
-        h: w.input[0] as i64,
-        w: w.input[1] as i64,
-        oh: w.output[0] as i64,
-        ow: w.output[1] as i64,
-        kh: w.kernel[0] as i64,
-        kw: w.kernel[1] as i64,
-        sh: w.strides[0] as i64,
-        sw: w.strides[1] as i64,
-        dh: w.dilations[0] as i64,
-        dw: w.dilations[1] as i64,
-        ph: w.pads[0] as i64,
-        pw: w.pads[1] as i64,
-        padded_h: w.padded[0] as i64,
-        padded_w: w.padded[1] as i64,
+/// The device's planar window (kernels/common.cuh `Win`) of a 1-D or 2-D
+/// window: its height and width axes. A 3-D window is refused (its ops take the
+/// host path, [`super::forward_path`]), never cut down to its last two axes.
+pub(super) fn to_win(w: &ops::conv::Window) -> Result<Win> {
+    if w.rank > 2 {
+        return Err(CudaError::Kernel(format!(
+            "the device kernels handle 1-D and 2-D windows, not {}-D",
+            w.rank
+        )));
     }
+    Ok(Win {
+        h: w.input[1] as i64,
+        w: w.input[2] as i64,
+        oh: w.output[1] as i64,
+        ow: w.output[2] as i64,
+        kh: w.kernel[1] as i64,
+        kw: w.kernel[2] as i64,
+        sh: w.strides[1] as i64,
+        sw: w.strides[2] as i64,
+        dh: w.dilations[1] as i64,
+        dw: w.dilations[2] as i64,
+        ph: w.pads[1] as i64,
+        pw: w.pads[2] as i64,
+        padded_h: w.padded[1] as i64,
+        padded_w: w.padded[2] as i64,
+    })
 }
 
 /// Conv's geometry: (n, c, m, group, window, direct 1×1).
@@ -31,10 +40,7 @@ pub(super) fn conv_geom(
 ) -> Result<(usize, usize, usize, usize, ops::conv::Window, bool)> {
     let group = attrs.int_or("group", 1).max(1) as usize;
     let win = ops::conv::window(attrs, &x[2..], &w[2..], &out[2..])?;
-    let direct = win.kernel == [1, 1]
-        && win.strides == [1, 1]
-        && win.pads == [0, 0]
-        && win.padded == win.input;
+    let direct = win.is_direct();
     Ok((x[0], x[1], w[0], group, win, direct))
 }
 
@@ -43,10 +49,10 @@ pub(super) fn conv_fwd(dev: &Device, cx: &DevKernelCx) -> Result<Vec<DeviceTenso
     let out = cx.out(0)?.shape.clone();
     let (n, c, m, group, win, direct) = conv_geom(cx.attrs(), &x.shape, &wt.shape, &out)?;
     let (cg, mg) = (c / group, m / group);
-    let k = to_win(&win);
-    let plane = win.output[0] * win.output[1];
-    let hw = win.input[0] * win.input[1];
-    let kk = cg * win.kernel[0] * win.kernel[1];
+    let k = to_win(&win)?;
+    let plane = win.output_len();
+    let hw = win.input_len();
+    let kk = cg * win.kernel_len();
     let y = dev.zeros(DType::F32, &out)?;
     let col: Option<Workspace> = if direct {
         None
@@ -97,10 +103,10 @@ pub(super) fn conv_bwd(dev: &Device, cx: &DevBackwardCx) -> Result<Vec<(usize, D
     let out = cx.output(0)?.shape.clone();
     let (n, c, m, group, win, direct) = conv_geom(cx.attrs(), &fx.shape, &fw.shape, &out)?;
     let (cg, mg) = (c / group, m / group);
-    let k = to_win(&win);
-    let plane = win.output[0] * win.output[1];
-    let hw = win.input[0] * win.input[1];
-    let kk = cg * win.kernel[0] * win.kernel[1];
+    let k = to_win(&win)?;
+    let plane = win.output_len();
+    let hw = win.input_len();
+    let kk = cg * win.kernel_len();
     let g = cx.grad(dev, 0)?;
     let g_of = |img: usize, gr: usize| g.ptr() + 4 * ((img * m + gr * mg) * plane) as u64;
     let col: Option<Workspace> = if direct || !(cx.wants(0) || cx.wants(1)) {
@@ -211,7 +217,7 @@ pub(super) fn pool_fwd(dev: &Device, cx: &DevKernelCx) -> Result<Vec<DeviceTenso
     let x = cx.input(0)?;
     let out = cx.out(0)?.shape.clone();
     let win = pool_window(cx.attrs(), &x.shape, &out)?;
-    let k = to_win(&win);
+    let k = to_win(&win)?;
     let planes = x.shape[0] * x.shape[1];
     let y = dev.zeros(DType::F32, &out)?;
     let n = y.numel();
@@ -258,7 +264,7 @@ pub(super) fn pool_bwd(dev: &Device, cx: &DevBackwardCx) -> Result<Vec<(usize, D
     let f = cx.input(0)?;
     let out = cx.output(0)?.shape.clone();
     let win = pool_window(cx.attrs(), &f.shape, &out)?;
-    let k = to_win(&win);
+    let k = to_win(&win)?;
     let planes = f.shape[0] * f.shape[1];
     let g = cx.grad(dev, 0)?;
     let dx = dev.zeros(DType::F32, &f.shape)?;

@@ -194,6 +194,17 @@ fn kernels_of(node: &Node) -> Result<CudaKernels> {
     Ok(rule.cuda_kernels(&node.op_type))
 }
 
+/// Whether a Conv's or pool's input is `[N, C, L]` or `[N, C, H, W]`: the
+/// device's window kernels are planar (kernels/common.cuh `Win`), so 3-D
+/// convolutions and pools run on the host.
+fn planar(input_facts: &[Option<&Fact>]) -> bool {
+    input_facts
+        .first()
+        .copied()
+        .flatten()
+        .is_some_and(|f| f.shape.len() <= 4)
+}
+
 /// Where [`forward`] runs a node with these input facts: on the device when the
 /// op's launcher ([`Launch`]) handles these dtypes (and attributes), else on the host.
 pub fn forward_path(
@@ -215,20 +226,12 @@ pub fn forward_path(
         Launch::Where => f32_in(1) && f32_in(2) && dt(0) == Some(DType::Bool),
         Launch::Clip
         | Launch::Dropout
-        | Launch::Pool
         | Launch::GlobalAveragePool
         | Launch::LayerNorm
         | Launch::Softmax
         | Launch::Reduce => f32_in(0),
-        Launch::Conv => {
-            f32_in(0)
-                && f32_in(1)
-                && input_facts
-                    .first()
-                    .copied()
-                    .flatten()
-                    .is_some_and(|f| f.shape.len() <= 4)
-        }
+        Launch::Pool => f32_in(0) && planar(input_facts),
+        Launch::Conv => f32_in(0) && f32_in(1) && planar(input_facts),
         Launch::BatchNorm => {
             let training = extras
                 || if opset >= 14 {
@@ -340,13 +343,12 @@ pub fn backward_path(node: &Node, input_facts: &[Option<&Fact>]) -> Path {
             Launch::Unary => {
                 unary_code(&node.op_type, &node.attrs).ok().flatten().is_some() && f32_in(0)
             }
-            Launch::Binary | Launch::MatMul | Launch::Gemm | Launch::Conv => {
-                f32_in(0) && f32_in(1)
-            }
+            Launch::Binary | Launch::MatMul | Launch::Gemm => f32_in(0) && f32_in(1),
+            Launch::Conv => f32_in(0) && f32_in(1) && planar(input_facts),
+            Launch::Pool => f32_in(0) && planar(input_facts),
             Launch::Where => f32_in(1) && f32_in(2) && dt(0) == Some(DType::Bool),
             Launch::Clip
             | Launch::Dropout
-            | Launch::Pool
             | Launch::GlobalAveragePool
             | Launch::BatchNorm
             | Launch::LayerNorm
