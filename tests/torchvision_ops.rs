@@ -405,3 +405,55 @@ fn deform_conv_refuses_other_ranks_and_bad_shapes() {
     let c = c.attr("offset_group", Attr::Int(3));
     one_line(&run(&c).0.unwrap_err(), "offset_group 3");
 }
+
+/// What the rules save is what torchvision's autograd functions save:
+/// RoIAlignFunction the rois (here rois and batch indices) and X's shape, not
+/// X; DeformConv2dFunction input, weight, offset, mask and bias, for every
+/// gradient. The kernels read nothing more (`forward_backward` hands them only
+/// these), shown here for RoiAlign with X's data withheld.
+#[test]
+fn rules_save_what_torchvision_saves() {
+    use memplan::ops::Saved;
+    let rule_of = |case: &Case| {
+        let rule = registry().get("", case.op).unwrap();
+        let (node, facts) = (case.node(), case.facts());
+        let cx = Cx {
+            node: &node,
+            inputs: facts.iter().map(Some).collect(),
+            opset: case.opset,
+        };
+        let out = rule.infer(&cx).unwrap();
+        rule.backward(&cx, &out).unwrap().unwrap()
+    };
+    let bw = rule_of(&roi_case(true, false, 2, 1.0, [3, 2]));
+    assert_eq!(bw.grads.len(), 1);
+    assert_eq!(bw.grads[0].input, 0);
+    assert_eq!(bw.grads[0].needs, vec![Saved::Input(1), Saved::Input(2)]);
+    assert!(bw.extras.is_empty());
+    let (dc, _) = deform_case(
+        [1, 4, 4, 4],
+        [2, 4, 2, 2],
+        1,
+        1,
+        [1, 1],
+        [0, 0],
+        [1, 1],
+        true,
+        true,
+        1.5,
+    );
+    let bw = rule_of(&dc);
+    let all: Vec<Saved> = (0..5).map(Saved::Input).collect();
+    assert_eq!(
+        bw.grads.iter().map(|g| g.input).collect::<Vec<_>>(),
+        vec![0, 1, 2, 3, 4]
+    );
+    assert!(bw.grads.iter().all(|g| g.needs == all));
+    // X's data withheld: RoiAlign's backward still runs (reads rois and indices).
+    let mut case = roi_case(true, false, 2, 1.0, [3, 2]);
+    let gy = seq(&[5, 3, 3, 2], 0.05);
+    let (_, with_x) = forward_backward(&case, std::slice::from_ref(&gy), &[0]).unwrap();
+    case.inputs[0] = Tensor::f32(vec![2, 3, 6, 7], vec![f32::NAN; 252]);
+    let (_, without) = forward_backward(&case, &[gy], &[0]).unwrap();
+    assert_eq!(with_x[0], without[0], "dX does not depend on X");
+}
