@@ -188,7 +188,8 @@ fn roi_align_max_matches_onnx_and_has_no_gradient() {
 }
 
 /// Malformed RoiAlign: an unknown mode or coordinate mode and a negative
-/// sampling ratio (rule errors), a batch index past X (kernel error).
+/// sampling ratio (rule errors), a batch index past X (kernel error); an
+/// empty image gives zeros.
 #[test]
 fn roi_align_refuses_bad_input() {
     for (k, v, named) in [
@@ -210,6 +211,11 @@ fn roi_align_refuses_bad_input() {
     let (out, y) = run(&case);
     assert!(out.is_ok());
     one_line(&y.unwrap_err(), "batch index 2");
+    // An empty image samples zeros (no panic).
+    let mut case = roi_case(true, false, 2, 1.0, [2, 2]);
+    case.inputs[0] = Tensor::f32(vec![2, 3, 0, 7], vec![]);
+    let y = run(&case).1.unwrap();
+    assert!(y[0].to_f32().unwrap().iter().all(|&v| v == 0.0));
 }
 
 /// One of the script's DeformConv cases: X, W, offsets, the bias (zeros where

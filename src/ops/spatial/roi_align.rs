@@ -188,7 +188,8 @@ pub(in crate::ops) fn forward(
     let batch = batch_of(idx, n)?;
     let bins = cfg.out_h * cfg.out_w;
     let mut y = vec![0f32; batch.len() * c * bins];
-    if bins * c == 0 {
+    if bins * c * h * w == 0 {
+        // No bins, or an empty image: every sample is 0.
         return Ok(y);
     }
     y.par_chunks_mut(c * bins).enumerate().for_each(|(r, out)| {
