@@ -172,9 +172,13 @@ fn tolerance(dt: DType) -> f64 {
 
 /// Models whose expected values are written to 4 decimals by hand (the onnx
 /// reference evaluator computes memplan's values): compared to within 5e-5.
+/// RoiAlign's two avg models: their hand-written values are up to 8.4e-5 from
+/// the reference evaluator's (which memplan's equal), inside 5e-5 + 1e-4·|y|.
 const FOUR_DECIMALS: &[&str] = &[
     "node/test_averagepool_2d_ceil_last_window_starts_on_pad",
     "node/test_gridsample_bicubic",
+    "node/test_roialign_aligned_false",
+    "node/test_roialign_aligned_true",
 ];
 
 /// Runs the CPU executor on the suite's inputs and compares every output.

@@ -888,6 +888,98 @@ fn gridsample_modes() {
     report("gridsample", &st);
 }
 
+/// Offsets `k + f`, `k` an integer in [-3, 2] and `f` in ±[0.15, 0.85]: sample
+/// positions (integers plus offsets) reach past the image and stay off the
+/// bilinear kinks by more than the step.
+fn cell_offsets(r: &mut Rng, shape: &[usize]) -> Tensor {
+    let n: usize = shape.iter().product();
+    let v = (0..n)
+        .map(|_| r.u(0, 5) as f32 - 3.0 + r.f(0.15, 0.85))
+        .collect();
+    Tensor::f32(shape.to_vec(), v)
+}
+
+/// DeformConv (groups, offset groups, strides, asymmetric pads, dilations,
+/// bias and mask present or not) and RoiAlign avg (both coordinate modes and
+/// opsets, fixed and adaptive sampling, spatial scales, rois partly outside):
+/// every gradient, each from only what its rule saves.
+#[test]
+fn deform_conv_and_roi_align() {
+    let mut st = Stats::default();
+    for seed in 0..SEEDS {
+        let mut r = Rng(2700 + seed);
+        for extra in 0..3 {
+            let (g, og) = (r.u(1, 2), r.u(1, 2));
+            let c = g * og * r.u(1, 2);
+            let (n, m) = (r.u(1, 2), g * r.u(1, 2));
+            let (kh, kw) = (r.u(1, 3), r.u(1, 3));
+            let dil = [r.u(1, 2), r.u(1, 2)];
+            let (sh, sw) = (dil[0] * (kh - 1) + 1, dil[1] * (kw - 1) + 1);
+            let (h, w) = (r.u(sh, sh + 3), r.u(sw, sw + 3));
+            let st_ = [r.u(1, 2), r.u(1, 2)];
+            let pads: Vec<i64> = (0..4).map(|_| r.u(0, 1) as i64).collect();
+            let out = |i: usize, k: usize, x: usize| {
+                (x + pads[i] as usize + pads[i + 2] as usize).saturating_sub(dil[i] * (k - 1) + 1)
+                    / st_[i]
+                    + 1
+            };
+            let (oh, ow) = (out(0, kh, h), out(1, kw, w));
+            let mut ins = vec![
+                r.t(&[n, c, h, w]),
+                r.t(&[m, c / g, kh, kw]),
+                cell_offsets(&mut r, &[n, og * 2 * kh * kw, oh, ow]),
+            ];
+            if extra > 0 {
+                ins.push(r.t(&[m]));
+            }
+            if extra > 1 {
+                ins.push(r.range(&[n, og * kh * kw, oh, ow], 0.0, 1.0));
+            }
+            let c = Case::new("DeformConv", ins)
+                .attr("group", Attr::Int(g as i64))
+                .attr("offset_group", Attr::Int(og as i64))
+                .attr("strides", ints(&[st_[0] as i64, st_[1] as i64]))
+                .attr("pads", Attr::Ints(pads.clone()))
+                .attr("dilations", ints(&[dil[0] as i64, dil[1] as i64]))
+                .opset(19);
+            check(&c, &mut r, &mut st);
+        }
+        for (opset, mode) in [
+            (10, None),
+            (16, Some("half_pixel")),
+            (16, Some("output_half_pixel")),
+        ] {
+            let (n, c, h, w) = (r.u(1, 2), r.u(1, 3), r.u(2, 6), r.u(2, 6));
+            let k = r.u(1, 4);
+            let scale = [1.0, 0.5, 0.75][r.u(0, 2)];
+            let mut rois = Vec::new();
+            for _ in 0..k {
+                let (x1, y1) = (r.f(-2.0, w as f32), r.f(-2.0, h as f32));
+                rois.extend([x1, y1, x1 + r.f(0.2, 6.0), y1 + r.f(0.2, 6.0)]);
+            }
+            let idx: Vec<i64> = (0..k).map(|_| r.u(0, n - 1) as i64).collect();
+            let mut c = Case::new(
+                "RoiAlign",
+                vec![
+                    r.t(&[n, c, h, w]),
+                    Tensor::f32(vec![k, 4], rois),
+                    Tensor::i64(vec![k], idx),
+                ],
+            )
+            .attr("output_height", Attr::Int(r.u(1, 3) as i64))
+            .attr("output_width", Attr::Int(r.u(1, 3) as i64))
+            .attr("sampling_ratio", Attr::Int(r.u(0, 3) as i64))
+            .attr("spatial_scale", Attr::Float(scale))
+            .opset(opset);
+            if let Some(m) = mode {
+                c = c.attr("coordinate_transformation_mode", Attr::String(m.into()));
+            }
+            check(&c, &mut r, &mut st);
+        }
+    }
+    report("deform_conv and roi_align", &st);
+}
+
 /// PRelu before opset 7 (old PyTorch exports): a 1-D slope of the channel count
 /// applies along axis 1. The forward against the definition, the gradients
 /// against finite differences.

@@ -460,6 +460,73 @@ fn squares_accumulate_in_place() {
     planned_identical(&su, &r);
 }
 
+/// A deformable convolution as DCNv2 builds it (offsets and a sigmoid mask from
+/// convolutions of its input) feeding RoiAlign (rois a float initializer
+/// /// without gradient, batch indices a constant): DeformConv saves X, W,
+/// offsets, mask and bias, RoiAlign only its rois and indices (torchvision's). Measured peak = predicted,
+/// gradients of every parameter (offset and mask heads through DeformConv's
+/// offset and mask gradients) by finite differences, planned runs bitwise.
+#[test]
+fn deform_conv_roi_align_baseline_gradients_and_plan() {
+    use common::{ints, model, node, value_info, with_int, with_ints, D};
+    use memplan::onnx::proto::TensorProto;
+    let values = |name: &str, dims: &[i64], v: Vec<f32>| {
+        let raw: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        TensorProto {
+            name: Some(name.into()),
+            dims: dims.to_vec(),
+            data_type: Some(1),
+            raw_data: Some(raw.into()),
+            ..Default::default()
+        }
+    };
+    // Seeded values in [-0.5, 0.5) (zeros would put every sample on a kink).
+    let filled = |name: &str, dims: &[i64], seed: u64| {
+        let mut r = common::opcase::Rng(seed);
+        let n: i64 = dims.iter().product();
+        values(name, dims, (0..n).map(|_| r.f(-0.5, 0.5)).collect())
+    };
+    let rois = vec![0.5, 0.5, 4.5, 3.5, 1.0, 0.2, 5.0, 4.8, -0.5, 1.0, 3.0, 6.5];
+    let pads = |n| with_ints(n, "pads", &[1, 1, 1, 1]);
+    let roi = node("RoiAlign", "ra", &["h", "rois", "bidx"], &["out"]);
+    let roi = with_int(with_int(roi, "output_height", 2), "output_width", 3);
+    let mut p = model(
+        vec![
+            pads(node("Conv", "offc", &["x", "w_off"], &["off"])),
+            pads(node("Conv", "maskc", &["x", "w_mask"], &["ml"])),
+            node("Sigmoid", "sig", &["ml"], &["mask"]),
+            pads(node(
+                "DeformConv",
+                "dc",
+                &["x", "w", "off", "b", "mask"],
+                &["h"],
+            )),
+            with_int(roi, "sampling_ratio", 2),
+        ],
+        vec![
+            filled("w_off", &[18, 2, 3, 3], 1),
+            filled("w_mask", &[9, 2, 3, 3], 2),
+            filled("w", &[3, 2, 3, 3], 3),
+            filled("b", &[3], 4),
+            values("rois", &[3, 4], rois),
+            ints("bidx", &[0, 1, 0]),
+        ],
+        vec![value_info(
+            "x",
+            1,
+            &[D::S("batch"), D::N(2), D::N(5), D::N(6)],
+        )],
+        vec![value_info("out", 1, &[D::N(3), D::N(3), D::N(2), D::N(3)])],
+    );
+    p.opset_import[0].version = Some(19);
+    let dir = tempfile::tempdir().unwrap();
+    let path = common::write_tmp(&dir, "dcn.onnx", &common::encode(&p));
+    let su = setup_from(load_model(&path).unwrap(), "dcn_roi", 2, sgd_fp32());
+    let (su, r) = baseline_of(su, 2);
+    check_gradients(&su, &r);
+    planned_identical(&su, &r);
+}
+
 #[test]
 fn bad_plans_and_schedules_are_rejected() {
     let su = setup("mlp", 2);

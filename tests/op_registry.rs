@@ -34,7 +34,8 @@ struct Row {
     no_cpu_kernel: bool,
     /// Its backward cannot run on the CPU: LpPool's and GlobalLpPool's rules save
     /// too little (tests/exec_backward.rs `kernels_refuse_unsaved_tensors`),
-    /// GlobalMaxPool's kernel makes no indices yet, LpNormalization has none yet.
+    /// GlobalMaxPool's kernel makes no indices yet, LpNormalization has none yet,
+    /// RoiAlign's max mode has no PyTorch gradient (its rule refuses).
     no_backward_kernel: bool,
     /// A sampled output (Bernoulli): its gradient is zero by definition (as
     /// PyTorch's), and a finite difference jumps wherever a draw flips.

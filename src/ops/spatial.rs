@@ -2,8 +2,16 @@
 //! (torchvision's `deform_conv2d`), RoiAlign (torchvision's `roi_align`) and
 //! MaxUnpool (`torch.nn.MaxUnpool2d`).
 //!
-//! Shape rules, FLOPs and backward rules as PyTorch/torchvision run them;
-//! Col2Im and MaxUnpool have CPU kernels, the others none yet (each says so).
+//! Shape rules, FLOPs, backward rules and CPU kernels (forward and backward)
+//! as PyTorch/torchvision run them, all four on the host on the device.
+//! RoiAlign's kernels are in `spatial/roi_align.rs` (opsets 10 and 16:
+//! `half_pixel` / `output_half_pixel`, avg and max, adaptive sampling; max has
+//! no backward, as torchvision has no max RoiAlign), DeformConv's in
+//! `spatial/deform_conv.rs` (2-D: groups, offset groups, strides, pads,
+//! dilations, optional bias and mask).
+
+mod deform_conv;
+mod roi_align;
 
 use super::{
     conv::{col2im, im2col, window, window_out},
@@ -11,6 +19,7 @@ use super::{
     Registry, RuleResult, Saved, Storage,
 };
 use crate::numeric::Tensor;
+use deform_conv::{Geom, Sampled};
 
 /// `Col2Im(input [N, C·∏block, L], image_shape, block_shape) -> [N, C,
 /// image...]`: the blocks summed back into an image (`strides`, `pads`,
@@ -153,12 +162,43 @@ impl Op for DeformConv {
         let kernel = &w.shape[2..];
         let mut shape = vec![x.shape[0], w.shape[0]];
         shape.extend(window_out(&x.shape[2..], kernel, cx.attrs(), false)?);
+        if w.shape[0] % group != 0 {
+            return Err(format!(
+                "{} output channels are not a multiple of group {group}",
+                w.shape[0]
+            )
+            .into());
+        }
+        if let Some(ks) = cx.attrs().ints("kernel_shape") {
+            if ks.iter().map(|&v| v as usize).ne(kernel.iter().copied()) {
+                return Err(format!("kernel_shape {ks:?} differs from W {:?}", w.shape).into());
+            }
+        }
         let og = cx.attrs().int_or("offset_group", 1).max(1) as usize;
+        if x.shape[1] % og != 0 {
+            return Err(format!(
+                "{} input channels are not a multiple of offset_group {og}",
+                x.shape[1]
+            )
+            .into());
+        }
         let k: usize = kernel.iter().product();
         let mut want_off = vec![x.shape[0], og * k * kernel.len()];
         want_off.extend_from_slice(&shape[2..]);
         if off.shape != want_off {
             return Err(format!("offset is {:?}, expected {want_off:?}", off.shape).into());
+        }
+        if let Some(b) = cx.opt(3) {
+            if b.shape != [w.shape[0]] {
+                return Err(format!("B is {:?}, expected [{}]", b.shape, w.shape[0]).into());
+            }
+        }
+        if let Some(m) = cx.opt(4) {
+            let mut want = vec![x.shape[0], og * k];
+            want.extend_from_slice(&shape[2..]);
+            if m.shape != want {
+                return Err(format!("mask is {:?}, expected {want:?}", m.shape).into());
+            }
         }
         Ok(vec![Fact::new(x.dtype, shape)])
     }
@@ -190,7 +230,80 @@ impl Op for DeformConv {
             flops: self.flops(cx, out).saturating_mul(2),
         }))
     }
-    shape_only!(no_backward_kernel);
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
+    /// 2-D (torchvision's `deform_conv2d`; other ranks refused in one line),
+    /// f32: see `spatial/deform_conv.rs`.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let (x, w, off) = (cx.input(0)?, cx.input(1)?, cx.input(2)?);
+        let out = cx.out(0)?;
+        let geo = Geom::new(cx.attrs(), &x.shape, &w.shape, &out.shape)?;
+        let (off, mask) = (off.to_f32()?, cx.opt(4).map(|m| m.to_f32()).transpose()?);
+        let s = Sampled {
+            geo: &geo,
+            offset: &off,
+            mask: mask.as_deref(),
+        };
+        let bias = cx.opt(3).map(|b| b.to_f32()).transpose()?;
+        let y = deform_conv::forward(&s, &x.to_f32()?, &w.to_f32()?, bias.as_deref());
+        Ok(vec![Tensor::from_f32(x.dtype(), out.shape.clone(), y)?])
+    }
+    /// torchvision's backward: dX, dOffset and dMask from `Wᵀ · dY` (dOffset and
+    /// dMask also read X), dW from X's sampled columns, dB the sum of dY; each
+    /// reads only the saved tensors it needs.
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        let (fx, fw, out) = (cx.input(0)?, cx.input(1)?, cx.output(0)?);
+        let geo = Geom::new(cx.attrs(), &fx.shape, &fw.shape, &out.shape)?;
+        let g = cx.grad(0)?;
+        let has_mask = cx.input(4).is_ok();
+        let sampled = [0, 1, 2, 4].iter().any(|&i| cx.wants(i));
+        let mut res = Vec::new();
+        if sampled {
+            let off = cx.saved(Saved::Input(2))?.to_f32()?;
+            let mask = if has_mask {
+                Some(cx.saved(Saved::Input(4))?.to_f32()?)
+            } else {
+                None
+            };
+            let s = Sampled {
+                geo: &geo,
+                offset: &off,
+                mask: mask.as_deref(),
+            };
+            let coords = cx.wants(2) || cx.wants(4);
+            let x = if coords || cx.wants(1) {
+                Some(cx.saved(Saved::Input(0))?.to_f32()?)
+            } else {
+                None
+            };
+            if cx.wants(0) || coords {
+                let w = cx.saved(Saved::Input(1))?.to_f32()?;
+                let xs = x.as_deref().filter(|_| coords);
+                let d = deform_conv::input_grads(&s, xs, &w, &g, cx.wants(0));
+                for (i, v) in [(0, d.x), (2, d.offset), (4, d.mask)] {
+                    if let (true, Some(v)) = (cx.wants(i), v) {
+                        res.push((i, v));
+                    }
+                }
+            }
+            if let (true, Some(x)) = (cx.wants(1), x.as_deref()) {
+                res.push((1, deform_conv::weight_grad(&s, x, &g)));
+            }
+        }
+        if cx.wants(3) {
+            let (n, m) = (out.shape[0], out.shape[1]);
+            res.push((
+                3,
+                super::conv::bias_grad(&g, n, m, out.shape[2..].iter().product()),
+            ));
+        }
+        cx.answer(res)
+    }
+    /// No device kernel: the host path.
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
+    }
     /// Not on autocast's lists (torchvision registers it to run in float32).
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Full
@@ -215,12 +328,10 @@ impl Op for RoiAlign {
             )
             .into());
         }
-        let a = cx.attrs();
-        let oh = dim(a.int_or("output_height", 1), "output_height")?;
-        let ow = dim(a.int_or("output_width", 1), "output_width")?;
+        let cfg = roi_align::config(cx.attrs(), cx.opset)?;
         Ok(vec![Fact::new(
             x.dtype,
-            vec![rois.shape[0], x.shape[1], oh, ow],
+            vec![rois.shape[0], x.shape[1], cfg.out_h, cfg.out_w],
         )])
     }
     fn flops(&self, cx: &Cx, out: &[Fact]) -> u64 {
@@ -228,16 +339,54 @@ impl Op for RoiAlign {
         let samples = if sr == 0 { 4 } else { sr * sr };
         out[0].numel().saturating_mul(samples * 9)
     }
-    /// torchvision's RoIAlignFunction saves the rois (and the input's shape);
-    /// the gradient goes to X only. Backward FLOPs: the forward's.
+    /// torchvision's RoIAlignFunction saves the rois (here rois and batch
+    /// indices, its `[K, 5]` rois split in two) and the input's shape; the
+    /// gradient goes to X only. Backward FLOPs: the forward's. `mode` max has
+    /// no PyTorch equivalent (torchvision's roi_align averages): refused.
     fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        if roi_align::config(cx.attrs(), cx.opset)?.max {
+            return Err(roi_align::MAX_HAS_NO_GRADIENT.into());
+        }
         Ok(Some(Backward::each(
             &[0],
             &[Saved::Input(1), Saved::Input(2)],
             self.flops(cx, out),
         )))
     }
-    shape_only!(no_backward_kernel);
+    fn storage(&self, _cx: &Cx) -> Storage {
+        Storage::New
+    }
+    /// f32: see `spatial/roi_align.rs`.
+    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let (x, rois, idx) = (cx.input(0)?, cx.input(1)?, cx.input(2)?);
+        let cfg = roi_align::config(cx.attrs(), cx.opset)?;
+        let y = roi_align::forward(
+            &cfg,
+            &x.to_f32()?,
+            &x.shape,
+            &rois.to_f32()?,
+            &idx.to_i64s(),
+        )?;
+        let out = cx.out(0)?;
+        Ok(vec![Tensor::from_f32(x.dtype(), out.shape.clone(), y)?])
+    }
+    /// avg: the bilinear weights of every sample scattered back (torchvision's
+    /// `roi_align_backward`), from the saved rois and batch indices and X's
+    /// shape; max refuses (as its rule).
+    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        let cfg = roi_align::config(cx.attrs(), cx.opset)?;
+        if cfg.max {
+            return Err(roi_align::MAX_HAS_NO_GRADIENT.into());
+        }
+        let rois = cx.saved(Saved::Input(1))?.to_f32()?;
+        let idx = cx.saved(Saved::Input(2))?.to_i64s();
+        let dx = roi_align::backward(&cfg, &cx.input(0)?.shape, &rois, &idx, &cx.grad(0)?)?;
+        cx.answer(vec![(0, dx)])
+    }
+    /// No device kernel: the host path.
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
+    }
     /// torchvision runs roi_align in float32 under autocast.
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Full

@@ -349,3 +349,53 @@ pub fn report(name: &str, stats: &Stats) {
         stats.checks, stats.worst
     );
 }
+
+/// Runs `case`'s forward (with extras) and its backward for the `wanted`
+/// inputs under the output gradients `gs`, the backward given only the saved
+/// tensors its rule lists for them (as `check` does): the declared outputs and
+/// one gradient entry per input.
+pub fn forward_backward(
+    case: &Case,
+    gs: &[Tensor],
+    wanted: &[usize],
+) -> Result<(Vec<Tensor>, Vec<Option<Tensor>>), String> {
+    let rule = registry().get("", case.op).unwrap();
+    let node = case.node();
+    let facts = case.facts();
+    let cx = Cx {
+        node: &node,
+        inputs: facts.iter().map(Some).collect(),
+        opset: case.opset,
+    };
+    let out_facts = rule.infer(&cx).map_err(|e| e.to_string())?;
+    let bw = rule
+        .backward(&cx, &out_facts)
+        .map_err(|e| e.to_string())?
+        .ok_or("no backward rule")?;
+    let outs = forward(case, &node, &out_facts, &case.inputs);
+    let mut saved: Vec<(Saved, &Tensor)> = Vec::new();
+    for g in bw.grads.iter().filter(|g| wanted.contains(&g.input)) {
+        for &s in &g.needs {
+            if saved.iter().all(|(k, _)| *k != s) {
+                let t = match s {
+                    Saved::Input(i) => &case.inputs[i],
+                    Saved::Output(i) => &outs[i],
+                    Saved::Extra(i) => &outs[case.n_out + i],
+                };
+                saved.push((s, t));
+            }
+        }
+    }
+    let bcx = BackwardCx {
+        node: &node,
+        inputs: facts.iter().map(Some).collect(),
+        outputs: out_facts.iter().take(case.n_out).map(Some).collect(),
+        opset: case.opset,
+        saved,
+        grads: (0..case.n_out).map(|o| gs.get(o)).collect(),
+        wanted: wanted.to_vec(),
+        dropout: true,
+    };
+    let grads = rule.backward_cpu(&bcx).map_err(|e| e.to_string())?;
+    Ok((outs[..case.n_out].to_vec(), grads))
+}

@@ -261,21 +261,22 @@ pub(super) fn rows(r: &mut Rng, v: &mut Vec<Row>) {
         let shapes: Vec<&[usize]> = vec![&y, st, st];
         v.push(row(c, &shapes[..outs], 3 * dirs as u64 * 2 * per));
     }
-    // Image ops beside convolution (DeformConv and RoiAlign shape-only): Col2Im 1 FLOP per input
-    // element; DeformConv Conv's 2 per multiply-add plus 9 per sampled point;
-    // RoiAlign 9 per sample (sampling_ratio² per output); MaxUnpool 0.
+    // Image ops beside convolution: Col2Im 1 FLOP per input element;
+    // DeformConv Conv's 2 per multiply-add plus 9 per sampled point; RoiAlign
+    // 9 per sample (sampling_ratio² per output, 4 when adaptive); MaxUnpool 0.
+    // DeformConv's offsets kept off the bilinear kinks (integer sample
+    // positions); RoiAlign is linear in X. Rows beyond the first of each draw
+    // from their own stream (the shared one stays as it was).
     let c = Case::new(
         "Col2Im",
         vec![r.t(&[1, 4, 4]), i64s(&[3, 3]), i64s(&[2, 2])],
     )
     .opset(18);
     v.push(row(c, &[&[1, 1, 3, 3]], 16));
-    let c = Case::new(
-        "DeformConv",
-        vec![r.t(&[1, 2, 3, 3]), r.t(&[1, 2, 2, 2]), r.t(&[1, 8, 2, 2])],
-    )
-    .opset(19);
-    v.push(row(c, &[&[1, 1, 2, 2]], 64 + 32 * 9).no_cpu_kernel());
+    let (x, w) = (r.t(&[1, 2, 3, 3]), r.t(&[1, 2, 2, 2]));
+    let off = off_integers(r.t(&[1, 8, 2, 2]));
+    let c = Case::new("DeformConv", vec![x, w, off]).opset(19);
+    v.push(row(c, &[&[1, 1, 2, 2]], 64 + 32 * 9));
     let c = Case::new(
         "RoiAlign",
         vec![
@@ -288,7 +289,42 @@ pub(super) fn rows(r: &mut Rng, v: &mut Vec<Row>) {
     .attr("output_width", Attr::Int(3))
     .attr("sampling_ratio", Attr::Int(2))
     .opset(16);
-    v.push(row(c, &[&[2, 2, 3, 3]], 36 * 4 * 9).no_cpu_kernel());
+    v.push(row(c, &[&[2, 2, 3, 3]], 36 * 4 * 9));
+    let mut q = Rng(1913);
+    // group 2, offset_group 2, bias and mask, strides [1, 2], pads [1, 0, 1, 1]:
+    // out [2, 4, 4, 2], 64 outputs of 2·9 multiply-adds, 16·36 sampled points.
+    let c = Case::new(
+        "DeformConv",
+        vec![
+            q.t(&[2, 4, 4, 5]),
+            q.t(&[4, 2, 3, 3]),
+            off_integers(q.t(&[2, 36, 4, 2])),
+            q.t(&[4]),
+            q.range(&[2, 18, 4, 2], 0.0, 1.0),
+        ],
+    )
+    .attr("group", Attr::Int(2))
+    .attr("offset_group", Attr::Int(2))
+    .attr("strides", ints(&[1, 2]))
+    .attr("pads", ints(&[1, 0, 1, 1]))
+    .opset(19);
+    v.push(row(c, &[&[2, 4, 4, 2]], 64 * 18 * 2 + 16 * 36 * 9));
+    // RoiAlign-10 (output_half_pixel), adaptive, spatial_scale 0.5, a roi past
+    // the image; and mode max (forward only: no PyTorch gradient).
+    let rois = Tensor::f32(vec![2, 4], vec![1.0, 1.0, 7.0, 5.0, 0.5, 2.0, 4.0, 13.0]);
+    let c = Case::new("RoiAlign", vec![q.t(&[2, 3, 5, 6]), rois, i64s(&[1, 0])])
+        .attr("output_height", Attr::Int(2))
+        .attr("output_width", Attr::Int(3))
+        .attr("spatial_scale", Attr::Float(0.5))
+        .opset(10);
+    v.push(row(c, &[&[2, 3, 2, 3]], 36 * 4 * 9));
+    let rois = Tensor::f32(vec![1, 4], vec![0.3, 0.2, 3.1, 2.6]);
+    let c = Case::new("RoiAlign", vec![q.t(&[1, 2, 4, 4]), rois, i64s(&[0])])
+        .attr("output_height", Attr::Int(2))
+        .attr("output_width", Attr::Int(2))
+        .attr("mode", s("max"))
+        .opset(16);
+    v.push(row(c, &[&[1, 2, 2, 2]], 8 * 4 * 9).no_backward_kernel());
     let c = Case::new(
         "MaxUnpool",
         vec![
@@ -373,4 +409,16 @@ pub(super) fn rows(r: &mut Rng, v: &mut Vec<Row>) {
     }
     let p = r.range(&[2, 3], 0.0, 1.0);
     v.push(row(Case::new("Bernoulli", vec![p]), &[&[2, 3]], 6).sampled());
+}
+
+/// Offsets in [-1, 1) moved to ±[0.15, 0.85): off the integers, where a
+/// sample position (an integer plus the offset) crosses a bilinear kink.
+fn off_integers(t: Tensor) -> Tensor {
+    let v = t
+        .to_f32()
+        .unwrap()
+        .iter()
+        .map(|&o| o.signum() * (0.15 + 0.7 * o.abs()))
+        .collect();
+    Tensor::f32(t.shape.clone(), v)
 }
