@@ -73,13 +73,14 @@ impl Geom {
             m: wt[0],
             group: a.int_or("group", 1).max(1) as usize,
             offset_group: a.int_or("offset_group", 1).max(1) as usize,
-            kh: win.kernel[0],
-            kw: win.kernel[1],
-            oh: win.output[0],
-            ow: win.output[1],
-            stride: win.strides,
-            dilation: win.dilations,
-            pad: win.pads,
+            // A 2-D window is the last two of the window's three axes.
+            kh: win.kernel[1],
+            kw: win.kernel[2],
+            oh: win.output[1],
+            ow: win.output[2],
+            stride: [win.strides[1], win.strides[2]],
+            dilation: [win.dilations[1], win.dilations[2]],
+            pad: [win.pads[1], win.pads[2]],
         })
     }
     /// Kernel taps.
