@@ -6,7 +6,7 @@
 
 use memplan::exec::Tensor;
 use memplan::ir::{Attr, Attrs, Data, Node, Value};
-use memplan::ops::{registry, BackwardCx, Cx, Fact, KernelCx, Saved};
+use memplan::ops::{registry, Backward, BackwardCx, Cx, Fact, KernelCx, Op, Saved};
 
 /// SplitMix64 for test data.
 pub struct Rng(pub u64);
@@ -234,13 +234,6 @@ pub fn check(case: &Case, rng: &mut Rng, stats: &mut Stats) {
         );
     }
     let gs: Vec<Tensor> = (0..case.grad_outs).map(|o| rng.t(&outs[o].shape)).collect();
-    let saved_of = |s: Saved| -> &Tensor {
-        match s {
-            Saved::Input(i) => &case.inputs[i],
-            Saved::Output(i) => &outs[i],
-            Saved::Extra(i) => &outs[case.n_out + i],
-        }
-    };
     let diff: Vec<usize> = bw
         .grads
         .iter()
@@ -251,25 +244,16 @@ pub fn check(case: &Case, rng: &mut Rng, stats: &mut Stats) {
         .collect();
     assert!(!diff.is_empty(), "{what}: nothing to differentiate");
     let run_backward = |wanted: &[usize]| -> Vec<Option<Tensor>> {
-        let mut needs: Vec<Saved> = Vec::new();
-        for g in bw.grads.iter().filter(|g| wanted.contains(&g.input)) {
-            for &s in &g.needs {
-                if !needs.contains(&s) {
-                    needs.push(s);
-                }
-            }
-        }
-        let bcx = BackwardCx {
+        let run = Run {
+            rule,
+            case,
             node: &node,
-            inputs: facts.iter().map(Some).collect(),
-            outputs: out_facts.iter().take(case.n_out).map(Some).collect(),
-            opset: case.opset,
-            saved: needs.iter().map(|&s| (s, saved_of(s))).collect(),
-            grads: (0..case.n_out).map(|o| gs.get(o)).collect(),
-            wanted: wanted.to_vec(),
-            dropout: true,
+            facts: &facts,
+            out_facts: &out_facts,
+            bw: &bw,
+            outs: &outs,
         };
-        rule.backward_cpu(&bcx)
+        run.backward(&gs, wanted)
             .unwrap_or_else(|e| panic!("{what}: backward of {wanted:?}: {e}"))
     };
     let all = run_backward(&diff);
@@ -373,29 +357,64 @@ pub fn forward_backward(
         .map_err(|e| e.to_string())?
         .ok_or("no backward rule")?;
     let outs = forward(case, &node, &out_facts, &case.inputs);
-    let mut saved: Vec<(Saved, &Tensor)> = Vec::new();
-    for g in bw.grads.iter().filter(|g| wanted.contains(&g.input)) {
-        for &s in &g.needs {
-            if saved.iter().all(|(k, _)| *k != s) {
-                let t = match s {
-                    Saved::Input(i) => &case.inputs[i],
-                    Saved::Output(i) => &outs[i],
-                    Saved::Extra(i) => &outs[case.n_out + i],
-                };
-                saved.push((s, t));
+    let run = Run {
+        rule,
+        case,
+        node: &node,
+        facts: &facts,
+        out_facts: &out_facts,
+        bw: &bw,
+        outs: &outs,
+    };
+    let grads = run.backward(gs, wanted).map_err(|e| e.to_string())?;
+    Ok((outs[..case.n_out].to_vec(), grads))
+}
+
+/// One forward run of a case and its rule's backward, shared by [`check`] and
+/// [`forward_backward`].
+struct Run<'a> {
+    rule: &'a dyn Op,
+    case: &'a Case,
+    node: &'a Node,
+    facts: &'a [Fact],
+    out_facts: &'a [Fact],
+    bw: &'a Backward,
+    /// The forward's outputs, then the rule's extras.
+    outs: &'a [Tensor],
+}
+
+impl Run<'_> {
+    /// The backward for the `wanted` inputs under the output gradients `gs`,
+    /// given only the saved tensors their gradients list.
+    fn backward(
+        &self,
+        gs: &[Tensor],
+        wanted: &[usize],
+    ) -> memplan::numeric::RuleResult<Vec<Option<Tensor>>> {
+        let n_out = self.case.n_out;
+        let mut saved: Vec<(Saved, &Tensor)> = Vec::new();
+        for g in self.bw.grads.iter().filter(|g| wanted.contains(&g.input)) {
+            for &s in &g.needs {
+                if saved.iter().all(|(k, _)| *k != s) {
+                    let t = match s {
+                        Saved::Input(i) => &self.case.inputs[i],
+                        Saved::Output(i) => &self.outs[i],
+                        Saved::Extra(i) => &self.outs[n_out + i],
+                    };
+                    saved.push((s, t));
+                }
             }
         }
+        let bcx = BackwardCx {
+            node: self.node,
+            inputs: self.facts.iter().map(Some).collect(),
+            outputs: self.out_facts.iter().take(n_out).map(Some).collect(),
+            opset: self.case.opset,
+            saved,
+            grads: (0..n_out).map(|o| gs.get(o)).collect(),
+            wanted: wanted.to_vec(),
+            dropout: true,
+        };
+        self.rule.backward_cpu(&bcx)
     }
-    let bcx = BackwardCx {
-        node: &node,
-        inputs: facts.iter().map(Some).collect(),
-        outputs: out_facts.iter().take(case.n_out).map(Some).collect(),
-        opset: case.opset,
-        saved,
-        grads: (0..case.n_out).map(|o| gs.get(o)).collect(),
-        wanted: wanted.to_vec(),
-        dropout: true,
-    };
-    let grads = rule.backward_cpu(&bcx).map_err(|e| e.to_string())?;
-    Ok((outs[..case.n_out].to_vec(), grads))
 }
