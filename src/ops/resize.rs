@@ -305,11 +305,15 @@ fn source(cfg: &Config, ax: &Axis, j: usize) -> f64 {
     let (n_in, n_out) = (ax.n_in as f64, ax.n_out as f64);
     // v / scale, exact for sizes (v·input/output).
     let inv = |v: f64| v * ax.den / ax.num;
+    // The corner-aligned modes divide by the resized length as the scale gives it,
+    // before flooring (`input · scale`; the size itself when sizes are given), as
+    // the ONNX reference does.
+    let scaled = n_in * ax.num / ax.den;
     if let Some((start, end)) = ax.roi {
         // tf_crop_and_resize: the output spans the roi, corners aligned.
         let span = n_in - 1.0;
-        return if ax.n_out > 1 {
-            start * span + x * (end - start) * span / (n_out - 1.0)
+        return if scaled != 1.0 {
+            start * span + x * (end - start) * span / (scaled - 1.0)
         } else {
             0.5 * (start + end) * span
         };
@@ -324,8 +328,8 @@ fn source(cfg: &Config, ax: &Axis, j: usize) -> f64 {
             }
         }
         Coord::AlignCorners => {
-            if ax.n_out > 1 {
-                x * (n_in - 1.0) / (n_out - 1.0)
+            if scaled != 1.0 {
+                x * (n_in - 1.0) / (scaled - 1.0)
             } else {
                 0.0
             }
