@@ -399,6 +399,25 @@ pub(super) fn rows(r: &mut Rng, v: &mut Vec<Row>) {
     .consts(&[1, 2])
     .opset(13);
     v.push(row(c, &[&[1, 1, 4, 4]], 16 * 8));
+    // Antialiased linear downsampling, [1, 1, 6, 7] to [1, 1, 3, 3] (its own random
+    // stream): the filter stretched by 1/scale, scale 1/2 gives 4 taps (first at
+    // floor(-2) + 1 = -1 from the left pixel), 3/7 gives 6 (first at -2): 24 taps,
+    // a multiply-add each, per output element.
+    let mut aa = Rng(0xaa);
+    let c = Case::new(
+        "Resize",
+        vec![
+            aa.t(&[1, 1, 6, 7]),
+            Tensor::f32(vec![0], vec![]),
+            Tensor::f32(vec![0], vec![]),
+            i64s(&[1, 1, 3, 3]),
+        ],
+    )
+    .attr("mode", s("linear"))
+    .attr("antialias", Attr::Int(1))
+    .consts(&[1, 2, 3])
+    .opset(18);
+    v.push(row(c, &[&[1, 1, 3, 3]], 24 * 2 * 9));
     // Random ops: one FLOP per element drawn.
     for op in ["RandomUniform", "RandomNormal"] {
         let c = Case::new(op, vec![]).attr("shape", ints(&[2, 3]));
