@@ -14,7 +14,7 @@ mod common;
 use common::opcase::{forward_backward, Case};
 use memplan::exec::Tensor;
 use memplan::ir::Attr;
-use memplan::ops::{registry, Cx, Fact, KernelCx};
+use memplan::ops::{registry, Fact, KernelCx};
 
 #[rustfmt::skip]
 #[path = "torchvision_ops/reference.rs"]
@@ -48,15 +48,10 @@ fn unit(shape: &[usize]) -> Tensor {
 /// text).
 fn run(case: &Case) -> (Result<Vec<Fact>, String>, Result<Vec<Tensor>, String>) {
     let rule = registry().get("", case.op).unwrap();
-    let (node, facts) = (case.node(), case.facts());
-    let cx = Cx {
-        node: &node,
-        inputs: facts.iter().map(Some).collect(),
-        opset: case.opset,
-    };
-    let out = match rule.infer(&cx) {
+    let node = case.node();
+    let out = match case.infer() {
         Ok(o) => o,
-        Err(e) => return (Err(e.to_string()), Err("not run".into())),
+        Err(e) => return (Err(e), Err("not run".into())),
     };
     let kcx = KernelCx {
         node: &node,
@@ -174,14 +169,7 @@ fn roi_align_max_matches_onnx_and_has_no_gradient() {
     let case = roi_case(true, false, 2, 1.0, [3, 2]).attr("mode", Attr::String("max".into()));
     let (out, y) = run(&case);
     assert_close(&y.unwrap()[0], &ROI_MAX_Y, "max");
-    let rule = registry().get("", "RoiAlign").unwrap();
-    let (node, facts) = (case.node(), case.facts());
-    let cx = Cx {
-        node: &node,
-        inputs: facts.iter().map(Some).collect(),
-        opset: case.opset,
-    };
-    let e = rule.backward(&cx, &out.unwrap()).unwrap_err().to_string();
+    let e = case.backward_rule(&out.unwrap()).unwrap_err();
     one_line(&e, "'max'");
     let gy = seq(&[5, 3, 3, 2], 0.05);
     one_line(&forward_backward(&case, &[gy], &[0]).unwrap_err(), "'max'");
@@ -380,18 +368,7 @@ fn deform_conv_refuses_other_ranks_and_bad_shapes() {
     let (out, y) = run(&c);
     assert_eq!(out.unwrap()[0].shape, vec![1, 2, 3]);
     one_line(&y.unwrap_err(), "2-D");
-    let (base, _) = deform_case(
-        [1, 4, 4, 4],
-        [2, 4, 2, 2],
-        1,
-        1,
-        [1, 1],
-        [0, 0],
-        [1, 1],
-        true,
-        true,
-        1.5,
-    );
+    let (base, _) = small_deform();
     let bad: [(usize, Tensor, &str); 2] = [
         (3, seq(&[3], 0.1), "B is [3]"),
         (4, unit(&[1, 3, 3, 3]), "mask is [1, 3, 3, 3]"),
@@ -412,31 +389,10 @@ fn deform_conv_refuses_other_ranks_and_bad_shapes() {
     one_line(&run(&c).0.unwrap_err(), "offset_group 3");
 }
 
-/// What the rules save is what torchvision's autograd functions save:
-/// RoIAlignFunction the rois (here rois and batch indices) and X's shape, not
-/// X; DeformConv2dFunction input, weight, offset, mask and bias, for every
-/// gradient. The kernels read nothing more (`forward_backward` hands them only
-/// these), shown here for RoiAlign with X's data withheld.
-#[test]
-fn rules_save_what_torchvision_saves() {
-    use memplan::ops::Saved;
-    let rule_of = |case: &Case| {
-        let rule = registry().get("", case.op).unwrap();
-        let (node, facts) = (case.node(), case.facts());
-        let cx = Cx {
-            node: &node,
-            inputs: facts.iter().map(Some).collect(),
-            opset: case.opset,
-        };
-        let out = rule.infer(&cx).unwrap();
-        rule.backward(&cx, &out).unwrap().unwrap()
-    };
-    let bw = rule_of(&roi_case(true, false, 2, 1.0, [3, 2]));
-    assert_eq!(bw.grads.len(), 1);
-    assert_eq!(bw.grads[0].input, 0);
-    assert_eq!(bw.grads[0].needs, vec![Saved::Input(1), Saved::Input(2)]);
-    assert!(bw.extras.is_empty());
-    let (dc, _) = deform_case(
+/// A 4-channel DeformConv with bias and mask, 2×2 kernel, unit strides and
+/// dilations, no padding.
+fn small_deform() -> (Case, Vec<usize>) {
+    deform_case(
         [1, 4, 4, 4],
         [2, 4, 2, 2],
         1,
@@ -447,7 +403,24 @@ fn rules_save_what_torchvision_saves() {
         true,
         true,
         1.5,
-    );
+    )
+}
+
+/// What the rules save is what torchvision's autograd functions save:
+/// RoIAlignFunction the rois (here rois and batch indices) and X's shape, not
+/// X; DeformConv2dFunction input, weight, offset, mask and bias, for every
+/// gradient. The kernels read nothing more (`forward_backward` hands them only
+/// these), shown here for RoiAlign with X's data withheld.
+#[test]
+fn rules_save_what_torchvision_saves() {
+    use memplan::ops::Saved;
+    let rule_of = |case: &Case| case.backward_rule(&case.infer().unwrap()).unwrap().unwrap();
+    let bw = rule_of(&roi_case(true, false, 2, 1.0, [3, 2]));
+    assert_eq!(bw.grads.len(), 1);
+    assert_eq!(bw.grads[0].input, 0);
+    assert_eq!(bw.grads[0].needs, vec![Saved::Input(1), Saved::Input(2)]);
+    assert!(bw.extras.is_empty());
+    let (dc, _) = small_deform();
     let bw = rule_of(&dc);
     let all: Vec<Saved> = (0..5).map(Saved::Input).collect();
     assert_eq!(

@@ -17,10 +17,9 @@
 
 mod common;
 
-use common::opcase::{forward, ints, Case};
+use common::opcase::{forward, forward_backward, ints, Case};
 use memplan::exec::Tensor;
 use memplan::ir::Attr;
-use memplan::ops::{registry, BackwardCx, Cx, Fact, Saved};
 
 #[rustfmt::skip]
 #[path = "window3d/reference.rs"]
@@ -71,50 +70,15 @@ fn assert_close(got: &Tensor, want: &[f32], shape: &[usize], tol: f32, what: &st
 /// backward of `sum(y₀ · g)` for every float input the rule differentiates, given
 /// only the tensors the rule saves. Returns the outputs and one gradient per input.
 fn run(case: &Case, g: &Tensor) -> (Vec<Tensor>, Vec<Option<Tensor>>) {
-    let rule = registry().get("", case.op).unwrap();
-    let node = case.node();
-    let facts: Vec<Fact> = case.facts();
-    let cx = Cx {
-        node: &node,
-        inputs: facts.iter().map(Some).collect(),
-        opset: case.opset,
-    };
-    let out_facts = rule.infer(&cx).unwrap();
-    let bw = rule.backward(&cx, &out_facts).unwrap().unwrap();
-    let outs = forward(case, &node, &out_facts, &case.inputs);
+    let out_facts = case.infer().unwrap();
+    let bw = case.backward_rule(&out_facts).unwrap().unwrap();
     let wanted: Vec<usize> = bw
         .grads
         .iter()
         .map(|g| g.input)
         .filter(|&i| i < case.inputs.len() && case.inputs[i].dtype().is_float())
         .collect();
-    let mut needs: Vec<Saved> = Vec::new();
-    for gr in bw.grads.iter().filter(|gr| wanted.contains(&gr.input)) {
-        for &s in &gr.needs {
-            if !needs.contains(&s) {
-                needs.push(s);
-            }
-        }
-    }
-    let saved_of = |s: Saved| -> &Tensor {
-        match s {
-            Saved::Input(i) => &case.inputs[i],
-            Saved::Output(i) => &outs[i],
-            Saved::Extra(i) => &outs[case.n_out + i],
-        }
-    };
-    let bcx = BackwardCx {
-        node: &node,
-        inputs: facts.iter().map(Some).collect(),
-        outputs: out_facts.iter().take(case.n_out).map(Some).collect(),
-        opset: case.opset,
-        saved: needs.iter().map(|&s| (s, saved_of(s))).collect(),
-        grads: (0..case.n_out).map(|o| (o == 0).then_some(g)).collect(),
-        wanted,
-        dropout: true,
-    };
-    let grads = rule.backward_cpu(&bcx).unwrap();
-    (outs, grads)
+    forward_backward(case, std::slice::from_ref(g), &wanted).unwrap()
 }
 
 #[test]
@@ -238,16 +202,8 @@ fn lppool3d_matches_pytorch() {
         .attr("kernel_shape", ints(&[2, 3, 2]))
         .attr("strides", ints(&[2, 1, 2]))
         .attr("p", Attr::Int(2));
-    let rule = registry().get("", "LpPool").unwrap();
-    let node = case.node();
-    let facts = case.facts();
-    let cx = Cx {
-        node: &node,
-        inputs: facts.iter().map(Some).collect(),
-        opset: case.opset,
-    };
-    let out_facts = rule.infer(&cx).unwrap();
-    let y = forward(&case, &node, &out_facts, &case.inputs).remove(0);
+    let out_facts = case.infer().unwrap();
+    let y = forward(&case, &case.node(), &out_facts, &case.inputs).remove(0);
     assert_close(&y, &LPPOOL3D, &[1, 2, 2, 3, 3], 1e-5, "LpPool3d");
 }
 
@@ -347,15 +303,7 @@ fn planar_windows_are_3d_windows_of_depth_one() {
         ),
     ];
     for (flat, three) in pairs {
-        let rule = registry().get("", flat.op).unwrap();
-        let node = flat.node();
-        let facts = flat.facts();
-        let cx = Cx {
-            node: &node,
-            inputs: facts.iter().map(Some).collect(),
-            opset: flat.opset,
-        };
-        let out = rule.infer(&cx).unwrap()[0].shape.clone();
+        let out = flat.infer().unwrap()[0].shape.clone();
         let g = wave(&out, 1.0 / 32.0);
         let (ya, ga) = run(&flat, &g);
         let (yb, gb) = run(&three, &deep(&g));
@@ -390,17 +338,9 @@ fn global_pools_on_5d() {
     let xs = x.as_f32().unwrap();
     for op in ["GlobalAveragePool", "GlobalMaxPool"] {
         let case = Case::new(op, vec![x.clone()]);
-        let rule = registry().get("", op).unwrap();
-        let node = case.node();
-        let facts = case.facts();
-        let cx = Cx {
-            node: &node,
-            inputs: facts.iter().map(Some).collect(),
-            opset: case.opset,
-        };
-        let out_facts = rule.infer(&cx).unwrap();
+        let out_facts = case.infer().unwrap();
         assert_eq!(out_facts[0].shape, vec![2, 3, 1, 1, 1]);
-        let y = forward(&case, &node, &out_facts, &case.inputs).remove(0);
+        let y = forward(&case, &case.node(), &out_facts, &case.inputs).remove(0);
         let want: Vec<f32> = xs
             .chunks(24)
             .map(|c| match op {

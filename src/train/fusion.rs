@@ -680,6 +680,18 @@ impl Look<'_> {
         if node.op_type != "ReduceMean" || node.attrs.int_or("keepdims", 1) != 1 {
             return None;
         }
+        let (axes, rank) = self.reduce_axes(n)?;
+        let k = axes.len() as i64;
+        let trailing =
+            (1..=rank).contains(&k) && axes.iter().zip(rank - k..).all(|(&a, want)| a == want);
+        trailing.then_some(k as usize)
+    }
+
+    /// The axes reduce node `n` reduces (attribute, or from opset 18 a constant
+    /// input), non-negative, sorted and deduplicated, with its input's rank; `None`
+    /// when it names none (every axis by default) or they are not constant.
+    fn reduce_axes(&self, n: NodeIndex) -> Option<(Vec<i64>, i64)> {
+        let node = self.model.graph.node(n);
         let x = node.inputs.first().copied().flatten()?;
         let rank = self.inf.facts[x].shape.len() as i64;
         let axes: Vec<i64> = match node.attrs.ints("axes") {
@@ -697,10 +709,7 @@ impl Look<'_> {
             .collect();
         axes.sort_unstable();
         axes.dedup();
-        let k = axes.len() as i64;
-        let trailing =
-            (1..=rank).contains(&k) && axes.iter().zip(rank - k..).all(|(&a, want)| a == want);
-        trailing.then_some(k as usize)
+        Some((axes, rank))
     }
 
     /// Whether `w` is a parameter shaped as the normalized (last `k`) dims of `x`:
@@ -921,19 +930,8 @@ fn find_weight_norm(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
             }
             let n = l.out0(red)?;
             let (vs, ns) = (&facts[v].shape, &facts[n].shape);
-            let rank = vs.len() as i64;
-            let axes: Vec<i64> = match node.attrs.ints("axes") {
-                Some(a) => a.to_vec(),
-                None => {
-                    let a = facts[*node.inputs.get(1)?.as_ref()?].value.as_ref()?;
-                    (0..a.data.len()).map(|i| a.data.int(i)).collect()
-                }
-            };
-            let mut kept: Vec<i64> = (0..rank).collect();
-            for a in axes {
-                let a = if a < 0 { a + rank } else { a };
-                kept.retain(|&k| k != a);
-            }
+            let (axes, rank) = l.reduce_axes(red)?;
+            let kept: Vec<i64> = (0..rank).filter(|k| !axes.contains(k)).collect();
             // One kept axis, the first or the last: `_weight_norm`'s fused path.
             if ns.len() != vs.len() || !matches!(kept[..], [d] if d == 0 || d == rank - 1) {
                 return None;

@@ -137,6 +137,35 @@ impl Case {
             ),
         }
     }
+    /// The rule's inferred outputs for this case.
+    pub fn infer(&self) -> Result<Vec<Fact>, String> {
+        let (node, facts) = (self.node(), self.facts());
+        let cx = Cx {
+            node: &node,
+            inputs: facts.iter().map(Some).collect(),
+            opset: self.opset,
+        };
+        registry()
+            .get("", self.op)
+            .ok_or("no rule")?
+            .infer(&cx)
+            .map_err(|e| e.to_string())
+    }
+    /// The rule's backward for this case, given its inferred outputs (`None`: no
+    /// gradient).
+    pub fn backward_rule(&self, out: &[Fact]) -> Result<Option<Backward>, String> {
+        let (node, facts) = (self.node(), self.facts());
+        let cx = Cx {
+            node: &node,
+            inputs: facts.iter().map(Some).collect(),
+            opset: self.opset,
+        };
+        registry()
+            .get("", self.op)
+            .ok_or("no rule")?
+            .backward(&cx, out)
+            .map_err(|e| e.to_string())
+    }
     /// Facts of the inputs: integer inputs and declared constants carry values.
     pub fn facts(&self) -> Vec<Fact> {
         self.inputs
@@ -207,16 +236,10 @@ pub fn check(case: &Case, rng: &mut Rng, stats: &mut Stats) {
         case.attrs
     );
     let rule = registry().get("", case.op).unwrap();
-    let node = case.node();
-    let facts = case.facts();
-    let cx = Cx {
-        node: &node,
-        inputs: facts.iter().map(Some).collect(),
-        opset: case.opset,
-    };
-    let out_facts = rule.infer(&cx).unwrap_or_else(|e| panic!("{what}: {e}"));
-    let bw = rule
-        .backward(&cx, &out_facts)
+    let (node, facts) = (case.node(), case.facts());
+    let out_facts = case.infer().unwrap_or_else(|e| panic!("{what}: {e}"));
+    let bw = case
+        .backward_rule(&out_facts)
         .unwrap()
         .unwrap_or_else(|| panic!("{what}: no backward rule"));
     let outs = forward(case, &node, &out_facts, &case.inputs);
@@ -336,26 +359,17 @@ pub fn report(name: &str, stats: &Stats) {
 
 /// Runs `case`'s forward (with extras) and its backward for the `wanted`
 /// inputs under the output gradients `gs`, the backward given only the saved
-/// tensors its rule lists for them (as `check` does): the declared outputs and
-/// one gradient entry per input.
+/// tensors its rule lists for them (as `check` does): the outputs (declared, then
+/// the rule's extras) and one gradient entry per input.
 pub fn forward_backward(
     case: &Case,
     gs: &[Tensor],
     wanted: &[usize],
 ) -> Result<(Vec<Tensor>, Vec<Option<Tensor>>), String> {
     let rule = registry().get("", case.op).unwrap();
-    let node = case.node();
-    let facts = case.facts();
-    let cx = Cx {
-        node: &node,
-        inputs: facts.iter().map(Some).collect(),
-        opset: case.opset,
-    };
-    let out_facts = rule.infer(&cx).map_err(|e| e.to_string())?;
-    let bw = rule
-        .backward(&cx, &out_facts)
-        .map_err(|e| e.to_string())?
-        .ok_or("no backward rule")?;
+    let (node, facts) = (case.node(), case.facts());
+    let out_facts = case.infer()?;
+    let bw = case.backward_rule(&out_facts)?.ok_or("no backward rule")?;
     let outs = forward(case, &node, &out_facts, &case.inputs);
     let run = Run {
         rule,
@@ -367,7 +381,7 @@ pub fn forward_backward(
         outs: &outs,
     };
     let grads = run.backward(gs, wanted).map_err(|e| e.to_string())?;
-    Ok((outs[..case.n_out].to_vec(), grads))
+    Ok((outs, grads))
 }
 
 /// One forward run of a case and its rule's backward, shared by [`check`] and

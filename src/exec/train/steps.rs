@@ -302,53 +302,25 @@ pub(super) fn recompute_pattern<B: StepBackend>(
         }
         r.extras.insert(n, ex);
     }
-    if p.kind == FusedKind::Sdpa {
-        let last = gr.node(p.last());
-        let o = last.outputs[0].ok_or("the attention output is omitted")?;
-        let same_host = |a: &Tensor, b: &Tensor| {
-            a.shape == b.shape
-                && a.dtype() == b.dtype()
-                && match (a.to_f32(), b.to_f32()) {
-                    (Ok(x), Ok(y)) => x
-                        .iter()
-                        .zip(y.iter())
-                        .all(|(u, v)| u.to_bits() == v.to_bits()),
-                    _ => false,
-                }
-        };
-        let same = |a: &B::T, c: &B::T| match (b.get(a), b.get(c)) {
-            (Ok(a), Ok(c)) => same_host(&a, &c),
-            _ => false,
-        };
-        if !fwd[o].as_ref().is_some_and(|v| same(v, &r.vals[&o])) {
-            return Err("the recomputed attention output differs from the saved one".into());
-        }
-        let lse = r.lse.take().ok_or("no Softmax in the attention")?;
-        let saved = s
-            .steps
-            .iter()
-            .find(|st| st.kind == StepKind::Forward && st.node == Some(p.last()))
-            .and_then(|st| {
-                st.writes
+    // Bitwise equality of two values (the recomputed against the saved).
+    let same_host = |a: &Tensor, b: &Tensor| {
+        a.shape == b.shape
+            && a.dtype() == b.dtype()
+            && match (a.to_f32(), b.to_f32()) {
+                (Ok(x), Ok(y)) => x
                     .iter()
-                    .find(|&&w| s.storages[w].kind == StorageKind::Extra)
-            })
-            .and_then(|&e| sval[e].as_ref())
-            .ok_or("the saved logsumexp is not live")?;
-        if !b.get(saved).is_ok_and(|v| same_host(&v, &lse)) {
-            return Err("the recomputed logsumexp differs from the saved one".into());
-        }
-    }
-    if p.kind == FusedKind::GroupNorm {
-        // The recomputed statistics are the saved ones (the last node's extras).
-        let norm = p
-            .nodes
-            .iter()
-            .find(|&&n| gr.node(n).op_type == "InstanceNormalization")
-            .ok_or("no InstanceNormalization in the group norm")?;
-        let made = r.extras.get(norm).map_or(&[][..], Vec::as_slice);
-        let saved: Vec<&B::T> = s
-            .steps
+                    .zip(y.iter())
+                    .all(|(u, v)| u.to_bits() == v.to_bits()),
+                _ => false,
+            }
+    };
+    let same = |a: &B::T, c: &B::T| match (b.get(a), b.get(c)) {
+        (Ok(a), Ok(c)) => same_host(&a, &c),
+        _ => false,
+    };
+    // What the fused forward saved: the last node's extras.
+    let saved_extras = || -> Vec<&B::T> {
+        s.steps
             .iter()
             .find(|st| st.kind == StepKind::Forward && st.node == Some(p.last()))
             .map(|st| {
@@ -358,19 +330,31 @@ pub(super) fn recompute_pattern<B: StepBackend>(
                     .filter_map(|&e| sval[e].as_ref())
                     .collect()
             })
-            .unwrap_or_default();
-        let bits = |v: &B::T| {
-            let t = b.get(v).ok()?;
-            let x = t.to_f32().ok()?;
-            Some(x.iter().map(|f| f.to_bits()).collect::<Vec<_>>())
-        };
-        if saved.len() != 2
-            || made.len() != 2
-            || saved
-                .iter()
-                .zip(made)
-                .any(|(a, c)| bits(a).is_none() || bits(a) != bits(c))
-        {
+            .unwrap_or_default()
+    };
+    if p.kind == FusedKind::Sdpa {
+        let last = gr.node(p.last());
+        let o = last.outputs[0].ok_or("the attention output is omitted")?;
+        if !fwd[o].as_ref().is_some_and(|v| same(v, &r.vals[&o])) {
+            return Err("the recomputed attention output differs from the saved one".into());
+        }
+        let lse = r.lse.take().ok_or("no Softmax in the attention")?;
+        let saved = saved_extras();
+        let saved = saved.first().ok_or("the saved logsumexp is not live")?;
+        if !b.get(saved).is_ok_and(|v| same_host(&v, &lse)) {
+            return Err("the recomputed logsumexp differs from the saved one".into());
+        }
+    }
+    if p.kind == FusedKind::GroupNorm {
+        // The recomputed statistics are the saved ones.
+        let norm = p
+            .nodes
+            .iter()
+            .find(|&&n| gr.node(n).op_type == "InstanceNormalization")
+            .ok_or("no InstanceNormalization in the group norm")?;
+        let made = r.extras.get(norm).map_or(&[][..], Vec::as_slice);
+        let saved = saved_extras();
+        if saved.len() != 2 || made.len() != 2 || saved.iter().zip(made).any(|(a, c)| !same(a, c)) {
             return Err("the recomputed group norm statistics differ from the saved ones".into());
         }
     }
