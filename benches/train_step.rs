@@ -42,6 +42,7 @@ fn bench(c: &mut Criterion) {
         precision: Precision::Fp32,
         loss: Loss::Mean,
         grads_resident: false,
+        params: Default::default(),
     };
     for (name, batch) in cases() {
         let model = load_model(&model_path(&name)).unwrap();

@@ -146,6 +146,10 @@ pub enum Setting {
     MaxMemory,
     /// The loss reduction of a training step.
     Loss,
+    /// The pattern of parameters to freeze.
+    Freeze,
+    /// The pattern of parameters that train.
+    Trainable,
 }
 
 impl std::fmt::Display for Setting {
@@ -156,6 +160,8 @@ impl std::fmt::Display for Setting {
             Setting::Memory => write!(f, "the device memory"),
             Setting::MaxMemory => write!(f, "the memory limit"),
             Setting::Loss => write!(f, "the loss"),
+            Setting::Freeze => write!(f, "the parameters to freeze"),
+            Setting::Trainable => write!(f, "the parameters that train"),
         }
     }
 }

@@ -132,7 +132,7 @@ fn peak_at(model: &Model, o: &FitOptions, st: Strategy, batch: u64) -> Result<(V
     };
     let model = &*crate::lower::lower(model, &b)?;
     let inf = infer(model, &b)?;
-    let mut topts = o.train;
+    let mut topts = o.train.clone();
     if st == Strategy::MixedPrecision {
         topts.precision = match o.train.precision {
             Precision::AmpBf16 | Precision::Bf16 => Precision::AmpBf16,

@@ -63,6 +63,7 @@ fn step_setup_with(
         precision,
         loss: Loss::Mean,
         grads_resident: false,
+        params: Default::default(),
     };
     let s = build_schedule(&model, &inf, &topts).unwrap();
     let g = memplan::remat::from_schedule::from_schedule(&s, name);
@@ -449,6 +450,7 @@ fn verify_report(
         precision: Precision::Fp32,
         loss: Loss::Mean,
         grads_resident: false,
+        params: Default::default(),
     };
     let source = StepSource::new(path, Some(2), &Default::default(), &train);
     let v = verify_cuda(

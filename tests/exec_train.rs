@@ -59,6 +59,7 @@ fn sgd_fp32() -> TrainOptions {
         precision: Precision::Fp32,
         loss: Loss::Mean,
         grads_resident: false,
+        params: Default::default(),
     }
 }
 
@@ -568,6 +569,7 @@ fn bad_plans_and_schedules_are_rejected() {
         precision: Precision::Fp32,
         loss: Loss::Mean,
         grads_resident: false,
+        params: Default::default(),
     };
     let s = build_schedule(&su.model, &su.inf, &o).unwrap();
     let g = from_schedule(&s, "mlp");
@@ -626,6 +628,7 @@ fn sum_loss() {
         precision: Precision::Fp32,
         loss: Loss::Sum,
         grads_resident: false,
+        params: Default::default(),
     };
     let s = build_schedule(&mean.model, &mean.inf, &o).unwrap();
     let g = from_schedule(&s, "mlp");
@@ -685,6 +688,7 @@ fn optimizers_peak_and_plans() {
                         precision: Precision::Fp32,
                         loss: Loss::Mean,
                         grads_resident,
+                        params: Default::default(),
                     },
                 );
                 eprintln!("{name} {opt} grads_resident={grads_resident}:");
@@ -714,6 +718,7 @@ fn optimizer_updates_by_hand() {
                     precision: Precision::Fp32,
                     loss: Loss::Mean,
                     grads_resident: false,
+                    params: Default::default(),
                 },
             );
             let so = StepOptions {
@@ -950,8 +955,9 @@ fn sdpa_with_mask_and_dropout() {
         precision: Precision::Fp32,
         loss: Loss::Mean,
         grads_resident: false,
+        params: Default::default(),
     };
-    let su = setup_from(sdpa_model(true), "sdpa", 2, o);
+    let su = setup_from(sdpa_model(true), "sdpa", 2, o.clone());
     let p =
         su.s.fused
             .iter()
@@ -1011,6 +1017,7 @@ fn precision_policies_peak_and_plans() {
                         precision: prec,
                         loss: Loss::Mean,
                         grads_resident: false,
+                        params: Default::default(),
                     },
                 );
                 let half =
@@ -1058,10 +1065,11 @@ fn fused_patterns_under_half_policies() {
             precision: prec,
             loss: Loss::Mean,
             grads_resident: false,
+            params: Default::default(),
         };
         for su in [
-            setup_with("transformer", 2, o),
-            setup_from(sdpa_model(true), "sdpa", 2, o),
+            setup_with("transformer", 2, o.clone()),
+            setup_from(sdpa_model(true), "sdpa", 2, o.clone()),
         ] {
             assert!(!su.s.fused.is_empty());
             eprintln!("{} {prec}:", su.g.name);

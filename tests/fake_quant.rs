@@ -56,6 +56,7 @@ fn opts(precision: Precision) -> TrainOptions {
         precision,
         loss: Loss::Mean,
         grads_resident: false,
+        params: Default::default(),
     }
 }
 

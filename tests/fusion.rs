@@ -81,6 +81,7 @@ fn schedule(name: &str, batch: u64) -> Schedule {
         precision: Precision::Fp32,
         loss: Loss::Mean,
         grads_resident: false,
+        params: Default::default(),
     };
     build_schedule(&model, &inf, &opts).unwrap()
 }

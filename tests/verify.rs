@@ -37,6 +37,7 @@ fn sgd() -> TrainOptions {
         precision: Precision::Fp32,
         loss: Loss::Mean,
         grads_resident: false,
+        params: Default::default(),
     }
 }
 

@@ -55,7 +55,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let mut gs = Vec::new();
     for p in &graphs {
         gs.push(
-            load_graph_with(p, batch, &training.options())
+            load_graph_with(p, batch, &training.options()?)
                 .with_context(|| p.display().to_string())?,
         );
     }

@@ -55,7 +55,7 @@ pub fn run(a: FitArgs) -> anyhow::Result<()> {
     let m = load_model(&model).with_context(|| path.clone())?;
     let opts = FitOptions {
         memory,
-        train: training.options(),
+        train: training.options()?,
         gpus,
         target_batch,
         dims: parse_dims(&dims)?,

@@ -13,7 +13,7 @@ use anyhow::{bail, Context};
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 
 use memplan::choice::Choice;
-use memplan::train::{Loss, Optimizer, Precision, TrainOptions};
+use memplan::train::{Loss, Optimizer, ParamSelection, Precision, TrainOptions};
 
 /// A value parser for one of the library's named choices: its names, each with its
 /// description in `--help`.
@@ -27,7 +27,7 @@ pub fn choice<T: Choice + Clone>() -> impl TypedValueParser<Value = T> {
 }
 
 /// Options of the training step.
-#[derive(clap::Args, Clone, Copy)]
+#[derive(clap::Args, Clone)]
 pub struct TrainArgs {
     /// Optimizer (states per parameter: sgd 0, momentum 1, adam/adamw 2).
     #[arg(long, value_parser = choice::<Optimizer>(), default_value = "adam")]
@@ -38,17 +38,32 @@ pub struct TrainArgs {
     /// Loss over the first output.
     #[arg(long, value_parser = choice::<Loss>(), default_value = "mean")]
     pub loss: Loss,
+    /// Freeze the parameters whose PyTorch names match this regular expression
+    /// (searched anywhere in the name, as `re.search`): no gradient, no optimizer
+    /// state (`requires_grad_(False)`).
+    #[arg(long, value_name = "REGEX")]
+    pub freeze: Option<String>,
+    /// Train only the parameters whose names match this regular expression (e.g.
+    /// `lora_`); the rest are frozen. With --freeze too, both rules apply.
+    #[arg(long, value_name = "REGEX")]
+    pub trainable: Option<String>,
 }
 
 impl TrainArgs {
     /// The library's options.
-    pub fn options(self) -> TrainOptions {
-        TrainOptions {
+    pub fn options(&self) -> anyhow::Result<TrainOptions> {
+        let params = ParamSelection::new(self.freeze.as_deref(), self.trainable.as_deref())
+            .map_err(|e| {
+                let flag = e.about().map(flag_for).unwrap_or_default();
+                anyhow::anyhow!("{flag}: {e}")
+            })?;
+        Ok(TrainOptions {
             optimizer: self.optimizer,
             precision: self.precision,
             loss: self.loss,
             grads_resident: false,
-        }
+            params,
+        })
     }
 }
 
@@ -85,6 +100,8 @@ pub fn flag_for(s: &memplan::error::Setting) -> String {
         Setting::Memory => "--memory".into(),
         Setting::MaxMemory => "--max-memory".into(),
         Setting::Loss => "--loss".into(),
+        Setting::Freeze => "--freeze".into(),
+        Setting::Trainable => "--trainable".into(),
     }
 }
 

@@ -97,7 +97,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
                 batch,
                 dims: parse_dims(&dims)?,
             };
-            let (_, step) = load(&m, &b, &training.options()).with_context(|| path.clone())?;
+            let (_, step) = load(&m, &b, &training.options()?).with_context(|| path.clone())?;
             (step.graph, path)
         }
         (None, None) => bail!("give a MODEL or --dag FILE"),
@@ -146,7 +146,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
                 m,
                 batch,
                 &parse_dims(&dims)?,
-                &training.options(),
+                &training.options()?,
             )),
             None => None,
         };
@@ -175,7 +175,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
             batch,
             dims: parse_dims(&dims)?,
         };
-        memplan::remat::rewrite::write_rewrite(m, &bindings, &training.options(), &g, &r, out)
+        memplan::remat::rewrite::write_rewrite(m, &bindings, &training.options()?, &g, &r, out)
             .with_context(|| format!("--rewrite {}", out.display()))?;
     }
     if json {

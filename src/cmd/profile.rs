@@ -59,7 +59,7 @@ pub fn run(a: ProfileArgs) -> anyhow::Result<()> {
     let prof = profile_inference(&m.graph, &inf);
     let mut report = ProfileReport::new(&path, &m, &inf, &prof, detail);
     if train {
-        let opts = training.options();
+        let opts = training.options()?;
         let sched = build_schedule(&m, &inf, &opts).with_context(|| path.clone())?;
         let replay = simulate(&sched);
         report.training = Some(TrainingReport::new(&opts, &sched, &replay));

@@ -122,7 +122,7 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
     };
     let m = lower(&m, &bindings).with_context(|| path.clone())?;
     let inf = infer(&m, &bindings).with_context(|| path.clone())?;
-    let opts = training.options();
+    let opts = training.options()?;
     let source = StepSource::new(&a.model, a.batch, &dims, &opts);
     let plan_source = match (file, &a.budget) {
         (Some(f), _) => PlanSource::File(Box::new(f)),

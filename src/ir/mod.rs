@@ -4,11 +4,13 @@
 pub mod attr;
 pub mod dtype;
 pub mod graph;
+pub mod scope;
 pub mod tensor;
 pub mod value;
 
 pub use attr::{Attr, Attrs};
 pub use dtype::DType;
 pub use graph::{Edge, Graph, Model, Node};
+pub use scope::{module_path, parameter_name};
 pub use tensor::{DimDecl, Payload, TensorData, TensorId, TensorInfo, TensorKind};
 pub use value::{Data, Value};

@@ -190,37 +190,4 @@ pub fn recomputed_modules(g: &RematGraph, plan: &[Instr]) -> Vec<String> {
     out
 }
 
-/// `/a/a.b/c/Op` → `a.b.c`; `None` for names without a scope.
-pub fn module_path(node: &str) -> Option<String> {
-    let parts: Vec<&str> = node.trim_start_matches('/').split('/').collect();
-    if parts.len() < 2 {
-        return None;
-    }
-    let mut q = String::new();
-    for c in &parts[..parts.len() - 1] {
-        if q.is_empty() || c.starts_with(&format!("{q}.")) {
-            q = c.to_string();
-        } else {
-            q = format!("{q}.{c}");
-        }
-    }
-    (!q.is_empty()).then_some(q)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::module_path;
-
-    #[test]
-    fn module_paths() {
-        assert_eq!(
-            module_path("/layer1/layer1.0/conv1/Conv").as_deref(),
-            Some("layer1.0.conv1")
-        );
-        assert_eq!(
-            module_path("/transformer/h.0/attn/c_attn/Gemm").as_deref(),
-            Some("transformer.h.0.attn.c_attn")
-        );
-        assert_eq!(module_path("Relu_3"), None);
-    }
-}
+pub use crate::ir::module_path;

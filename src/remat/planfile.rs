@@ -41,6 +41,12 @@ pub struct StepSource {
     pub precision: String,
     /// `mean` or `sum`.
     pub loss: String,
+    /// `--freeze` pattern (absent: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub freeze: Option<String>,
+    /// `--trainable` pattern (absent: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trainable: Option<String>,
 }
 
 impl StepSource {
@@ -62,6 +68,12 @@ impl StepSource {
             optimizer: name(serde_json::json!(opts.optimizer)),
             precision: name(serde_json::json!(opts.precision)),
             loss: name(serde_json::json!(opts.loss)),
+            freeze: opts.params.freeze.as_ref().map(|p| p.as_str().to_string()),
+            trainable: opts
+                .params
+                .trainable
+                .as_ref()
+                .map(|p| p.as_str().to_string()),
         }
     }
 }
@@ -137,6 +149,19 @@ impl PlanFile {
                 if had != want {
                     return bad(format!(
                         "it was made for {what} '{had}', this run is '{want}'"
+                    ));
+                }
+            }
+            let none = || "none".to_string();
+            for (what, had, want) in [
+                ("frozen parameters", &s.freeze, &source.freeze),
+                ("trainable parameters", &s.trainable, &source.trainable),
+            ] {
+                if had != want {
+                    return bad(format!(
+                        "it was made with {what} '{}', this run with '{}'",
+                        had.clone().unwrap_or_else(none),
+                        want.clone().unwrap_or_else(none)
                     ));
                 }
             }

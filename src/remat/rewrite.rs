@@ -74,6 +74,10 @@ pub mod keys {
     pub const PRECISION: &str = "memplan.precision";
     /// Loss of the training step.
     pub const LOSS: &str = "memplan.loss";
+    /// `--freeze` pattern of the training step, when given.
+    pub const FREEZE: &str = "memplan.freeze";
+    /// `--trainable` pattern of the training step, when given.
+    pub const TRAINABLE: &str = "memplan.trainable";
     /// The original model's `ir_version`.
     pub const SOURCE_IR: &str = "memplan.source_ir_version";
     /// The original model's `producer_name`.
@@ -149,7 +153,7 @@ impl Loaded {
             model,
             schedule,
             bindings: bindings.clone(),
-            options: *options,
+            options: options.clone(),
         })
     }
 
@@ -308,6 +312,12 @@ pub fn rewrite(
     put(keys::OPTIMIZER, enum_name(src.options.optimizer));
     put(keys::PRECISION, enum_name(src.options.precision));
     put(keys::LOSS, enum_name(src.options.loss));
+    if let Some(p) = &src.options.params.freeze {
+        put(keys::FREEZE, p.as_str().to_string());
+    }
+    if let Some(p) = &src.options.params.trainable {
+        put(keys::TRAINABLE, p.as_str().to_string());
+    }
     if let Some(v) = orig.ir_version {
         put(keys::SOURCE_IR, v.to_string());
     }
@@ -921,6 +931,10 @@ pub fn read_proto(m: ModelProto) -> Result<ReadBack> {
         precision: parse_enum(keys::PRECISION, get(keys::PRECISION)?)?,
         loss: parse_enum(keys::LOSS, get(keys::LOSS)?)?,
         grads_resident: false,
+        params: crate::train::ParamSelection::new(
+            meta.get(keys::FREEZE).copied(),
+            meta.get(keys::TRAINABLE).copied(),
+        )?,
     };
     let bindings = Bindings {
         batch: meta

@@ -37,8 +37,15 @@ pub struct TrainingReport {
     pub peak_node: String,
     /// Its phase.
     pub peak_phase: StepKind,
-    /// Trainable parameters' bytes.
+    /// Parameters' bytes (trainable and frozen).
     pub params_bytes: u64,
+    /// Bytes of the parameters that train (the rest are frozen: `--freeze`,
+    /// `--trainable`).
+    pub trainable_params_bytes: u64,
+    /// Number of parameter tensors that train.
+    pub trainable_params: usize,
+    /// Number of frozen parameter tensors (no gradient, no optimizer state).
+    pub frozen_params: usize,
     /// Non-trainable floating initializers and constants.
     pub buffers_bytes: u64,
     /// Parameter gradients' bytes.
@@ -75,6 +82,19 @@ impl TrainingReport {
             peak_node: peak.name.clone(),
             peak_phase: peak.kind,
             params_bytes: by(StorageKind::Parameter),
+            trainable_params_bytes: s
+                .trainable
+                .iter()
+                .filter_map(|&t| s.storages.get(s.tensor_storage[t]))
+                .map(|st| st.bytes)
+                .sum(),
+            trainable_params: s.trainable.len(),
+            frozen_params: s
+                .storages
+                .iter()
+                .filter(|st| st.kind == StorageKind::Parameter)
+                .count()
+                .saturating_sub(s.trainable.len()),
             buffers_bytes: by(StorageKind::Buffer) + by(StorageKind::Constant),
             grads_bytes: by(StorageKind::ParamGrad),
             optimizer_bytes: by(StorageKind::OptimizerState),
@@ -111,6 +131,19 @@ impl TrainingReport {
             self.peak_node,
             self.peak_phase
         );
+        if self.frozen_params > 0 {
+            let _ = writeln!(
+                s,
+                "  trains {} parameter tensors ({}); {} frozen ({})",
+                self.trainable_params,
+                human_bytes(self.trainable_params_bytes),
+                self.frozen_params,
+                human_bytes(
+                    self.params_bytes
+                        .saturating_sub(self.trainable_params_bytes)
+                )
+            );
+        }
         let b = &self.breakdown;
         for (name, v) in [
             ("parameters", b.parameters),

@@ -34,7 +34,7 @@ use super::schedule::{Schedule, Step, StepKind, Storage, StorageId, StorageKind}
 use super::{Loss, TrainOptions};
 use crate::error::{Error, Result};
 use crate::infer::Inferred;
-use crate::ir::{DType, Model, TensorId, TensorKind};
+use crate::ir::{parameter_name, DType, Model, TensorId, TensorKind};
 use crate::ops::{self, layout, registry, Backward, Cx, Fact, Saved};
 
 /// Per-node facts the builder needs.
@@ -138,18 +138,25 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         });
     }
 
-    // 2. Trainable parameters: floating initializers read at a differentiable slot.
-    let mut trainable = vec![false; n_t];
+    // 2. Parameters: floating initializers read at a differentiable slot.
+    let mut is_param = vec![false; n_t];
     for (step, &ix) in g.order.iter().enumerate() {
         if let Ok(Some(bw)) = &rules[step].backward {
             for gr in &bw.grads {
                 if let Some(Some(t)) = g.node(ix).inputs.get(gr.input) {
                     if g.tensor(*t).kind == TensorKind::Parameter {
-                        trainable[*t] = true;
+                        is_param[*t] = true;
                     }
                 }
             }
         }
+    }
+    // Of those, the ones that train (the rest are frozen: `requires_grad_(False)`).
+    let params: Vec<TensorId> = (0..n_t).filter(|&t| is_param[t]).collect();
+    let names: Vec<String> = params.iter().map(|&t| parameter_name(g, t)).collect();
+    let mut trainable = vec![false; n_t];
+    for (&t, trains) in params.iter().zip(opts.params.resolve(&names)?) {
+        trainable[t] = trains;
     }
 
     // 3. requires_grad, forward.
@@ -211,6 +218,20 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
     }
     let mut has_grad = vec![false; n_t];
     has_grad[out0] = requires[out0];
+    if !has_grad[out0] && !opts.params.is_all() {
+        let setting = if opts.params.trainable.is_some() {
+            crate::error::Setting::Trainable
+        } else {
+            crate::error::Setting::Freeze
+        };
+        return Err(Error::setting(
+            setting,
+            format!(
+                "the first output '{}' depends on no parameter left to train",
+                g.tensor(out0).name
+            ),
+        ));
+    }
     if !has_grad[out0] {
         return Err(Error::Graph(format!(
             "the first output '{}' does not depend on any trainable parameter",
@@ -264,7 +285,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
     // Persistent storages.
     for (t, info) in g.tensors.iter().enumerate() {
         let kind = match info.kind {
-            TensorKind::Parameter if trainable[t] => StorageKind::Parameter,
+            TensorKind::Parameter if is_param[t] => StorageKind::Parameter,
             TensorKind::Parameter => StorageKind::Buffer,
             TensorKind::Constant if info.producer.is_none() => StorageKind::Constant,
             TensorKind::Input => StorageKind::Input,

@@ -4,6 +4,7 @@
 
 pub mod autodiff;
 pub mod fusion;
+pub mod params;
 pub mod policy;
 pub mod schedule;
 
@@ -11,6 +12,7 @@ pub use autodiff::build_schedule;
 pub use fusion::{
     fake_quant_roles, fused_patterns, FakeQuant, FakeQuantRole, FusedKind, FusedPattern,
 };
+pub use params::ParamSelection;
 pub use policy::Precision;
 pub use schedule::{Schedule, Step, StepKind, Storage, StorageId, StorageKind};
 
@@ -77,7 +79,7 @@ crate::choice::choice!(Loss {
 });
 
 /// Options of one training step.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct TrainOptions {
     /// Optimizer.
     pub optimizer: Optimizer,
@@ -88,6 +90,8 @@ pub struct TrainOptions {
     /// Gradients stay allocated for the whole step (gradient accumulation across
     /// micro-batches) instead of being set to None before the forward pass.
     pub grads_resident: bool,
+    /// Which parameters train (`--freeze`, `--trainable`); the rest are frozen.
+    pub params: ParamSelection,
 }
 
 impl Default for TrainOptions {
@@ -97,6 +101,7 @@ impl Default for TrainOptions {
             precision: Precision::Fp32,
             loss: Loss::Mean,
             grads_resident: false,
+            params: ParamSelection::all(),
         }
     }
 }
