@@ -1,0 +1,210 @@
+//! Fine-tuning: frozen parameters (`--freeze`, `--trainable`).
+//!
+//! - A frozen parameter has no gradient and no optimizer state; backward runs only
+//!   where a trainable parameter is upstream, and each op saves what the needed
+//!   gradients read (ResNet-50 training only `fc`: one saved tensor, fc's input).
+//! - The CPU executor follows a frozen step: measured peak equal to the replayed
+//!   one, and the trainable parameters' gradients bitwise equal to the same
+//!   parameters' gradients in the full step.
+//! - Patterns that match nothing or freeze everything fail with one line.
+
+mod common;
+
+use memplan::exec::train::{train_step, StepOptions};
+use memplan::exec::{Executor, Options};
+use memplan::infer::{infer, Bindings, Inferred};
+use memplan::ir::{parameter_name, Model};
+use memplan::memory::simulate;
+use memplan::onnx::load_model;
+use memplan::remat::from_schedule::from_schedule;
+use memplan::train::{
+    build_schedule, Optimizer, ParamSelection, Schedule, StepKind, StorageKind, TrainOptions,
+};
+
+fn load(name: &str, batch: u64) -> (Model, Inferred) {
+    let model = load_model(&common::shipped(&format!("{name}.onnx"))).unwrap();
+    let inf = infer(
+        &model,
+        &Bindings {
+            batch: Some(batch),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    (model, inf)
+}
+
+fn opts(freeze: Option<&str>, trainable: Option<&str>, optimizer: Optimizer) -> TrainOptions {
+    TrainOptions {
+        optimizer,
+        params: ParamSelection::new(freeze, trainable).unwrap(),
+        ..Default::default()
+    }
+}
+
+fn bytes(s: &Schedule, k: StorageKind) -> u64 {
+    s.bytes_where(|x| x.kind == k)
+}
+
+#[test]
+fn head_only_training_saves_only_the_heads_input() {
+    let (model, inf) = load("resnet50", 8);
+    let g = &model.graph;
+    let full = build_schedule(&model, &inf, &opts(None, None, Optimizer::Adam)).unwrap();
+    let head = build_schedule(&model, &inf, &opts(None, Some(r"^fc\."), Optimizer::Adam)).unwrap();
+    let names: Vec<String> = head
+        .with_grad
+        .iter()
+        .map(|&t| parameter_name(g, t))
+        .collect();
+    assert_eq!(names, ["fc.weight", "fc.bias"]);
+    let fc_bytes = (2048 * 1000 + 1000) * 4;
+    assert_eq!(bytes(&head, StorageKind::ParamGrad), fc_bytes);
+    assert_eq!(bytes(&head, StorageKind::OptimizerState), 2 * fc_bytes);
+    // Frozen parameters stay parameters: the same bytes as in the full step.
+    assert_eq!(
+        bytes(&head, StorageKind::Parameter),
+        bytes(&full, StorageKind::Parameter)
+    );
+    // The pooled features [8, 2048] are all fc's backward reads; nothing upstream runs.
+    assert_eq!(head.saved_activation_bytes(), 8 * 2048 * 4);
+    let backward: Vec<&str> = head
+        .steps
+        .iter()
+        .filter(|s| s.kind == StepKind::Backward)
+        .map(|s| s.op.as_str())
+        .collect();
+    assert_eq!(backward, ["LossGrad", "GemmGrad"], "{backward:?}");
+    // The full step's numbers, for scale: the head-only step is far smaller.
+    let peak = |s: &Schedule| simulate(s).peak().total();
+    assert!(
+        peak(&head) * 4 < peak(&full),
+        "{} {}",
+        peak(&head),
+        peak(&full)
+    );
+}
+
+#[test]
+fn freezing_the_stem_keeps_the_later_layers_saved() {
+    // Frozen stem and layer1: their convolutions' inputs need no gradient and they
+    // save nothing; layer2's first convolution is where saving starts.
+    let (model, inf) = load("resnet50", 2);
+    let frozen = build_schedule(
+        &model,
+        &inf,
+        &opts(Some(r"^(conv1|bn1|layer1)\."), None, Optimizer::Sgd),
+    )
+    .unwrap();
+    let full = build_schedule(&model, &inf, &opts(None, None, Optimizer::Sgd)).unwrap();
+    let first_backward_node = |s: &Schedule| {
+        s.steps
+            .iter()
+            .filter(|st| st.kind == StepKind::Backward && st.node.is_some())
+            .last()
+            .map(|st| st.name.clone())
+            .unwrap()
+    };
+    assert_eq!(first_backward_node(&full), "/conv1/Conv/grad");
+    // The last backward step runs at layer2's first block: the conv that reads
+    // layer1's output (its weight trains) and the downsample branch.
+    let last = first_backward_node(&frozen);
+    assert!(last.starts_with("/layer2/layer2.0/"), "{last}");
+    assert!(frozen.saved_activation_bytes() < full.saved_activation_bytes());
+    let n_frozen = full
+        .with_grad
+        .iter()
+        .filter(|&&t| {
+            let n = parameter_name(&model.graph, t);
+            n.starts_with("conv1.") || n.starts_with("bn1.") || n.starts_with("layer1.")
+        })
+        .count();
+    assert_eq!(n_frozen, 33, "conv1, bn1 (2) and layer1's 30");
+    assert_eq!(full.with_grad.len() - frozen.with_grad.len(), n_frozen);
+}
+
+/// Runs the no-recompute step of `opts` and returns (replayed peak, measured peak,
+/// gradients by parameter name).
+fn run_step(
+    model: &Model,
+    inf: &Inferred,
+    opts: &TrainOptions,
+) -> (u64, u64, Vec<(String, Vec<f32>)>) {
+    let s = build_schedule(model, inf, opts).unwrap();
+    let g = from_schedule(&s, "step");
+    let params = Executor::new(model, inf, Options::default())
+        .unwrap()
+        .params()
+        .to_vec();
+    let inputs = memplan::exec::verify::seeded_inputs(model, inf).unwrap();
+    let plan = g.no_recompute_plan();
+    let r = train_step(
+        model,
+        inf,
+        &s,
+        &g,
+        &plan,
+        &params,
+        &inputs,
+        &StepOptions {
+            optimizer: opts.optimizer,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let grads = s
+        .with_grad
+        .iter()
+        .zip(&r.grads)
+        .map(|(&t, gr)| {
+            (
+                parameter_name(&model.graph, t),
+                gr.to_f32().unwrap().into_owned(),
+            )
+        })
+        .collect();
+    (g.baseline_peak().unwrap(), r.peak_bytes, grads)
+}
+
+#[test]
+fn frozen_steps_run_and_their_gradients_equal_the_full_steps() {
+    for (name, batch, freeze, trainable) in [
+        ("transformer", 2, Some(r"^layers\.0\."), None),
+        ("transformer", 2, None, Some(r"^(head|layers\.1\.linear)")),
+        ("cnn", 2, Some("conv1"), None),
+        ("mlp", 2, None, Some(r"^fc3\.")),
+    ] {
+        let (model, inf) = load(name, batch);
+        let (_, _, full) = run_step(&model, &inf, &opts(None, None, Optimizer::Adam));
+        let o = opts(freeze, trainable, Optimizer::Adam);
+        let (predicted, measured, frozen) = run_step(&model, &inf, &o);
+        assert_eq!(predicted, measured, "{name} {freeze:?} {trainable:?}: peak");
+        assert!(!frozen.is_empty() && frozen.len() < full.len());
+        for (p, gr) in &frozen {
+            let want = &full.iter().find(|(q, _)| q == p).unwrap().1;
+            assert!(
+                gr.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{name}: gradient of {p} differs from the full step's"
+            );
+        }
+    }
+}
+
+#[test]
+fn patterns_that_select_nothing_say_so() {
+    let (model, inf) = load("cnn", 2);
+    let err = |f: Option<&str>, t: Option<&str>| {
+        build_schedule(&model, &inf, &opts(f, t, Optimizer::Sgd))
+            .unwrap_err()
+            .to_string()
+    };
+    let e = err(Some("lora_"), None);
+    assert!(e.contains("'lora_' matches none of the"), "{e}");
+    let e = err(None, Some("lora_"));
+    assert!(e.contains("'lora_' matches none of the"), "{e}");
+    let e = err(Some("."), None);
+    assert!(e.contains("nothing is left to train"), "{e}");
+    let e = err(Some("weight"), Some("weight"));
+    assert!(e.contains("nothing is left to train"), "{e}");
+    assert!(ParamSelection::new(Some("[a-"), None).is_err());
+}
