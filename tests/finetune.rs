@@ -100,8 +100,7 @@ fn freezing_the_stem_keeps_the_later_layers_saved() {
     let first_backward_node = |s: &Schedule| {
         s.steps
             .iter()
-            .filter(|st| st.kind == StepKind::Backward && st.node.is_some())
-            .last()
+            .rfind(|st| st.kind == StepKind::Backward && st.node.is_some())
             .map(|st| st.name.clone())
             .unwrap()
     };
