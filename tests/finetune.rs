@@ -75,6 +75,28 @@ fn head_only_training_saves_only_the_heads_input() {
         .map(|s| s.op.as_str())
         .collect();
     assert_eq!(backward, ["LossGrad", "GemmGrad"], "{backward:?}");
+    // Under autocast, a frozen weight's half copy is not cached (autocast caches
+    // leaves that require grad): each frozen conv's copy is a temporary freed after
+    // its use. fc's backward needs only its input (already half, from the half
+    // convolutions): addmm saves its mat1 only because mat2 requires grad.
+    let amp = TrainOptions {
+        precision: memplan::train::Precision::AmpFp16,
+        ..opts(None, Some(r"^fc\."), Optimizer::Adam)
+    };
+    let amp = build_schedule(&model, &inf, &amp).unwrap();
+    let casts = |f: &dyn Fn(&memplan::train::Storage) -> bool| {
+        amp.storages
+            .iter()
+            .filter(|x| x.kind == StorageKind::Cast && f(x))
+            .count()
+    };
+    assert_eq!(
+        casts(&|_| true),
+        56,
+        "the input, 53 conv weights, fc's weight and bias"
+    );
+    assert_eq!(casts(&|x| x.saved || x.persistent || x.held), 0);
+    assert_eq!(amp.saved_activation_bytes(), 8 * 2048 * 2);
     // The full step's numbers, for scale: the head-only step is far smaller.
     let peak = |s: &Schedule| simulate(s).peak().total();
     assert!(

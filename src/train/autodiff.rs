@@ -323,7 +323,10 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
             let cur = b.dtype_of(t, &float_dtype);
             let s = match target {
                 Some(want) if is_float(t) && cur != want => {
-                    let is_weight = g.tensor(t).kind == TensorKind::Parameter;
+                    // Autocast caches the cast of a leaf that requires grad
+                    // (`cached_cast` in autocast_mode.cpp): a trainable parameter.
+                    // A frozen one is cast again at every use.
+                    let is_weight = trainable[t];
                     if let Some(&c) = weight_cast.get(&t).filter(|_| is_weight) {
                         c
                     } else {
