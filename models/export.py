@@ -274,6 +274,41 @@ def _rnn_models():
     return LSTMLM, GRUClassifier, RNNTagger
 
 
+LORA_RANK = 8
+LORA_ALPHA = 16  # scale = alpha / rank = 2
+LORA_TARGETS = ("attn.c_attn", "attn.c_proj")
+
+
+def _add_lora(model):
+    """Hand-written LoRA (rank 8, alpha 16, no LoRA dropout) on every GPT-2 block's attention
+    projections: the Conv1D at `transformer.h.<i>.attn.c_attn` / `.c_proj` is replaced by a
+    LoRAConv1D holding it as `base`, so the parameters are named `...c_attn.base.weight`,
+    `...c_attn.base.bias`, `...c_attn.lora_A` [8, in], `...c_attn.lora_B` [out, 8].
+    y = base(x) + (x @ lora_A.T) @ lora_B.T * scale. lora_B is initialised to small random values
+    (not zero as in the LoRA paper) so that every gradient is non-trivial. Every parameter keeps
+    requires_grad (freezing is the fine-tuning measurement's business: finetune_reference.py)."""
+    import torch
+    import torch.nn as nn
+
+    class LoRAConv1D(nn.Module):
+        def __init__(self, base, rank=LORA_RANK, alpha=LORA_ALPHA):
+            super().__init__()
+            n_in, n_out = base.weight.shape  # transformers' Conv1D stores weight as [in, out]
+            self.base = base
+            self.scale = alpha / rank
+            self.lora_A = nn.Parameter(torch.randn(rank, n_in) / math.sqrt(n_in))
+            self.lora_B = nn.Parameter(torch.randn(n_out, rank) * 0.01)
+
+        def forward(self, x):
+            return self.base(x) + (x @ self.lora_A.T) @ self.lora_B.T * self.scale
+
+    for path in [n for n, _ in model.named_modules() if n.endswith(LORA_TARGETS)]:
+        parent, _, child = path.rpartition(".")
+        owner = model.get_submodule(parent)
+        setattr(owner, child, LoRAConv1D(getattr(owner, child)))
+    return model
+
+
 # integer inputs are drawn from [0, high): class targets need the class count
 INT_INPUT_HIGH = {"mlp_loss": 10}
 
@@ -310,6 +345,8 @@ def build(name):
                 return super().forward(input_ids=input_ids, use_cache=False, return_dict=False)[0]
 
         m = GPT2Export(GPT2Config(attn_implementation="eager"))
+        if name == "gpt2_lora":
+            _add_lora(m)
         spec, outs = [("input_ids", "int64", [128])], ["logits"]
     elif name.startswith("bert_base"):
         from transformers import BertConfig, BertModel
@@ -584,6 +621,7 @@ MODELS = collections.OrderedDict(
         ("vit_b_16", ("torchscript", True)),
         ("bert_base", ("torchscript", True)),
         ("gpt2", ("torchscript", True)),
+        ("gpt2_lora", ("torchscript", True)),
         ("llama_small", ("torchscript", False)),
         ("roberta_mlm", ("torchscript", False)),
         ("resnet18_dynamo", ("dynamo", True)),
