@@ -1483,8 +1483,30 @@ def profiler_selfcheck():
     return out
 
 
-def _saved_analysis(model, inputs, detail=False):
-    """Forward+loss with saved_tensors_hooks + dropout tracking; graph walk for attribution."""
+DROPOUT_FUNCS = {
+    "dropout", "dropout_", "feature_dropout", "feature_dropout_", "alpha_dropout", "alpha_dropout_",
+    "feature_alpha_dropout", "dropout1d", "dropout2d", "dropout3d", "native_dropout",
+}
+
+
+def _dropout_call(func, args, kwargs):
+    """(name, p, numel) when a __torch_function__ call is a training-mode dropout with p > 0, else None."""
+    name = getattr(func, "__name__", "")
+    if name not in DROPOUT_FUNCS:
+        return None
+    p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
+    tr = kwargs.get("training", kwargs.get("train", args[2] if len(args) > 2 else True))
+    if tr and p and p > 0:
+        return name, float(p), args[0].numel()
+    return None
+
+
+def _saved_analysis(model, inputs, detail=False, walk=True, storages_out=None):
+    """Forward+loss with saved_tensors_hooks + dropout tracking; graph walk for attribution.
+
+    walk=False skips the graph walk (reading `_saved_*` attributes of nodes inside a
+    torch.utils.checkpoint region would recompute it); storages_out (a dict) receives the
+    hook's storages (data_ptr -> nbytes)."""
     import torch
     import torch.nn as nn
     from torch.overrides import TorchFunctionMode
@@ -1508,11 +1530,6 @@ def _saved_analysis(model, inputs, detail=False):
     def unpack(t):
         return t
 
-    drop_names = {
-        "dropout", "dropout_", "feature_dropout", "feature_dropout_", "alpha_dropout", "alpha_dropout_",
-        "feature_alpha_dropout", "dropout1d", "dropout2d", "dropout3d", "native_dropout",
-    }
-
     class DropoutMode(TorchFunctionMode):
         def __init__(self):
             super().__init__()
@@ -1522,11 +1539,9 @@ def _saved_analysis(model, inputs, detail=False):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             name = getattr(func, "__name__", "")
-            if name in drop_names:
-                p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
-                tr = kwargs.get("training", kwargs.get("train", args[2] if len(args) > 2 else True))
-                if tr and p and p > 0:
-                    self.calls.append((name, float(p), args[0].numel()))
+            d = _dropout_call(func, args, kwargs)
+            if d is not None:
+                self.calls.append(d)
             elif name == "scaled_dot_product_attention":
                 dp = kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0)
                 self.attention["sdpa dropout_p=%g" % dp] += 1
@@ -1561,7 +1576,9 @@ def _saved_analysis(model, inputs, detail=False):
     seen = set()
     reachable_from_loss = None
     roots = [loss.grad_fn] + [o.grad_fn for o in outs[1:] if isinstance(o, torch.Tensor)]
-    for ri, root in enumerate(roots):
+    if storages_out is not None:
+        storages_out.update(stor)
+    for ri, root in enumerate(roots if walk else []):
         queue = collections.deque([root] if root is not None else [])
         while queue:
             node = queue.popleft()
@@ -1656,8 +1673,11 @@ def _saved_analysis(model, inputs, detail=False):
     return res
 
 
-def _measure_one_optimizer(name, batch, kind, device, analyse):
-    """Build, warm up and measure one step. Returns (opt entry, common facts, analysis or None)."""
+def _measure_one_optimizer(name, batch, kind, device, analyse, prepare=None, analysis_kwargs=None):
+    """Build, warm up and measure one step. Returns (opt entry, common facts, analysis or None).
+
+    prepare(model), if given, runs right after build() inside the profiling session (freezing,
+    activation checkpointing: finetune_reference.py); analysis_kwargs go to _saved_analysis."""
     import gc
     import torch
 
@@ -1673,6 +1693,8 @@ def _measure_one_optimizer(name, batch, kind, device, analyse):
         model, make_inputs, spec, _ = build(name)
         model.to(device)
         model.train()
+        if prepare is not None:
+            prepare(model)
         inputs = tuple(t.to(device) for t in make_inputs(batch))
         opt = _make_optimizer(kind, model)
         torch.manual_seed(TRAIN_SEED)
@@ -1777,7 +1799,7 @@ def _measure_one_optimizer(name, batch, kind, device, analyse):
     analysis = None
     if analyse:
         opt.zero_grad(set_to_none=True)
-        analysis = _saved_analysis(model, inputs, detail=name in TRAIN_DETAIL_MODELS)
+        analysis = _saved_analysis(model, inputs, detail=name in TRAIN_DETAIL_MODELS, **(analysis_kwargs or {}))
     del model, opt, inputs, params, buffers, grads, state, state_before
     gc.collect()
     if not on_cpu:
