@@ -230,11 +230,12 @@ def time_steps(case, kind, steps=TIMED_STEPS, warmups=1):
             "warmup_seconds": round(warm, 2)}
 
 
-def measure_after_warmup(case, kind, warmups=2):
+def measure_after_warmup(case, kind, warmups=2, timed_steps=0):
     """The profiler session starts after the warm-up steps (for torch.compile: compiling under the
     profiler is slow). The warm-up's gradients are freed before the session (zero_grad), so every
     block freed during the measured step was allocated inside the session; the same timeline
-    analysis and checks as export.py's, except `freed_in_zero_grad` (0 here)."""
+    analysis and checks as export.py's, except `freed_in_zero_grad` (0 here). timed_steps > 0:
+    then that many steps without the profiler on the same (already compiled) model."""
     import gc
 
     import torch
@@ -264,11 +265,19 @@ def measure_after_warmup(case, kind, warmups=2):
     res, chk = E._analyse_timeline(*E._collect_profile(prof))
     grads = E._sum_storages([p.grad for p in model.parameters() if p.grad is not None])
     chk["end_delta_equals_grads_bytes"] = res["end_delta_bytes"] == grads
+    ts = []
+    for _ in range(timed_steps):
+        t1 = time.perf_counter()
+        E._train_step(model, opt, inputs, E._NullPhase())
+        ts.append(time.perf_counter() - t1)
     out = {"resident_bytes_before_step": resident, "step_peak_bytes": resident + res["step_peak_delta_bytes"]}
     out.update(res)
     out.pop("freed_in_zero_grad_bytes", None)
     out["grads_bytes"] = grads
     out["warmup_seconds"] = round(warm, 2)
+    if ts:
+        out["step_seconds"] = round(statistics.median(ts), 4)
+        out["step_seconds_all"] = [round(t, 4) for t in ts]
     out["check"] = chk
     del model, opt, inputs, prof
     gc.collect()
@@ -389,11 +398,12 @@ def measure_peer(model_name, config, log, timing=True):
 
         torch._dynamo.reset()
         case["compile_budget"] = float(config.split("_")[1])
-        e = measure_after_warmup(case, "sgd")
+        e = measure_after_warmup(case, "sgd", timed_steps=TIMED_STEPS if timing else 0)
         e["method"] = ("torch.compile (model.compile(), inductor defaults) with "
                        "torch._functorch.config.activation_memory_budget = %g; profiler memory timeline with "
-                       "the session started after 2 warm-up (compiling) steps; see measure_after_warmup"
-                       % case["compile_budget"])
+                       "the session started after 2 warm-up (compiling) steps; see measure_after_warmup; step_seconds: "
+                       "%d steps after the profiled one, same compiled model"
+                       % (case["compile_budget"], TIMED_STEPS))
         torch._dynamo.reset()
     elif config == "none-after-warmup":
         e = measure_after_warmup(case, "sgd")
@@ -401,9 +411,8 @@ def measure_peer(model_name, config, log, timing=True):
     else:
         e = dict(measure_case(case, lambda m: None, timing=False)["sgd"])
         e["method"] = "export.py's (profiler session over the whole model life)"
-    if timing:
-        warm = 2 if config.startswith("compile_") else 1
-        e.update(time_steps(case, "sgd", warmups=warm))
+    if timing and not config.startswith("compile_"):
+        e.update(time_steps(case, "sgd"))
     log("peer %s: peak %d (fwd-end %d, %s) %s s [%.0fs]" % (
         case["name"], e["step_peak_bytes"], e["forward_end_delta_bytes"], e["peak_phase"], e.get("step_seconds"),
         time.time() - t0))
