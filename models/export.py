@@ -274,6 +274,41 @@ def _rnn_models():
     return LSTMLM, GRUClassifier, RNNTagger
 
 
+LORA_RANK = 8
+LORA_ALPHA = 16  # scale = alpha / rank = 2
+LORA_TARGETS = ("attn.c_attn", "attn.c_proj")
+
+
+def _add_lora(model):
+    """Hand-written LoRA (rank 8, alpha 16, no LoRA dropout) on every GPT-2 block's attention
+    projections: the Conv1D at `transformer.h.<i>.attn.c_attn` / `.c_proj` is replaced by a
+    LoRAConv1D holding it as `base`, so the parameters are named `...c_attn.base.weight`,
+    `...c_attn.base.bias`, `...c_attn.lora_A` [8, in], `...c_attn.lora_B` [out, 8].
+    y = base(x) + (x @ lora_A.T) @ lora_B.T * scale. lora_B is initialised to small random values
+    (not zero as in the LoRA paper) so that every gradient is non-trivial. Every parameter keeps
+    requires_grad (freezing is the fine-tuning measurement's business: finetune_reference.py)."""
+    import torch
+    import torch.nn as nn
+
+    class LoRAConv1D(nn.Module):
+        def __init__(self, base, rank=LORA_RANK, alpha=LORA_ALPHA):
+            super().__init__()
+            n_in, n_out = base.weight.shape  # transformers' Conv1D stores weight as [in, out]
+            self.base = base
+            self.scale = alpha / rank
+            self.lora_A = nn.Parameter(torch.randn(rank, n_in) / math.sqrt(n_in))
+            self.lora_B = nn.Parameter(torch.randn(n_out, rank) * 0.01)
+
+        def forward(self, x):
+            return self.base(x) + (x @ self.lora_A.T) @ self.lora_B.T * self.scale
+
+    for path in [n for n, _ in model.named_modules() if n.endswith(LORA_TARGETS)]:
+        parent, _, child = path.rpartition(".")
+        owner = model.get_submodule(parent)
+        setattr(owner, child, LoRAConv1D(getattr(owner, child)))
+    return model
+
+
 # integer inputs are drawn from [0, high): class targets need the class count
 INT_INPUT_HIGH = {"mlp_loss": 10}
 
@@ -310,6 +345,8 @@ def build(name):
                 return super().forward(input_ids=input_ids, use_cache=False, return_dict=False)[0]
 
         m = GPT2Export(GPT2Config(attn_implementation="eager"))
+        if name == "gpt2_lora":
+            _add_lora(m)
         spec, outs = [("input_ids", "int64", [128])], ["logits"]
     elif name.startswith("bert_base"):
         from transformers import BertConfig, BertModel
@@ -584,6 +621,7 @@ MODELS = collections.OrderedDict(
         ("vit_b_16", ("torchscript", True)),
         ("bert_base", ("torchscript", True)),
         ("gpt2", ("torchscript", True)),
+        ("gpt2_lora", ("torchscript", True)),
         ("llama_small", ("torchscript", False)),
         ("roberta_mlm", ("torchscript", False)),
         ("resnet18_dynamo", ("dynamo", True)),
@@ -1445,8 +1483,30 @@ def profiler_selfcheck():
     return out
 
 
-def _saved_analysis(model, inputs, detail=False):
-    """Forward+loss with saved_tensors_hooks + dropout tracking; graph walk for attribution."""
+DROPOUT_FUNCS = {
+    "dropout", "dropout_", "feature_dropout", "feature_dropout_", "alpha_dropout", "alpha_dropout_",
+    "feature_alpha_dropout", "dropout1d", "dropout2d", "dropout3d", "native_dropout",
+}
+
+
+def _dropout_call(func, args, kwargs):
+    """(name, p, numel) when a __torch_function__ call is a training-mode dropout with p > 0, else None."""
+    name = getattr(func, "__name__", "")
+    if name not in DROPOUT_FUNCS:
+        return None
+    p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
+    tr = kwargs.get("training", kwargs.get("train", args[2] if len(args) > 2 else True))
+    if tr and p and p > 0:
+        return name, float(p), args[0].numel()
+    return None
+
+
+def _saved_analysis(model, inputs, detail=False, walk=True, storages_out=None):
+    """Forward+loss with saved_tensors_hooks + dropout tracking; graph walk for attribution.
+
+    walk=False skips the graph walk (reading `_saved_*` attributes of nodes inside a
+    torch.utils.checkpoint region would recompute it); storages_out (a dict) receives the
+    hook's storages (data_ptr -> nbytes)."""
     import torch
     import torch.nn as nn
     from torch.overrides import TorchFunctionMode
@@ -1470,11 +1530,6 @@ def _saved_analysis(model, inputs, detail=False):
     def unpack(t):
         return t
 
-    drop_names = {
-        "dropout", "dropout_", "feature_dropout", "feature_dropout_", "alpha_dropout", "alpha_dropout_",
-        "feature_alpha_dropout", "dropout1d", "dropout2d", "dropout3d", "native_dropout",
-    }
-
     class DropoutMode(TorchFunctionMode):
         def __init__(self):
             super().__init__()
@@ -1484,11 +1539,9 @@ def _saved_analysis(model, inputs, detail=False):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             name = getattr(func, "__name__", "")
-            if name in drop_names:
-                p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
-                tr = kwargs.get("training", kwargs.get("train", args[2] if len(args) > 2 else True))
-                if tr and p and p > 0:
-                    self.calls.append((name, float(p), args[0].numel()))
+            d = _dropout_call(func, args, kwargs)
+            if d is not None:
+                self.calls.append(d)
             elif name == "scaled_dot_product_attention":
                 dp = kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0)
                 self.attention["sdpa dropout_p=%g" % dp] += 1
@@ -1523,7 +1576,9 @@ def _saved_analysis(model, inputs, detail=False):
     seen = set()
     reachable_from_loss = None
     roots = [loss.grad_fn] + [o.grad_fn for o in outs[1:] if isinstance(o, torch.Tensor)]
-    for ri, root in enumerate(roots):
+    if storages_out is not None:
+        storages_out.update(stor)
+    for ri, root in enumerate(roots if walk else []):
         queue = collections.deque([root] if root is not None else [])
         while queue:
             node = queue.popleft()
@@ -1618,8 +1673,11 @@ def _saved_analysis(model, inputs, detail=False):
     return res
 
 
-def _measure_one_optimizer(name, batch, kind, device, analyse):
-    """Build, warm up and measure one step. Returns (opt entry, common facts, analysis or None)."""
+def _measure_one_optimizer(name, batch, kind, device, analyse, prepare=None, analysis_kwargs=None):
+    """Build, warm up and measure one step. Returns (opt entry, common facts, analysis or None).
+
+    prepare(model), if given, runs right after build() inside the profiling session (freezing,
+    activation checkpointing: finetune_reference.py); analysis_kwargs go to _saved_analysis."""
     import gc
     import torch
 
@@ -1635,6 +1693,8 @@ def _measure_one_optimizer(name, batch, kind, device, analyse):
         model, make_inputs, spec, _ = build(name)
         model.to(device)
         model.train()
+        if prepare is not None:
+            prepare(model)
         inputs = tuple(t.to(device) for t in make_inputs(batch))
         opt = _make_optimizer(kind, model)
         torch.manual_seed(TRAIN_SEED)
@@ -1739,7 +1799,7 @@ def _measure_one_optimizer(name, batch, kind, device, analyse):
     analysis = None
     if analyse:
         opt.zero_grad(set_to_none=True)
-        analysis = _saved_analysis(model, inputs, detail=name in TRAIN_DETAIL_MODELS)
+        analysis = _saved_analysis(model, inputs, detail=name in TRAIN_DETAIL_MODELS, **(analysis_kwargs or {}))
     del model, opt, inputs, params, buffers, grads, state, state_before
     gc.collect()
     if not on_cpu:
