@@ -1490,14 +1490,21 @@ DROPOUT_FUNCS = {
 
 
 def _dropout_call(func, args, kwargs):
-    """(name, p, numel) when a __torch_function__ call is a training-mode dropout with p > 0, else None."""
+    """(name, p, numel) when a __torch_function__ call is a training-mode dropout with p > 0, else None;
+    numel is 0 where the input needs no gradient (no noise tensor is kept)."""
+    import torch
+
     name = getattr(func, "__name__", "")
     if name not in DROPOUT_FUNCS:
         return None
     p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
     tr = kwargs.get("training", kwargs.get("train", args[2] if len(args) > 2 else True))
     if tr and p and p > 0:
-        return name, float(p), args[0].numel()
+        # CPU dropout saves its float32 noise only for backward: an input that needs no
+        # gradient (after frozen embeddings) makes a temporary noise tensor, freed at once.
+        x = args[0]
+        saved = x.requires_grad and torch.is_grad_enabled()
+        return name, float(p), x.numel() if saved else 0
     return None
 
 
