@@ -788,6 +788,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
                 b.storages[s].saved = true;
             }
         }
+        let flops = required_share(bw, &node.inputs, &grad_inputs);
         b.steps.push(Step {
             name: format!("{}/grad", node.name),
             op: format!("{}Grad", node.op_type),
@@ -798,7 +799,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
             updates,
             grad_inputs,
             slots: Vec::new(),
-            flops: bw.flops,
+            flops,
         });
     }
 
@@ -911,4 +912,25 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         with_grad,
         fused,
     })
+}
+
+/// The backward FLOPs of the gradients that are required: an op's rule counts all of
+/// them ([`Backward::flops`]); a frozen layer computes only its input's gradient (a
+/// frozen matmul: half its backward), the first layer only its weight's. Estimated
+/// as the share of the required gradients among the present inputs' gradients that
+/// read a saved tensor (a bias's gradient, a reduction of the incoming one, counts
+/// as free; a convolution's rule gives its bias the weight's needs, so a frozen
+/// convolution with a bias is counted at a third, where its input gradient is half).
+fn required_share(bw: &Backward, inputs: &[Option<TensorId>], required: &[usize]) -> u64 {
+    let costly: Vec<usize> = bw
+        .grads
+        .iter()
+        .filter(|g| !g.needs.is_empty() && matches!(inputs.get(g.input), Some(Some(_))))
+        .map(|g| g.input)
+        .collect();
+    if costly.is_empty() {
+        return bw.flops;
+    }
+    let needed = costly.iter().filter(|i| required.contains(i)).count() as u64;
+    (bw.flops as u128 * needed.max(1) as u128 / costly.len() as u128) as u64
 }
