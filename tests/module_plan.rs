@@ -435,3 +435,66 @@ fn cli_module_plan_verifies_and_writes_python() {
     assert!(r["recomputations"].as_u64().unwrap() > 0, "{r}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn cli_profile_reports_every_block() {
+    let m = common::shipped("resnet18.onnx");
+    let m = m.to_str().unwrap();
+    let v = ok_json(&[
+        "profile",
+        m,
+        "--batch",
+        "4",
+        "--train",
+        "--checkpoint",
+        "every-block",
+        "--json",
+    ]);
+    let t = &v["training"];
+    let c = &t["checkpoint"];
+    assert_eq!(c["preset"], "every-block");
+    assert_eq!(
+        c["modules"],
+        serde_json::json!([
+            "layer1.0", "layer1.1", "layer2.0", "layer2.1", "layer3.0", "layer3.1", "layer4.0",
+            "layer4.1"
+        ])
+    );
+    assert!(c["peak_bytes"].as_u64().unwrap() < t["peak_bytes"].as_u64().unwrap());
+    assert!(
+        c["saved_bytes_at_forward_end"].as_u64().unwrap()
+            < c["baseline_saved_bytes_at_forward_end"].as_u64().unwrap()
+    );
+    assert!(c["overhead"].as_f64().unwrap() > 0.0);
+    // The same figures as `plan --checkpoint every-block`.
+    let p = ok_json(&[
+        "plan",
+        m,
+        "--batch",
+        "4",
+        "--checkpoint",
+        "every-block",
+        "--json",
+    ]);
+    assert_eq!(p["peak_bytes"], c["peak_bytes"]);
+    assert_eq!(
+        p["saved_bytes_at_forward_end"],
+        c["saved_bytes_at_forward_end"]
+    );
+    assert_eq!(p["overhead"], c["overhead"]);
+    let (ok, out, _) = run(&[
+        "profile",
+        m,
+        "--batch",
+        "4",
+        "--train",
+        "--checkpoint",
+        "every-block",
+    ]);
+    assert!(
+        ok && out.contains("checkpoint every-block: 8 modules"),
+        "{out}"
+    );
+    let (ok, _, err) = run(&["profile", m, "--checkpoint", "every-block"]);
+    assert!(!ok && err.contains("--train"), "{err}");
+}

@@ -470,6 +470,34 @@ pub fn saved_at_forward_end(g: &RematGraph, plan: &[Instr]) -> u64 {
     cur
 }
 
+/// Live bytes (fixed included) right after each compute of `plan`, which must be
+/// valid ([`replay`]); its maximum is the replayed peak.
+pub fn timeline(g: &RematGraph, plan: &[Instr]) -> Vec<u64> {
+    let mut live: Vec<bool> = g.values.iter().map(|v| v.fixed).collect();
+    let mut cur = g.fixed_bytes();
+    let mut out = Vec::with_capacity(plan.len());
+    for op in plan {
+        match *op {
+            Instr::Compute(i) => {
+                for &v in &g.nodes[i].outputs {
+                    if !live[v] {
+                        live[v] = true;
+                        cur += g.values[v].bytes;
+                    }
+                }
+                out.push(cur);
+            }
+            Instr::Free(v) => {
+                if live[v] && !g.values[v].fixed {
+                    live[v] = false;
+                    cur -= g.values[v].bytes;
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Evaluates a set of checkpoints: plan, peak, cost, saved bytes.
 pub fn evaluate(g: &RematGraph, t: &ModuleTree, cks: &[&Checkpoint]) -> Result<ModulePlan, String> {
     let plan = plan_of(g, cks);
