@@ -498,3 +498,37 @@ fn cli_profile_reports_every_block() {
     let (ok, _, err) = run(&["profile", m, "--checkpoint", "every-block"]);
     assert!(!ok && err.contains("--train"), "{err}");
 }
+
+/// What PyTorch keeps after forward with these modules checkpointed (resnet18, batch
+/// 4; measured by tools/checkpoint_saved_bytes.py with torch 2.15.0): the module
+/// plans' saved bytes at forward end are exactly these.
+#[test]
+fn saved_bytes_equal_pytorch_with_checkpointed_modules() {
+    let m = common::shipped("resnet18.onnx");
+    let m = m.to_str().unwrap();
+    let saved = |args: &[&str]| {
+        let mut a = vec!["plan", m, "--batch", "4", "--json"];
+        a.extend(args);
+        ok_json(&a)["saved_bytes_at_forward_end"].as_u64().unwrap()
+    };
+    assert_eq!(saved(&["--budget", "0.99", "--solver", "none"]), 86_349_312);
+    assert_eq!(saved(&["--checkpoint", "every-block"]), 46_973_440);
+    assert_eq!(saved(&["--checkpoint-modules", "layer2.0"]), 79_923_712);
+    assert_eq!(saved(&["--checkpoint-modules", "layer1"]), 63_868_416);
+    // A Conv checkpointed alone saves its input anyway: nothing changes.
+    assert_eq!(
+        saved(&["--checkpoint-modules", "layer3.1.conv1"]),
+        86_349_312
+    );
+    // Asked for explicitly, a module called three times is refused in one line.
+    let (ok, _, err) = run(&[
+        "plan",
+        m,
+        "--batch",
+        "4",
+        "--checkpoint-modules",
+        "layer1.0.relu",
+    ]);
+    assert!(!ok && err.contains("more than one piece"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}

@@ -8,7 +8,7 @@ use super::{choice, parse_budget, parse_dims, TrainArgs};
 use memplan::infer::Bindings;
 use memplan::remat::dag::load_dag;
 use memplan::remat::module_plan::{
-    plan_modules, pytorch_module, Granularity as By, Preset, PytorchHeader,
+    plan_modules, pytorch_module, Chosen, Granularity as By, Preset, PytorchHeader,
 };
 use memplan::remat::modules::saved_at_forward_end;
 use memplan::remat::plan::{plan, recomputed_modules, Solver};
@@ -32,7 +32,7 @@ pub struct PlanArgs {
     dims: Vec<String>,
     /// Budget: a size (`8GiB`) or, below 1, a fraction of the no-recompute peak.
     /// With --pareto: the lowest budget of the sweep (optional).
-    #[arg(long, required_unless_present_any = ["pareto", "checkpoint"])]
+    #[arg(long, required_unless_present_any = ["pareto", "checkpoint", "checkpoint_modules"])]
     budget: Option<String>,
     /// Planner.
     #[arg(long, value_parser = choice::<Solver>(), default_value = "ilp")]
@@ -65,6 +65,10 @@ pub struct PlanArgs {
     /// A named module plan instead of a search (no budget needed).
     #[arg(long, value_parser = choice::<Preset>(), conflicts_with_all = ["pareto", "dag"])]
     checkpoint: Option<Preset>,
+    /// Checkpoint exactly these modules (comma-separated paths, e.g.
+    /// `layer1.0,layer2.0`) instead of a search; no budget needed.
+    #[arg(long, value_name = "PATHS", conflicts_with_all = ["pareto", "dag", "checkpoint"])]
+    checkpoint_modules: Option<String>,
     /// Write the module plan as a Python module: CHECKPOINT_MODULES and apply(model).
     #[arg(long, value_name = "FILE.py", conflicts_with = "pareto")]
     pytorch: Option<PathBuf>,
@@ -89,10 +93,21 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         pareto,
         granularity,
         checkpoint,
+        checkpoint_modules,
         pytorch,
         training,
     } = a;
-    let by_module = granularity == By::Module || checkpoint.is_some();
+    let chosen = match (checkpoint, &checkpoint_modules) {
+        (Some(p), _) => Chosen::Preset(p),
+        (None, Some(list)) => Chosen::Modules(
+            list.split(',')
+                .map(|x| x.trim().to_string())
+                .filter(|x| !x.is_empty())
+                .collect(),
+        ),
+        (None, None) => Chosen::Search,
+    };
+    let by_module = granularity == By::Module || chosen != Chosen::Search;
     if pytorch.is_some() && !by_module {
         bail!("--pytorch writes a module plan: give --granularity module or --checkpoint");
     }
@@ -161,7 +176,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let (r, gran) = if by_module {
-        let o = plan_modules(&g, budget_bytes, checkpoint, solver, time_limit)
+        let o = plan_modules(&g, &chosen, budget_bytes, solver, time_limit)
             .with_context(|| path.clone())?;
         if let Some(py) = &pytorch {
             let h = PytorchHeader {

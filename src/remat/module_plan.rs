@@ -248,17 +248,65 @@ pub fn search(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ModuleSe
         set = s;
         cur = p;
     }
-    // Local improvement while it fits: drop or swap a module if cheaper.
-    let mut improved = cur.peak_bytes <= budget;
+    // Other starting points: the natural module sets; each one that fits is improved.
+    let blocks: Vec<usize> = repeated_blocks(&sp.t)
+        .into_iter()
+        .filter_map(|m| sp.cks.iter().position(|c| c.module == m))
+        .collect();
+    let leaves: Vec<usize> = (0..n).filter(|&k| kids[k].is_empty()).collect();
+    let mut starts = vec![(set, cur)];
+    for s in [roots.clone(), leaves, blocks] {
+        if s.is_empty() || starts.iter().any(|x| x.0 == s) {
+            continue;
+        }
+        let p = sp.eval(&s)?;
+        lowest = lowest.min(p.peak_bytes);
+        starts.push((s, p));
+    }
+    let mut best: Option<ModulePlan> = None;
+    for (s, p) in starts {
+        let p = if p.peak_bytes <= budget {
+            improve(&mut sp, s, p, budget, t0, limit)?
+        } else {
+            p
+        };
+        let better = match &best {
+            None => true,
+            Some(b) if b.peak_bytes <= budget => {
+                p.peak_bytes <= budget && p.recompute_cost < b.recompute_cost
+            }
+            Some(b) => p.peak_bytes < b.peak_bytes,
+        };
+        if better {
+            best = Some(p);
+        }
+    }
+    let cur = best.expect("one start at least");
+    let proven = cur.peak_bytes <= budget && cur.recompute_cost / base_cost <= op_bound + 1e-12;
+    Ok(finish(&sp, cur, proven, lowest, "greedy"))
+}
+
+/// Local improvement of a set that fits: drop a module, or swap one for a cheaper
+/// one (replacing those inside it), while the plan still fits; until no move helps
+/// or the time is up.
+fn improve(
+    sp: &mut Space,
+    mut set: Vec<usize>,
+    mut cur: ModulePlan,
+    budget: u64,
+    t0: Instant,
+    limit: Duration,
+) -> Result<ModulePlan, String> {
+    let n = sp.cks.len();
+    let eps = 1e-9 * sp.g.base_cost().max(f64::MIN_POSITIVE);
+    let mut improved = true;
     while improved && t0.elapsed() <= limit {
         improved = false;
         'moves: for i in 0..set.len() {
             let rest: Vec<usize> = set.iter().copied().filter(|&x| x != set[i]).collect();
             let p = sp.eval(&rest)?;
             if p.peak_bytes <= budget {
-                set = rest;
-                cur = p;
-                improved = true;
+                (set, cur, improved) = (rest, p, true);
                 break 'moves;
             }
             for k in 0..n {
@@ -266,42 +314,18 @@ pub fn search(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ModuleSe
                     break 'moves;
                 }
                 let Some(s) = sp.with(&rest, k) else { continue };
-                if sp.cost(&s) >= cur.recompute_cost - 1e-9 * base_cost {
+                if sp.cost(&s) >= cur.recompute_cost - eps {
                     continue;
                 }
                 let p = sp.eval(&s)?;
                 if p.peak_bytes <= budget {
-                    set = s;
-                    cur = p;
-                    improved = true;
+                    (set, cur, improved) = (s, p, true);
                     break 'moves;
                 }
             }
         }
     }
-    if cur.peak_bytes > budget {
-        // Also try the natural extremes for the lowest reachable peak.
-        let blocks: Vec<usize> = repeated_blocks(&sp.t)
-            .into_iter()
-            .filter_map(|m| sp.cks.iter().position(|c| c.module == m))
-            .collect();
-        for s in [
-            roots.clone(),
-            (0..n).filter(|&k| kids[k].is_empty()).collect(),
-            blocks,
-        ] {
-            if s.is_empty() {
-                continue;
-            }
-            let p = sp.eval(&s)?;
-            lowest = lowest.min(p.peak_bytes);
-            if p.peak_bytes < cur.peak_bytes {
-                cur = p;
-            }
-        }
-    }
-    let proven = cur.peak_bytes <= budget && cur.recompute_cost / base_cost <= op_bound + 1e-12;
-    Ok(finish(&sp, cur, proven, lowest, "greedy"))
+    Ok(cur)
 }
 
 /// What `plan` recomputes (`--granularity`).
@@ -426,12 +450,23 @@ pub struct ModuleOutcome {
     pub excluded: Vec<String>,
 }
 
-/// Plans `g` at module granularity: the preset's plan, or the search under `budget`
-/// (one of the two is required). The budget, when given, decides `feasible`.
+/// Which modules a module plan checkpoints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Chosen {
+    /// The cheapest set found by [`search`] under the budget.
+    Search,
+    /// A named preset.
+    Preset(Preset),
+    /// These module paths ([`super::modules::module_plan_for`]).
+    Modules(Vec<String>),
+}
+
+/// Plans `g` at module granularity: the search under `budget` (required), a preset, or
+/// the modules given. The budget, when given, decides `feasible`.
 pub fn plan_modules(
     g: &RematGraph,
+    chosen: &Chosen,
     budget: Option<u64>,
-    preset: Option<Preset>,
     solver: super::plan::Solver,
     time_limit_s: f64,
 ) -> crate::error::Result<ModuleOutcome> {
@@ -439,9 +474,21 @@ pub fn plan_modules(
     let t0 = Instant::now();
     let base = g.baseline_peak().map_err(Error::Graph)?;
     let base_cost = g.base_cost().max(f64::MIN_POSITIVE);
-    let (best, lowest, lb, proven, method, unscoped, excluded) = match (preset, budget) {
-        (Some(Preset::EveryBlock), _) => {
-            let p = super::modules::every_block(g).map_err(Error::Graph)?;
+    let (best, lowest, lb, proven, method, unscoped, excluded) = match (chosen, budget) {
+        (Chosen::Preset(_) | Chosen::Modules(_), _) => {
+            let (p, method) = match chosen {
+                Chosen::Modules(list) => {
+                    let paths: Vec<&str> = list.iter().map(|x| x.as_str()).collect();
+                    (
+                        super::modules::module_plan_for(g, &paths).map_err(Error::Graph)?,
+                        "module:given",
+                    )
+                }
+                _ => (
+                    super::modules::every_block(g).map_err(Error::Graph)?,
+                    "module:every-block",
+                ),
+            };
             let t = ModuleTree::build(g);
             let excluded = t
                 .modules
@@ -457,12 +504,12 @@ pub fn plan_modules(
                 low,
                 lb,
                 None,
-                "module:every-block".to_string(),
+                method.to_string(),
                 t.unscoped_names(g),
                 excluded,
             )
         }
-        (None, Some(b)) => {
+        (Chosen::Search, Some(b)) => {
             let s = search(g, b, time_limit_s).map_err(Error::Graph)?;
             (
                 s.best,
@@ -474,10 +521,8 @@ pub fn plan_modules(
                 s.excluded,
             )
         }
-        (None, None) => {
-            return Err(Error::Graph(
-                "a module plan needs a budget or a preset".into(),
-            ))
+        (Chosen::Search, None) => {
+            return Err(Error::Graph("a module search needs a budget".into()))
         }
     };
     let mut count = vec![0u32; g.nodes.len()];
