@@ -532,3 +532,19 @@ fn saved_bytes_equal_pytorch_with_checkpointed_modules() {
     assert!(!ok && err.contains("more than one piece"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
 }
+
+#[test]
+fn nested_containers_are_named_as_pytorch_names_them() {
+    use memplan::remat::modules::join;
+    assert_eq!(join("", "layer1"), "layer1");
+    assert_eq!(join("layer1", "layer1.0"), "layer1.0");
+    assert_eq!(
+        join("layer1.0.downsample", "downsample.0"),
+        "layer1.0.downsample.0"
+    );
+    assert_eq!(join("transformer", "h.0"), "transformer.h.0");
+    assert_eq!(
+        join("encoder.layer.3", "attention"),
+        "encoder.layer.3.attention"
+    );
+}

@@ -194,6 +194,8 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
             checkpoint_modules: o.modules,
             saved_bytes_at_forward_end: o.saved_bytes,
             proven_optimal: o.proven_optimal,
+            module_candidates: o.searched.map(|x| x.0),
+            module_sets_evaluated: o.searched.map(|x| x.1),
             unscoped_nodes: o.unscoped,
             excluded_modules: o.excluded,
         };

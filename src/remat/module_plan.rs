@@ -3,17 +3,23 @@
 //! fits. Recompute cost is additive over the chosen modules (their recomputed nodes
 //! are disjoint); the peak is replayed for every set tried.
 //!
-//! - **Exact** when the candidate tree has at most [`EXACT_ANTICHAINS`] antichains:
-//!   every antichain in increasing cost, the first that fits is optimal (none fits:
-//!   the lowest peak over all of them is the lowest module plans reach).
-//! - **Heuristic** otherwise: greedy (add the module, replacing chosen ones inside it,
+//! - **Heuristic** first: greedy (add the module, replacing chosen ones inside it,
 //!   with the most peak reduction per added cost; ties by bytes saved at forward end)
-//!   until the budget holds, then local improvement (drop a chosen module, or swap one
-//!   for another, while the plan still fits and gets cheaper), within the time limit.
+//!   until the budget holds; then, from it and from the natural sets (every candidate
+//!   root, every leaf, every repeated block), local improvement (drop a chosen
+//!   module, or swap one for another, while the plan still fits and gets cheaper).
+//! - **Exact** when the candidate tree has at most [`EXACT_ANTICHAINS`] antichains:
+//!   every antichain cheaper than the heuristic's plan, in increasing cost; the first
+//!   that fits is optimal, and none fitting proves the heuristic's plan optimal (no
+//!   plan fits at all: the lowest peak over all of them is the lowest module plans
+//!   reach). Cut short by the time limit, the result is not proven.
 //!
-//! Candidates: modules that run as one call, that drop something (a single-module
-//! plan lowers the peak or the bytes saved at forward end), and whose parent has
-//! other forward nodes (a wrapper with one child is the same checkpoint).
+//! Candidates: modules that run as one call, that drop something (checkpointed
+//! alone, they lower the peak or the bytes saved at forward end by more than 0.1% of
+//! the latter: a BatchNorm alone, which drops only its mean and inverse deviation,
+//! is not one),
+//! and whose parent has other forward nodes (a wrapper with one child is the same
+//! checkpoint). "Optimal" is among plans over the candidates.
 
 use std::time::{Duration, Instant};
 
@@ -23,8 +29,9 @@ use super::bounds::stage_lower_bound;
 use super::graph::RematGraph;
 use super::modules::{evaluate, repeated_blocks, Checkpoint, ModulePlan, ModuleTree};
 
-/// The largest number of antichains searched exhaustively.
-pub const EXACT_ANTICHAINS: usize = 20_000;
+/// The largest number of antichains searched exhaustively (as bit masks: at most 128
+/// candidates).
+pub const EXACT_ANTICHAINS: usize = 1_000_000;
 
 /// The outcome of a module search.
 #[derive(Debug, Clone, Serialize)]
@@ -111,32 +118,30 @@ fn candidates(g: &RematGraph) -> Result<(ModuleTree, Vec<Checkpoint>, Vec<String
             continue;
         }
         let one = evaluate(g, &t, &[&c])?;
-        if one.peak_bytes < base.peak_bytes || one.saved_bytes < base.saved_bytes {
+        let saves = base.saved_bytes.saturating_sub(one.saved_bytes);
+        let lowers = base.peak_bytes.saturating_sub(one.peak_bytes);
+        if saves.max(lowers) > base.saved_bytes / 1000 {
             cks.push(c);
         }
     }
     Ok((t, cks, excluded))
 }
 
-fn antichains(roots: &[usize], kids: &[Vec<usize>], cap: usize) -> Option<Vec<Vec<usize>>> {
-    // Antichains of the forest under `roots`: per root, its own ({root}) or any of its
-    // children's forest; combined across roots.
-    let mut acc: Vec<Vec<usize>> = vec![Vec::new()];
+/// Antichains of the candidate forest under `roots` as bit masks (each root: itself,
+/// or any antichain of its children's forest; combined across roots); `None` past
+/// `cap`.
+fn antichains(roots: &[usize], kids: &[Vec<usize>], cap: usize) -> Option<Vec<u128>> {
+    let mut acc: Vec<u128> = vec![0];
     for &r in roots {
         let mut opts = antichains(&kids[r], kids, cap)?;
-        opts.push(vec![r]);
-        let mut next = Vec::with_capacity(acc.len() * opts.len());
-        for a in &acc {
-            for o in &opts {
-                let mut x = a.clone();
-                x.extend(o);
-                next.push(x);
-                if next.len() > cap {
-                    return None;
-                }
-            }
+        opts.push(1u128 << r);
+        if acc.len().saturating_mul(opts.len()) > cap {
+            return None;
         }
-        acc = next;
+        acc = acc
+            .iter()
+            .flat_map(|a| opts.iter().map(move |o| a | o))
+            .collect();
     }
     Some(acc)
 }
@@ -201,26 +206,6 @@ pub fn search(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ModuleSe
     if empty.peak_bytes <= budget {
         return Ok(finish(&sp, empty, true, lowest, "exhaustive"));
     }
-    if let Some(mut all) = antichains(&roots, &kids, EXACT_ANTICHAINS) {
-        all.sort_by(|a, b| sp.cost(a).total_cmp(&sp.cost(b)));
-        let mut lowest_plan = empty;
-        let mut complete = true;
-        for set in all.iter().filter(|s| !s.is_empty()) {
-            if t0.elapsed() > limit {
-                complete = false;
-                break;
-            }
-            let p = sp.eval(set)?;
-            if p.peak_bytes <= budget {
-                return Ok(finish(&sp, p, true, lowest, "exhaustive"));
-            }
-            if p.peak_bytes < lowest {
-                lowest = p.peak_bytes;
-                lowest_plan = p;
-            }
-        }
-        return Ok(finish(&sp, lowest_plan, complete, lowest, "exhaustive"));
-    }
     // Greedy.
     let mut set: Vec<usize> = Vec::new();
     let mut cur = empty;
@@ -281,9 +266,55 @@ pub fn search(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ModuleSe
             best = Some(p);
         }
     }
-    let cur = best.expect("one start at least");
-    let proven = cur.peak_bytes <= budget && cur.recompute_cost / base_cost <= op_bound + 1e-12;
-    Ok(finish(&sp, cur, proven, lowest, "greedy"))
+    let mut best = best.expect("one start at least");
+    // Exact where the candidate tree allows: every antichain cheaper than the
+    // heuristic's plan, in increasing cost; the first that fits is optimal, and none
+    // fitting proves the heuristic's plan optimal.
+    let all = if n <= 128 {
+        antichains(&roots, &kids, EXACT_ANTICHAINS)
+    } else {
+        None
+    };
+    let Some(all) = all else {
+        let proven =
+            best.peak_bytes <= budget && best.recompute_cost / base_cost <= op_bound + 1e-12;
+        return Ok(finish(&sp, best, proven, lowest, "greedy"));
+    };
+    let fits = best.peak_bytes <= budget;
+    let eps = 1e-9 * base_cost;
+    let mut keyed: Vec<(f64, u128)> = all
+        .into_iter()
+        .filter(|&m| m != 0)
+        .map(|m| {
+            let c = (0..n)
+                .filter(|&k| m >> k & 1 == 1)
+                .map(|k| sp.cks[k].cost)
+                .sum::<f64>();
+            (c, m)
+        })
+        .collect();
+    keyed.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut complete = true;
+    for (c, m) in keyed {
+        if fits && c >= best.recompute_cost - eps {
+            break;
+        }
+        if t0.elapsed() > limit {
+            complete = false;
+            break;
+        }
+        let set: Vec<usize> = (0..n).filter(|&k| m >> k & 1 == 1).collect();
+        let p = sp.eval(&set)?;
+        lowest = lowest.min(p.peak_bytes);
+        if p.peak_bytes <= budget {
+            return Ok(finish(&sp, p, true, lowest, "exhaustive"));
+        }
+        if !fits && p.peak_bytes < best.peak_bytes {
+            best = p;
+        }
+    }
+    let method = if complete { "exhaustive" } else { "greedy" };
+    Ok(finish(&sp, best, complete, lowest, method))
 }
 
 /// Local improvement of a set that fits: drop a module, or swap one for a cheaper
@@ -448,6 +479,8 @@ pub struct ModuleOutcome {
     pub unscoped: Vec<String>,
     /// Modules that cannot be checkpointed as one call.
     pub excluded: Vec<String>,
+    /// Search only: candidate modules, and module sets replayed.
+    pub searched: Option<(usize, usize)>,
 }
 
 /// Which modules a module plan checkpoints.
@@ -474,6 +507,7 @@ pub fn plan_modules(
     let t0 = Instant::now();
     let base = g.baseline_peak().map_err(Error::Graph)?;
     let base_cost = g.base_cost().max(f64::MIN_POSITIVE);
+    let mut searched = None;
     let (best, lowest, lb, proven, method, unscoped, excluded) = match (chosen, budget) {
         (Chosen::Preset(_) | Chosen::Modules(_), _) => {
             let (p, method) = match chosen {
@@ -511,6 +545,7 @@ pub fn plan_modules(
         }
         (Chosen::Search, Some(b)) => {
             let s = search(g, b, time_limit_s).map_err(Error::Graph)?;
+            searched = Some((s.candidates, s.evaluated));
             (
                 s.best,
                 s.lowest_peak,
@@ -564,5 +599,6 @@ pub fn plan_modules(
         proven_optimal: proven,
         unscoped,
         excluded,
+        searched,
     })
 }

@@ -88,14 +88,21 @@ fn scopes(name: &str) -> Vec<&str> {
         .collect()
 }
 
-/// Joins a scope to its parent's path as TorchScript writes them (`layer1` +
-/// `layer1.0` → `layer1.0`; `transformer` + `h.0` → `transformer.h.0`).
-fn join(parent: &str, scope: &str) -> String {
-    if parent.is_empty() || scope.starts_with(&format!("{parent}.")) {
-        scope.to_string()
-    } else {
-        format!("{parent}.{scope}")
+/// Joins a scope to its parent's path as TorchScript writes them: a container's
+/// child is named with the container's attribute (`layer1` + `layer1.0` →
+/// `layer1.0`; `layer1.0.downsample` + `downsample.0` → `layer1.0.downsample.0`), a
+/// child of a module that is not called keeps it (`transformer` + `h.0` →
+/// `transformer.h.0`).
+pub fn join(parent: &str, scope: &str) -> String {
+    if parent.is_empty() {
+        return scope.to_string();
     }
+    if let Some((head, rest)) = scope.split_once('.') {
+        if parent == head || parent.ends_with(&format!(".{head}")) {
+            return format!("{parent}.{rest}");
+        }
+    }
+    format!("{parent}.{scope}")
 }
 
 /// `relu_2` → `Some("relu")`.

@@ -28,6 +28,12 @@ pub struct Granularity {
     /// peak).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub proven_optimal: Option<bool>,
+    /// Module search: candidate modules (checkpointable, dropping something).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub module_candidates: Option<usize>,
+    /// Module search: module sets replayed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub module_sets_evaluated: Option<usize>,
     /// Module plans: forward nodes outside every module (no scope in their names).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unscoped_nodes: Vec<String>,
@@ -126,7 +132,8 @@ pub fn plan_text(
             "granularity  module ({}; lower bound {:.2}%)",
             match gran.proven_optimal {
                 Some(true) => "proven optimal among module plans",
-                _ => "heuristic, not proven optimal",
+                Some(false) => "heuristic, not proven optimal",
+                None => "modules as given, not searched",
             },
             r.lower_bound_overhead * 100.0
         );
