@@ -548,3 +548,48 @@ fn nested_containers_are_named_as_pytorch_names_them() {
         "encoder.layer.3.attention"
     );
 }
+
+/// A searched module plan runs for real: measured peak = predicted, gradients
+/// bitwise equal (unet_small, real weights; the search is exact there).
+#[test]
+fn cli_searched_module_plan_verifies() {
+    let dir = std::env::temp_dir().join(format!("memplan-module-s-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let plan = dir.join("plan.json");
+    let m = common::shipped("unet_small.onnx");
+    let m = m.to_str().unwrap();
+    let v = ok_json(&[
+        "plan",
+        m,
+        "--batch",
+        "8",
+        "--granularity",
+        "module",
+        "--budget",
+        "0.8",
+        "--json",
+        "-o",
+        plan.to_str().unwrap(),
+    ]);
+    assert_eq!(v["feasible"], true, "{v}");
+    assert_eq!(v["proven_optimal"], true, "{v}");
+    assert_eq!(v["method"], "module:exhaustive");
+    assert_eq!(
+        v["checkpoint_modules"],
+        serde_json::json!(["enc1", "enc2", "mid"])
+    );
+    let (ok, out, err) = run(&[
+        "verify",
+        m,
+        "--batch",
+        "8",
+        "--plan",
+        plan.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(r["measured_peak_bytes"], v["peak_bytes"], "{r}");
+    assert_eq!(r["gradients_identical"], true, "{r}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
