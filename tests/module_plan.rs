@@ -520,6 +520,16 @@ fn saved_bytes_equal_pytorch_with_checkpointed_modules() {
         saved(&["--checkpoint-modules", "layer3.1.conv1"]),
         86_349_312
     );
+    // What `--granularity module --budget 0.8` chooses at batch 8 (pools, downsample
+    // branches and blocks).
+    assert_eq!(
+        saved(&[
+            "--checkpoint-modules",
+            "maxpool,layer1.0,layer1.1,layer2.0.downsample,layer2.1,layer3.0.downsample,\
+             layer3.1,layer4.0.downsample,layer4.1"
+        ]),
+        48_994_816
+    );
     // Asked for explicitly, a module called three times is refused in one line.
     let (ok, _, err) = run(&[
         "plan",

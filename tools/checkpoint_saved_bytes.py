@@ -58,4 +58,6 @@ print(json.dumps({
     "layer2.0": measure(["layer2.0"]),
     "layer1": measure(["layer1"]),
     "layer3.1.conv1": measure(["layer3.1.conv1"]),
+    "searched": measure(["maxpool", "layer1.0", "layer1.1", "layer2.0.downsample", "layer2.1",
+                         "layer3.0.downsample", "layer3.1", "layer4.0.downsample", "layer4.1"]),
 }))

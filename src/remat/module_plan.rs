@@ -417,12 +417,13 @@ pub fn pytorch_module(h: &PytorchHeader, modules: &[String]) -> String {
 model: {model}
 batch: {batch}
 budget: {budget}
-predicted peak: {peak} ({peak_b} bytes)
+predicted peak: {peak} ({peak_b} bytes){over}
 method: {method}
 
 apply(model) wraps each module below so that its forward runs through
 torch.utils.checkpoint.checkpoint(..., use_reentrant=False): the module keeps only
-its inputs for backward and runs again when backward reaches it.
+its inputs for backward and runs again when backward reaches it (BatchNorm running
+statistics are then updated again, as with any use of torch.utils.checkpoint).
 """
 
 import functools
@@ -459,6 +460,10 @@ def apply(model):
         )),
         peak = human_bytes(h.peak_bytes),
         peak_b = h.peak_bytes,
+        over = match h.budget_bytes {
+            Some(b) if h.peak_bytes > b => ", over the budget: the lowest peak found",
+            _ => "",
+        },
         method = h.method,
     )
 }
