@@ -32,6 +32,9 @@ pub enum Strategy {
     Checkpointing,
     /// Recomputation chosen by the planner (`memplan plan`) under the budget.
     PlannedCheckpointing,
+    /// Every repeated block checkpointed as `torch.utils.checkpoint` does (Hugging
+    /// Face's `gradient_checkpointing_enable()`; `remat::modules::every_block`).
+    CheckpointEveryBlock,
     /// Gradient accumulation: gradients stay allocated across micro-batches.
     GradAccumulation,
     /// DistributedDataParallel: a full replica per GPU plus gradient buckets.
@@ -48,6 +51,7 @@ impl Strategy {
             Strategy::MixedPrecision => "mixed-precision".into(),
             Strategy::Checkpointing => "checkpointing-sqrt".into(),
             Strategy::PlannedCheckpointing => "checkpointing-planned".into(),
+            Strategy::CheckpointEveryBlock => "checkpoint-every-block".into(),
             Strategy::GradAccumulation => "grad-accumulation".into(),
             Strategy::DataParallel => "data-parallel".into(),
             Strategy::Zero(k) => format!("zero-{k}"),
@@ -143,6 +147,17 @@ fn peak_at(model: &Model, o: &FitOptions, st: Strategy, batch: u64) -> Result<(V
         topts.grads_resident = true;
     }
     let mut s = build_schedule(model, &inf, &topts)?;
+    if st == Strategy::CheckpointEveryBlock {
+        // The module set does not depend on the batch, so the plan's instructions are
+        // the same at every batch and their live bytes are affine in it.
+        let g = crate::remat::from_schedule::from_schedule(&s, "fit");
+        let p = crate::remat::modules::every_block(&g).map_err(Error::Graph)?;
+        let base = g.base_cost().max(1.0);
+        return Ok((
+            crate::remat::modules::timeline(&g, &p.plan),
+            p.recompute_cost / base,
+        ));
+    }
     let mut overhead = 0.0;
     if st == Strategy::Checkpointing {
         let base = s.flops().max(1);
@@ -557,6 +572,7 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
         Strategy::MixedPrecision,
         Strategy::Checkpointing,
         Strategy::PlannedCheckpointing,
+        Strategy::CheckpointEveryBlock,
         Strategy::GradAccumulation,
     ];
     if o.gpus > 1 {
@@ -607,6 +623,7 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
             Strategy::AsExported => (None, None, format!("{} training, {} optimizer", o.train.precision, o.train.optimizer)),
             Strategy::MixedPrecision => (None, None, "autocast: half-precision matmul/conv, fp32 master weights and states".into()),
             Strategy::Checkpointing => (None, None, "sqrt(n) equal segments, each recomputed once in backward".into()),
+            Strategy::CheckpointEveryBlock => (None, None, "torch.utils.checkpoint on every repeated block (layer1.0, h.3, ...), as gradient_checkpointing_enable()".into()),
             Strategy::PlannedCheckpointing => (None, None, match &planned {
                 Some(p) if p.max_batch > 0 => format!(
                     "memplan's planner: {} tensors recomputed ({} plan; overhead lower bound {:.1}%; greedy alone fits {})",

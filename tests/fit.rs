@@ -13,6 +13,7 @@ use memplan::memory::simulate;
 use memplan::onnx::load_model;
 use memplan::remat::from_schedule::from_schedule;
 use memplan::remat::graph::replay;
+use memplan::remat::modules::every_block;
 use memplan::remat::plan::Solver;
 use memplan::train::{build_schedule, TrainOptions};
 
@@ -48,7 +49,7 @@ fn max_batch_agrees_with_profile() {
             plan_time_limit_s: 20.0,
         };
         let r = fit(&model, name, &o).unwrap();
-        assert_eq!(r.strategies.len(), 9);
+        assert_eq!(r.strategies.len(), 10);
         let base = &r.strategies[0];
         assert_eq!(base.name, "as-exported");
         assert!(base.max_batch > 0, "{name}");
@@ -66,6 +67,34 @@ fn max_batch_agrees_with_profile() {
         assert!(by("mixed-precision") > base.max_batch, "{name}");
         assert!(by("checkpointing-sqrt") > base.max_batch, "{name}");
         check_planned(&model, name, &o, &r, base.max_batch);
+        // Every block checkpointed: fits at its answer, not at the next batch.
+        let eb = r
+            .strategies
+            .iter()
+            .find(|s| s.name == "checkpoint-every-block")
+            .unwrap();
+        let ck = |b: u64| {
+            let inf = infer(
+                &model,
+                &Bindings {
+                    batch: Some(b),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            let s = build_schedule(&model, &inf, &o.train).unwrap();
+            every_block(&from_schedule(&s, name)).unwrap().peak_bytes
+        };
+        assert_eq!(ck(eb.max_batch), eb.peak_bytes, "{name}");
+        assert!(ck(eb.max_batch + 1) > mem, "{name}");
+        if name == "cnn" {
+            assert_eq!(eb.max_batch, base.max_batch, "no repeated blocks");
+        } else {
+            assert!(
+                eb.max_batch > base.max_batch && eb.overhead > 0.0,
+                "{name}: {eb:?}"
+            );
+        }
         assert!(
             by("zero-3") >= by("zero-2") && by("zero-2") >= by("zero-1"),
             "{name}"

@@ -7,9 +7,13 @@ use anyhow::{bail, Context};
 use super::{choice, parse_budget, parse_dims, TrainArgs};
 use memplan::infer::Bindings;
 use memplan::remat::dag::load_dag;
+use memplan::remat::module_plan::{
+    plan_modules, pytorch_module, Chosen, Granularity as By, Preset, PytorchHeader,
+};
+use memplan::remat::modules::saved_at_forward_end;
 use memplan::remat::plan::{plan, recomputed_modules, Solver};
 use memplan::remat::step::load;
-use memplan::report::plan::{plan_json, plan_text};
+use memplan::report::plan::{plan_json, plan_text, Granularity};
 
 /// `plan`'s flags.
 #[derive(clap::Args)]
@@ -28,7 +32,7 @@ pub struct PlanArgs {
     dims: Vec<String>,
     /// Budget: a size (`8GiB`) or, below 1, a fraction of the no-recompute peak.
     /// With --pareto: the lowest budget of the sweep (optional).
-    #[arg(long, required_unless_present = "pareto")]
+    #[arg(long, required_unless_present_any = ["pareto", "checkpoint", "checkpoint_modules"])]
     budget: Option<String>,
     /// Planner.
     #[arg(long, value_parser = choice::<Solver>(), default_value = "ilp")]
@@ -54,6 +58,20 @@ pub struct PlanArgs {
     /// to --budget) and print the curve: budget, peak, overhead, lower bound, feasible.
     #[arg(long, conflicts_with_all = ["output", "rewrite"])]
     pareto: bool,
+    /// What to recompute: single ops, or whole modules checkpointed as
+    /// `torch.utils.checkpoint` does (named from the exporter's scopes).
+    #[arg(long, value_parser = choice::<By>(), default_value = "op")]
+    granularity: By,
+    /// A named module plan instead of a search (no budget needed).
+    #[arg(long, value_parser = choice::<Preset>(), conflicts_with_all = ["pareto", "dag"])]
+    checkpoint: Option<Preset>,
+    /// Checkpoint exactly these modules (comma-separated paths, e.g.
+    /// `layer1.0,layer2.0`) instead of a search; no budget needed.
+    #[arg(long, value_name = "PATHS", conflicts_with_all = ["pareto", "dag", "checkpoint"])]
+    checkpoint_modules: Option<String>,
+    /// Write the module plan as a Python module: CHECKPOINT_MODULES and apply(model).
+    #[arg(long, value_name = "FILE.py", conflicts_with = "pareto")]
+    pytorch: Option<PathBuf>,
     #[command(flatten)]
     training: TrainArgs,
 }
@@ -73,8 +91,29 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         rewrite,
         costs,
         pareto,
+        granularity,
+        checkpoint,
+        checkpoint_modules,
+        pytorch,
         training,
     } = a;
+    let chosen = match (checkpoint, &checkpoint_modules) {
+        (Some(p), _) => Chosen::Preset(p),
+        (None, Some(list)) => Chosen::Modules(
+            list.split(',')
+                .map(|x| x.trim().to_string())
+                .filter(|x| !x.is_empty())
+                .collect(),
+        ),
+        (None, None) => Chosen::Search,
+    };
+    let by_module = granularity == By::Module || chosen != Chosen::Search;
+    if pytorch.is_some() && !by_module {
+        bail!("--pytorch writes a module plan: give --granularity module or --checkpoint");
+    }
+    if pareto && by_module {
+        bail!("--pareto sweeps op plans: it does not take --granularity module");
+    }
     use memplan::remat::costs::{apply_costs, load_costs, CostUnit};
     use memplan::remat::pareto::{pareto as sweep, DEFAULT_POINTS};
     let unit = match (&costs, &dag) {
@@ -136,8 +175,41 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let budget_bytes = budget_bytes.context("--budget is required without --pareto")?;
-    let r = plan(&g, budget_bytes, solver, time_limit).with_context(|| path.clone())?;
+    let (r, gran) = if by_module {
+        let o = plan_modules(&g, &chosen, budget_bytes, solver, time_limit)
+            .with_context(|| path.clone())?;
+        if let Some(py) = &pytorch {
+            let h = PytorchHeader {
+                model: path.clone(),
+                batch,
+                budget_bytes,
+                peak_bytes: o.report.peak_bytes,
+                method: o.report.method.clone(),
+            };
+            std::fs::write(py, pytorch_module(&h, &o.modules))
+                .with_context(|| format!("cannot write {}", py.display()))?;
+        }
+        let gran = Granularity {
+            granularity: "module".into(),
+            checkpoint_modules: o.modules,
+            saved_bytes_at_forward_end: o.saved_bytes,
+            proven_optimal: o.proven_optimal,
+            module_candidates: o.searched.map(|x| x.0),
+            module_sets_evaluated: o.searched.map(|x| x.1),
+            unscoped_nodes: o.unscoped,
+            excluded_modules: o.excluded,
+        };
+        (o.report, gran)
+    } else {
+        let budget_bytes = budget_bytes.context("--budget is required without --pareto")?;
+        let r = plan(&g, budget_bytes, solver, time_limit).with_context(|| path.clone())?;
+        let gran = Granularity {
+            granularity: "op".into(),
+            saved_bytes_at_forward_end: saved_at_forward_end(&g, &r.plan),
+            ..Default::default()
+        };
+        (r, gran)
+    };
     let modules = recomputed_modules(&g, &r.plan);
     if let Some(out) = output {
         use memplan::remat::planfile::{PlanFile, StepSource, FORMAT, VERSION};
@@ -181,10 +253,10 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     if json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&plan_json(&r, &path, &modules, unit)?)?
+            serde_json::to_string_pretty(&plan_json(&r, &path, &modules, unit, &gran)?)?
         );
     } else {
-        print!("{}", plan_text(&r, &g, &path, &modules, unit));
+        print!("{}", plan_text(&r, &g, &path, &modules, unit, &gran));
     }
     Ok(())
 }

@@ -4,12 +4,13 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
-use super::{parse_dims, TrainArgs};
+use super::{choice, parse_dims, TrainArgs};
 use memplan::infer::{infer, Bindings};
 use memplan::lower::lower;
 use memplan::memory::{profile_inference, simulate};
 use memplan::onnx::load_model;
-use memplan::report::train::TrainingReport;
+use memplan::remat::module_plan::Preset;
+use memplan::report::train::{CheckpointReport, TrainingReport};
 use memplan::report::ProfileReport;
 use memplan::train::build_schedule;
 
@@ -33,6 +34,10 @@ pub struct ProfileArgs {
     /// Also profile one training step (forward, loss, backward, optimizer update).
     #[arg(long)]
     train: bool,
+    /// With --train: also report the step under a module checkpointing preset
+    /// (peak, bytes saved at forward end, recompute overhead).
+    #[arg(long, value_parser = choice::<Preset>(), requires = "train")]
+    checkpoint: Option<Preset>,
     #[command(flatten)]
     training: TrainArgs,
 }
@@ -46,6 +51,7 @@ pub fn run(a: ProfileArgs) -> anyhow::Result<()> {
         json,
         detail,
         train,
+        checkpoint,
         training,
     } = a;
     let bindings = Bindings {
@@ -62,7 +68,12 @@ pub fn run(a: ProfileArgs) -> anyhow::Result<()> {
         let opts = training.options()?;
         let sched = build_schedule(&m, &inf, &opts).with_context(|| path.clone())?;
         let replay = simulate(&sched);
-        report.training = Some(TrainingReport::new(&opts, &sched, &replay));
+        let mut t = TrainingReport::new(&opts, &sched, &replay);
+        if let Some(Preset::EveryBlock) = checkpoint {
+            t.checkpoint =
+                Some(CheckpointReport::every_block(&sched).with_context(|| path.clone())?);
+        }
+        report.training = Some(t);
     }
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);

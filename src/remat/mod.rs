@@ -10,6 +10,8 @@ pub mod from_schedule;
 pub mod gap_milp;
 pub mod graph;
 pub mod heuristics;
+pub mod module_plan;
+pub mod modules;
 pub mod pareto;
 pub mod plan;
 pub mod planfile;

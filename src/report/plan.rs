@@ -1,7 +1,10 @@
 //! `plan`'s text and JSON renderings (the JSON is `PlanReport`'s keys plus `graph`,
-//! `recomputed_modules` and `cost_unit`: a public interface, keys only added).
+//! `recomputed_modules`, `cost_unit` and [`Granularity`]'s keys: a public interface,
+//! keys only added).
 
 use std::fmt::Write as _;
+
+use serde::Serialize;
 
 use crate::remat::costs::CostUnit;
 use crate::remat::graph::RematGraph;
@@ -9,17 +12,54 @@ use crate::remat::pareto::fmt_cost;
 use crate::remat::plan::PlanReport;
 use crate::units::human_bytes;
 
+/// What a plan says about modules (`plan --granularity`, `--checkpoint`): added to
+/// the JSON object as its keys.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Granularity {
+    /// `op` (single ops recomputed) or `module` (modules checkpointed as PyTorch does).
+    pub granularity: String,
+    /// The modules to wrap in `torch.utils.checkpoint` (empty for op plans: see
+    /// `recomputed_modules` there, which checkpointing does not reproduce).
+    pub checkpoint_modules: Vec<String>,
+    /// Non-fixed, non-held bytes live when forward ends (what forward keeps for
+    /// backward; inputs, parameters and model outputs not counted).
+    pub saved_bytes_at_forward_end: u64,
+    /// Module plans: whether no cheaper module plan fits (none fits: none has a lower
+    /// peak).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proven_optimal: Option<bool>,
+    /// Module search: candidate modules (checkpointable, dropping something).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub module_candidates: Option<usize>,
+    /// Module search: module sets replayed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub module_sets_evaluated: Option<usize>,
+    /// Module plans: forward nodes outside every module (no scope in their names).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unscoped_nodes: Vec<String>,
+    /// Module plans: modules that run in more than one piece (called twice, shared),
+    /// which cannot be checkpointed.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub excluded_modules: Vec<String>,
+}
+
 /// `plan --json`'s object.
 pub fn plan_json(
     r: &PlanReport,
     graph: &str,
     modules: &[String],
     unit: CostUnit,
+    gran: &Granularity,
 ) -> serde_json::Result<serde_json::Value> {
     let mut v = serde_json::to_value(r)?;
     v["graph"] = serde_json::json!(graph);
     v["recomputed_modules"] = serde_json::json!(modules);
     v["cost_unit"] = serde_json::json!(unit);
+    if let serde_json::Value::Object(extra) = serde_json::to_value(gran)? {
+        for (k, x) in extra {
+            v[k] = x;
+        }
+    }
     Ok(v)
 }
 
@@ -30,6 +70,7 @@ pub fn plan_text(
     graph: &str,
     modules: &[String],
     unit: CostUnit,
+    gran: &Granularity,
 ) -> String {
     let mut s = String::new();
     let _ = writeln!(
@@ -38,7 +79,11 @@ pub fn plan_text(
         g.nodes.len(),
         g.values.len()
     );
-    let _ = writeln!(s, "solver       {:?}", r.solver);
+    if gran.granularity == "module" {
+        let _ = writeln!(s, "planner      {}", r.method);
+    } else {
+        let _ = writeln!(s, "solver       {:?}", r.solver);
+    }
     let _ = writeln!(
         s,
         "budget       {}  -> {}",
@@ -76,7 +121,59 @@ pub fn plan_text(
         r.schedule_len,
         r.solve_seconds
     );
-    if !modules.is_empty() {
+    let _ = writeln!(
+        s,
+        "saved        {} at forward end",
+        human_bytes(gran.saved_bytes_at_forward_end)
+    );
+    if gran.granularity == "module" {
+        let _ = writeln!(
+            s,
+            "granularity  module ({}; lower bound {:.2}%)",
+            match gran.proven_optimal {
+                Some(true) => "proven optimal among module plans",
+                Some(false) => "heuristic, not proven optimal",
+                None => "modules as given, not searched",
+            },
+            r.lower_bound_overhead * 100.0
+        );
+        let _ = writeln!(
+            s,
+            "checkpoint   {} modules: {}",
+            gran.checkpoint_modules.len(),
+            if gran.checkpoint_modules.is_empty() {
+                "(none)".to_string()
+            } else {
+                gran.checkpoint_modules.join(", ")
+            }
+        );
+        if !gran.unscoped_nodes.is_empty() {
+            let shown: Vec<&str> = gran
+                .unscoped_nodes
+                .iter()
+                .take(5)
+                .map(|x| x.as_str())
+                .collect();
+            let _ = writeln!(
+                s,
+                "no module    {} forward nodes have no module scope (never checkpointed): {}{}",
+                gran.unscoped_nodes.len(),
+                shown.join(", "),
+                if gran.unscoped_nodes.len() > 5 {
+                    ", ..."
+                } else {
+                    ""
+                }
+            );
+        }
+        if !gran.excluded_modules.is_empty() {
+            let _ = writeln!(
+                s,
+                "excluded     {} modules run in more than one piece (called twice or shared)",
+                gran.excluded_modules.len()
+            );
+        }
+    } else if !modules.is_empty() {
         let _ = writeln!(s, "modules to checkpoint: {}", modules.join(", "));
     }
     s

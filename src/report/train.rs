@@ -62,6 +62,76 @@ pub struct TrainingReport {
     pub breakdown: Breakdown,
     /// Bytes by category during each step.
     pub timeline: Vec<TimelinePoint>,
+    /// The step under a module checkpointing preset (`profile --train --checkpoint`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<CheckpointReport>,
+}
+
+/// The training step with modules checkpointed (`training.checkpoint` in the JSON).
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckpointReport {
+    /// The preset (`every-block`).
+    pub preset: String,
+    /// The checkpointed modules, in execution order.
+    pub modules: Vec<String>,
+    /// Peak bytes of the step under it (replayed).
+    pub peak_bytes: u64,
+    /// Non-fixed, non-held bytes live when forward ends, under it.
+    pub saved_bytes_at_forward_end: u64,
+    /// The same without checkpointing.
+    pub baseline_saved_bytes_at_forward_end: u64,
+    /// FLOPs recomputed.
+    pub recompute_flops: f64,
+    /// `recompute_flops` over the step's FLOPs without recomputation.
+    pub overhead: f64,
+}
+
+impl CheckpointReport {
+    /// The step of `s` with every repeated block checkpointed.
+    pub fn every_block(s: &Schedule) -> crate::error::Result<CheckpointReport> {
+        use crate::remat::modules::{every_block, saved_at_forward_end};
+        let g = crate::remat::from_schedule::from_schedule(s, "step");
+        let p = every_block(&g).map_err(crate::error::Error::Graph)?;
+        let base = g.base_cost();
+        Ok(CheckpointReport {
+            preset: "every-block".into(),
+            modules: p.modules,
+            peak_bytes: p.peak_bytes,
+            saved_bytes_at_forward_end: p.saved_bytes,
+            baseline_saved_bytes_at_forward_end: saved_at_forward_end(&g, &g.no_recompute_plan()),
+            recompute_flops: p.recompute_cost,
+            overhead: if base > 0.0 {
+                p.recompute_cost / base
+            } else {
+                0.0
+            },
+        })
+    }
+
+    fn to_text(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "  checkpoint {}: {} modules{}",
+            self.preset,
+            self.modules.len(),
+            if self.modules.is_empty() {
+                " (no repeated blocks found)".to_string()
+            } else {
+                format!(" ({})", self.modules.join(", "))
+            }
+        );
+        let _ = writeln!(
+            s,
+            "    peak {}, saved at forward end {} (without: {}), recompute {} ({:.2}% extra)",
+            human_bytes(self.peak_bytes),
+            human_bytes(self.saved_bytes_at_forward_end),
+            human_bytes(self.baseline_saved_bytes_at_forward_end),
+            human_flops(self.recompute_flops as u64),
+            self.overhead * 100.0
+        );
+        s
+    }
 }
 
 impl TrainingReport {
@@ -113,6 +183,7 @@ impl TrainingReport {
                     total: b.total(),
                 })
                 .collect(),
+            checkpoint: None,
         }
     }
 
@@ -171,6 +242,9 @@ impl TrainingReport {
             human_flops(self.flops_per_step),
             human_flops(self.flops_forward)
         );
+        if let Some(c) = &self.checkpoint {
+            s.push_str(&c.to_text());
+        }
         s.push_str(&self.chart(64, 8));
         s
     }

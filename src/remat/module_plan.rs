@@ -1,0 +1,609 @@
+//! Choosing modules to checkpoint under a budget (`plan --granularity module`): the
+//! cheapest antichain of checkpointable modules (see [`super::modules`]) whose plan
+//! fits. Recompute cost is additive over the chosen modules (their recomputed nodes
+//! are disjoint); the peak is replayed for every set tried.
+//!
+//! - **Heuristic** first: greedy (add the module, replacing chosen ones inside it,
+//!   with the most peak reduction per added cost; ties by bytes saved at forward end)
+//!   until the budget holds; then, from it and from the natural sets (every candidate
+//!   root, every leaf, every repeated block), local improvement (drop a chosen
+//!   module, or swap one for another, while the plan still fits and gets cheaper).
+//! - **Exact** when the candidate tree has at most [`EXACT_ANTICHAINS`] antichains:
+//!   every antichain cheaper than the heuristic's plan, in increasing cost; the first
+//!   that fits is optimal, and none fitting proves the heuristic's plan optimal (no
+//!   plan fits at all: the lowest peak over all of them is the lowest module plans
+//!   reach). Cut short by the time limit, the result is not proven.
+//!
+//! Candidates: modules that run as one call, that drop something (checkpointed
+//! alone, they lower the peak or the bytes saved at forward end by more than 0.1% of
+//! the latter: a BatchNorm alone, which drops only its mean and inverse deviation,
+//! is not one),
+//! and whose parent has other forward nodes (a wrapper with one child is the same
+//! checkpoint). "Optimal" is among plans over the candidates.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::bounds::stage_lower_bound;
+use super::graph::RematGraph;
+use super::modules::{evaluate, repeated_blocks, Checkpoint, ModulePlan, ModuleTree};
+
+/// The largest number of antichains searched exhaustively (as bit masks: at most 128
+/// candidates).
+pub const EXACT_ANTICHAINS: usize = 1_000_000;
+
+/// The outcome of a module search.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModuleSearch {
+    /// The best plan found (the cheapest that fits; none fits: the lowest peak).
+    pub best: ModulePlan,
+    /// Whether `best` fits the budget.
+    pub feasible: bool,
+    /// Whether no module plan that fits costs less (or, when none fits, no module plan
+    /// has a lower peak).
+    pub proven_optimal: bool,
+    /// Lowest peak over the module plans evaluated (every one when proven).
+    pub lowest_peak: u64,
+    /// `exhaustive` or `greedy`.
+    pub method: &'static str,
+    /// Candidate modules.
+    pub candidates: usize,
+    /// Module sets replayed.
+    pub evaluated: usize,
+    /// A proven lower bound on the overhead of any plan, op-level ones included
+    /// (`bounds::stage_lower_bound`), or this plan's when proven optimal.
+    pub lower_bound_overhead: f64,
+    /// Modules that cannot be checkpointed as one call (called twice, shared).
+    pub excluded: Vec<String>,
+    /// Forward nodes outside every module.
+    pub unscoped: Vec<String>,
+}
+
+struct Space<'a> {
+    g: &'a RematGraph,
+    t: ModuleTree,
+    cks: Vec<Checkpoint>,
+    /// Per candidate, the candidates inside it (and itself).
+    within: Vec<Vec<bool>>,
+    evaluated: usize,
+}
+
+impl Space<'_> {
+    fn eval(&mut self, set: &[usize]) -> Result<ModulePlan, String> {
+        self.evaluated += 1;
+        let mut s = set.to_vec();
+        s.sort_by_key(|&k| self.t.modules[self.cks[k].module].forward.first().copied());
+        let refs: Vec<&Checkpoint> = s.iter().map(|&k| &self.cks[k]).collect();
+        evaluate(self.g, &self.t, &refs)
+    }
+    fn cost(&self, set: &[usize]) -> f64 {
+        set.iter().map(|&k| self.cks[k].cost).sum()
+    }
+    /// `set` with `k` added and every chosen candidate inside `k` removed; `None` when
+    /// `k` lies inside a chosen one.
+    fn with(&self, set: &[usize], k: usize) -> Option<Vec<usize>> {
+        if set.iter().any(|&s| self.within[s][k]) {
+            return None;
+        }
+        let mut out: Vec<usize> = set
+            .iter()
+            .copied()
+            .filter(|&s| !self.within[k][s])
+            .collect();
+        out.push(k);
+        Some(out)
+    }
+}
+
+/// The candidates of a graph: the tree, their checkpoints, and the modules excluded.
+fn candidates(g: &RematGraph) -> Result<(ModuleTree, Vec<Checkpoint>, Vec<String>), String> {
+    let t = ModuleTree::build(g);
+    let base = evaluate(g, &t, &[])?;
+    let mut cks = Vec::new();
+    let mut excluded = Vec::new();
+    for (m, md) in t.modules.iter().enumerate() {
+        if !md.contiguous {
+            excluded.push(md.path.clone());
+            continue;
+        }
+        if md
+            .parent
+            .is_some_and(|p| t.modules[p].forward == md.forward)
+        {
+            continue;
+        }
+        let c = Checkpoint::new(g, &t, m)?;
+        if c.dropped.is_empty() {
+            continue;
+        }
+        let one = evaluate(g, &t, &[&c])?;
+        let saves = base.saved_bytes.saturating_sub(one.saved_bytes);
+        let lowers = base.peak_bytes.saturating_sub(one.peak_bytes);
+        if saves.max(lowers) > base.saved_bytes / 1000 {
+            cks.push(c);
+        }
+    }
+    Ok((t, cks, excluded))
+}
+
+/// Antichains of the candidate forest under `roots` as bit masks (each root: itself,
+/// or any antichain of its children's forest; combined across roots); `None` past
+/// `cap`.
+fn antichains(roots: &[usize], kids: &[Vec<usize>], cap: usize) -> Option<Vec<u128>> {
+    let mut acc: Vec<u128> = vec![0];
+    for &r in roots {
+        let mut opts = antichains(&kids[r], kids, cap)?;
+        opts.push(1u128 << r);
+        if acc.len().saturating_mul(opts.len()) > cap {
+            return None;
+        }
+        acc = acc
+            .iter()
+            .flat_map(|a| opts.iter().map(move |o| a | o))
+            .collect();
+    }
+    Some(acc)
+}
+
+/// Searches module plans of `g` under `budget` bytes.
+pub fn search(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ModuleSearch, String> {
+    let t0 = Instant::now();
+    let limit = Duration::from_secs_f64(time_limit_s.max(0.0));
+    let (t, cks, excluded) = candidates(g)?;
+    let n = cks.len();
+    let within: Vec<Vec<bool>> = (0..n)
+        .map(|a| {
+            (0..n)
+                .map(|b| t.is_within(cks[b].module, cks[a].module))
+                .collect()
+        })
+        .collect();
+    let unscoped = t.unscoped_names(g);
+    let mut sp = Space {
+        g,
+        t,
+        cks,
+        within,
+        evaluated: 0,
+    };
+    // The candidate forest: each candidate's nearest candidate ancestor.
+    let mut kids: Vec<Vec<usize>> = vec![Vec::new(); n];
+    let mut roots = Vec::new();
+    for k in 0..n {
+        let parent = (0..n)
+            .filter(|&a| a != k && sp.within[a][k])
+            .max_by_key(|&a| sp.t.modules[sp.cks[a].module].depth);
+        match parent {
+            Some(p) => kids[p].push(k),
+            None => roots.push(k),
+        }
+    }
+    let base_cost = g.base_cost().max(f64::MIN_POSITIVE);
+    let op_bound = stage_lower_bound(g, budget).unwrap_or(0.0) / base_cost;
+    let empty = sp.eval(&[])?;
+    let mut lowest = empty.peak_bytes;
+    let finish = |sp: &Space, best: ModulePlan, proven: bool, lowest: u64, method| {
+        let feasible = best.peak_bytes <= budget;
+        let overhead = best.recompute_cost / base_cost;
+        ModuleSearch {
+            feasible,
+            proven_optimal: proven,
+            lowest_peak: lowest.min(best.peak_bytes),
+            method,
+            candidates: n,
+            evaluated: sp.evaluated,
+            lower_bound_overhead: if proven && feasible {
+                overhead.max(op_bound)
+            } else {
+                op_bound
+            },
+            excluded: excluded.clone(),
+            unscoped: unscoped.clone(),
+            best,
+        }
+    };
+    if empty.peak_bytes <= budget {
+        return Ok(finish(&sp, empty, true, lowest, "exhaustive"));
+    }
+    // Greedy.
+    let mut set: Vec<usize> = Vec::new();
+    let mut cur = empty;
+    while cur.peak_bytes > budget && t0.elapsed() <= limit {
+        let mut pick: Option<(f64, u64, Vec<usize>, ModulePlan)> = None;
+        for k in 0..n {
+            let Some(s) = sp.with(&set, k) else { continue };
+            if s.len() == set.len() && set.contains(&k) {
+                continue;
+            }
+            let p = sp.eval(&s)?;
+            lowest = lowest.min(p.peak_bytes);
+            let dpeak = cur.peak_bytes.saturating_sub(p.peak_bytes) as f64;
+            let dsaved = cur.saved_bytes.saturating_sub(p.saved_bytes) as f64;
+            if dpeak <= 0.0 && dsaved <= 0.0 {
+                continue;
+            }
+            let dcost = (p.recompute_cost - cur.recompute_cost).max(base_cost * 1e-12);
+            let score = (dpeak + 1e-3 * dsaved) / dcost;
+            if pick.as_ref().is_none_or(|b| score > b.0) {
+                pick = Some((score, p.peak_bytes, s, p));
+            }
+        }
+        let Some((_, _, s, p)) = pick else { break };
+        set = s;
+        cur = p;
+    }
+    // Other starting points: the natural module sets; each one that fits is improved.
+    let blocks: Vec<usize> = repeated_blocks(&sp.t)
+        .into_iter()
+        .filter_map(|m| sp.cks.iter().position(|c| c.module == m))
+        .collect();
+    let leaves: Vec<usize> = (0..n).filter(|&k| kids[k].is_empty()).collect();
+    let mut starts = vec![(set, cur)];
+    for s in [roots.clone(), leaves, blocks] {
+        if s.is_empty() || starts.iter().any(|x| x.0 == s) {
+            continue;
+        }
+        let p = sp.eval(&s)?;
+        lowest = lowest.min(p.peak_bytes);
+        starts.push((s, p));
+    }
+    let mut best: Option<ModulePlan> = None;
+    for (s, p) in starts {
+        let p = if p.peak_bytes <= budget {
+            improve(&mut sp, s, p, budget, t0, limit)?
+        } else {
+            p
+        };
+        let better = match &best {
+            None => true,
+            Some(b) if b.peak_bytes <= budget => {
+                p.peak_bytes <= budget && p.recompute_cost < b.recompute_cost
+            }
+            Some(b) => p.peak_bytes < b.peak_bytes,
+        };
+        if better {
+            best = Some(p);
+        }
+    }
+    let mut best = best.expect("one start at least");
+    // Exact where the candidate tree allows: every antichain cheaper than the
+    // heuristic's plan, in increasing cost; the first that fits is optimal, and none
+    // fitting proves the heuristic's plan optimal.
+    let all = if n <= 128 {
+        antichains(&roots, &kids, EXACT_ANTICHAINS)
+    } else {
+        None
+    };
+    let Some(all) = all else {
+        let proven =
+            best.peak_bytes <= budget && best.recompute_cost / base_cost <= op_bound + 1e-12;
+        return Ok(finish(&sp, best, proven, lowest, "greedy"));
+    };
+    let fits = best.peak_bytes <= budget;
+    let eps = 1e-9 * base_cost;
+    let mut keyed: Vec<(f64, u128)> = all
+        .into_iter()
+        .filter(|&m| m != 0)
+        .map(|m| {
+            let c = (0..n)
+                .filter(|&k| m >> k & 1 == 1)
+                .map(|k| sp.cks[k].cost)
+                .sum::<f64>();
+            (c, m)
+        })
+        .collect();
+    keyed.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut complete = true;
+    for (c, m) in keyed {
+        if fits && c >= best.recompute_cost - eps {
+            break;
+        }
+        if t0.elapsed() > limit {
+            complete = false;
+            break;
+        }
+        let set: Vec<usize> = (0..n).filter(|&k| m >> k & 1 == 1).collect();
+        let p = sp.eval(&set)?;
+        lowest = lowest.min(p.peak_bytes);
+        if p.peak_bytes <= budget {
+            return Ok(finish(&sp, p, true, lowest, "exhaustive"));
+        }
+        if !fits && p.peak_bytes < best.peak_bytes {
+            best = p;
+        }
+    }
+    let method = if complete { "exhaustive" } else { "greedy" };
+    Ok(finish(&sp, best, complete, lowest, method))
+}
+
+/// Local improvement of a set that fits: drop a module, or swap one for a cheaper
+/// one (replacing those inside it), while the plan still fits; until no move helps
+/// or the time is up.
+fn improve(
+    sp: &mut Space,
+    mut set: Vec<usize>,
+    mut cur: ModulePlan,
+    budget: u64,
+    t0: Instant,
+    limit: Duration,
+) -> Result<ModulePlan, String> {
+    let n = sp.cks.len();
+    let eps = 1e-9 * sp.g.base_cost().max(f64::MIN_POSITIVE);
+    let mut improved = true;
+    while improved && t0.elapsed() <= limit {
+        improved = false;
+        'moves: for i in 0..set.len() {
+            let rest: Vec<usize> = set.iter().copied().filter(|&x| x != set[i]).collect();
+            let p = sp.eval(&rest)?;
+            if p.peak_bytes <= budget {
+                (set, cur, improved) = (rest, p, true);
+                break 'moves;
+            }
+            for k in 0..n {
+                if t0.elapsed() > limit {
+                    break 'moves;
+                }
+                let Some(s) = sp.with(&rest, k) else { continue };
+                if sp.cost(&s) >= cur.recompute_cost - eps {
+                    continue;
+                }
+                let p = sp.eval(&s)?;
+                if p.peak_bytes <= budget {
+                    (set, cur, improved) = (s, p, true);
+                    break 'moves;
+                }
+            }
+        }
+    }
+    Ok(cur)
+}
+
+/// What `plan` recomputes (`--granularity`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Granularity {
+    /// Single ops (the default planners).
+    Op,
+    /// Whole modules, checkpointed as `torch.utils.checkpoint` does.
+    Module,
+}
+
+crate::choice::choice!(Granularity {
+    Op => "op", "Recompute single ops (the op-level planners)";
+    Module => "module", "Checkpoint whole modules as torch.utils.checkpoint does (a plan PyTorch users can apply)";
+});
+
+/// Named module plans (`--checkpoint`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Preset {
+    /// Every repeated block (`layer1.0`, `transformer.h.3`...), as Hugging Face's
+    /// `gradient_checkpointing_enable()`.
+    EveryBlock,
+}
+
+crate::choice::choice!(Preset {
+    EveryBlock => "every-block", "Checkpoint every repeated block (layer1.0, transformer.h.3, ...), as Hugging Face's gradient_checkpointing_enable()";
+});
+
+/// What the `--pytorch` file says it was made from.
+#[derive(Debug, Clone)]
+pub struct PytorchHeader {
+    /// The model file.
+    pub model: String,
+    /// The batch (`None`: the model's own).
+    pub batch: Option<u64>,
+    /// The budget, if one was given.
+    pub budget_bytes: Option<u64>,
+    /// The plan's predicted peak.
+    pub peak_bytes: u64,
+    /// How the modules were chosen (`module:greedy`, `every-block`...).
+    pub method: String,
+}
+
+/// A self-contained Python module: `CHECKPOINT_MODULES` and `apply(model)`, which
+/// wraps each listed module's forward in
+/// `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`.
+pub fn pytorch_module(h: &PytorchHeader, modules: &[String]) -> String {
+    use crate::units::human_bytes;
+    let list = modules
+        .iter()
+        .map(|m| format!("    {},\n", serde_json::json!(m)))
+        .collect::<String>();
+    format!(
+        r#""""Activation checkpointing plan made by memplan.
+
+model: {model}
+batch: {batch}
+budget: {budget}
+predicted peak: {peak} ({peak_b} bytes){over}
+method: {method}
+
+apply(model) wraps each module below so that its forward runs through
+torch.utils.checkpoint.checkpoint(..., use_reentrant=False): the module keeps only
+its inputs for backward and runs again when backward reaches it (BatchNorm running
+statistics are then updated again, as with any use of torch.utils.checkpoint).
+"""
+
+import functools
+
+import torch.utils.checkpoint
+
+CHECKPOINT_MODULES = [
+{list}]
+
+
+def apply(model):
+    """Checkpoints every module of CHECKPOINT_MODULES in `model`; returns `model`."""
+    for name in CHECKPOINT_MODULES:
+        module = model.get_submodule(name)
+        if getattr(module, "_memplan_checkpointed", False):
+            continue
+        forward = module.forward
+
+        @functools.wraps(forward)
+        def checkpointed(*args, _forward=forward, **kwargs):
+            return torch.utils.checkpoint.checkpoint(
+                _forward, *args, use_reentrant=False, **kwargs
+            )
+
+        module.forward = checkpointed
+        module._memplan_checkpointed = True
+    return model
+"#,
+        model = h.model,
+        batch = h.batch.map_or("the model's own".into(), |b| b.to_string()),
+        budget = h.budget_bytes.map_or("none given".into(), |b| format!(
+            "{} ({b} bytes)",
+            human_bytes(b)
+        )),
+        peak = human_bytes(h.peak_bytes),
+        peak_b = h.peak_bytes,
+        over = match h.budget_bytes {
+            Some(b) if h.peak_bytes > b => ", over the budget: the lowest peak found",
+            _ => "",
+        },
+        method = h.method,
+    )
+}
+
+/// A module plan as `plan` reports it.
+#[derive(Debug, Clone)]
+pub struct ModuleOutcome {
+    /// The plan's report (`method`: `module:exhaustive`, `module:greedy` or
+    /// `module:every-block`; `solver` is the one asked for, unused here).
+    pub report: super::plan::PlanReport,
+    /// Checkpointed modules, in execution order.
+    pub modules: Vec<String>,
+    /// Bytes saved at forward end ([`super::modules::saved_at_forward_end`]).
+    pub saved_bytes: u64,
+    /// Whether proven optimal among module plans (`None` for a preset).
+    pub proven_optimal: Option<bool>,
+    /// Forward nodes outside every module.
+    pub unscoped: Vec<String>,
+    /// Modules that cannot be checkpointed as one call.
+    pub excluded: Vec<String>,
+    /// Search only: candidate modules, and module sets replayed.
+    pub searched: Option<(usize, usize)>,
+}
+
+/// Which modules a module plan checkpoints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Chosen {
+    /// The cheapest set found by [`search`] under the budget.
+    Search,
+    /// A named preset.
+    Preset(Preset),
+    /// These module paths ([`super::modules::module_plan_for`]).
+    Modules(Vec<String>),
+}
+
+/// Plans `g` at module granularity: the search under `budget` (required), a preset, or
+/// the modules given. The budget, when given, decides `feasible`.
+pub fn plan_modules(
+    g: &RematGraph,
+    chosen: &Chosen,
+    budget: Option<u64>,
+    solver: super::plan::Solver,
+    time_limit_s: f64,
+) -> crate::error::Result<ModuleOutcome> {
+    use crate::error::Error;
+    let t0 = Instant::now();
+    let base = g.baseline_peak().map_err(Error::Graph)?;
+    let base_cost = g.base_cost().max(f64::MIN_POSITIVE);
+    let mut searched = None;
+    let (best, lowest, lb, proven, method, unscoped, excluded) = match (chosen, budget) {
+        (Chosen::Preset(_) | Chosen::Modules(_), _) => {
+            let (p, method) = match chosen {
+                Chosen::Modules(list) => {
+                    let paths: Vec<&str> = list.iter().map(|x| x.as_str()).collect();
+                    (
+                        super::modules::module_plan_for(g, &paths).map_err(Error::Graph)?,
+                        "module:given",
+                    )
+                }
+                _ => (
+                    super::modules::every_block(g).map_err(Error::Graph)?,
+                    "module:every-block",
+                ),
+            };
+            let t = ModuleTree::build(g);
+            let excluded = t
+                .modules
+                .iter()
+                .filter(|m| !m.contiguous)
+                .map(|m| m.path.clone())
+                .collect();
+            let lb =
+                stage_lower_bound(g, budget.unwrap_or(p.peak_bytes)).unwrap_or(0.0) / base_cost;
+            let low = p.peak_bytes;
+            (
+                p,
+                low,
+                lb,
+                None,
+                method.to_string(),
+                t.unscoped_names(g),
+                excluded,
+            )
+        }
+        (Chosen::Search, Some(b)) => {
+            let s = search(g, b, time_limit_s).map_err(Error::Graph)?;
+            searched = Some((s.candidates, s.evaluated));
+            (
+                s.best,
+                s.lowest_peak,
+                s.lower_bound_overhead,
+                Some(s.proven_optimal),
+                format!("module:{}", s.method),
+                s.unscoped,
+                s.excluded,
+            )
+        }
+        (Chosen::Search, None) => {
+            return Err(Error::Graph("a module search needs a budget".into()))
+        }
+    };
+    let mut count = vec![0u32; g.nodes.len()];
+    for op in &best.plan {
+        if let super::graph::Instr::Compute(i) = op {
+            count[*i] += 1;
+        }
+    }
+    let recomputed = g
+        .nodes
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| count[*i] > 1)
+        .flat_map(|(_, n)| n.outputs.iter().map(|&v| g.values[v].name.clone()))
+        .collect();
+    let budget_bytes = budget.unwrap_or(best.peak_bytes);
+    let report = super::plan::PlanReport {
+        solver,
+        feasible: best.peak_bytes <= budget_bytes,
+        budget_bytes,
+        peak_bytes: best.peak_bytes,
+        baseline_peak_bytes: base,
+        min_feasible_bytes: lowest.min(best.peak_bytes),
+        op_local_bound_bytes: g.op_local_bound().max(super::bounds::memory_floor(g)),
+        recompute_flops: best.recompute_cost,
+        baseline_flops: g.base_cost(),
+        overhead: best.recompute_cost / base_cost,
+        lower_bound_overhead: lb,
+        solve_seconds: t0.elapsed().as_secs_f64(),
+        recomputed,
+        schedule_len: best.plan.len(),
+        method,
+        plan: best.plan.clone(),
+    };
+    Ok(ModuleOutcome {
+        report,
+        modules: best.modules.clone(),
+        saved_bytes: best.saved_bytes,
+        proven_optimal: proven,
+        unscoped,
+        excluded,
+        searched,
+    })
+}
