@@ -5,22 +5,35 @@ use super::{Graph, TensorId};
 
 /// The module path of a node from its TorchScript-style name, as
 /// `model.named_modules()` names it: `/layer1/layer1.0/conv1/Conv` → `layer1.0.conv1`
-/// (each scope repeats its parent's path; `/transformer/h.0/attn` → `transformer.h.0.attn`).
+/// (scopes joined by [`join`]; `/transformer/h.0/attn/X` → `transformer.h.0.attn`).
 /// `None` for names without a scope.
 pub fn module_path(node: &str) -> Option<String> {
     let parts: Vec<&str> = node.trim_start_matches('/').split('/').collect();
     if parts.len() < 2 {
         return None;
     }
-    let mut q = String::new();
-    for c in &parts[..parts.len() - 1] {
-        if q.is_empty() || c.starts_with(&format!("{q}.")) {
-            q = c.to_string();
-        } else {
-            q = format!("{q}.{c}");
+    let q = parts[..parts.len() - 1]
+        .iter()
+        .filter(|c| !c.is_empty())
+        .fold(String::new(), |q, c| join(&q, c));
+    (!q.is_empty()).then_some(q)
+}
+
+/// Joins a scope to its parent's path as TorchScript writes them: a container's
+/// child is named with the container's attribute (`layer1` + `layer1.0` →
+/// `layer1.0`; `layer1.0.downsample` + `downsample.0` → `layer1.0.downsample.0`), a
+/// child of a module that is not called keeps it (`transformer` + `h.0` →
+/// `transformer.h.0`).
+pub fn join(parent: &str, scope: &str) -> String {
+    if parent.is_empty() {
+        return scope.to_string();
+    }
+    if let Some((head, rest)) = scope.split_once('.') {
+        if parent == head || parent.ends_with(&format!(".{head}")) {
+            return format!("{parent}.{rest}");
         }
     }
-    (!q.is_empty()).then_some(q)
+    format!("{parent}.{scope}")
 }
 
 /// A parameter's name as PyTorch's `named_parameters()` gives it. The initializer's
@@ -58,6 +71,14 @@ mod tests {
         assert_eq!(
             module_path("/transformer/h.0/attn/c_attn/Gemm").as_deref(),
             Some("transformer.h.0.attn.c_attn")
+        );
+        assert_eq!(
+            module_path("/layer1/layer1.0/downsample/downsample.0/Conv").as_deref(),
+            Some("layer1.0.downsample.0")
+        );
+        assert_eq!(
+            module_path("/encoder/layer.0/attention/self/query/MatMul").as_deref(),
+            Some("encoder.layer.0.attention.self.query")
         );
         assert_eq!(module_path("Relu_3"), None);
     }

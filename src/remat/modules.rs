@@ -88,22 +88,7 @@ fn scopes(name: &str) -> Vec<&str> {
         .collect()
 }
 
-/// Joins a scope to its parent's path as TorchScript writes them: a container's
-/// child is named with the container's attribute (`layer1` + `layer1.0` →
-/// `layer1.0`; `layer1.0.downsample` + `downsample.0` → `layer1.0.downsample.0`), a
-/// child of a module that is not called keeps it (`transformer` + `h.0` →
-/// `transformer.h.0`).
-pub fn join(parent: &str, scope: &str) -> String {
-    if parent.is_empty() {
-        return scope.to_string();
-    }
-    if let Some((head, rest)) = scope.split_once('.') {
-        if parent == head || parent.ends_with(&format!(".{head}")) {
-            return format!("{parent}.{rest}");
-        }
-    }
-    format!("{parent}.{scope}")
-}
+pub use crate::ir::scope::join;
 
 /// `relu_2` → `Some("relu")`.
 fn call_suffix(scope: &str) -> Option<&str> {
