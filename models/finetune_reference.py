@@ -122,7 +122,9 @@ class CheckpointRecorder:
         self.dropout = []
         self.depth = 0
 
-    def wrap(self, model, paths):
+    def wrap(self, model, paths, run_checkpoint=True):
+        """run_checkpoint=False: the modules' forwards already run through checkpoint (a memplan
+        file's apply(model)); only observe them."""
         import torch
         from torch.utils.checkpoint import checkpoint
 
@@ -140,6 +142,8 @@ class CheckpointRecorder:
                 rec.depth += 1
                 try:
                     with rec._mode() if rec.recording else contextlib.nullcontext():
+                        if not run_checkpoint:
+                            return _orig(*args, **kwargs)
                         return checkpoint(_orig, *args, use_reentrant=False, **kwargs)
                 finally:
                     rec.depth -= 1
@@ -183,7 +187,8 @@ def make_prepare(case, rec, info):
         if case.get("checkpoint_file"):
             plan = load_checkpoint_file(case["checkpoint_file"])
             plan.apply(model)
-            info["checkpointed"] = list(getattr(plan, "CHECKPOINT_MODULES", []))
+            info["checkpointed"] = rec.wrap(model, list(getattr(plan, "CHECKPOINT_MODULES", [])),
+                                            run_checkpoint=False)
             info["checkpoint_file"] = case["checkpoint_file"]
         compile_budget = case.get("compile_budget")
         if compile_budget is not None:

@@ -308,3 +308,129 @@ fn frozen_steps_match_pytorch() {
     println!("{}", report.join("\n"));
     assert!(checked >= 8, "{checked} cases");
 }
+
+/// Module plans applied in PyTorch with the file `plan --pytorch` writes
+/// (models/module_plan_reference.json: every model with modules, batch 2, the plans
+/// at budgets 0.8 and 0.6; models/finetune_reference.json: every-block on ResNet-50
+/// and GPT-2 at batch 8, the transformer's first layer). Bytes alive when forward
+/// ends (what forward keeps for backward, plus the outputs) and step peaks, CPU
+/// dropout noise converted to CUDA masks as above, and the host-side bytes a CPU run
+/// counts taken out. Alive at forward end: equal (within 1 KiB). Peaks: within 5 %,
+/// [`OPEN`] within 10 %, [`CPU_EXCLUDED`] printed only. Prints every case.
+/// `torch.get_rng_state()` on CPU: the mt19937 state PyTorch's checkpoint keeps.
+const RNG_STATE_BYTES: u64 = 5056;
+
+/// Models whose CPU peaks are not comparable at all (models/export.py's
+/// TRAIN_EXCLUDED: oneDNN convolution workspaces, CPU RNN kernels): printed only.
+const CPU_EXCLUDED: [&str; 5] = [
+    "unet_small",
+    "fcn_resnet50",
+    "lstm_lm",
+    "gru_classifier",
+    "rnn_tagger",
+];
+
+/// Module plans whose peak is off by 5 to 10 % (docs/TRAINING_MEMORY.md lists them:
+/// open, not explained yet).
+const OPEN: [&str; 6] = [
+    "convit_tiny_b2_06",
+    "video_cnn_b2_06",
+    "video_cnn_b2_08",
+    "transformer_b2_06",
+    "transformer_b2_08",
+    "resnet50_b8_every_block",
+];
+
+#[test]
+fn module_plans_match_pytorch() {
+    use memplan::remat::modules::module_plan_for;
+    use memplan::remat::step::build;
+    let mut report = Vec::new();
+    let mut checked = 0;
+    for file in ["module_plan_reference.json", "finetune_reference.json"] {
+        let text = std::fs::read_to_string(common::shipped(file)).unwrap();
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        for (name, x) in doc["cases"].as_object().unwrap() {
+            let Some(mods) = x["checkpointed_modules"].as_array() else {
+                continue;
+            };
+            let mods: Vec<&str> = mods.iter().map(|m| m.as_str().unwrap()).collect();
+            let case = &x["case"];
+            let model = load_model(&common::shipped(&format!(
+                "{}.onnx",
+                case["model"].as_str().unwrap()
+            )))
+            .unwrap();
+            let bindings = Bindings {
+                batch: case["batch"].as_u64(),
+                ..Default::default()
+            };
+            let noise = 3 * x["dropout_alive_numel"].as_u64().unwrap();
+            for (key, optimizer) in [("sgd", Optimizer::Sgd), ("adam", Optimizer::Adam)] {
+                let m = &x[key];
+                if m.is_null() {
+                    continue;
+                }
+                let loss = if case["model"] == "mlp_loss" {
+                    memplan::train::Loss::Graph
+                } else {
+                    memplan::train::Loss::Mean
+                };
+                let o = TrainOptions {
+                    loss,
+                    ..opts(None, None, optimizer)
+                };
+                let step = build(&model, &bindings, &o, name).unwrap();
+                let g = &step.graph;
+                let p = module_plan_for(g, &mods).unwrap();
+                // Alive at forward end: kept for backward, plus the outputs and loss.
+                let outputs: u64 = g
+                    .values
+                    .iter()
+                    .filter(|v| v.held && v.producer.is_some_and(|n| !g.nodes[n].backward))
+                    .map(|v| v.bytes)
+                    .sum();
+                // PyTorch's CPU figures hold, besides, the scalar loss (4 B) and per
+                // checkpoint call the CPU RNG state `preserve_rng_state` keeps
+                // (`torch.get_rng_state()`, 5,056 B; host memory on a GPU).
+                let rng = RNG_STATE_BYTES * mods.len() as u64;
+                let fe = p.saved_bytes + outputs;
+                let want_fe = m["forward_end_delta_bytes"].as_u64().unwrap() - noise - rng - 4;
+                let phase = m["peak_phase"].as_str().unwrap();
+                let n = if phase == "optimizer" { 0 } else { noise + rng };
+                let want_peak = m["step_peak_bytes"].as_u64().unwrap() - n;
+                let df = fe as f64 / want_fe as f64 - 1.0;
+                let dp = p.peak_bytes as f64 / want_peak as f64 - 1.0;
+                report.push(format!(
+                    "{name} {key}: forward end {fe} vs {want_fe} ({:+.2}%), peak {} vs {want_peak} ({:+.2}%, {phase}); {}",
+                    df * 100.0,
+                    p.peak_bytes,
+                    dp * 100.0,
+                    mods.join(",")
+                ));
+                // Forward end: exact but for a few scalars (at most 576 B seen).
+                assert!(
+                    fe.abs_diff(want_fe) <= 1024.max(want_fe / 1000),
+                    "{name} {key}: alive at forward end {fe} vs PyTorch {want_fe}"
+                );
+                let model_name = case["model"].as_str().unwrap();
+                let tol = if CPU_EXCLUDED.contains(&model_name) {
+                    f64::INFINITY
+                } else if OPEN.contains(&name.as_str()) {
+                    0.10
+                } else {
+                    0.05
+                };
+                assert!(
+                    dp.abs() <= tol,
+                    "{name} {key}: peak {} vs PyTorch {want_peak} ({:+.2}%)",
+                    p.peak_bytes,
+                    dp * 100.0
+                );
+                checked += 1;
+            }
+        }
+    }
+    println!("{}", report.join("\n"));
+    assert!(checked >= 80, "{checked} cases");
+}

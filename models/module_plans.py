@@ -1,0 +1,78 @@
+"""Module plans of every model with modules, for PyTorch to measure (dev-time tool).
+
+For each TorchScript model in models/ (the dynamo exports carry no scopes) and two
+budgets (0.8 and 0.6 of the no-recompute peak, batch 2, SGD), runs
+
+    memplan plan models/M.onnx --batch 2 --optimizer sgd --granularity module
+        --budget B --json --pytorch models/module_plans/M_b2_B.py
+
+and writes models/module_plan_cases.json, whose cases `finetune_reference.py` measures
+with each generated file's `apply(model)`:
+
+    python models/module_plans.py            # plans and cases (needs target/release/memplan)
+    python models/finetune_reference.py --cases models/module_plan_cases.json \\
+        --out models/module_plan_reference.json --no-time
+
+A model whose plan keeps no module (nothing to checkpoint) is listed in the cases
+file's `skipped` with memplan's reason.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+BATCH = 2
+BUDGETS = ["0.8", "0.6"]
+# The dynamo exports (no scopes) and the models PyTorch cannot rebuild by name.
+EXCLUDED = {"resnet18_dynamo", "gpt2_dynamo", "transformer_dynamo_raw"}
+
+
+def main():
+    sys.path.insert(0, HERE)
+    import export as E
+
+    exe = os.path.join(ROOT, "target", "release", "memplan")
+    cases, skipped = [], {}
+    names = [n for n in E.MODELS if n not in EXCLUDED and os.path.exists(os.path.join(HERE, n + ".onnx"))]
+    if len(sys.argv) > 1:
+        names = sys.argv[1].split(",")
+    for name in names:
+        for b in BUDGETS:
+            tag = "%s_b%d_%s" % (name, BATCH, b.replace(".", ""))
+            py = os.path.join("models", "module_plans", tag + ".py")
+            cmd = [exe, "plan", "models/%s.onnx" % name, "--batch", str(BATCH), "--optimizer", "sgd",
+                   "--granularity", "module", "--budget", b, "--time-limit", "10", "--json", "--pytorch", py]
+            if name in E.TRAIN_GRAPH_LOSS:
+                cmd += ["--loss", "graph"]
+            r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+            if r.returncode != 0:
+                skipped[tag] = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "exit %d" % r.returncode
+                print("skip", tag, skipped[tag], flush=True)
+                continue
+            plan = json.loads(r.stdout)
+            mods = plan["checkpoint_modules"]
+            if not mods:
+                skipped[tag] = "no module to checkpoint"
+                if os.path.exists(os.path.join(ROOT, py)):
+                    os.remove(os.path.join(ROOT, py))
+                print("skip", tag, "no module", flush=True)
+                continue
+            print(tag, plan["feasible"], plan["peak_bytes"], len(mods), mods[:4], flush=True)
+            cases.append({"name": tag, "model": name, "batch": BATCH, "optimizer": None, "freeze": None,
+                          "trainable": None, "checkpoint": None, "checkpoint_file": py,
+                          "memplan": {"budget": b, "feasible": plan["feasible"], "peak_bytes": plan["peak_bytes"],
+                                      "overhead": plan["overhead"], "method": plan.get("method"),
+                                      "checkpoint_modules": mods}})
+    with open(os.path.join(HERE, "module_plan_cases.json"), "w") as f:
+        json.dump(cases, f, indent=1)
+        f.write("\n")
+    with open(os.path.join(HERE, "module_plans", "skipped.json"), "w") as f:
+        json.dump(skipped, f, indent=1)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()

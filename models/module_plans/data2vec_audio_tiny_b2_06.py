@@ -1,0 +1,44 @@
+"""Activation checkpointing plan made by memplan.
+
+model: models/data2vec_audio_tiny.onnx
+batch: 2
+budget: 1.87 MiB (1960041 bytes)
+predicted peak: 1.85 MiB (1943351 bytes)
+method: module:exhaustive
+
+apply(model) wraps each module below so that its forward runs through
+torch.utils.checkpoint.checkpoint(..., use_reentrant=False): the module keeps only
+its inputs for backward and runs again when backward reaches it (BatchNorm running
+statistics are then updated again, as with any use of torch.utils.checkpoint).
+"""
+
+import functools
+
+import torch.utils.checkpoint
+
+CHECKPOINT_MODULES = [
+    "data2vec_audio.feature_extractor",
+    "data2vec_audio.feature_projection",
+    "data2vec_audio.encoder.pos_conv_embed.layers.1",
+    "data2vec_audio.encoder.layers.0.attention",
+    "data2vec_audio.encoder.layers.0.feed_forward",
+]
+
+
+def apply(model):
+    """Checkpoints every module of CHECKPOINT_MODULES in `model`; returns `model`."""
+    for name in CHECKPOINT_MODULES:
+        module = model.get_submodule(name)
+        if getattr(module, "_memplan_checkpointed", False):
+            continue
+        forward = module.forward
+
+        @functools.wraps(forward)
+        def checkpointed(*args, _forward=forward, **kwargs):
+            return torch.utils.checkpoint.checkpoint(
+                _forward, *args, use_reentrant=False, **kwargs
+            )
+
+        module.forward = checkpointed
+        module._memplan_checkpointed = True
+    return model

@@ -1,0 +1,56 @@
+"""Activation checkpointing plan made by memplan.
+
+model: models/fcn_resnet50.onnx
+batch: 2
+budget: 155.58 MiB (163137624 bytes)
+predicted peak: 256.96 MiB (269438441 bytes), over the budget: the lowest peak found
+method: module:greedy
+
+apply(model) wraps each module below so that its forward runs through
+torch.utils.checkpoint.checkpoint(..., use_reentrant=False): the module keeps only
+its inputs for backward and runs again when backward reaches it (BatchNorm running
+statistics are then updated again, as with any use of torch.utils.checkpoint).
+"""
+
+import functools
+
+import torch.utils.checkpoint
+
+CHECKPOINT_MODULES = [
+    "inner.backbone.layer1.0",
+    "inner.backbone.layer1.1",
+    "inner.backbone.layer1.2",
+    "inner.backbone.layer2.0",
+    "inner.backbone.layer2.1",
+    "inner.backbone.layer2.2",
+    "inner.backbone.layer2.3",
+    "inner.backbone.layer3.0",
+    "inner.backbone.layer3.1",
+    "inner.backbone.layer3.2",
+    "inner.backbone.layer3.3",
+    "inner.backbone.layer3.4",
+    "inner.backbone.layer3.5",
+    "inner.backbone.layer4.0",
+    "inner.backbone.layer4.1",
+    "inner.backbone.layer4.2",
+    "inner.classifier.3",
+]
+
+
+def apply(model):
+    """Checkpoints every module of CHECKPOINT_MODULES in `model`; returns `model`."""
+    for name in CHECKPOINT_MODULES:
+        module = model.get_submodule(name)
+        if getattr(module, "_memplan_checkpointed", False):
+            continue
+        forward = module.forward
+
+        @functools.wraps(forward)
+        def checkpointed(*args, _forward=forward, **kwargs):
+            return torch.utils.checkpoint.checkpoint(
+                _forward, *args, use_reentrant=False, **kwargs
+            )
+
+        module.forward = checkpointed
+        module._memplan_checkpointed = True
+    return model

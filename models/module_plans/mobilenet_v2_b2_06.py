@@ -1,0 +1,47 @@
+"""Activation checkpointing plan made by memplan.
+
+model: models/mobilenet_v2.onnx
+batch: 2
+budget: 101.82 MiB (106762695 bytes)
+predicted peak: 101.78 MiB (106720097 bytes)
+method: module:greedy
+
+apply(model) wraps each module below so that its forward runs through
+torch.utils.checkpoint.checkpoint(..., use_reentrant=False): the module keeps only
+its inputs for backward and runs again when backward reaches it (BatchNorm running
+statistics are then updated again, as with any use of torch.utils.checkpoint).
+"""
+
+import functools
+
+import torch.utils.checkpoint
+
+CHECKPOINT_MODULES = [
+    "features.1.conv.0",
+    "features.2",
+    "features.3.conv.1",
+    "features.4",
+    "features.5.conv.1",
+    "features.6.conv.1",
+    "features.13.conv.1",
+    "features.14.conv.1",
+]
+
+
+def apply(model):
+    """Checkpoints every module of CHECKPOINT_MODULES in `model`; returns `model`."""
+    for name in CHECKPOINT_MODULES:
+        module = model.get_submodule(name)
+        if getattr(module, "_memplan_checkpointed", False):
+            continue
+        forward = module.forward
+
+        @functools.wraps(forward)
+        def checkpointed(*args, _forward=forward, **kwargs):
+            return torch.utils.checkpoint.checkpoint(
+                _forward, *args, use_reentrant=False, **kwargs
+            )
+
+        module.forward = checkpointed
+        module._memplan_checkpointed = True
+    return model

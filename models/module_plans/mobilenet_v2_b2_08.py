@@ -1,0 +1,54 @@
+"""Activation checkpointing plan made by memplan.
+
+model: models/mobilenet_v2.onnx
+batch: 2
+budget: 135.76 MiB (142350260 bytes)
+predicted peak: 135.68 MiB (142268065 bytes)
+method: module:greedy
+
+apply(model) wraps each module below so that its forward runs through
+torch.utils.checkpoint.checkpoint(..., use_reentrant=False): the module keeps only
+its inputs for backward and runs again when backward reaches it (BatchNorm running
+statistics are then updated again, as with any use of torch.utils.checkpoint).
+"""
+
+import functools
+
+import torch.utils.checkpoint
+
+CHECKPOINT_MODULES = [
+    "features.1.conv.0",
+    "features.2.conv.1",
+    "features.3.conv.1",
+    "features.4.conv.1",
+    "features.5.conv.1",
+    "features.6.conv.1",
+    "features.7.conv.1",
+    "features.8.conv.1",
+    "features.9.conv.1",
+    "features.10.conv.1",
+    "features.11.conv.1",
+    "features.12.conv.1",
+    "features.13.conv.1",
+    "features.15.conv.1",
+    "features.16.conv.1",
+]
+
+
+def apply(model):
+    """Checkpoints every module of CHECKPOINT_MODULES in `model`; returns `model`."""
+    for name in CHECKPOINT_MODULES:
+        module = model.get_submodule(name)
+        if getattr(module, "_memplan_checkpointed", False):
+            continue
+        forward = module.forward
+
+        @functools.wraps(forward)
+        def checkpointed(*args, _forward=forward, **kwargs):
+            return torch.utils.checkpoint.checkpoint(
+                _forward, *args, use_reentrant=False, **kwargs
+            )
+
+        module.forward = checkpointed
+        module._memplan_checkpointed = True
+    return model

@@ -1,0 +1,49 @@
+"""Activation checkpointing plan made by memplan.
+
+model: models/roberta_mlm.onnx
+batch: 2
+budget: 4.50 MiB (4720063 bytes)
+predicted peak: 4.79 MiB (5027119 bytes), over the budget: the lowest peak found
+method: module:exhaustive
+
+apply(model) wraps each module below so that its forward runs through
+torch.utils.checkpoint.checkpoint(..., use_reentrant=False): the module keeps only
+its inputs for backward and runs again when backward reaches it (BatchNorm running
+statistics are then updated again, as with any use of torch.utils.checkpoint).
+"""
+
+import functools
+
+import torch.utils.checkpoint
+
+CHECKPOINT_MODULES = [
+    "roberta.embeddings",
+    "roberta.encoder.layer.0.attention.self",
+    "roberta.encoder.layer.0.attention.output",
+    "roberta.encoder.layer.0.intermediate",
+    "roberta.encoder.layer.0.output",
+    "roberta.encoder.layer.1.attention.self",
+    "roberta.encoder.layer.1.attention.output",
+    "roberta.encoder.layer.1.intermediate",
+    "roberta.encoder.layer.1.output",
+    "lm_head",
+]
+
+
+def apply(model):
+    """Checkpoints every module of CHECKPOINT_MODULES in `model`; returns `model`."""
+    for name in CHECKPOINT_MODULES:
+        module = model.get_submodule(name)
+        if getattr(module, "_memplan_checkpointed", False):
+            continue
+        forward = module.forward
+
+        @functools.wraps(forward)
+        def checkpointed(*args, _forward=forward, **kwargs):
+            return torch.utils.checkpoint.checkpoint(
+                _forward, *args, use_reentrant=False, **kwargs
+            )
+
+        module.forward = checkpointed
+        module._memplan_checkpointed = True
+    return model

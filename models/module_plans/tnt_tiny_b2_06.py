@@ -1,0 +1,52 @@
+"""Activation checkpointing plan made by memplan.
+
+model: models/tnt_tiny.onnx
+batch: 2
+budget: 1.53 MiB (1602546 bytes)
+predicted peak: 1.81 MiB (1900318 bytes), over the budget: the lowest peak found
+method: module:exhaustive
+
+apply(model) wraps each module below so that its forward runs through
+torch.utils.checkpoint.checkpoint(..., use_reentrant=False): the module keeps only
+its inputs for backward and runs again when backward reaches it (BatchNorm running
+statistics are then updated again, as with any use of torch.utils.checkpoint).
+"""
+
+import functools
+
+import torch.utils.checkpoint
+
+CHECKPOINT_MODULES = [
+    "pixel_embed",
+    "blocks.0.norm_in",
+    "blocks.0.attn_in",
+    "blocks.0.norm_mlp_in",
+    "blocks.0.mlp_in",
+    "blocks.0.attn_out",
+    "blocks.0.mlp",
+    "blocks.1.norm_in",
+    "blocks.1.attn_in",
+    "blocks.1.norm_mlp_in",
+    "blocks.1.mlp_in",
+    "blocks.1.attn_out",
+    "blocks.1.mlp",
+]
+
+
+def apply(model):
+    """Checkpoints every module of CHECKPOINT_MODULES in `model`; returns `model`."""
+    for name in CHECKPOINT_MODULES:
+        module = model.get_submodule(name)
+        if getattr(module, "_memplan_checkpointed", False):
+            continue
+        forward = module.forward
+
+        @functools.wraps(forward)
+        def checkpointed(*args, _forward=forward, **kwargs):
+            return torch.utils.checkpoint.checkpoint(
+                _forward, *args, use_reentrant=False, **kwargs
+            )
+
+        module.forward = checkpointed
+        module._memplan_checkpointed = True
+    return model
