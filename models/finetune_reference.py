@@ -51,7 +51,7 @@ import export as E  # noqa: E402  (models/export.py)
 PEER_MODELS = ("resnet50", "gpt2")
 PEER_BATCH = 8
 PEER_CONFIGS = ("none", "every-block", "compile_1.0", "compile_0.5", "compile_0.2")
-TIMED_STEPS = 3
+TIMED_STEPS = int(os.environ.get("MEMPLAN_TIMED_STEPS", "3"))
 
 DEFINITIONS = {
     "step": "export.py's training step (models/README.md): warm-up step, then the measured step under the "

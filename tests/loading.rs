@@ -180,3 +180,45 @@ fn non_topological_order_is_sorted() {
     assert_eq!(names, ["first", "second"]);
     assert!(infer(&model, &Bindings::default()).is_ok());
 }
+
+/// The dynamo exporter's module scopes (node metadata `pkg.torch.onnx.name_scopes`)
+/// give the same module paths as the TorchScript exporter's scoped node names.
+#[test]
+fn dynamo_name_scopes_give_module_paths() {
+    let scoped = |mut n: memplan::onnx::proto::NodeProto, scopes: &str| {
+        n.metadata_props.push(StringStringEntryProto {
+            key: Some("pkg.torch.onnx.name_scopes".into()),
+            value: Some(scopes.into()),
+        });
+        n
+    };
+    let mut m = common::mlp();
+    let g = m.graph.as_mut().unwrap();
+    g.node[0] = scoped(
+        g.node[0].clone(),
+        "['', 'layer1', 'layer1.0', 'layer1.0.downsample', 'layer1.0.downsample.0', 'addmm']",
+    );
+    g.node[1] = scoped(
+        g.node[1].clone(),
+        "['', 'encoder', 'encoder.layer.0', 'relu']",
+    );
+    // Not a list: the name stays as it is.
+    g.node[2] = scoped(g.node[2].clone(), "layer2");
+    let dir = tempfile::tempdir().unwrap();
+    let model = load_model(&common::write_tmp(&dir, "m.onnx", &common::encode(&m))).unwrap();
+    let paths: Vec<Option<String>> = model
+        .graph
+        .order
+        .iter()
+        .map(|&ix| memplan::ir::module_path(&model.graph.node(ix).name))
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            Some("layer1.0.downsample.0".to_string()),
+            Some("encoder.layer.0".to_string()),
+            None
+        ]
+    );
+    assert_eq!(model.graph.node(model.graph.order[2]).name, "fc2");
+}

@@ -372,6 +372,7 @@ fn build_graph(gp: proto::GraphProto) -> Result<Graph> {
             "" => format!("{op_type}_{i}"),
             s => s.to_string(),
         };
+        let name = scoped_name(n, name);
         let domain = match n.domain() {
             "ai.onnx" => "",
             d => d,
@@ -493,4 +494,70 @@ fn build_graph(gp: proto::GraphProto) -> Result<Graph> {
     };
     b.g.model_order_is_topological = topological;
     Ok(b.g)
+}
+
+/// The dynamo exporter's module scopes, written into the node's name the way the
+/// TorchScript exporter writes its scopes, so that one parser
+/// ([`crate::ir::module_path`]) names both exporters' modules. Its metadata
+/// `pkg.torch.onnx.name_scopes` is the Python `repr` of the full module paths from
+/// the root (`''`) to the innermost module, then the fx node's name:
+/// `['', 'layer1', 'layer1.0', 'layer1.0.conv1', 'convolution']` makes
+/// `node_Conv_3` into `/layer1/0/conv1/node_Conv_3`. A name that already has a
+/// scope, or a node without the metadata, keeps its name.
+fn scoped_name(n: &proto::NodeProto, name: String) -> String {
+    if name.starts_with('/') {
+        return name;
+    }
+    let Some(scopes) = n
+        .metadata_props
+        .iter()
+        .find(|p| p.key() == "pkg.torch.onnx.name_scopes")
+        .and_then(|p| py_str_list(p.value()))
+    else {
+        return name;
+    };
+    let mut parts: Vec<&str> = Vec::new();
+    let mut prev = "";
+    for m in scopes[..scopes.len().saturating_sub(1)]
+        .iter()
+        .filter(|m| !m.is_empty())
+    {
+        let rel = m
+            .strip_prefix(prev)
+            .and_then(|r| r.strip_prefix('.'))
+            .filter(|_| !prev.is_empty())
+            .unwrap_or(m);
+        parts.push(rel);
+        prev = m;
+    }
+    if parts.is_empty() || parts.iter().any(|p| p.contains('/')) {
+        return name;
+    }
+    format!("/{}/{name}", parts.join("/"))
+}
+
+/// A Python `repr` of a list of strings (`['', 'a.b']`); `None` if it is not one.
+fn py_str_list(text: &str) -> Option<Vec<String>> {
+    let inner = text.trim().strip_prefix('[')?.strip_suffix(']')?;
+    let mut out = Vec::new();
+    let mut chars = inner.chars().peekable();
+    loop {
+        while chars.peek().is_some_and(|c| c.is_whitespace() || *c == ',') {
+            chars.next();
+        }
+        let Some(q) = chars.next() else { break };
+        if q != '\'' && q != '"' {
+            return None;
+        }
+        let mut s = String::new();
+        loop {
+            match chars.next()? {
+                '\\' => s.push(chars.next()?),
+                c if c == q => break,
+                c => s.push(c),
+            }
+        }
+        out.push(s);
+    }
+    Some(out)
 }
