@@ -565,19 +565,7 @@ pub fn plan_modules(
             return Err(Error::Graph("a module search needs a budget".into()))
         }
     };
-    let mut count = vec![0u32; g.nodes.len()];
-    for op in &best.plan {
-        if let super::graph::Instr::Compute(i) = op {
-            count[*i] += 1;
-        }
-    }
-    let recomputed = g
-        .nodes
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| count[*i] > 1)
-        .flat_map(|(_, n)| n.outputs.iter().map(|&v| g.values[v].name.clone()))
-        .collect();
+    let recomputed = super::plan::recomputed_values(g, &best.plan);
     let budget_bytes = budget.unwrap_or(best.peak_bytes);
     let report = super::plan::PlanReport {
         solver,

@@ -127,19 +127,7 @@ pub fn plan(g: &RematGraph, budget: u64, solver: Solver, time_limit_s: f64) -> R
         }
     };
     let r = replay(g, &chosen).map_err(Error::Graph)?;
-    let mut count = vec![0u32; g.nodes.len()];
-    for op in &chosen {
-        if let Instr::Compute(i) = op {
-            count[*i] += 1;
-        }
-    }
-    let recomputed = g
-        .nodes
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| count[*i] > 1)
-        .flat_map(|(_, n)| n.outputs.iter().map(|&v| g.values[v].name.clone()))
-        .collect();
+    let recomputed = recomputed_values(g, &chosen);
     let base_cost = g.base_cost();
     Ok(PlanReport {
         solver,
@@ -163,6 +151,23 @@ pub fn plan(g: &RematGraph, budget: u64, solver: Solver, time_limit_s: f64) -> R
         method: source,
         plan: chosen,
     })
+}
+
+/// Names of the values a plan computes more than once (the outputs of nodes it
+/// computes again), in node order.
+pub fn recomputed_values(g: &RematGraph, plan: &[Instr]) -> Vec<String> {
+    let mut count = vec![0u32; g.nodes.len()];
+    for op in plan {
+        if let Instr::Compute(i) = op {
+            count[*i] += 1;
+        }
+    }
+    g.nodes
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| count[*i] > 1)
+        .flat_map(|(_, n)| n.outputs.iter().map(|&v| g.values[v].name.clone()))
+        .collect()
 }
 
 /// PyTorch module paths of recomputed forward nodes, from TorchScript-style node
