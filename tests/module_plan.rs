@@ -418,7 +418,7 @@ fn cli_module_plan_verifies_and_writes_python() {
     let text = std::fs::read_to_string(&py).unwrap();
     assert!(text.contains("CHECKPOINT_MODULES = [\n    \"layers.0\",\n    \"layers.1\",\n]"));
     assert!(text.contains(&format!("({} bytes)", v["peak_bytes"])));
-    let (ok, out, err) = run(&[
+    let r = ok_json(&[
         "verify",
         m,
         "--batch",
@@ -427,8 +427,6 @@ fn cli_module_plan_verifies_and_writes_python() {
         plan.to_str().unwrap(),
         "--json",
     ]);
-    assert!(ok, "{err}");
-    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(r["measured_peak_bytes"], v["peak_bytes"], "{r}");
     assert_eq!(r["predicted_peak_bytes"], v["peak_bytes"], "{r}");
     assert_eq!(r["gradients_identical"], true, "{r}");
@@ -588,7 +586,7 @@ fn cli_searched_module_plan_verifies() {
         v["checkpoint_modules"],
         serde_json::json!(["enc1", "enc2", "mid"])
     );
-    let (ok, out, err) = run(&[
+    let r = ok_json(&[
         "verify",
         m,
         "--batch",
@@ -597,8 +595,6 @@ fn cli_searched_module_plan_verifies() {
         plan.to_str().unwrap(),
         "--json",
     ]);
-    assert!(ok, "{err}");
-    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(r["measured_peak_bytes"], v["peak_bytes"], "{r}");
     assert_eq!(r["gradients_identical"], true, "{r}");
     let _ = std::fs::remove_dir_all(&dir);

@@ -52,12 +52,10 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     if let Some(b) = budgets.iter().find(|&&b| !(b > 0.0 && b <= 1.0)) {
         bail!("--budgets: {b} is not a fraction in (0, 1]");
     }
+    let opts = training.options()?;
     let mut gs = Vec::new();
     for p in &graphs {
-        gs.push(
-            load_graph_with(p, batch, &training.options()?)
-                .with_context(|| p.display().to_string())?,
-        );
+        gs.push(load_graph_with(p, batch, &opts).with_context(|| p.display().to_string())?);
     }
     let rows = run_bench(&gs, &budgets, &solvers, time_limit)?;
     if json {

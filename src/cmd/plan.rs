@@ -107,6 +107,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         ),
         (None, None) => Chosen::Search,
     };
+    let opts = training.options()?;
     let by_module = granularity == By::Module || chosen != Chosen::Search;
     if pytorch.is_some() && !by_module {
         bail!("--pytorch writes a module plan: give --granularity module or --checkpoint");
@@ -136,7 +137,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
                 batch,
                 dims: parse_dims(&dims)?,
             };
-            let (_, step) = load(&m, &b, &training.options()?).with_context(|| path.clone())?;
+            let (_, step) = load(&m, &b, &opts).with_context(|| path.clone())?;
             (step.graph, path)
         }
         (None, None) => bail!("give a MODEL or --dag FILE"),
@@ -214,12 +215,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     if let Some(out) = output {
         use memplan::remat::planfile::{PlanFile, StepSource, FORMAT, VERSION};
         let step = match &model_path {
-            Some(m) => Some(StepSource::new(
-                m,
-                batch,
-                &parse_dims(&dims)?,
-                &training.options()?,
-            )),
+            Some(m) => Some(StepSource::new(m, batch, &parse_dims(&dims)?, &opts)),
             None => None,
         };
         let doc = PlanFile {
@@ -247,7 +243,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
             batch,
             dims: parse_dims(&dims)?,
         };
-        memplan::remat::rewrite::write_rewrite(m, &bindings, &training.options()?, &g, &r, out)
+        memplan::remat::rewrite::write_rewrite(m, &bindings, &opts, &g, &r, out)
             .with_context(|| format!("--rewrite {}", out.display()))?;
     }
     if json {

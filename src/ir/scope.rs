@@ -8,15 +8,22 @@ use super::{Graph, TensorId};
 /// (scopes joined by [`join`]; `/transformer/h.0/attn/X` → `transformer.h.0.attn`).
 /// `None` for names without a scope.
 pub fn module_path(node: &str) -> Option<String> {
-    let parts: Vec<&str> = node.trim_start_matches('/').split('/').collect();
-    if parts.len() < 2 {
-        return None;
-    }
-    let q = parts[..parts.len() - 1]
-        .iter()
-        .filter(|c| !c.is_empty())
+    let q = scopes(node)
+        .into_iter()
         .fold(String::new(), |q, c| join(&q, c));
     (!q.is_empty()).then_some(q)
+}
+
+/// The scope components of a node name, the op's own part dropped:
+/// `/layer1/layer1.0/conv1/Conv` → `["layer1", "layer1.0", "conv1"]`; none for a
+/// name without a scope.
+pub fn scopes(node: &str) -> Vec<&str> {
+    let parts: Vec<&str> = node.trim_start_matches('/').split('/').collect();
+    parts[..parts.len() - 1]
+        .iter()
+        .copied()
+        .filter(|c| !c.is_empty())
+        .collect()
 }
 
 /// Joins a scope to its parent's path as TorchScript writes them: a container's

@@ -101,10 +101,8 @@ fn candidates(g: &RematGraph) -> Result<(ModuleTree, Vec<Checkpoint>, Vec<String
     let t = ModuleTree::build(g);
     let base = evaluate(g, &t, &[])?;
     let mut cks = Vec::new();
-    let mut excluded = Vec::new();
     for (m, md) in t.modules.iter().enumerate() {
         if !md.contiguous {
-            excluded.push(md.path.clone());
             continue;
         }
         if md
@@ -124,6 +122,7 @@ fn candidates(g: &RematGraph) -> Result<(ModuleTree, Vec<Checkpoint>, Vec<String
             cks.push(c);
         }
     }
+    let excluded = t.excluded();
     Ok((t, cks, excluded))
 }
 
@@ -515,26 +514,20 @@ pub fn plan_modules(
     let mut searched = None;
     let (best, lowest, lb, proven, method, unscoped, excluded) = match (chosen, budget) {
         (Chosen::Preset(_) | Chosen::Modules(_), _) => {
+            let t = ModuleTree::build(g);
             let (p, method) = match chosen {
                 Chosen::Modules(list) => {
                     let paths: Vec<&str> = list.iter().map(|x| x.as_str()).collect();
                     (
-                        super::modules::module_plan_for(g, &paths).map_err(Error::Graph)?,
+                        super::modules::module_plan_in(g, &t, &paths).map_err(Error::Graph)?,
                         "module:given",
                     )
                 }
                 _ => (
-                    super::modules::every_block(g).map_err(Error::Graph)?,
+                    super::modules::every_block_in(g, &t).map_err(Error::Graph)?,
                     "module:every-block",
                 ),
             };
-            let t = ModuleTree::build(g);
-            let excluded = t
-                .modules
-                .iter()
-                .filter(|m| !m.contiguous)
-                .map(|m| m.path.clone())
-                .collect();
             let lb =
                 stage_lower_bound(g, budget.unwrap_or(p.peak_bytes)).unwrap_or(0.0) / base_cost;
             let low = p.peak_bytes;
@@ -545,7 +538,7 @@ pub fn plan_modules(
                 None,
                 method.to_string(),
                 t.unscoped_names(g),
-                excluded,
+                t.excluded(),
             )
         }
         (Chosen::Search, Some(b)) => {

@@ -73,19 +73,14 @@ pub struct ModuleTree {
     innermost: Vec<Option<usize>>,
 }
 
-/// The scope components of a node name (`/a/a.b/c/Op` → `["a", "a.b", "c"]`), backward
-/// nodes' `/grad` suffix removed.
+/// The scope components of a node name ([`crate::ir::scope::scopes`]), backward
+/// nodes' `/grad` suffix removed; none for a name that does not start with `/`.
 fn scopes(name: &str) -> Vec<&str> {
     let name = name.strip_suffix("/grad").unwrap_or(name);
     if !name.starts_with('/') {
         return Vec::new();
     }
-    let parts: Vec<&str> = name.trim_start_matches('/').split('/').collect();
-    parts[..parts.len().saturating_sub(1)]
-        .iter()
-        .copied()
-        .filter(|c| !c.is_empty())
-        .collect()
+    crate::ir::scope::scopes(name)
 }
 
 pub use crate::ir::scope::join;
@@ -263,6 +258,16 @@ impl ModuleTree {
     /// Whether node `n` (forward or backward) lies in module `m`.
     pub fn contains(&self, m: usize, n: NodeId) -> bool {
         self.innermost[n].is_some_and(|x| self.is_within(x, m))
+    }
+
+    /// Paths of the modules that cannot be checkpointed as one call (called twice,
+    /// shared).
+    pub fn excluded(&self) -> Vec<String> {
+        self.modules
+            .iter()
+            .filter(|m| !m.contiguous)
+            .map(|m| m.path.clone())
+            .collect()
     }
 
     /// Names of the forward nodes outside every module.
@@ -510,13 +515,21 @@ pub fn evaluate(g: &RematGraph, t: &ModuleTree, cks: &[&Checkpoint]) -> Result<M
 /// every path must name a module that runs as one call, and no module may lie inside
 /// another listed one.
 pub fn module_plan_for(g: &RematGraph, paths: &[&str]) -> Result<ModulePlan, String> {
-    let t = ModuleTree::build(g);
+    module_plan_in(g, &ModuleTree::build(g), paths)
+}
+
+/// [`module_plan_for`] over the tree `t` of `g`.
+pub fn module_plan_in(
+    g: &RematGraph,
+    t: &ModuleTree,
+    paths: &[&str],
+) -> Result<ModulePlan, String> {
     let mut cks = Vec::new();
     for p in paths {
         let m = t
             .find(p)
             .ok_or_else(|| format!("no module '{p}' in this model's node names"))?;
-        cks.push(Checkpoint::new(g, &t, m)?);
+        cks.push(Checkpoint::new(g, t, m)?);
     }
     for a in &cks {
         for b in &cks {
@@ -529,18 +542,22 @@ pub fn module_plan_for(g: &RematGraph, paths: &[&str]) -> Result<ModulePlan, Str
         }
     }
     let refs: Vec<&Checkpoint> = cks.iter().collect();
-    evaluate(g, &t, &refs)
+    evaluate(g, t, &refs)
 }
 
 /// The `every-block` preset: every repeated block ([`repeated_blocks`]) checkpointed.
 pub fn every_block(g: &RematGraph) -> Result<ModulePlan, String> {
-    let t = ModuleTree::build(g);
-    let cks = repeated_blocks(&t)
+    every_block_in(g, &ModuleTree::build(g))
+}
+
+/// [`every_block`] over the tree `t` of `g`.
+pub fn every_block_in(g: &RematGraph, t: &ModuleTree) -> Result<ModulePlan, String> {
+    let cks = repeated_blocks(t)
         .into_iter()
-        .map(|m| Checkpoint::new(g, &t, m))
+        .map(|m| Checkpoint::new(g, t, m))
         .collect::<Result<Vec<_>, _>>()?;
     let refs: Vec<&Checkpoint> = cks.iter().collect();
-    evaluate(g, &t, &refs)
+    evaluate(g, t, &refs)
 }
 
 /// The repeated blocks: under each parent, the outermost children named by

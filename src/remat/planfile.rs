@@ -139,30 +139,28 @@ impl PlanFile {
     pub fn check_against(&self, g: &RematGraph, source: &StepSource) -> Result<u64> {
         let bad = |m: String| Err(Error::Plan(format!("the plan does not fit this run: {m}")));
         if let Some(s) = &self.step {
+            // Values quoted; an absent pattern is `none`, which no quoted pattern equals.
+            let q = |v: &str| format!("'{v}'");
+            let pattern = |p: &Option<String>| p.as_deref().map_or("none".into(), q);
             let pairs = [
-                ("model", &s.model, &source.model),
-                ("optimizer", &s.optimizer, &source.optimizer),
-                ("precision", &s.precision, &source.precision),
-                ("loss", &s.loss, &source.loss),
+                ("model", q(&s.model), q(&source.model)),
+                ("optimizer", q(&s.optimizer), q(&source.optimizer)),
+                ("precision", q(&s.precision), q(&source.precision)),
+                ("loss", q(&s.loss), q(&source.loss)),
+                (
+                    "frozen parameters",
+                    pattern(&s.freeze),
+                    pattern(&source.freeze),
+                ),
+                (
+                    "trainable parameters",
+                    pattern(&s.trainable),
+                    pattern(&source.trainable),
+                ),
             ];
             for (what, had, want) in pairs {
                 if had != want {
-                    return bad(format!(
-                        "it was made for {what} '{had}', this run is '{want}'"
-                    ));
-                }
-            }
-            let none = || "none".to_string();
-            for (what, had, want) in [
-                ("frozen parameters", &s.freeze, &source.freeze),
-                ("trainable parameters", &s.trainable, &source.trainable),
-            ] {
-                if had != want {
-                    return bad(format!(
-                        "it was made with {what} '{}', this run with '{}'",
-                        had.clone().unwrap_or_else(none),
-                        want.clone().unwrap_or_else(none)
-                    ));
+                    return bad(format!("it was made for {what} {had}, this run is {want}"));
                 }
             }
             if s.batch != source.batch {
