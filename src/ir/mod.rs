@@ -10,7 +10,7 @@ pub mod value;
 
 pub use attr::{Attr, Attrs};
 pub use dtype::DType;
-pub use graph::{Edge, Graph, Model, Node};
+pub use graph::{Edge, Graph, Model, NameHash, Node};
 pub use scope::{module_path, parameter_name};
 pub use tensor::{DimDecl, Payload, TensorData, TensorId, TensorInfo, TensorKind};
 pub use value::{Data, Value};

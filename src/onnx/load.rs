@@ -1,13 +1,15 @@
 //! Memory-mapped, zero-copy loading of an ONNX file into the IR.
 
-use std::collections::BTreeMap;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use bytes::Bytes;
 use petgraph::stable_graph::StableGraph;
 use prost::Message;
 
-use super::proto;
+use super::source::{AttrSrc, GraphSrc, InfoSrc, NodeSrc, TensorSrc};
+use super::{proto, wire};
 use crate::error::{Error, Result};
 use crate::ir::{
     Attr, Attrs, DType, Data, DimDecl, Edge, Graph, Model, Node, Payload, TensorData, TensorId,
@@ -45,15 +47,53 @@ pub fn load_model(path: &Path) -> Result<Model> {
     if buf.is_empty() {
         return Err(not_onnx("file is empty".into()));
     }
-    let proto = decode_model(buf).map_err(|e| not_onnx(format!("protobuf decode failed ({e})")))?;
-    from_proto(proto).map_err(|e| match e {
+    // Plain exported models are read in place; anything else goes through prost,
+    // which decodes it or names what is wrong (module docs of `wire`).
+    let built = match wire::model(&buf) {
+        Some(m) => build_model(Header {
+            ir_version: m.ir_version,
+            opsets: m.opsets,
+            producer_name: m.producer_name,
+            producer_version: m.producer_version,
+            graph: m.graph.as_ref(),
+        }),
+        None => {
+            let proto =
+                decode_model(buf).map_err(|e| not_onnx(format!("protobuf decode failed ({e})")))?;
+            from_proto(proto)
+        }
+    };
+    built.map_err(|e| match e {
         Error::NotOnnx { reason, .. } => not_onnx(reason),
         other => other,
     })
 }
 
+/// The header fields of a model and its graph, from either source.
+struct Header<'a, G> {
+    ir_version: Option<i64>,
+    opsets: Vec<(Option<&'a str>, Option<i64>)>,
+    producer_name: Option<&'a str>,
+    producer_version: Option<&'a str>,
+    graph: Option<&'a G>,
+}
+
 /// Builds the IR from a decoded model.
 pub fn from_proto(m: proto::ModelProto) -> Result<Model> {
+    build_model(Header {
+        ir_version: m.ir_version,
+        opsets: m
+            .opset_import
+            .iter()
+            .map(|o| (o.domain.as_deref(), o.version))
+            .collect(),
+        producer_name: m.producer_name.as_deref(),
+        producer_version: m.producer_version.as_deref(),
+        graph: m.graph.as_ref(),
+    })
+}
+
+fn build_model<G: GraphSrc>(m: Header<'_, G>) -> Result<Model> {
     let structural = |reason: &str| Error::NotOnnx {
         path: Default::default(),
         reason: reason.to_string(),
@@ -68,12 +108,12 @@ pub fn from_proto(m: proto::ModelProto) -> Result<Model> {
     }
     let graph = m.graph.ok_or_else(|| structural("no graph"))?;
     let mut opsets = BTreeMap::new();
-    for o in &m.opset_import {
-        let domain = match o.domain.as_deref().unwrap_or("") {
+    for (domain, version) in m.opsets {
+        let domain = match domain.unwrap_or("") {
             "ai.onnx" => "",
             d => d,
         };
-        opsets.insert(domain.to_string(), o.version.unwrap_or(0));
+        opsets.insert(domain.to_string(), version.unwrap_or(0));
     }
     if ir_version >= 3 && !opsets.contains_key("") {
         return Err(structural("no opset_import for the default ONNX domain"));
@@ -93,62 +133,29 @@ pub fn from_proto(m: proto::ModelProto) -> Result<Model> {
     })
 }
 
-/// What a declared type is when memplan does not model it (not a numeric tensor).
-fn unmodelled(vi: &proto::ValueInfoProto) -> Option<&'static str> {
-    use proto::type_proto::Value as V;
-    match vi.r#type.as_ref().and_then(|t| t.value.as_ref())? {
-        V::TensorType(tt) if tt.elem_type == Some(8) => Some("a string tensor"),
-        V::TensorType(_) => None,
-        V::SequenceType(_) => Some("a sequence"),
-        V::MapType(_) => Some("a map"),
-        V::OptionalType(_) => Some("an optional"),
-        V::SparseTensorType(_) => Some("a sparse tensor"),
-        _ => Some("of an unknown type"),
-    }
-}
-
 /// Refuses a graph input or output of a type memplan does not model.
-fn check_modelled(vi: &proto::ValueInfoProto, role: &'static str) -> Result<()> {
-    match unmodelled(vi) {
+fn check_modelled(vi: &impl InfoSrc, role: &'static str) -> Result<()> {
+    match vi.unmodelled() {
         Some(kind) => Err(Error::UnsupportedType {
             role,
-            tensor: vi.name.clone().unwrap_or_default(),
+            tensor: vi.name().unwrap_or_default().to_string(),
             kind,
         }),
         None => Ok(()),
     }
 }
 
-fn decl_type(vi: &proto::ValueInfoProto) -> (Option<DType>, Option<Vec<DimDecl>>) {
-    let Some(proto::type_proto::Value::TensorType(tt)) =
-        vi.r#type.as_ref().and_then(|t| t.value.as_ref())
-    else {
-        return (None, None);
-    };
-    let dtype = tt.elem_type.and_then(DType::from_onnx);
-    let shape = tt.shape.as_ref().map(|s| {
-        s.dim
-            .iter()
-            .map(|d| match &d.value {
-                Some(proto::tensor_shape_proto::dimension::Value::DimValue(v)) => {
-                    DimDecl::Fixed(*v)
-                }
-                Some(proto::tensor_shape_proto::dimension::Value::DimParam(p)) if !p.is_empty() => {
-                    DimDecl::Named(p.clone())
-                }
-                _ => DimDecl::Unknown,
-            })
-            .collect()
-    });
-    (dtype, shape)
-}
-
 /// Converts a `TensorProto` without copying `raw_data`.
 pub fn tensor_data(t: &proto::TensorProto) -> std::result::Result<TensorData, String> {
-    let code = t.data_type.unwrap_or(0);
+    tensor_data_of(t)
+}
+
+fn tensor_data_of(t: &impl TensorSrc) -> std::result::Result<TensorData, String> {
+    let code = t.data_type().unwrap_or(0);
     let dtype = DType::from_onnx(code).ok_or_else(|| format!("unknown data_type {code}"))?;
-    let mut dims = Vec::with_capacity(t.dims.len());
-    for &d in &t.dims {
+    let t_dims = t.dims();
+    let mut dims = Vec::with_capacity(t_dims.len());
+    for &d in t_dims.iter() {
         dims.push(usize::try_from(d).map_err(|_| format!("negative dimension {d}"))?);
     }
     let td = TensorData {
@@ -162,13 +169,8 @@ pub fn tensor_data(t: &proto::TensorProto) -> std::result::Result<TensorData, St
     let expected_bytes = dtype
         .bytes_for(numel)
         .ok_or_else(|| format!("shape {:?} overflows", td.dims))?;
-    let payload = if t.data_location == Some(proto::tensor_proto::DataLocation::External as i32) {
-        let get = |k: &str| {
-            t.external_data
-                .iter()
-                .find(|e| e.key.as_deref() == Some(k))
-                .and_then(|e| e.value.clone())
-        };
+    let payload = if t.data_location() == Some(proto::tensor_proto::DataLocation::External as i32) {
+        let get = |k: &str| t.external(k);
         let location = get("location").ok_or("external data without a location")?;
         let num = |k: &str| -> std::result::Result<Option<u64>, String> {
             get(k)
@@ -183,7 +185,7 @@ pub fn tensor_data(t: &proto::TensorProto) -> std::result::Result<TensorData, St
             offset: num("offset")?.unwrap_or(0),
             length: num("length")?,
         }
-    } else if let Some(raw) = t.raw_data.as_ref().filter(|r| !r.is_empty()) {
+    } else if let Some(raw) = t.raw_data().filter(|r| !r.is_empty()) {
         if dtype != DType::String && raw.len() as u64 != expected_bytes {
             return Err(format!(
                 "raw_data holds {} bytes, its shape {:?} of {dtype} needs {expected_bytes}",
@@ -191,30 +193,26 @@ pub fn tensor_data(t: &proto::TensorProto) -> std::result::Result<TensorData, St
                 td.dims
             ));
         }
-        Payload::Raw(raw.clone())
+        Payload::Raw(raw)
     } else {
-        let typed = if !t.int64_data.is_empty() {
-            Some(Data::Int(t.int64_data.clone()))
-        } else if !t.int32_data.is_empty() {
-            Some(match dtype {
-                DType::F16 | DType::BF16 => {
-                    // Half types store their bit patterns in int32_data; the values are
-                    // not needed for shapes, so keep only the count.
-                    Data::Float(vec![0.0; t.int32_data.len()])
-                }
-                _ => Data::Int(t.int32_data.iter().map(|&v| v as i64).collect()),
+        // The first typed field that holds anything.
+        let typed = nonempty(t.int64_data())
+            .map(|v| Data::Int(v.into_owned()))
+            .or_else(|| {
+                nonempty(t.int32_data()).map(|v| match dtype {
+                    // Half types store their bit patterns in int32_data; the values
+                    // are not needed for shapes, so keep only the count.
+                    DType::F16 | DType::BF16 => Data::Float(vec![0.0; v.len()]),
+                    _ => Data::Int(v.iter().map(|&v| v as i64).collect()),
+                })
             })
-        } else if !t.uint64_data.is_empty() {
-            Some(Data::Int(t.uint64_data.iter().map(|&v| v as i64).collect()))
-        } else if !t.float_data.is_empty() {
-            Some(Data::Float(
-                t.float_data.iter().map(|&v| v as f64).collect(),
-            ))
-        } else if !t.double_data.is_empty() {
-            Some(Data::Float(t.double_data.clone()))
-        } else {
-            None
-        };
+            .or_else(|| {
+                nonempty(t.uint64_data()).map(|v| Data::Int(v.iter().map(|&v| v as i64).collect()))
+            })
+            .or_else(|| {
+                nonempty(t.float_data()).map(|v| Data::Float(v.iter().map(|&v| v as f64).collect()))
+            })
+            .or_else(|| nonempty(t.double_data()).map(|v| Data::Float(v.into_owned())));
         match typed {
             Some(d) => {
                 if d.len() as u64 != numel {
@@ -236,31 +234,39 @@ pub fn tensor_data(t: &proto::TensorProto) -> std::result::Result<TensorData, St
     Ok(TensorData { payload, ..td })
 }
 
+fn nonempty<T: Clone>(v: Cow<'_, [T]>) -> Option<Cow<'_, [T]>> {
+    (!v.is_empty()).then_some(v)
+}
+
 pub(crate) fn attrs_of(node: &proto::NodeProto, node_name: &str) -> Result<Attrs> {
+    attrs_from(node, node_name)
+}
+
+fn attrs_from(node: &impl NodeSrc, node_name: &str) -> Result<Attrs> {
     use proto::attribute_proto::AttributeType as T;
     let mut out = BTreeMap::new();
-    for a in &node.attribute {
-        let name = a.name.clone().unwrap_or_default();
-        let s = |b: &Bytes| String::from_utf8_lossy(b).into_owned();
+    for a in node.attributes() {
+        let name = a.name().to_string();
+        let s = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
         // Prefer the declared type; old exporters sometimes omit it, so fall back on
         // whichever field is set.
-        let kind = a.r#type.and_then(|t| T::try_from(t).ok());
+        let kind = a.kind().and_then(|t| T::try_from(t).ok());
         let v = match kind {
-            Some(T::Int) => Attr::Int(a.i.unwrap_or(0)),
-            Some(T::Float) => Attr::Float(a.f.unwrap_or(0.0)),
-            Some(T::String) => Attr::String(a.s.as_ref().map(s).unwrap_or_default()),
-            Some(T::Ints) => Attr::Ints(a.ints.clone()),
-            Some(T::Floats) => Attr::Floats(a.floats.clone()),
-            Some(T::Strings) => Attr::Strings(a.strings.iter().map(s).collect()),
+            Some(T::Int) => Attr::Int(a.i().unwrap_or(0)),
+            Some(T::Float) => Attr::Float(a.f().unwrap_or(0.0)),
+            Some(T::String) => Attr::String(a.s().map(s).unwrap_or_default()),
+            Some(T::Ints) => Attr::Ints(a.ints().into_owned()),
+            Some(T::Floats) => Attr::Floats(a.floats().into_owned()),
+            Some(T::Strings) => Attr::Strings(a.strings().map(s).collect()),
             Some(T::Tensor) => {
-                let t = a.t.as_ref().ok_or_else(|| {
+                let t = a.t().ok_or_else(|| {
                     Error::node(
                         node_name,
                         node.op_type(),
                         format!("attribute '{name}' has no tensor"),
                     )
                 })?;
-                Attr::Tensor(tensor_data(t).map_err(|e| {
+                Attr::Tensor(tensor_data_of(t).map_err(|e| {
                     Error::node(
                         node_name,
                         node.op_type(),
@@ -268,16 +274,16 @@ pub(crate) fn attrs_of(node: &proto::NodeProto, node_name: &str) -> Result<Attrs
                     )
                 })?)
             }
-            Some(T::Graph) => match &a.g {
-                Some(g) => Attr::Graph(Bytes::from(g.encode_to_vec())),
+            Some(T::Graph) => match a.g() {
+                Some(g) => Attr::Graph(g),
                 None => Attr::Other("graph"),
             },
             Some(other) => Attr::Other(other.as_str_name()),
-            None if a.i.is_some() => Attr::Int(a.i.unwrap_or(0)),
-            None if a.f.is_some() => Attr::Float(a.f.unwrap_or(0.0)),
-            None if a.s.is_some() => Attr::String(a.s.as_ref().map(s).unwrap_or_default()),
-            None if !a.ints.is_empty() => Attr::Ints(a.ints.clone()),
-            None if !a.floats.is_empty() => Attr::Floats(a.floats.clone()),
+            None if a.i().is_some() => Attr::Int(a.i().unwrap_or(0)),
+            None if a.f().is_some() => Attr::Float(a.f().unwrap_or(0.0)),
+            None if a.s().is_some() => Attr::String(a.s().map(s).unwrap_or_default()),
+            None if !a.ints().is_empty() => Attr::Ints(a.ints().into_owned()),
+            None if !a.floats().is_empty() => Attr::Floats(a.floats().into_owned()),
             None => Attr::Other("undefined"),
         };
         out.insert(name, v);
@@ -298,26 +304,31 @@ impl Builder {
     }
 }
 
-fn build_graph(gp: proto::GraphProto) -> Result<Graph> {
+fn build_graph<G: GraphSrc>(gp: &G) -> Result<Graph> {
+    let (n_nodes, n_inits) = (gp.nodes().len(), gp.initializers().len());
+    // Every node writes about one tensor and reads about two.
+    let n_tensors = n_inits + gp.inputs().len() + n_nodes;
     let mut b = Builder {
         g: Graph {
-            name: gp.name.clone().unwrap_or_default(),
-            nodes: StableGraph::new(),
+            name: gp.name().to_string(),
+            nodes: StableGraph::with_capacity(n_nodes, 2 * n_nodes),
+            tensors: Vec::with_capacity(n_tensors),
+            by_name: HashMap::with_capacity_and_hasher(n_tensors, Default::default()),
             ..Default::default()
         },
     };
     let bad = |msg: String| Error::Graph(msg);
 
     // Initializers: parameters (floating) or constants.
-    for t in &gp.initializer {
-        let name = t.name.clone().unwrap_or_default();
+    for t in gp.initializers() {
+        let name = t.name().to_string();
         if name.is_empty() {
             return Err(bad("an initializer has no name".into()));
         }
         if b.g.by_name.contains_key(&name) {
             return Err(bad(format!("initializer '{name}' is defined twice")));
         }
-        let data = tensor_data(t).map_err(|e| bad(format!("initializer '{name}': {e}")))?;
+        let data = tensor_data_of(t).map_err(|e| bad(format!("initializer '{name}': {e}")))?;
         let kind = if data.dtype.is_float() {
             TensorKind::Parameter
         } else {
@@ -337,16 +348,16 @@ fn build_graph(gp: proto::GraphProto) -> Result<Graph> {
             init: Some(data),
         });
     }
-    if !gp.sparse_initializer.is_empty() {
+    if gp.has_sparse_initializers() {
         return Err(bad("sparse initializers are not supported".into()));
     }
 
     // Graph inputs that are not initializers are fed by the user.
-    for vi in &gp.input {
+    for vi in gp.inputs() {
         check_modelled(vi, "input")?;
-        let name = vi.name.clone().unwrap_or_default();
-        let (dtype, shape) = decl_type(vi);
-        if let Some(&id) = b.g.by_name.get(&name) {
+        let name = vi.name().unwrap_or_default();
+        let (dtype, shape) = vi.decl_type();
+        if let Some(&id) = b.g.by_name.get(name) {
             // An initializer listed as an input (older exporters): a default value.
             if b.g.tensors[id].producer.is_none() && b.g.tensors[id].init.is_some() {
                 continue;
@@ -354,7 +365,7 @@ fn build_graph(gp: proto::GraphProto) -> Result<Graph> {
             return Err(bad(format!("graph input '{name}' is declared twice")));
         }
         let id = b.add_tensor(TensorInfo {
-            name,
+            name: name.to_string(),
             kind: TensorKind::Input,
             declared_dtype: dtype,
             declared_shape: shape,
@@ -365,9 +376,9 @@ fn build_graph(gp: proto::GraphProto) -> Result<Graph> {
     }
 
     // Nodes, first pass: create nodes and their outputs.
-    let mut node_ix = Vec::with_capacity(gp.node.len());
-    for (i, n) in gp.node.iter().enumerate() {
-        let op_type = n.op_type().to_string();
+    let mut node_ix = Vec::with_capacity(n_nodes);
+    for (i, n) in gp.nodes().iter().enumerate() {
+        let op_type = n.op_type();
         let name = match n.name() {
             "" => format!("{op_type}_{i}"),
             s => s.to_string(),
@@ -378,17 +389,17 @@ fn build_graph(gp: proto::GraphProto) -> Result<Graph> {
             d => d,
         }
         .to_string();
-        let attrs = attrs_of(n, &name)?;
+        let attrs = attrs_from(n, &name)?;
         let ix = b.g.nodes.add_node(Node {
-            name: name.clone(),
-            op_type: op_type.clone(),
+            name,
+            op_type: op_type.to_string(),
             domain,
             inputs: Vec::new(),
             outputs: Vec::new(),
             attrs,
         });
-        let mut outputs = Vec::with_capacity(n.output.len());
-        for o in &n.output {
+        let mut outputs = Vec::new();
+        for o in n.outputs() {
             if o.is_empty() {
                 outputs.push(None);
                 continue;
@@ -399,21 +410,22 @@ fn build_graph(gp: proto::GraphProto) -> Result<Graph> {
                     None => "a graph input or initializer".to_string(),
                 };
                 return Err(bad(format!(
-                    "node '{name}' ({op_type}) writes '{o}', already written by {who}"
+                    "node '{}' ({op_type}) writes '{o}', already written by {who}",
+                    b.g.nodes[ix].name
                 )));
             }
-            let (kind, init) = if op_type == "Constant" && n.domain().is_empty() {
-                (TensorKind::Constant, None)
+            let kind = if op_type == "Constant" && n.domain().is_empty() {
+                TensorKind::Constant
             } else {
-                (TensorKind::Activation, None)
+                TensorKind::Activation
             };
             outputs.push(Some(b.add_tensor(TensorInfo {
-                name: o.clone(),
+                name: o.to_string(),
                 kind,
                 declared_dtype: None,
                 declared_shape: None,
                 producer: Some(ix),
-                init,
+                init: None,
             })));
         }
         b.g.nodes[ix].outputs = outputs;
@@ -421,9 +433,9 @@ fn build_graph(gp: proto::GraphProto) -> Result<Graph> {
     }
 
     // Second pass: resolve inputs, add edges.
-    for (n, &ix) in gp.node.iter().zip(&node_ix) {
-        let mut inputs = Vec::with_capacity(n.input.len());
-        for (slot, inp) in n.input.iter().enumerate() {
+    for (n, &ix) in gp.nodes().iter().zip(&node_ix) {
+        let mut inputs = Vec::new();
+        for (slot, inp) in n.inputs().enumerate() {
             if inp.is_empty() {
                 inputs.push(None);
                 continue;
@@ -444,15 +456,15 @@ fn build_graph(gp: proto::GraphProto) -> Result<Graph> {
     }
 
     // Graph outputs.
-    for vi in &gp.output {
+    for vi in gp.outputs() {
         check_modelled(vi, "output")?;
-        let name = vi.name.clone().unwrap_or_default();
-        let Some(&t) = b.g.by_name.get(&name) else {
+        let name = vi.name().unwrap_or_default();
+        let Some(&t) = b.g.by_name.get(name) else {
             return Err(bad(format!(
                 "graph output '{name}' is not produced by any node"
             )));
         };
-        let (dtype, shape) = decl_type(vi);
+        let (dtype, shape) = vi.decl_type();
         let info = &mut b.g.tensors[t];
         if info.kind == TensorKind::Activation {
             info.kind = TensorKind::Output;
@@ -463,9 +475,9 @@ fn build_graph(gp: proto::GraphProto) -> Result<Graph> {
         }
         b.g.outputs.push(t);
     }
-    for vi in &gp.value_info {
-        if let Some(&t) = vi.name.as_ref().and_then(|n| b.g.by_name.get(n)) {
-            let (dtype, shape) = decl_type(vi);
+    for vi in gp.value_info() {
+        if let Some(&t) = vi.name().and_then(|n| b.g.by_name.get(n)) {
+            let (dtype, shape) = vi.decl_type();
             let info = &mut b.g.tensors[t];
             info.declared_dtype = info.declared_dtype.or(dtype);
             if info.declared_shape.is_none() {
@@ -504,15 +516,13 @@ fn build_graph(gp: proto::GraphProto) -> Result<Graph> {
 /// `['', 'layer1', 'layer1.0', 'layer1.0.conv1', 'convolution']` makes
 /// `node_Conv_3` into `/layer1/0/conv1/node_Conv_3`. A name that already has a
 /// scope, or a node without the metadata, keeps its name.
-fn scoped_name(n: &proto::NodeProto, name: String) -> String {
+fn scoped_name(n: &impl NodeSrc, name: String) -> String {
     if name.starts_with('/') {
         return name;
     }
     let Some(scopes) = n
-        .metadata_props
-        .iter()
-        .find(|p| p.key() == "pkg.torch.onnx.name_scopes")
-        .and_then(|p| py_str_list(p.value()))
+        .metadata("pkg.torch.onnx.name_scopes")
+        .and_then(py_str_list)
     else {
         return name;
     };

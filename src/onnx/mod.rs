@@ -8,6 +8,8 @@
 pub mod load;
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod proto;
+mod source;
+mod wire;
 
 pub use load::{decode_model, load_model, map_file};
 

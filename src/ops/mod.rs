@@ -676,7 +676,7 @@ pub enum Storage {
 
 /// Op table keyed by op type (default ONNX domain).
 pub struct Registry {
-    ops: HashMap<&'static str, Box<dyn Op>>,
+    ops: HashMap<&'static str, Box<dyn Op>, crate::ir::NameHash>,
 }
 
 impl Registry {
@@ -720,7 +720,7 @@ pub fn registry() -> &'static Registry {
     static REG: OnceLock<Registry> = OnceLock::new();
     REG.get_or_init(|| {
         let mut r = Registry {
-            ops: HashMap::new(),
+            ops: HashMap::default(),
         };
         attention::register(&mut r);
         elementwise::register(&mut r);
