@@ -97,6 +97,11 @@ pub fn check_supported(model: &Model) -> Result<()> {
     };
     for &ix in &model.graph.order {
         let n = model.graph.node(ix);
+        // Supported ops first: no op is both supported and lowered or value-shaped
+        // (`tests::lowered_and_value_shaped_ops_are_not_supported`).
+        if reg.get(&n.domain, &n.op_type).is_some() {
+            continue;
+        }
         if crate::lower::is_lowered(n) {
             // Lowered (crate::lower) into the ops of its subgraphs, checked here.
             for a in n.attrs.0.values() {
@@ -506,4 +511,19 @@ fn decl_text(d: &[DimDecl]) -> String {
         })
         .collect();
     format!("[{}]", parts.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::ops::{registry, VALUE_SHAPED};
+
+    #[test]
+    fn lowered_and_value_shaped_ops_are_not_supported() {
+        let ops = crate::lower::LOWERED
+            .iter()
+            .chain(VALUE_SHAPED.iter().map(|(op, _)| op));
+        for op in ops {
+            assert!(registry().get("", op).is_none(), "{op}");
+        }
+    }
 }

@@ -59,8 +59,8 @@ pub fn run(a: ProfileArgs) -> anyhow::Result<()> {
         dims: parse_dims(&dims)?,
     };
     let path = model.display().to_string();
-    let m = load_model(&model).with_context(|| path.clone())?;
-    let m = lower(&m, &bindings).with_context(|| path.clone())?;
+    let loaded = load_model(&model).with_context(|| path.clone())?;
+    let m = lower(&loaded, &bindings).with_context(|| path.clone())?;
     let inf = infer(&m, &bindings).with_context(|| path.clone())?;
     let prof = profile_inference(&m.graph, &inf);
     let mut report = ProfileReport::new(&path, &m, &inf, &prof, detail);
@@ -80,5 +80,9 @@ pub fn run(a: ProfileArgs) -> anyhow::Result<()> {
     } else {
         print!("{}", report.to_text());
     }
+    // The process ends here: its memory goes back to the OS at once, so do not free
+    // every node, tensor and name one by one first.
+    std::mem::forget((report, prof, inf, m));
+    std::mem::forget(loaded);
     Ok(())
 }

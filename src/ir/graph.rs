@@ -144,6 +144,19 @@ impl Graph {
         (0..self.tensors.len()).filter(move |&t| self.tensors[t].kind == kind)
     }
 
+    /// For each tensor, the position in [`Graph::order`] of the last node that reads
+    /// it (`None`: nothing reads it); the last entry of [`Graph::uses_by_step`]'s
+    /// lists, without building them.
+    pub fn last_use_step(&self) -> Vec<Option<usize>> {
+        let mut last = vec![None; self.tensors.len()];
+        for (step, &ix) in self.order.iter().enumerate() {
+            for &t in self.nodes[ix].inputs.iter().flatten() {
+                last[t] = Some(step);
+            }
+        }
+        last
+    }
+
     /// For each tensor, the positions in [`Graph::order`] of the nodes that read it.
     pub fn uses_by_step(&self) -> Vec<Vec<usize>> {
         let mut uses = vec![Vec::new(); self.tensors.len()];

@@ -54,10 +54,14 @@ impl InferenceProfile {
 /// `[start, end]` steps during which each activation is live; `None` for
 /// parameters and constants.
 pub fn lifetimes(g: &Graph) -> Vec<Option<(usize, usize)>> {
-    let uses = g.uses_by_step();
-    let mut step_of = std::collections::HashMap::with_capacity(g.order.len());
+    let last_use = g.last_use_step();
+    let mut step_of = vec![usize::MAX; petgraph::visit::NodeIndexable::node_bound(&g.nodes)];
     for (s, &ix) in g.order.iter().enumerate() {
-        step_of.insert(ix, s);
+        step_of[ix.index()] = s;
+    }
+    let mut is_output = vec![false; g.tensors.len()];
+    for &t in &g.outputs {
+        is_output[t] = true;
     }
     let last = g.order.len().saturating_sub(1);
     (0..g.tensors.len())
@@ -66,12 +70,16 @@ pub fn lifetimes(g: &Graph) -> Vec<Option<(usize, usize)>> {
             let start = match info.kind {
                 TensorKind::Parameter | TensorKind::Constant => return None,
                 TensorKind::Input => 0,
-                TensorKind::Activation | TensorKind::Output => step_of[&info.producer?],
+                TensorKind::Activation | TensorKind::Output => {
+                    let s = step_of[info.producer?.index()];
+                    assert!(s != usize::MAX, "a producer outside the execution order");
+                    s
+                }
             };
-            let end = if g.outputs.contains(&t) {
+            let end = if is_output[t] {
                 last
             } else {
-                uses[t].last().copied().unwrap_or(start).max(start)
+                last_use[t].unwrap_or(start).max(start)
             };
             Some((start, end))
         })

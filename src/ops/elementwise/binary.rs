@@ -423,19 +423,28 @@ pub(super) fn fold_broadcast(
         return None;
     }
     let rank = out_shape.len();
+    // Each operand's stride along each output axis (0 where it broadcasts), and
+    // its flat index, kept up to date as the output coordinate advances.
+    let strides: Vec<Vec<usize>> = vals
+        .iter()
+        .map(|v| {
+            let off = rank - v.shape.len();
+            let mut st = vec![0usize; rank];
+            let mut step = 1;
+            for (i, &d) in v.shape.iter().enumerate().rev() {
+                if d != 1 {
+                    st[off + i] = step;
+                }
+                step *= d;
+            }
+            st
+        })
+        .collect();
     let mut idx = vec![0usize; vals.len()];
     let mut ints = Vec::new();
     let mut floats = Vec::new();
     let mut coord = vec![0usize; rank];
     for _ in 0..n {
-        for (k, v) in vals.iter().enumerate() {
-            let off = rank - v.shape.len();
-            let mut flat = 0;
-            for (i, &d) in v.shape.iter().enumerate() {
-                flat = flat * d + if d == 1 { 0 } else { coord[off + i] };
-            }
-            idx[k] = flat;
-        }
         match f(&idx)? {
             FoldElem::I(x) => ints.push(x),
             FoldElem::F(x) => floats.push(x),
@@ -443,7 +452,13 @@ pub(super) fn fold_broadcast(
         for i in (0..rank).rev() {
             coord[i] += 1;
             if coord[i] < out_shape[i] {
+                for (x, st) in idx.iter_mut().zip(&strides) {
+                    *x += st[i];
+                }
                 break;
+            }
+            for (x, st) in idx.iter_mut().zip(&strides) {
+                *x -= st[i] * (out_shape[i] - 1);
             }
             coord[i] = 0;
         }
