@@ -306,8 +306,9 @@ impl Builder {
 
 fn build_graph<G: GraphSrc>(gp: &G) -> Result<Graph> {
     let (n_nodes, n_inits) = (gp.nodes().len(), gp.initializers().len());
-    // Every node writes about one tensor and reads about two.
-    let n_tensors = n_inits + gp.inputs().len() + n_nodes;
+    // Most nodes write one tensor (BatchNormalization and Split more); every node
+    // reads about two.
+    let n_tensors = n_inits + gp.inputs().len() + 2 * n_nodes;
     let mut b = Builder {
         g: Graph {
             name: gp.name().to_string(),

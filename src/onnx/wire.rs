@@ -320,6 +320,8 @@ pub(crate) struct NodeV<'a> {
     name: Option<&'a str>,
     op_type: Option<&'a str>,
     domain: Option<&'a str>,
+    /// The tags present, one bit each (all ≤ 10), to skip reading absent fields.
+    tags: u32,
 }
 
 fn read_node<'a>(src: &'a Bytes, b: &'a [u8]) -> Option<NodeV<'a>> {
@@ -329,9 +331,12 @@ fn read_node<'a>(src: &'a Bytes, b: &'a [u8]) -> Option<NodeV<'a>> {
         name: None,
         op_type: None,
         domain: None,
+        tags: 0,
     };
     for f in fields(b) {
-        match f? {
+        let (tag, w) = f?;
+        n.tags |= 1 << tag.min(31);
+        match (tag, w) {
             (1 | 2 | 6 | 8, w) => {
                 string(w)?;
             }
@@ -388,12 +393,20 @@ impl NodeSrc for NodeV<'_> {
     }
     fn attributes(&self) -> impl Iterator<Item = AttrV<'_>> {
         let src = self.src;
-        fields(self.raw)
+        let raw = if self.tags & (1 << 5) != 0 {
+            self.raw
+        } else {
+            &[]
+        };
+        fields(raw)
             .flatten()
             .filter(|&(t, _)| t == 5)
             .filter_map(move |(_, w)| read_attr(src, message(w)?))
     }
     fn metadata(&self, key: &str) -> Option<&str> {
+        if self.tags & (1 << 9) == 0 {
+            return None;
+        }
         fields(self.raw)
             .flatten()
             .filter(|&(t, _)| t == 9)
@@ -412,6 +425,8 @@ pub(crate) struct AttrV<'a> {
     f: Option<f32>,
     s: Option<&'a [u8]>,
     t: Option<TensorV<'a>>,
+    /// The tags present, one bit each (all ≤ 21), to skip reading absent fields.
+    tags: u32,
 }
 
 fn read_attr<'a>(src: &'a Bytes, b: &'a [u8]) -> Option<AttrV<'a>> {
@@ -423,10 +438,13 @@ fn read_attr<'a>(src: &'a Bytes, b: &'a [u8]) -> Option<AttrV<'a>> {
         f: None,
         s: None,
         t: None,
+        tags: 0,
     };
     let mut t = None;
     for f in fields(b) {
-        match f? {
+        let (tag, w) = f?;
+        a.tags |= 1 << tag.min(31);
+        match (tag, w) {
             (1, w) => a.name = Some(string(w)?),
             (13 | 21, w) => {
                 string(w)?;
@@ -469,9 +487,15 @@ impl<'a> AttrSrc for AttrV<'a> {
         self.s
     }
     fn ints(&self) -> Cow<'_, [i64]> {
+        if self.tags & (1 << 8) == 0 {
+            return Cow::Borrowed(&[]);
+        }
         Cow::Owned(varints(self.raw, 8, |v| v as i64))
     }
     fn floats(&self) -> Cow<'_, [f32]> {
+        if self.tags & (1 << 7) == 0 {
+            return Cow::Borrowed(&[]);
+        }
         Cow::Owned(fixeds::<4, _>(self.raw, 7, |v| f32::from_bits(v as u32)))
     }
     fn strings(&self) -> impl Iterator<Item = &[u8]> {
@@ -515,6 +539,8 @@ pub(crate) struct TensorV<'a> {
     data_type: Option<i32>,
     data_location: Option<i32>,
     raw_data: Option<&'a [u8]>,
+    /// The tags present, one bit each (all ≤ 16), to skip reading absent fields.
+    tags: u32,
 }
 
 fn read_tensor<'a>(src: &'a Bytes, b: &'a [u8]) -> Option<TensorV<'a>> {
@@ -525,9 +551,12 @@ fn read_tensor<'a>(src: &'a Bytes, b: &'a [u8]) -> Option<TensorV<'a>> {
         data_type: None,
         data_location: None,
         raw_data: None,
+        tags: 0,
     };
     for f in fields(b) {
-        match f? {
+        let (tag, w) = f?;
+        t.tags |= 1 << tag.min(31);
+        match (tag, w) {
             (1 | 5 | 7 | 11, w) => each_varint(w, |_| ())?,
             (2, w) => t.data_type = Some(int(w)? as i32),
             (4, w) => each_fixed::<4>(w, |_| ())?,
@@ -550,6 +579,24 @@ fn read_tensor<'a>(src: &'a Bytes, b: &'a [u8]) -> Option<TensorV<'a>> {
     Some(t)
 }
 
+impl TensorV<'_> {
+    /// The repeated varint field `tag`, if present.
+    fn varints<T>(&self, tag: u32, conv: impl Fn(u64) -> T) -> Vec<T> {
+        if self.tags & (1 << tag) == 0 {
+            return Vec::new();
+        }
+        varints(self.raw, tag, conv)
+    }
+
+    /// The repeated fixed-width field `tag`, if present.
+    fn fixeds<const W: usize, T>(&self, tag: u32, conv: impl Fn(u64) -> T) -> Vec<T> {
+        if self.tags & (1 << tag) == 0 {
+            return Vec::new();
+        }
+        fixeds::<W, T>(self.raw, tag, conv)
+    }
+}
+
 impl TensorSrc for TensorV<'_> {
     fn name(&self) -> &str {
         self.name.unwrap_or("")
@@ -558,12 +605,15 @@ impl TensorSrc for TensorV<'_> {
         self.data_type
     }
     fn dims(&self) -> Cow<'_, [i64]> {
-        Cow::Owned(varints(self.raw, 1, |v| v as i64))
+        Cow::Owned(self.varints(1, |v| v as i64))
     }
     fn data_location(&self) -> Option<i32> {
         self.data_location
     }
     fn external(&self, key: &str) -> Option<String> {
+        if self.tags & (1 << 13) == 0 {
+            return None;
+        }
         fields(self.raw)
             .flatten()
             .filter(|&(t, _)| t == 13)
@@ -575,19 +625,19 @@ impl TensorSrc for TensorV<'_> {
         self.raw_data.map(|r| self.src.slice_ref(r))
     }
     fn int64_data(&self) -> Cow<'_, [i64]> {
-        Cow::Owned(varints(self.raw, 7, |v| v as i64))
+        Cow::Owned(self.varints(7, |v| v as i64))
     }
     fn int32_data(&self) -> Cow<'_, [i32]> {
-        Cow::Owned(varints(self.raw, 5, |v| v as i32))
+        Cow::Owned(self.varints(5, |v| v as i32))
     }
     fn uint64_data(&self) -> Cow<'_, [u64]> {
-        Cow::Owned(varints(self.raw, 11, |v| v))
+        Cow::Owned(self.varints(11, |v| v))
     }
     fn float_data(&self) -> Cow<'_, [f32]> {
-        Cow::Owned(fixeds::<4, _>(self.raw, 4, |v| f32::from_bits(v as u32)))
+        Cow::Owned(self.fixeds::<4, _>(4, |v| f32::from_bits(v as u32)))
     }
     fn double_data(&self) -> Cow<'_, [f64]> {
-        Cow::Owned(fixeds::<8, _>(self.raw, 10, f64::from_bits))
+        Cow::Owned(self.fixeds::<8, _>(10, f64::from_bits))
     }
 }
 
