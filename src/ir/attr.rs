@@ -19,8 +19,9 @@ pub enum Attr {
     Floats(Vec<f32>),
     /// `STRINGS`.
     Strings(Vec<String>),
-    /// `TENSOR` (e.g. Constant's `value`).
-    Tensor(TensorData),
+    /// `TENSOR` (e.g. Constant's `value`); boxed, so that the other kinds (and the
+    /// map of every node's attributes) stay small.
+    Tensor(Box<TensorData>),
     /// `GRAPH`: a subgraph (If's branches, Loop's and Scan's body), kept as its
     /// protobuf encoding (a `GraphProto`); `crate::lower` decodes and inlines it
     /// once shapes are known.
@@ -91,7 +92,7 @@ impl Attrs {
     /// Tensor attribute, if present.
     pub fn tensor(&self, name: &str) -> Option<&TensorData> {
         match self.0.get(name)? {
-            Attr::Tensor(t) => Some(t),
+            Attr::Tensor(t) => Some(&**t),
             _ => None,
         }
     }

@@ -266,13 +266,13 @@ fn attrs_from(node: &impl NodeSrc, node_name: &str) -> Result<Attrs> {
                         format!("attribute '{name}' has no tensor"),
                     )
                 })?;
-                Attr::Tensor(tensor_data_of(t).map_err(|e| {
+                Attr::Tensor(Box::new(tensor_data_of(t).map_err(|e| {
                     Error::node(
                         node_name,
                         node.op_type(),
                         format!("attribute '{name}': {e}"),
                     )
-                })?)
+                })?))
             }
             Some(T::Graph) => match a.g() {
                 Some(g) => Attr::Graph(g),
