@@ -8,7 +8,7 @@ mod common;
 use std::process::Command;
 
 use memplan::fit::{
-    fit, parse_memory, plan_step, plan_step_under, planned_max_batch, FitOptions,
+    fit, parse_memory, plan_step, plan_step_under, planned_max_batch, AffineStep, FitOptions,
     LOWEST_PEAK_TIME_LIMIT_S,
 };
 use memplan::infer::{infer, Bindings};
@@ -337,4 +337,38 @@ fn op_without_backward_rule_is_named() {
         .output()
         .unwrap();
     assert!(!out.status.success());
+}
+
+#[test]
+fn affine_step_max_fit_agrees_with_replay() {
+    // A fixed plan's largest fitting batch, solved from its lines, is where the
+    // replay on the schedule built at that batch fits and at the next does not.
+    let model = load_model(&common::shipped("resnet18.onnx")).unwrap();
+    let o = FitOptions {
+        memory: 1 << 30,
+        train: TrainOptions::default(),
+        gpus: 1,
+        target_batch: None,
+        dims: Default::default(),
+        plan_time_limit_s: 5.0,
+    };
+    let g = |b: u64| {
+        let b = Bindings {
+            batch: Some(b),
+            ..Default::default()
+        };
+        memplan::remat::step::build(&model, &b, &o.train, "r18")
+            .unwrap()
+            .graph
+    };
+    let mut step = AffineStep::new(g(2), &g(3), 2).expect("same structure at 2 and 3");
+    let plan = plan_step(&model, &o, 16, Solver::Greedy).unwrap().plan;
+    let b = step.max_fit(&plan, o.memory);
+    assert!(b >= 2, "{b}");
+    let (at, next) = (g(b), g(b + 1));
+    assert!(step.matches(&at, b) && step.matches(&next, b + 1));
+    assert!(!step.matches(&next, b));
+    let peak = |gr: &memplan::remat::graph::RematGraph| replay(gr, &plan).unwrap().peak_bytes;
+    assert!(peak(&at) <= o.memory && peak(&next) > o.memory, "{b}");
+    assert_eq!(peak(step.at(b)), peak(&at));
 }
