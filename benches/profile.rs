@@ -2,6 +2,9 @@
 //!
 //! `fit/<model>`: `memplan fit` at 16 GiB over 8 GPUs (all 8 strategies, each solved
 //! from two schedules and confirmed at its answer and the next batch), model loaded.
+//! `fit_planned/<model>`: `memplan fit MODEL --memory 16GiB` with default options
+//! (1 GPU), the six rows including `checkpointing-planned`, model loaded; ten
+//! samples (each takes about a second).
 //! `end_to_end/<model>`: map and decode the file, build the IR, infer every shape at
 //! batch 8, and compute the inference memory profile: the work `memplan profile`
 //! does minus printing. `load/<model>` and `infer_profile/<model>` split it in two.
@@ -66,6 +69,24 @@ fn bench(c: &mut Criterion) {
                 )
             })
         });
+        let planned_opts = memplan::fit::FitOptions {
+            gpus: 1,
+            target_batch: None,
+            ..fit_opts.clone()
+        };
+        let mut g = c.benchmark_group("fit_planned");
+        g.sample_size(10);
+        g.bench_function(&name, |b| {
+            b.iter(|| {
+                black_box(
+                    memplan::fit::fit(&m, &name, &planned_opts)
+                        .unwrap()
+                        .strategies
+                        .len(),
+                )
+            })
+        });
+        g.finish();
         c.bench_function(&format!("infer_profile/{name}"), |b| {
             b.iter(|| {
                 let inf = infer(black_box(&m), &bindings).unwrap();

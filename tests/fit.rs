@@ -7,7 +7,10 @@ mod common;
 
 use std::process::Command;
 
-use memplan::fit::{fit, parse_memory, plan_step, plan_step_under, planned_max_batch, FitOptions};
+use memplan::fit::{
+    fit, parse_memory, plan_step, plan_step_under, planned_max_batch, AffineStep, FitOptions,
+    LOWEST_PEAK_TIME_LIMIT_S,
+};
 use memplan::infer::{infer, Bindings};
 use memplan::memory::simulate;
 use memplan::onnx::load_model;
@@ -118,7 +121,8 @@ fn max_batch_agrees_with_profile() {
 
 /// Planned checkpointing: at its max batch the reported plan replays within the
 /// memory, the ILP's lowest-peak plan fits, and at the next batch it does not (nor
-/// does greedy find a plan); it fits at least the as-exported batch.
+/// does greedy find a plan); it fits at least the as-exported batch. The ILP plans
+/// get the time `fit` gives each lowest-peak plan.
 fn check_planned(
     model: &memplan::ir::Model,
     name: &str,
@@ -160,7 +164,11 @@ fn check_planned(
     )
     .unwrap();
     let g = from_schedule(&build_schedule(model, &inf, &o.train).unwrap(), name);
-    let low = plan_step_under(model, o, mb, Solver::Ilp, Some(0)).unwrap();
+    let lo = FitOptions {
+        plan_time_limit_s: o.plan_time_limit_s.min(LOWEST_PEAK_TIME_LIMIT_S),
+        ..o.clone()
+    };
+    let low = plan_step_under(model, &lo, mb, Solver::Ilp, Some(0)).unwrap();
     assert!(
         low.peak_bytes <= o.memory,
         "{name}: {} at {mb}",
@@ -168,7 +176,7 @@ fn check_planned(
     );
     assert_eq!(replay(&g, &low.plan).unwrap().peak_bytes, low.peak_bytes);
     // One more sample: neither the ILP's lowest peak nor greedy fits.
-    let next = plan_step_under(model, o, mb + 1, Solver::Ilp, Some(0)).unwrap();
+    let next = plan_step_under(model, &lo, mb + 1, Solver::Ilp, Some(0)).unwrap();
     assert!(
         next.peak_bytes > o.memory,
         "{name}: the ILP still fits at {}",
@@ -200,6 +208,11 @@ fn planned_checkpointing_search() {
     let (mb, gmb) = (p.max_batch, p.greedy_max_batch);
     assert!(base < gmb && gmb <= mb, "{base} {gmb} {mb}");
     assert!(p.probes <= 8 && p.ilp_solves <= 10, "{p:?}");
+    // Found on the step's affine graph, in a few lowest-peak plans.
+    assert!(
+        p.affine && p.ilp_solves <= 1 + memplan::fit::CONFIRM_ROUNDS,
+        "{p:?}"
+    );
     // Greedy fits up to its answer and not beyond.
     for b in gmb.saturating_sub(2)..=gmb {
         assert!(
@@ -324,4 +337,38 @@ fn op_without_backward_rule_is_named() {
         .output()
         .unwrap();
     assert!(!out.status.success());
+}
+
+#[test]
+fn affine_step_max_fit_agrees_with_replay() {
+    // A fixed plan's largest fitting batch, solved from its lines, is where the
+    // replay on the schedule built at that batch fits and at the next does not.
+    let model = load_model(&common::shipped("resnet18.onnx")).unwrap();
+    let o = FitOptions {
+        memory: 1 << 30,
+        train: TrainOptions::default(),
+        gpus: 1,
+        target_batch: None,
+        dims: Default::default(),
+        plan_time_limit_s: 5.0,
+    };
+    let g = |b: u64| {
+        let b = Bindings {
+            batch: Some(b),
+            ..Default::default()
+        };
+        memplan::remat::step::build(&model, &b, &o.train, "r18")
+            .unwrap()
+            .graph
+    };
+    let mut step = AffineStep::new(g(2), &g(3), 2).expect("same structure at 2 and 3");
+    let plan = plan_step(&model, &o, 16, Solver::Greedy).unwrap().plan;
+    let b = step.max_fit(&plan, o.memory);
+    assert!(b >= 2, "{b}");
+    let (at, next) = (g(b), g(b + 1));
+    assert!(step.matches(&at, b) && step.matches(&next, b + 1));
+    assert!(!step.matches(&next, b));
+    let peak = |gr: &memplan::remat::graph::RematGraph| replay(gr, &plan).unwrap().peak_bytes;
+    assert!(peak(&at) <= o.memory && peak(&next) > o.memory, "{b}");
+    assert_eq!(peak(step.at(b)), peak(&at));
 }

@@ -29,7 +29,8 @@ pub struct FitArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
-    /// Time limit of the ILP planner for planned checkpointing, seconds.
+    /// Time limit of the ILP planner for planned checkpointing, seconds (each
+    /// lowest-peak plan `fit` makes gets at most 1 s of it).
     #[arg(long, default_value_t = 10.0)]
     time_limit: f64,
     #[command(flatten)]

@@ -7,18 +7,25 @@
 //! batch and the next (the first must fit, the second must not).
 //!
 //! Planned checkpointing (`checkpointing-planned`) is the exception: its memory depends
-//! on the plan, which changes with the batch, so [`planned_max_batch`] searches the
-//! batch with the recompute planner itself (`remat::plan`), again ending with the
+//! on the plan, which changes with the batch. A fixed plan's memory is again affine
+//! in the batch, so [`planned_max_batch`] plans a few batches on one step graph and
+//! solves each plan's largest batch directly (see `planned`), again ending with the
 //! answer fitting and the next batch not.
 
 use serde::Serialize;
+
+mod planned;
+pub use planned::{
+    plan_step, plan_step_under, planned_max_batch, searched, AffineStep, PlannedFit,
+    CONFIRM_ROUNDS, LOWEST_PEAK_TIME_LIMIT_S,
+};
 
 use crate::error::{Error, Result, Setting};
 use crate::infer::{infer, Bindings, MAX_BATCH};
 use crate::ir::Model;
 use crate::memory::simulate;
 use crate::remat::checkpoint_sqrt;
-use crate::remat::plan::{plan, PlanReport, Solver};
+use crate::remat::plan::Solver;
 use crate::train::{build_schedule, Precision, Schedule, StorageKind, TrainOptions};
 
 /// A strategy's memory transformation.
@@ -124,7 +131,8 @@ pub struct FitOptions {
     pub target_batch: Option<u64>,
     /// Other dimension bindings.
     pub dims: std::collections::BTreeMap<String, u64>,
-    /// Time limit of the one ILP solve of planned checkpointing, in seconds.
+    /// Time limit of the ILP planner for planned checkpointing, in seconds (each
+    /// lowest-peak plan gets at most [`LOWEST_PEAK_TIME_LIMIT_S`]).
     pub plan_time_limit_s: f64,
 }
 
@@ -295,262 +303,6 @@ fn max_batch(model: &Model, o: &FitOptions, st: Strategy) -> Result<(u64, u64, f
         return Ok((0, peak, ov));
     }
     Ok((b, peak, ov))
-}
-
-/// Plans one training step at `batch` under the budget with `solver`.
-pub fn plan_step(model: &Model, o: &FitOptions, batch: u64, solver: Solver) -> Result<PlanReport> {
-    plan_step_under(model, o, batch, solver, None)
-}
-
-/// [`plan_step`] under `budget` bytes instead of the card's memory (`Some(0)`: the
-/// op-local bound, the hardest budget there is, for the solver's lowest-peak plan).
-pub fn plan_step_under(
-    model: &Model,
-    o: &FitOptions,
-    batch: u64,
-    solver: Solver,
-    budget: Option<u64>,
-) -> Result<PlanReport> {
-    let b = Bindings {
-        batch: Some(batch),
-        dims: o.dims.clone(),
-    };
-    let g = crate::remat::step::build(model, &b, &o.train, "fit")?.graph;
-    let budget = match budget {
-        None => o.memory,
-        Some(0) => g.op_local_bound(),
-        Some(b) => b,
-    };
-    plan(&g, budget, solver, o.plan_time_limit_s)
-}
-
-/// What planned checkpointing found.
-#[derive(Debug, Clone)]
-pub struct PlannedFit {
-    /// Largest batch at which the planner finds a plan within the budget (0: none).
-    pub max_batch: u64,
-    /// The reported plan at `max_batch`, with `budget_bytes` the card's memory (when
-    /// nothing fits: the ILP's lowest-peak plan at batch 1).
-    pub report: PlanReport,
-    /// Proven lower bound on the overhead at `max_batch` (from the ILP; 0 if none).
-    pub lower_bound_overhead: f64,
-    /// Largest batch at which the greedy planner alone finds a plan.
-    pub greedy_max_batch: u64,
-    /// Batches planned with greedy (each builds a training schedule).
-    pub probes: u32,
-    /// Batches planned with the ILP.
-    pub ilp_solves: u32,
-}
-
-/// A batch search with one solver: `lo` is the largest batch known to fit (0: none
-/// yet), `hi` the smallest known not to (`MAX_BATCH + 1`: none yet).
-///
-/// With `lowest`, a batch fits when the solver's lowest-peak plan (planned for the
-/// hardest budget, the op-local bound) is within the memory; otherwise when the
-/// solver finds a plan for the memory itself.
-struct Search<'a> {
-    model: &'a Model,
-    o: &'a FitOptions,
-    solver: Solver,
-    lowest: bool,
-    lo: u64,
-    lo_report: Option<PlanReport>,
-    hi: u64,
-    batch1: Option<PlanReport>,
-    /// (batch, lowest peak the solver reaches), in the order sampled.
-    samples: Vec<(u64, u64)>,
-    probes: u32,
-}
-
-impl<'a> Search<'a> {
-    fn new(model: &'a Model, o: &'a FitOptions, solver: Solver, lowest: bool) -> Self {
-        Search {
-            model,
-            o,
-            solver,
-            lowest,
-            lo: 0,
-            lo_report: None,
-            hi: MAX_BATCH + 1,
-            batch1: None,
-            samples: Vec::new(),
-            probes: 0,
-        }
-    }
-
-    /// Plans batch `b`; whether it fits.
-    fn probe(&mut self, b: u64) -> Result<bool> {
-        if let Some(&(_, peak)) = self
-            .samples
-            .iter()
-            .find(|x| x.0 == b)
-            .filter(|_| self.lowest)
-        {
-            return Ok(peak <= self.o.memory);
-        }
-        self.probes += 1;
-        let budget = self.lowest.then_some(0);
-        let mut r = plan_step_under(self.model, self.o, b, self.solver, budget)?;
-        if self.lowest {
-            self.samples.push((b, r.peak_bytes));
-            // The plan is judged against the memory; its bound was for another budget.
-            r.budget_bytes = self.o.memory;
-            r.feasible = r.peak_bytes <= self.o.memory;
-            r.lower_bound_overhead = 0.0;
-        }
-        if r.feasible {
-            if b > self.lo {
-                self.lo = b;
-                self.lo_report = Some(r);
-            }
-            Ok(true)
-        } else {
-            self.hi = self.hi.min(b);
-            if b == 1 {
-                self.batch1 = Some(r);
-            }
-            Ok(false)
-        }
-    }
-
-    /// Samples the lowest peak the solver reaches at batch `b`.
-    fn sample(&mut self, b: u64) -> Result<()> {
-        if self.lowest {
-            return self.probe(b).map(|_| ());
-        }
-        self.probes += 1;
-        let r = plan_step_under(self.model, self.o, b, self.solver, Some(0))?;
-        self.samples.push((b, r.min_feasible_bytes));
-        Ok(())
-    }
-
-    /// From a known fit (`lo >= 1`), finds the largest fitting batch: the lowest
-    /// peak grows about linearly with the batch, so where the line through the last
-    /// two samples meets the budget is the guess (secant steps, refined while the
-    /// guess moves by more than 1%); then gallop from the guess and bisect. Ends with
-    /// `lo` fitting and `lo + 1` planned and not fitting.
-    fn run(&mut self) -> Result<()> {
-        if self.lo >= 1 && self.hi > MAX_BATCH && self.lo < MAX_BATCH {
-            let memory = self.o.memory;
-            let base = self.lo.max(2);
-            self.sample(base / 2)?;
-            self.sample(base)?;
-            let secant = |s: &Search| -> u64 {
-                let (b1, m1) = s.samples[s.samples.len() - 2];
-                let (b2, m2) = s.samples[s.samples.len() - 1];
-                let slope = (m2 as f64 - m1 as f64) / (b2 as f64 - b1 as f64);
-                let g = if slope > 0.0 {
-                    b2 as f64 + ((memory as f64 - m2 as f64) / slope).floor()
-                } else {
-                    2.0 * b2 as f64
-                };
-                let top = s.hi.saturating_sub(1).clamp(1, MAX_BATCH);
-                (g.max(1.0).min(MAX_BATCH as f64) as u64).clamp((s.lo + 1).min(top), top)
-            };
-            let mut guess = secant(self);
-            for _ in 0..3 {
-                let last = self.samples[self.samples.len() - 1].0;
-                if guess.abs_diff(last) * 100 <= guess || self.samples.iter().any(|x| x.0 == guess)
-                {
-                    break;
-                }
-                self.sample(guess)?;
-                guess = secant(self);
-            }
-            if self.lo < guess && guess < self.hi {
-                self.probe(guess)?;
-            }
-            if self.hi > MAX_BATCH {
-                let mut step = 1u64;
-                while self.hi > MAX_BATCH && self.lo < MAX_BATCH {
-                    self.probe(self.lo.saturating_add(step).min(MAX_BATCH))?;
-                    step = step.saturating_mul(2);
-                }
-            } else {
-                let mut step = 1u64;
-                loop {
-                    let b = self.hi.saturating_sub(step);
-                    if b <= self.lo || self.probe(b)? {
-                        break;
-                    }
-                    step = step.saturating_mul(2);
-                }
-            }
-        }
-        while self.lo + 1 < self.hi && self.lo < MAX_BATCH {
-            let mid = self.lo + (self.hi - self.lo) / 2;
-            self.probe(mid)?;
-        }
-        Ok(())
-    }
-}
-
-/// The largest batch at which the planner fits one training step in the budget.
-///
-/// Two searches, each planning a handful of batches (each from its own training
-/// schedule; see `Search::run`), and one more plan:
-/// - greedy (milliseconds a batch), from `known_fit`, the as-exported answer, which
-///   fits without recomputation: a batch fits when greedy plans it within the memory;
-/// - the ILP planner, from greedy's answer (its portfolio holds greedy, so it fits
-///   there too): a batch fits when the ILP's lowest-peak plan (planned for the
-///   op-local bound, where it answers in a second or two and deterministically) is
-///   within the memory. Planning for the memory itself instead is slower (it
-///   spends most of `plan_time_limit_s` on large graphs) and, cut by the time limit,
-///   not reproducible from run to run;
-/// - the ILP for the memory at the answer, once (`plan_time_limit_s`), for the
-///   cheapest plan.
-///
-/// Both searches end confirmed: a plan within the memory at `max_batch`, none at
-/// `max_batch + 1`. The cheapest plan within the memory at `max_batch` is reported
-/// (the ILP's for the memory, its lowest-peak plan, or greedy's).
-pub fn planned_max_batch(model: &Model, o: &FitOptions, known_fit: u64) -> Result<PlannedFit> {
-    let mut greedy = Search::new(model, o, Solver::Greedy, false);
-    greedy.probe(known_fit.clamp(1, MAX_BATCH))?;
-    greedy.run()?;
-    let mut ilp = Search::new(model, o, Solver::Ilp, true);
-    if greedy.lo >= 1 {
-        ilp.lo = greedy.lo;
-    } else {
-        ilp.probe(1)?;
-    }
-    ilp.run()?;
-    let (probes, greedy_max_batch) = (greedy.probes, greedy.lo);
-    let mut ilp_solves = ilp.probes;
-    if ilp.lo == 0 {
-        let report = match ilp.batch1 {
-            Some(r) => r,
-            None => plan_step(model, o, 1, Solver::Ilp)?,
-        };
-        return Ok(PlannedFit {
-            max_batch: 0,
-            report,
-            lower_bound_overhead: 0.0,
-            greedy_max_batch,
-            probes,
-            ilp_solves,
-        });
-    }
-    ilp_solves += 1;
-    let budgeted = plan_step(model, o, ilp.lo, Solver::Ilp)?;
-    let lower_bound_overhead = budgeted.lower_bound_overhead;
-    let mut candidates = vec![budgeted];
-    candidates.extend(ilp.lo_report);
-    if greedy.lo == ilp.lo {
-        candidates.extend(greedy.lo_report);
-    }
-    let report = candidates
-        .into_iter()
-        .filter(|r| r.feasible)
-        .min_by(|a, b| a.overhead.total_cmp(&b.overhead))
-        .expect("the answer fits by construction");
-    Ok(PlannedFit {
-        max_batch: ilp.lo,
-        report,
-        lower_bound_overhead,
-        greedy_max_batch,
-        probes,
-        ilp_solves,
-    })
 }
 
 /// Runs every strategy.
