@@ -5,7 +5,6 @@
 //! `inputs` and `outputs` (tensor ids), and each [`Edge`] records the slot it feeds.
 
 use std::collections::{BTreeMap, HashMap};
-use std::hash::{BuildHasher, Hasher};
 
 use petgraph::stable_graph::{NodeIndex, StableGraph};
 
@@ -61,52 +60,10 @@ pub struct Graph {
 }
 
 /// The hash of name-keyed tables built at load ([`Graph::by_name`], the op
-/// registry): FxHash, as rustc hashes its identifiers, several times faster than
+/// registry): rustc's FxHash (the `rustc-hash` crate), several times faster than
 /// the standard library's SipHash on short strings. Names come from the model file
 /// being read; resisting crafted collisions is not worth that time here.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NameHash;
-
-impl BuildHasher for NameHash {
-    type Hasher = FxHasher;
-    fn build_hasher(&self) -> FxHasher {
-        FxHasher(0)
-    }
-}
-
-/// FxHash's state ([`NameHash`]).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct FxHasher(u64);
-
-impl FxHasher {
-    fn add(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
-
-impl Hasher for FxHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            self.add(u64::from_le_bytes(c.try_into().expect("8 bytes")));
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut word = [0u8; 8];
-            word[..rest.len()].copy_from_slice(rest);
-            self.add(u64::from_le_bytes(word) ^ ((rest.len() as u64) << 59));
-        }
-    }
-    fn write_u8(&mut self, i: u8) {
-        self.add(u64::from(i));
-    }
-    fn write_usize(&mut self, i: usize) {
-        self.add(i as u64);
-    }
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
+pub type NameHash = rustc_hash::FxBuildHasher;
 
 /// A loaded model: header facts and the graph.
 #[derive(Debug, Clone)]
