@@ -595,6 +595,97 @@ pub fn tighten(g: &RematGraph, plan: &[Instr]) -> Vec<Instr> {
     out
 }
 
+/// Undoes recomputations the budget does not need: a node run again whose outputs
+/// could instead stay resident since they were freed (the memory over that stretch
+/// plus their bytes within `budget`) is not run again, and its outputs are not
+/// freed; the most expensive first. The result is tightened. Every removal keeps
+/// the plan valid (the outputs are resident wherever the removed run made them
+/// so) and the peak within `budget` if it was.
+pub fn unrecompute(g: &RematGraph, plan: &[Instr], budget: u64) -> Vec<Instr> {
+    let n = plan.len();
+    // Memory right after each instruction, as replay counts it.
+    let mut mem = vec![0u64; n];
+    let mut live: Vec<bool> = g.values.iter().map(|v| v.fixed).collect();
+    let mut cur = g.fixed_bytes();
+    let mut prev = vec![usize::MAX; n];
+    let mut last_run = vec![usize::MAX; g.nodes.len()];
+    // Per value, its frees in plan order.
+    let mut frees: Vec<Vec<usize>> = vec![Vec::new(); g.values.len()];
+    for (k, op) in plan.iter().enumerate() {
+        match *op {
+            Instr::Compute(p) => {
+                prev[k] = last_run[p];
+                last_run[p] = k;
+                for &o in &g.nodes[p].outputs {
+                    if !live[o] {
+                        live[o] = true;
+                        cur += g.values[o].bytes;
+                    }
+                }
+            }
+            Instr::Free(v) => {
+                if live[v] {
+                    live[v] = false;
+                    cur -= g.values[v].bytes;
+                }
+                frees[v].push(k);
+            }
+        }
+        mem[k] = cur;
+    }
+    let mut runs: Vec<usize> = (0..n).filter(|&k| prev[k] != usize::MAX).collect();
+    let cost = |k: usize| match plan[k] {
+        Instr::Compute(p) => g.nodes[p].cost,
+        Instr::Free(_) => 0.0,
+    };
+    runs.sort_by(|&a, &b| cost(b).total_cmp(&cost(a)).then(a.cmp(&b)));
+    let mut removed = vec![false; n];
+    let mut stretch: Vec<(usize, u64)> = Vec::new();
+    for k in runs {
+        let Instr::Compute(p) = plan[k] else { continue };
+        // The latest run of p before k that is still in the plan.
+        let mut j = prev[k];
+        while j != usize::MAX && removed[j] {
+            j = prev[j];
+        }
+        if j == usize::MAX {
+            continue;
+        }
+        stretch.clear();
+        for &o in &g.nodes[p].outputs {
+            let fs = &frees[o];
+            let a = fs.partition_point(|&f| f <= j);
+            let b = fs.partition_point(|&f| f < k);
+            // Its first free still in the plan between the two runs.
+            if let Some(&f) = fs[a..b].iter().find(|&&f| !removed[f]) {
+                stretch.push((f, g.values[o].bytes));
+            }
+        }
+        let fits = stretch.iter().all(|&(f, _)| {
+            (f..k).all(|x| {
+                let extra: u64 = stretch
+                    .iter()
+                    .filter(|&&(f2, _)| f2 <= x)
+                    .map(|&(_, b)| b)
+                    .sum();
+                mem[x] + extra <= budget
+            })
+        });
+        if !fits {
+            continue;
+        }
+        removed[k] = true;
+        for &(f, b) in &stretch {
+            removed[f] = true;
+            for m in &mut mem[f..k] {
+                *m += b;
+            }
+        }
+    }
+    let kept: Vec<Instr> = (0..n).filter(|&k| !removed[k]).map(|k| plan[k]).collect();
+    tighten(g, &kept)
+}
+
 /// What [`plans`] found.
 pub struct DtrPlans {
     /// The cheapest plan within the budget, if any.
@@ -607,7 +698,7 @@ pub struct DtrPlans {
 pub const PROTECT_ROUNDS: usize = 200;
 
 /// Random runs after the grid, at most.
-pub const RANDOM_RUNS: usize = 48;
+pub const RANDOM_RUNS: usize = 200;
 
 /// A small deterministic generator (splitmix64), so that runs repeat.
 struct Rng(u64);
@@ -628,10 +719,11 @@ impl Rng {
 }
 
 /// Runs every rule of [`HEURISTICS`] at `budget` and at a few budgets above it
-/// (tightening can bring those plans under it), then up to [`RANDOM_RUNS`] runs
-/// with random exponents, budgets and per-value score noise, until `deadline`;
-/// returns the cheapest plan within `budget` and the lowest-peak plan, both
-/// replayed.
+/// (tightening can bring those plans under it); when nothing fits, learns a keep
+/// set, then runs that may exceed the budget (for the lowest peak); then up to
+/// [`RANDOM_RUNS`] runs with random exponents, budgets and per-value score noise,
+/// until `deadline`. Plans within the budget go through [`unrecompute`]. Returns
+/// the cheapest plan within `budget` and the lowest-peak plan, both replayed.
 pub fn plans(g: &RematGraph, budget: u64, deadline: Instant) -> DtrPlans {
     let pr = Prepared::new(g);
     // Runs for a plan within the budget stop past 30 runs per node (a thrashing
@@ -692,6 +784,22 @@ pub fn plans(g: &RematGraph, budget: u64, deadline: Instant) -> DtrPlans {
             }
         }
     }
+    // Still nothing within the budget: runs that go over where they must, for the
+    // lowest peak (before the random runs, which may not leave them time).
+    if best.cheapest.is_none() {
+        // Aiming a little above the budget overflows less deep on some graphs.
+        for s in [1.2, 1.0, 1.1] {
+            for k in [8, 6, 3, 0] {
+                if Instant::now() >= deadline {
+                    break;
+                }
+                let (h, b, d) = (HEURISTICS[k], scaled(s), Some(deadline));
+                if let Some(p) = simulate_noisy(g, &pr, h, &[], false, b, long_cap, d) {
+                    best.consider(g, budget, p);
+                }
+            }
+        }
+    }
     let mut rng = Rng(0x5EED ^ g.nodes.len() as u64);
     let mut noise = vec![1.0; g.values.len()];
     for _ in 0..RANDOM_RUNS {
@@ -722,22 +830,6 @@ pub fn plans(g: &RematGraph, budget: u64, deadline: Instant) -> DtrPlans {
             best.consider(g, budget, p);
         }
     }
-    // Still nothing within the budget: runs that go over where they must, for the
-    // lowest peak.
-    if best.cheapest.is_none() {
-        // Aiming a little above the budget overflows less deep on some graphs.
-        for s in [1.0, 1.1, 1.2] {
-            for k in [8, 6, 3, 0] {
-                if Instant::now() >= deadline {
-                    break;
-                }
-                let (h, b, d) = (HEURISTICS[k], scaled(s), Some(deadline));
-                if let Some(p) = simulate_noisy(g, &pr, h, &[], false, b, long_cap, d) {
-                    best.consider(g, budget, p);
-                }
-            }
-        }
-    }
     DtrPlans {
         cheapest: best.cheapest.map(|c| c.2),
         lowest: best.lowest.map(|c| c.2),
@@ -755,6 +847,18 @@ struct Best {
 impl Best {
     fn consider(&mut self, g: &RematGraph, budget: u64, p: Vec<Instr>) {
         let Ok(r) = replay(g, &p) else { return };
+        // Within the budget: drop the recomputations it does not need.
+        let (p, r) = if r.peak_bytes <= budget && r.recompute_cost > 0.0 {
+            let q = unrecompute(g, &p, budget);
+            match replay(g, &q) {
+                Ok(rq) if rq.peak_bytes <= budget && rq.recompute_cost <= r.recompute_cost => {
+                    (q, rq)
+                }
+                _ => (p, r),
+            }
+        } else {
+            (p, r)
+        };
         if r.peak_bytes <= budget
             && self
                 .cheapest
