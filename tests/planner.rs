@@ -388,3 +388,20 @@ fn the_materialization_floor_sees_past_the_op_local_bound() {
     assert!(stage_lower_bound(&g, 2).is_none());
     assert!(checked(&g, 3, Solver::Ilp, 2.0).feasible);
 }
+
+/// A recursion as deep as the graph is long stays within a test thread's stack:
+/// past `MAX_DEPTH` nested recomputations a run gives up instead.
+#[test]
+fn deep_nested_recomputation_does_not_overflow_the_stack() {
+    use memplan::remat::dtr::{plans, MAX_DEPTH};
+    let g = chain(MAX_DEPTH + 500);
+    let h = std::thread::Builder::new()
+        .stack_size(2 << 20)
+        .spawn(move || {
+            let deadline = std::time::Instant::now() + Duration::from_secs(3);
+            let d = plans(&g, memory_floor(&g), deadline);
+            d.lowest.map(|p| replay(&g, &p).unwrap().peak_bytes)
+        })
+        .unwrap();
+    h.join().expect("the simulation overflowed its stack");
+}

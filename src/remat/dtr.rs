@@ -238,6 +238,10 @@ impl Prepared {
     }
 }
 
+/// Deepest nesting of recomputations a run may reach (a run that needs more
+/// fails): keeps the recursion well within a test thread's 2 MiB stack.
+pub const MAX_DEPTH: usize = 1500;
+
 /// `x^e`, without `powf` for the exponents of [`HEURISTICS`] that need none.
 fn pow(x: f64, e: f64) -> f64 {
     if e == 0.0 {
@@ -285,6 +289,8 @@ struct Sim<'a> {
     computes: usize,
     cap: usize,
     deadline: Option<Instant>,
+    /// Nesting of [`Sim::run`] (bounded by [`MAX_DEPTH`]).
+    depth: usize,
 }
 
 impl Sim<'_> {
@@ -397,9 +403,16 @@ impl Sim<'_> {
 
     /// Runs node `p` (first run or again), making its inputs resident first.
     fn run(&mut self, p: NodeId) -> bool {
-        if self.late() {
+        if self.late() || self.depth >= MAX_DEPTH {
             return false;
         }
+        self.depth += 1;
+        let ok = self.run_inner(p);
+        self.depth -= 1;
+        ok
+    }
+
+    fn run_inner(&mut self, p: NodeId) -> bool {
         let (g, pr) = (self.g, self.pr);
         let ins = &pr.inputs[p];
         let mut pinned: Vec<ValueId> = Vec::with_capacity(ins.len());
@@ -521,6 +534,7 @@ fn simulate_with(
         computes: 0,
         cap,
         deadline,
+        depth: 0,
     };
     for (v, val) in g.values.iter().enumerate() {
         if val.fixed {
