@@ -148,7 +148,8 @@ pub fn solve(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ScaleResu
     // the candidate that reaches budgets near the memory floor. Below the floor no
     // plan fits, and it runs at the floor for the lowest peak.
     let floor = memory_floor(g);
-    let d = dtr::plans(g, budget.max(floor), Instant::now() + limit.mul_f64(0.2));
+    let end = Instant::now() + limit.mul_f64(0.2);
+    let d = dtr::plans_for(g, budget.max(floor), budget < floor, end);
     if let Some(p) = d.cheapest {
         push(measure(g, p, "dtr"), &mut cands);
     }
