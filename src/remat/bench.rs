@@ -39,6 +39,11 @@ pub struct BenchRow {
     /// The op-local bound with held memory (`op_local_bound_bytes`) over the
     /// no-recompute peak: budgets below it are infeasible.
     pub floor_fraction: f64,
+    /// `planned` (a plan within the budget), `infeasible` (the budget is below the
+    /// memory floor, `floor_fraction`: no plan exists), `open` (neither, for the
+    /// solvers that bound the optimum: `ilp`, `checkmate`) or `no plan` (neither,
+    /// for the baselines, which claim nothing about the point).
+    pub status: &'static str,
 }
 
 /// Loads a model (`.onnx`, training step at `batch`) or a benchmark DAG (`.json`).
@@ -80,6 +85,15 @@ pub fn run_bench(
             let budget = (base as f64 * b) as u64;
             for &s in solvers {
                 let r = plan(g, budget, s, time_limit_s)?;
+                let status = if r.feasible {
+                    "planned"
+                } else if budget < r.op_local_bound_bytes {
+                    "infeasible"
+                } else if matches!(s, Solver::Ilp | Solver::Checkmate) {
+                    "open"
+                } else {
+                    "no plan"
+                };
                 rows.push(BenchRow {
                     graph: g.name.clone(),
                     nodes: g.nodes.len(),
@@ -92,6 +106,7 @@ pub fn run_bench(
                     solve_seconds: r.solve_seconds,
                     method: r.method.clone(),
                     floor_fraction: r.op_local_bound_bytes as f64 / base.max(1) as f64,
+                    status,
                 });
             }
         }

@@ -6,6 +6,7 @@ pub mod bounds;
 pub mod checkmate;
 pub mod costs;
 pub mod dag;
+pub mod dtr;
 pub mod from_schedule;
 pub mod gap_milp;
 pub mod graph;

@@ -50,7 +50,9 @@ pub struct PlanReport {
     /// Lowest peak memplan found (this plan, or every droppable activation dropped).
     pub min_feasible_bytes: u64,
     /// No plan goes below: the largest over nodes of the node's inputs and outputs,
-    /// plus fixed memory and the held values (gradients) written before it.
+    /// plus fixed memory and the held values (gradients) written before it, or
+    /// what making a node's inputs resident together needs
+    /// (`remat::bounds::memory_floor`).
     pub op_local_bound_bytes: u64,
     /// Cost of recomputation, in the graph's cost unit despite the name: FLOPs for
     /// ONNX models, seconds with measured costs (`--costs`, see `remat::costs`), the

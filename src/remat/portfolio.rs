@@ -24,10 +24,21 @@
 //!   MILP is solved again with the budget lowered by the overshoot, and a final
 //!   repair drops more gaps (cheapest per byte) until the plan fits. Then drops
 //!   that the budget does not need are undone, most expensive first.
-//! - **Portfolio.** The greedy and √n baselines, the gap MILP's plan, and on graphs
-//!   of at most [`EXACT_NODES`] nodes the full Checkmate MILP, are all replayed;
-//!   the cheapest plan within the budget wins, so `ilp` never loses to a baseline
-//!   and equals Checkmate wherever Checkmate finishes.
+//! - **Nested recomputation.** The gap model recomputes a value at most once per
+//!   gap, from what is live then. [`super::dtr`] simulates the schedule under the
+//!   budget instead, evicting by a cost/size/next-use score and recomputing
+//!   missing inputs recursively: any number of recomputations, nested to any
+//!   depth. It is what reaches budgets near the memory floor (random layered
+//!   graphs, the lowest peaks of mobilenet and resnet50); below the floor it runs
+//!   at the floor, for the lowest peak.
+//! - **Portfolio.** The greedy and √n baselines, the simulation's plans, the gap
+//!   MILP's plan, and on graphs of at most [`EXACT_NODES`] nodes the full
+//!   Checkmate MILP, are all replayed; the cheapest plan within the budget wins, so
+//!   `ilp` never loses to a baseline and equals Checkmate wherever Checkmate
+//!   finishes.
+//! - **Certificates.** Below the memory floor ([`super::bounds::memory_floor`]) no
+//!   plan exists; at or above it a point is planned, or left open (reported as
+//!   such by `memplan bench`).
 //! - **Lower bound.** For schedules that run nodes first in the graph's order (as
 //!   every plan here and Checkmate's do), at the moment node `t` first runs the
 //!   memory holds the fixed values, every held value written so far, `t`'s inputs
@@ -42,8 +53,9 @@
 
 use std::time::{Duration, Instant};
 
-use super::bounds::stage_lower_bound;
+use super::bounds::{memory_floor, stage_lower_bound};
 use super::checkmate::{solve_checkmate, IlpOptions, GRACE};
+use super::dtr;
 use super::gap_milp::*;
 use super::graph::{replay, Instr, RematGraph};
 use super::heuristics::{greedy_drops_until, plan_with_drops, sqrt_drops};
@@ -62,7 +74,8 @@ pub struct ScaleResult {
     pub plan: Vec<Instr>,
     /// Proven lower bound on `recompute cost / base cost` at this budget.
     pub lower_bound_overhead: f64,
-    /// Which candidate won (`none`, `gap-milp`, `checkmate`, `greedy`, `sqrt`...).
+    /// Which candidate won (`none`, `gap-milp`, `checkmate`, `dtr`, `greedy`,
+    /// `sqrt`...).
     pub source: &'static str,
     /// The lowest peak of any candidate plan.
     pub min_peak: u64,
@@ -131,6 +144,19 @@ pub fn solve(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ScaleResu
     let all_on = vec![true; gaps.list.len()];
     push(measure(g, gaps.plan(g, &all_on), "all-gaps"), &mut cands);
 
+    // Multiple and nested recomputation by simulation ([`super::dtr`]): cheap, and
+    // the candidate that reaches budgets near the memory floor. Below the floor no
+    // plan fits, and it runs at the floor for the lowest peak.
+    let floor = memory_floor(g);
+    let end = Instant::now() + limit.mul_f64(0.2);
+    let d = dtr::plans_for(g, budget.max(floor), budget < floor, end);
+    if let Some(p) = d.cheapest {
+        push(measure(g, p, "dtr"), &mut cands);
+    }
+    if let Some(p) = d.lowest {
+        push(measure(g, p, "dtr-min-peak"), &mut cands);
+    }
+
     // The gap MILP, tightened until its plan replays within the budget.
     if stage_lower_bound(g, budget).is_some() && !gaps.list.is_empty() {
         let share = if g.nodes.len() <= EXACT_NODES {
@@ -193,7 +219,8 @@ pub fn solve(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ScaleResu
     // Nothing fits: the lowest peak the gap model can reach, for the report.
     // It always gets a share of the time: a budget the lowest-peak plan meets must
     // not be reported infeasible.
-    if !cands.iter().any(|c| c.peak <= budget) && !gaps.list.is_empty() {
+    // Skipped when a plan is at the memory floor already (no plan goes lower).
+    if !cands.iter().any(|c| c.peak <= budget.max(floor)) && !gaps.list.is_empty() {
         let now = Instant::now();
         let end = (start + limit.mul_f64(0.97)).max(now + limit.mul_f64(0.05));
         if let Some(on) = gap_milp(g, &gaps, budget, true, end) {

@@ -7,12 +7,12 @@ use crate::remat::bench::BenchRow;
 /// One CSV line per row, after a header.
 pub fn bench_csv(rows: &[BenchRow]) -> String {
     let mut s = String::from(
-        "graph,nodes,budget,solver,feasible,peak_fraction,overhead,lower_bound,solve_seconds,method,floor_fraction\n",
+        "graph,nodes,budget,solver,feasible,peak_fraction,overhead,lower_bound,solve_seconds,method,floor_fraction,status\n",
     );
     for r in rows {
         let _ = writeln!(
             s,
-            "{},{},{},{:?},{},{:.4},{:.4},{:.4},{:.3},{},{:.4}",
+            "{},{},{},{:?},{},{:.4},{:.4},{:.4},{:.3},{},{:.4},{}",
             r.graph,
             r.nodes,
             r.budget,
@@ -23,7 +23,8 @@ pub fn bench_csv(rows: &[BenchRow]) -> String {
             r.lower_bound,
             r.solve_seconds,
             r.method,
-            r.floor_fraction
+            r.floor_fraction,
+            r.status
         );
     }
     s
@@ -34,13 +35,13 @@ pub fn bench_text(rows: &[BenchRow]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<22} {:>6} {:>6} {:<10} {:>9} {:>6} {:>9} {:>9} {:>8}",
+        "{:<22} {:>6} {:>6} {:<10} {:>9} {:>6} {:>9} {:>9} {:>8}  status",
         "graph", "nodes", "budget", "solver", "feasible", "peak", "overhead", "bound", "seconds"
     );
     for r in rows {
         let _ = writeln!(
             s,
-            "{:<22} {:>6} {:>5.0}% {:<10} {:>9} {:>5.1}% {:>9.4} {:>9.4} {:>8.3}",
+            "{:<22} {:>6} {:>5.0}% {:<10} {:>9} {:>5.1}% {:>9.4} {:>9.4} {:>8.3}  {}",
             r.graph,
             r.nodes,
             r.budget * 100.0,
@@ -49,7 +50,11 @@ pub fn bench_text(rows: &[BenchRow]) -> String {
             r.peak_fraction * 100.0,
             r.overhead,
             r.lower_bound,
-            r.solve_seconds
+            r.solve_seconds,
+            match r.status {
+                "infeasible" => format!("infeasible (floor {:.1}%)", r.floor_fraction * 100.0),
+                s => s.to_string(),
+            }
         );
     }
     s
