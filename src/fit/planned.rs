@@ -47,7 +47,7 @@ use crate::remat::plan::{plan, recomputed_values, PlanReport, Solver};
 /// planner's lowest-peak candidates finish on the shipped models (ResNet-50's
 /// gap-min-peak MILP, GPT-2's gap greedy); on GPT-2 the rest of a longer limit went
 /// to a MILP whose plan lost.
-pub const LOWEST_PEAK_TIME_LIMIT_S: f64 = 1.0;
+pub const LOWEST_PEAK_TIME_LIMIT_S: f64 = 0.5;
 
 /// Most lowest-peak plans at the answer + 1 (step 3 of the module documentation)
 /// before `fit` falls back to [`searched`].
