@@ -1348,20 +1348,57 @@ def _collect_profile(prof, device_type="cpu"):
 
     tree = prof.profiler.kineto_results.experimental_event_tree()
     allocs, ranges = [], {}
-    stack = list(reversed(tree))
+    stack = [(e, ()) for e in reversed(tree)]
     seq = 0
     while stack:
-        e = stack.pop()
+        e, chain = stack.pop()
         tag, f = e.typed
         if tag == _EventType.Allocation:
             if f.device.type == device_type:
-                allocs.append((e.start_time_ns, seq, f.ptr, f.alloc_size, f.total_allocated))
+                allocs.append((e.start_time_ns, seq, f.ptr, f.alloc_size, f.total_allocated,
+                               _alloc_kind(chain, f.alloc_size)))
                 seq += 1
-        elif e.name.startswith("memplan::"):
+            continue
+        if e.name.startswith("memplan::"):
             ranges[e.name[len("memplan::"):]] = (e.start_time_ns, e.end_time_ns)
-        stack.extend(reversed(e.children))
+        else:
+            chain = chain + (e.name,)
+        stack.extend((c, chain) for c in reversed(e.children))
     allocs.sort(key=lambda a: (a[0], a[1]))
     return allocs, ranges
+
+
+# torch.get_rng_state() on CPU: the mt19937 state, a 5,056-byte uint8 tensor, allocated outside any
+# aten op the profiler records (non-reentrant checkpoint keeps one per call: preserve_rng_state).
+_RNG_STATE_BYTES = 5056
+_DROPOUT_OPS = ("aten::dropout", "aten::feature_dropout", "aten::alpha_dropout", "aten::feature_alpha_dropout")
+
+
+def _alloc_kind(chain, size):
+    """What a CPU allocation is, where a CUDA run would hold something else:
+    'dropout_noise': CPU dropout's float noise (at::native::dropout: empty_like(input).bernoulli_,
+    then input * noise), 4 bytes per element where CUDA's native_dropout keeps a 1-byte mask;
+    'rng_state': a CPU RNG state kept by checkpoint (host memory on a GPU run); 'cpu_kernel_copy': see
+    _CPU_CONV_KERNELS; None otherwise."""
+    if size > 0 and any(op in chain for op in _DROPOUT_OPS) and chain[-1] in (
+            "aten::empty_like", "aten::empty_strided", "aten::empty"):
+        i = max(i for i, op in enumerate(chain) if op in _DROPOUT_OPS)
+        if all(op in ("aten::empty_like", "aten::empty_strided", "aten::empty") for op in chain[i + 1:]):
+            return "dropout_noise"
+    if size == _RNG_STATE_BYTES and not chain:
+        return "rng_state"
+    if size > 0 and "aten::contiguous" in chain:
+        i = chain.index("aten::contiguous")
+        if any(op in _CPU_CONV_KERNELS for op in chain[:i]):
+            return "cpu_kernel_copy"
+    return None
+
+
+# A copy a CPU convolution kernel makes of an operand (`aten::contiguous` inside the kernel). The
+# operands the dispatcher hands these kernels are contiguous (checked for ResNet-50 at batch 8 with a
+# TorchDispatchMode around backward): the copy is the CPU kernel's own layout choice (oneDNN), not
+# something the CUDA step does.
+_CPU_CONV_KERNELS = ("aten::convolution_backward", "aten::mkldnn_convolution", "aten::_convolution")
 
 
 def _analyse_timeline(allocs, ranges):
@@ -1376,22 +1413,33 @@ def _analyse_timeline(allocs, ranges):
     prev_total = None
     run = 0
     window = []  # (t, running value after event)
-    for t, _, ptr, size, total in allocs:
+    kinds = {}  # ptr -> kind (see _alloc_kind) of the live allocations that have one
+    kind_live = collections.Counter()  # kind -> bytes alive now
+    best, at_best = None, {}
+    for t, _, ptr, size, total, kind in allocs:
         if prev_total is not None and total != prev_total + size:
             order_violations += 1
         prev_total = total
         in_win = t0 <= t <= t1
         if size > 0:
             live[ptr] = size
+            if kind:
+                kinds[ptr] = kind
+                kind_live[kind] += size
         else:
             if live.get(ptr) == -size:
                 del live[ptr]
+                k = kinds.pop(ptr, None)
+                if k:
+                    kind_live[k] -= -size
             elif in_win:
                 unmatched["count"] += 1
                 unmatched["bytes"] += -size
         if in_win:
             run += size
             window.append((t, run))
+            if best is None or run > best:
+                best, at_best = run, {k: v for k, v in kind_live.items() if v}
 
     def level_at(t):  # running value after the last event at or before t
         v = 0
@@ -1422,6 +1470,10 @@ def _analyse_timeline(allocs, ranges):
         "forward_end_delta_bytes": level_at(ranges["forward"][1]) - z if "forward" in ranges else None,
         "end_delta_bytes": (window[-1][1] if window else 0) - z,
         "freed_in_zero_grad_bytes": -z,
+        # alive at the step's peak: CPU dropout noise and checkpoint RNG states (see _alloc_kind)
+        "peak_alive_dropout_noise_bytes": at_best.get("dropout_noise", 0),
+        "peak_alive_rng_state_bytes": at_best.get("rng_state", 0),
+        "peak_alive_cpu_kernel_copy_bytes": at_best.get("cpu_kernel_copy", 0),
     }
     check = {
         "alloc_events_in_step": len(window),

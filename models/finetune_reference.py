@@ -375,8 +375,8 @@ def measure_case(case, log, timing=True):
         entry[kind] = {k: e[k] for k in (
             "step_peak_bytes", "forward_end_delta_bytes", "step_peak_delta_bytes", "peak_phase",
             "phase_peak_delta_bytes", "resident_bytes_before_step", "optimizer_state_bytes",
-            "optimizer_state_scalar_bytes", "end_delta_bytes", "step_seconds", "step_seconds_all",
-            "check") if k in e}
+            "optimizer_state_scalar_bytes", "end_delta_bytes", "peak_alive_dropout_noise_bytes",
+            "peak_alive_rng_state_bytes", "peak_alive_cpu_kernel_copy_bytes", "step_seconds", "step_seconds_all", "check") if k in e}
     msg = "%s: params %d (trainable %d), saved %d%s, dropout alive %d el; " % (
         case["name"], entry["params_count"], entry["trainable_params_count"], entry["saved_bytes"],
         (" (+ckpt inputs %d)" % entry["checkpoint_inputs_bytes"]) if "checkpoint_inputs_bytes" in entry else "",

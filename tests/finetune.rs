@@ -283,14 +283,8 @@ fn frozen_steps_match_pytorch() {
                 assert_eq!(bytes(&s, StorageKind::OptimizerState), want, "{name}");
             }
             let peak = simulate(&s).peak().total();
-            // The noise tensors are freed by the optimizer's phase.
             let phase = m["peak_phase"].as_str().unwrap();
-            let noise = if phase == "optimizer" {
-                0
-            } else {
-                dropout_extra
-            };
-            let want_peak = m["step_peak_bytes"].as_u64().unwrap() - noise;
+            let want_peak = m["step_peak_bytes"].as_u64().unwrap() - host_only_at_peak(m);
             let d = peak as f64 / want_peak as f64 - 1.0;
             report.push(format!("{name} {key}: peak {:+.2}% ({phase})", d * 100.0));
             let tol = match (name.as_str(), key) {
@@ -307,6 +301,25 @@ fn frozen_steps_match_pytorch() {
     }
     println!("{}", report.join("\n"));
     assert!(checked >= 8, "{checked} cases");
+}
+
+/// What a CPU run holds at its step peak that a CUDA run would not, as the
+/// reference measured it at that instant (models/export.py, `_alloc_kind`): 3 of
+/// every 4 bytes of CPU dropout's float32 noise still alive (CUDA keeps a 1-byte
+/// mask), the CPU RNG states that non-reentrant checkpoint calls keep (host
+/// memory on a GPU), and copies a CPU convolution kernel makes of operands the
+/// dispatcher handed it contiguous (oneDNN's layout; ResNet-50's every-block
+/// peak holds one of 24.5 MiB). Counting what is alive at the peak itself
+/// matters: by a backward peak most of forward's noise and many checkpoints'
+/// states are freed.
+fn host_only_at_peak(m: &serde_json::Value) -> u64 {
+    let noise = m["peak_alive_dropout_noise_bytes"]
+        .as_u64()
+        .expect("reference measured with the peak's dropout noise (models/export.py)");
+    let rng = m["peak_alive_rng_state_bytes"].as_u64().unwrap();
+    let copies = m["peak_alive_cpu_kernel_copy_bytes"].as_u64().unwrap();
+    assert_eq!(noise % 4, 0, "float32 noise");
+    noise / 4 * 3 + rng + copies
 }
 
 /// Module plans applied in PyTorch with the file `plan --pytorch` writes
@@ -332,14 +345,7 @@ const CPU_EXCLUDED: [&str; 5] = [
 
 /// Module plans whose peak is off by 5 to 10 % (docs/TRAINING_MEMORY.md lists them:
 /// open, not explained yet).
-const OPEN: [&str; 6] = [
-    "convit_tiny_b2_06",
-    "video_cnn_b2_06",
-    "video_cnn_b2_08",
-    "transformer_b2_06",
-    "transformer_b2_08",
-    "resnet50_b8_every_block",
-];
+const OPEN: [&str; 3] = ["convit_tiny_b2_06", "video_cnn_b2_06", "video_cnn_b2_08"];
 
 #[test]
 fn module_plans_match_pytorch() {
@@ -397,8 +403,7 @@ fn module_plans_match_pytorch() {
                 let fe = p.saved_bytes + outputs;
                 let want_fe = m["forward_end_delta_bytes"].as_u64().unwrap() - noise - rng - 4;
                 let phase = m["peak_phase"].as_str().unwrap();
-                let n = if phase == "optimizer" { 0 } else { noise + rng };
-                let want_peak = m["step_peak_bytes"].as_u64().unwrap() - n;
+                let want_peak = m["step_peak_bytes"].as_u64().unwrap() - host_only_at_peak(m);
                 let df = fe as f64 / want_fe as f64 - 1.0;
                 let dp = p.peak_bytes as f64 / want_peak as f64 - 1.0;
                 report.push(format!(
