@@ -73,7 +73,13 @@ DEFINITIONS = {
     "dropout_alive_numel": "elements of the dropout calls (p > 0) during forward whose CPU float32 noise is "
     "alive at forward end: all dropout calls minus those run inside a checkpointed module "
     "(dropout_in_checkpoint_numel). CUDA-equivalent bytes: subtract 3 * dropout_alive_numel from saved "
-    "bytes, forward-end bytes and peaks (where the peak holds them)",
+    "bytes and forward-end bytes; for peaks use the peak_alive_* keys",
+    "peak_alive_dropout_noise_bytes": "per optimizer: bytes of CPU dropout noise (float, 4 B per element where "
+    "CUDA keeps a 1-byte mask) alive at the step peak's instant (export.py _alloc_kind)",
+    "peak_alive_rng_state_bytes": "per optimizer: CPU RNG states (torch.get_rng_state(), 5,056 B, kept by each "
+    "non-reentrant checkpoint call; host memory on a GPU) alive at the step peak's instant",
+    "peak_alive_cpu_kernel_copy_bytes": "per optimizer: copies a CPU convolution kernel made of its operands "
+    "(aten::contiguous inside convolution_backward / mkldnn_convolution) alive at the step peak's instant",
     "step_seconds": "median wall time of %d steps (zero_grad..opt.step) without profiler, after one warm-up "
     "step (compiled: two), 2 threads, on a machine shared with other work" % TIMED_STEPS,
 }
