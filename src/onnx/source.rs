@@ -50,6 +50,10 @@ pub(crate) trait NodeSrc {
     fn inputs(&self) -> impl Iterator<Item = &str>;
     /// `output`, in order.
     fn outputs(&self) -> impl Iterator<Item = &str>;
+    /// The number of `output` entries.
+    fn output_count(&self) -> usize {
+        self.outputs().count()
+    }
     /// `attribute`, in order.
     fn attributes(&self) -> impl Iterator<Item = Self::Attr<'_>>;
     /// The value of the first `metadata_props` entry with this key (`""` when it
