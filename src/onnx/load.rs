@@ -257,7 +257,7 @@ pub(crate) fn attrs_of(node: &proto::NodeProto, node_name: &str) -> Result<Attrs
 
 fn attrs_from(node: &impl NodeSrc, node_name: &str, names: &Names) -> Result<Attrs> {
     use proto::attribute_proto::AttributeType as T;
-    let mut out = Attrs::default();
+    let mut out = Attrs::with_capacity(node.attribute_count());
     for a in node.attributes() {
         let name = names.name(a.name());
         let s = |b: &[u8]| String::from_utf8_lossy(b).into_owned();

@@ -19,7 +19,9 @@ use std::borrow::Cow;
 
 use bytes::Bytes;
 
-use super::source::{dim_decl, tensor_unmodelled, AttrSrc, GraphSrc, InfoSrc, NodeSrc, TensorSrc};
+use super::source::{
+    dim_decl, tensor_unmodelled, AttrSrc, Dims, GraphSrc, InfoSrc, NodeSrc, TensorSrc,
+};
 use crate::ir::{DType, DimDecl};
 
 /// One field's payload, by wire type.
@@ -340,6 +342,8 @@ pub(crate) struct NodeV<'a> {
     attrs: &'a [u8],
     /// Number of `output` fields.
     n_outputs: u32,
+    /// Number of `attribute` fields.
+    n_attrs: u32,
     name: Option<&'a str>,
     op_type: Option<&'a str>,
     domain: Option<&'a str>,
@@ -354,6 +358,7 @@ fn read_node<'a>(src: &'a Bytes, b: &'a [u8]) -> Option<NodeV<'a>> {
         io: &[],
         attrs: &[],
         n_outputs: 0,
+        n_attrs: 0,
         name: None,
         op_type: None,
         domain: None,
@@ -383,6 +388,7 @@ fn read_node<'a>(src: &'a Bytes, b: &'a [u8]) -> Option<NodeV<'a>> {
             (5, w) => {
                 read_attr(src, message(w)?)?;
                 span(&mut attrs);
+                n.n_attrs += 1;
             }
             (9, w) => {
                 entry(message(w)?)?;
@@ -437,6 +443,9 @@ impl NodeSrc for NodeV<'_> {
     }
     fn output_count(&self) -> usize {
         self.n_outputs as usize
+    }
+    fn attribute_count(&self) -> usize {
+        self.n_attrs as usize
     }
     fn attributes(&self) -> impl Iterator<Item = AttrV<'_>> {
         let src = self.src;
@@ -646,8 +655,14 @@ impl TensorSrc for TensorV<'_> {
     fn data_type(&self) -> Option<i32> {
         self.data_type
     }
-    fn dims(&self) -> Cow<'_, [i64]> {
-        Cow::Owned(self.varints(1, |v| v as i64))
+    fn dims(&self) -> Dims {
+        let mut out = Dims::new();
+        if self.tags & (1 << 1) != 0 {
+            for (_, w) in fields(self.raw).flatten().filter(|&(t, _)| t == 1) {
+                let _ = each_varint(w, |v| out.push(v as i64));
+            }
+        }
+        out
     }
     fn data_location(&self) -> Option<i32> {
         self.data_location
