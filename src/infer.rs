@@ -104,7 +104,7 @@ pub fn check_supported(model: &Model) -> Result<()> {
         }
         if crate::lower::is_lowered(n) {
             // Lowered (crate::lower) into the ops of its subgraphs, checked here.
-            for a in n.attrs.0.values() {
+            for a in n.attrs.values() {
                 if let crate::ir::Attr::Graph(bytes) = a {
                     use prost::Message;
                     // A subgraph that does not decode is reported when lowered.
@@ -246,7 +246,7 @@ fn bind_inputs(model: &Model, b: &Bindings) -> Result<Bound> {
                 })?,
                 DimDecl::Named(n) => *env.get(n).ok_or_else(|| Error::UnboundDim {
                     dim: n.clone(),
-                    input: name.clone(),
+                    input: name.to_string(),
                     hint: Some(if looks_like_batch(n) || (!named_batch && i == 0) {
                         Setting::Batch
                     } else {
@@ -256,14 +256,14 @@ fn bind_inputs(model: &Model, b: &Bindings) -> Result<Bound> {
                 DimDecl::Unknown if !named_batch && i == 0 => {
                     b.batch.ok_or_else(|| Error::UnboundDim {
                         dim: "dim 0 (unnamed)".into(),
-                        input: name.clone(),
+                        input: name.to_string(),
                         hint: Some(Setting::Batch),
                     })?
                 }
                 DimDecl::Unknown => {
                     return Err(Error::UnboundDim {
                         dim: format!("dim {i} (unnamed)"),
-                        input: name.clone(),
+                        input: name.to_string(),
                         hint: None,
                     })
                 }
@@ -365,7 +365,7 @@ pub(crate) fn infer_node(
         return Err(if crate::lower::is_lowered(node) {
             err("control flow and sequences are lowered first (memplan::lower::lower)".into())
         } else {
-            Error::Unsupported(vec![(node.op_type.clone(), node.name.clone())])
+            Error::Unsupported(vec![(node.op_type.to_string(), node.name.to_string())])
         });
     };
     let ar = op.arity();

@@ -149,7 +149,7 @@ fn run(m: &Model) -> Run {
         .map(|&ix| {
             let n = model.graph.node(ix);
             if n.domain.is_empty() || n.domain == "ai.onnx" {
-                n.op_type.clone()
+                n.op_type.to_string()
             } else {
                 format!("{}:{}", n.domain, n.op_type)
             }

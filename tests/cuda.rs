@@ -876,7 +876,7 @@ fn device_coverage_of_models() {
             }
             let path = forward_path(node, &facts, node.outputs.len(), model.opset(), true).unwrap();
             if path == Path::Host {
-                *host.entry(node.op_type.clone()).or_default() += 1;
+                *host.entry(node.op_type.to_string()).or_default() += 1;
                 if documented_host(node, &facts) {
                     continue;
                 }

@@ -515,7 +515,7 @@ fn resnet18_relu_sign_flips_emulated() {
         .iter()
         .map(|&ix| model.graph.node(ix))
         .filter(|n| n.op_type == "Relu")
-        .map(|n| (n.name.clone(), n.inputs[0].unwrap()))
+        .map(|n| (n.name.to_string(), n.inputs[0].unwrap()))
         .collect();
     for (_, t) in &relus {
         model.graph.outputs.push(*t);

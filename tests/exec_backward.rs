@@ -595,9 +595,9 @@ fn kernels_refuse_unsaved_tensors() {
     let node = Node {
         name: "m".into(),
         op_type: "Mul".into(),
-        domain: String::new(),
-        inputs: vec![Some(0), Some(1)],
-        outputs: vec![Some(2)],
+        domain: Default::default(),
+        inputs: vec![Some(0), Some(1)].into(),
+        outputs: vec![Some(2)].into(),
         attrs: Attrs::default(),
     };
     let f = Fact::new(DType::F32, vec![2]);

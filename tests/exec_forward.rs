@@ -73,7 +73,7 @@ fn batchnorm_eval(model: &mut Model) {
     for ix in ids {
         let n = &mut model.graph.nodes[ix];
         if n.op_type == "BatchNormalization" {
-            n.attrs.0.insert("training_mode".into(), Attr::Int(0));
+            n.attrs.insert("training_mode", Attr::Int(0));
         }
     }
 }
@@ -177,17 +177,12 @@ fn run_op_full(
     opset: i64,
 ) -> Vec<Tensor> {
     let node = Node {
-        name: format!("test_{op}"),
+        name: format!("test_{op}").into(),
         op_type: op.into(),
-        domain: String::new(),
+        domain: Default::default(),
         inputs: (0..inputs.len()).map(Some).collect(),
         outputs: (0..n_out).map(|i| Some(100 + i)).collect(),
-        attrs: Attrs(
-            attrs
-                .iter()
-                .map(|(k, a)| (k.to_string(), a.clone()))
-                .collect(),
-        ),
+        attrs: Attrs::from_iter(attrs.iter().map(|(k, a)| (k.to_string(), a.clone()))),
     };
     let rule = registry().get("", op).unwrap();
     let facts: Vec<Fact> = inputs
@@ -535,9 +530,9 @@ fn gather_reshape_transpose_slice_concat() {
     let node = Node {
         name: "g".into(),
         op_type: "Gather".into(),
-        domain: String::new(),
-        inputs: vec![Some(0), Some(1)],
-        outputs: vec![Some(2)],
+        domain: Default::default(),
+        inputs: vec![Some(0), Some(1)].into(),
+        outputs: vec![Some(2)].into(),
         attrs: Attrs::default(),
     };
     let f = Fact::new(DType::F32, vec![1, 4]);

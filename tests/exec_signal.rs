@@ -66,21 +66,16 @@ struct Run {
 impl Run {
     fn new(op: &str, attrs: &[(&str, i64)], inputs: Vec<Option<Tensor>>, opset: i64) -> Run {
         let node = Node {
-            name: format!("test_{op}"),
+            name: format!("test_{op}").into(),
             op_type: op.into(),
-            domain: String::new(),
+            domain: Default::default(),
             inputs: inputs
                 .iter()
                 .enumerate()
                 .map(|(i, t)| t.as_ref().map(|_| i))
                 .collect(),
-            outputs: vec![Some(100)],
-            attrs: Attrs(
-                attrs
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), Attr::Int(*v)))
-                    .collect(),
-            ),
+            outputs: vec![Some(100)].into(),
+            attrs: Attrs::from_iter(attrs.iter().map(|(k, v)| (k.to_string(), Attr::Int(*v)))),
         };
         let facts: Vec<Option<Fact>> = inputs
             .iter()

@@ -61,7 +61,7 @@ fn every_shipped_model_matches_pytorch() {
                 ts.iter()
                     .map(|&t| {
                         (
-                            g.tensor(t).name.clone(),
+                            g.tensor(t).name.to_string(),
                             inf.facts[t].dtype.name().to_string(),
                             inf.facts[t].shape.clone(),
                         )
@@ -196,7 +196,7 @@ fn every_tensor_matches_onnxruntime_execution() {
                 continue; // initializers
             }
             let want = expected
-                .get(&info.name)
+                .get(info.name.as_str())
                 .unwrap_or_else(|| panic!("{name}: '{}' not in the fixture", info.name));
             let dtype = want[0].as_str().unwrap();
             let shape: Vec<usize> = want[1]

@@ -1,7 +1,8 @@
 //! Typed node attributes.
 
-use std::collections::BTreeMap;
+use std::fmt;
 
+use super::graph::Name;
 use super::tensor::TensorData;
 
 /// One attribute value, typed as ONNX declares it.
@@ -31,14 +32,91 @@ pub enum Attr {
     Other(&'static str),
 }
 
-/// A node's attributes by name.
-#[derive(Debug, Clone, Default)]
-pub struct Attrs(pub BTreeMap<String, Attr>);
+/// A node's attributes by name: a small vector sorted by name, one entry per name
+/// (nodes have a handful, so one allocation and a scan beat a tree map).
+#[derive(Clone, Default)]
+pub struct Attrs(Vec<(Name, Attr)>);
+
+impl fmt::Debug for Attrs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map().entries(self.iter()).finish()
+    }
+}
+
+impl<K: Into<Name>> FromIterator<(K, Attr)> for Attrs {
+    /// Later entries replace earlier ones with the same name, as a map's `collect`.
+    fn from_iter<I: IntoIterator<Item = (K, Attr)>>(iter: I) -> Attrs {
+        let mut out = Attrs::default();
+        for (k, v) in iter {
+            out.insert(k, v);
+        }
+        out
+    }
+}
+
+impl<K: Into<Name>, const N: usize> From<[(K, Attr); N]> for Attrs {
+    fn from(entries: [(K, Attr); N]) -> Attrs {
+        entries.into_iter().collect()
+    }
+}
 
 impl Attrs {
+    /// An empty set with room for `n` attributes.
+    pub fn with_capacity(n: usize) -> Attrs {
+        Attrs(Vec::with_capacity(n))
+    }
+
+    /// Number of attributes.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// True when there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The attribute with this name, of any type.
+    pub fn get(&self, name: &str) -> Option<&Attr> {
+        self.0.iter().find(|(k, _)| &**k == name).map(|(_, v)| v)
+    }
+
+    /// Sets an attribute; returns the value it replaces, if any.
+    pub fn insert(&mut self, name: impl Into<Name>, value: Attr) -> Option<Attr> {
+        let name = name.into();
+        match self.0.binary_search_by(|(k, _)| (**k).cmp(&*name)) {
+            Ok(i) => Some(std::mem::replace(&mut self.0[i].1, value)),
+            Err(i) => {
+                self.0.insert(i, (name, value));
+                None
+            }
+        }
+    }
+
+    /// Removes an attribute; returns its value, if it was there.
+    pub fn remove(&mut self, name: &str) -> Option<Attr> {
+        let i = self.0.iter().position(|(k, _)| &**k == name)?;
+        Some(self.0.remove(i).1)
+    }
+
+    /// Names and values, sorted by name.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Attr)> {
+        self.0.iter().map(|(k, v)| (&**k, v))
+    }
+
+    /// Names, sorted.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(|(k, _)| &**k)
+    }
+
+    /// Values, sorted by name.
+    pub fn values(&self) -> impl Iterator<Item = &Attr> {
+        self.0.iter().map(|(_, v)| v)
+    }
+
     /// Integer attribute, if present with that type.
     pub fn int(&self, name: &str) -> Option<i64> {
-        match self.0.get(name)? {
+        match self.get(name)? {
             Attr::Int(i) => Some(*i),
             _ => None,
         }
@@ -51,7 +129,7 @@ impl Attrs {
 
     /// Float attribute, if present.
     pub fn float(&self, name: &str) -> Option<f32> {
-        match self.0.get(name)? {
+        match self.get(name)? {
             Attr::Float(f) => Some(*f),
             _ => None,
         }
@@ -59,7 +137,7 @@ impl Attrs {
 
     /// Integer list attribute, if present.
     pub fn ints(&self, name: &str) -> Option<&[i64]> {
-        match self.0.get(name)? {
+        match self.get(name)? {
             Attr::Ints(v) => Some(v),
             _ => None,
         }
@@ -67,7 +145,7 @@ impl Attrs {
 
     /// Float list attribute, if present.
     pub fn floats(&self, name: &str) -> Option<&[f32]> {
-        match self.0.get(name)? {
+        match self.get(name)? {
             Attr::Floats(v) => Some(v),
             _ => None,
         }
@@ -75,7 +153,7 @@ impl Attrs {
 
     /// String attribute, if present.
     pub fn string(&self, name: &str) -> Option<&str> {
-        match self.0.get(name)? {
+        match self.get(name)? {
             Attr::String(s) => Some(s),
             _ => None,
         }
@@ -83,7 +161,7 @@ impl Attrs {
 
     /// Subgraph attribute, if present.
     pub fn graph(&self, name: &str) -> Option<&bytes::Bytes> {
-        match self.0.get(name)? {
+        match self.get(name)? {
             Attr::Graph(g) => Some(g),
             _ => None,
         }
@@ -91,7 +169,7 @@ impl Attrs {
 
     /// Tensor attribute, if present.
     pub fn tensor(&self, name: &str) -> Option<&TensorData> {
-        match self.0.get(name)? {
+        match self.get(name)? {
             Attr::Tensor(t) => Some(&**t),
             _ => None,
         }
@@ -99,6 +177,6 @@ impl Attrs {
 
     /// True when an attribute with this name exists (any type).
     pub fn has(&self, name: &str) -> bool {
-        self.0.contains_key(name)
+        self.get(name).is_some()
     }
 }

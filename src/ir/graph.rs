@@ -9,21 +9,32 @@ use std::collections::{BTreeMap, HashMap};
 use petgraph::stable_graph::{NodeIndex, StableGraph};
 
 use super::attr::Attrs;
+pub use super::name::Name;
 use super::tensor::{TensorId, TensorInfo, TensorKind};
+
+/// A node's ordered inputs or outputs: inline up to `N` (no allocation for the
+/// common node), on the heap beyond.
+pub type Slots<const N: usize> = smallvec::SmallVec<[Option<TensorId>; N]>;
+
+/// [`Node::inputs`].
+pub type Inputs = Slots<3>;
+
+/// [`Node::outputs`].
+pub type Outputs = Slots<1>;
 
 /// One op.
 #[derive(Debug, Clone)]
 pub struct Node {
     /// The node's name (generated as `<op_type>_<index>` when the model has none).
-    pub name: String,
+    pub name: Name,
     /// ONNX op type, e.g. `Conv`.
-    pub op_type: String,
+    pub op_type: Name,
     /// Op domain; `""` is the default ONNX domain.
-    pub domain: String,
+    pub domain: Name,
     /// Ordered inputs; `None` where an optional input is omitted (`""` in ONNX).
-    pub inputs: Vec<Option<TensorId>>,
+    pub inputs: Inputs,
     /// Ordered outputs; `None` where an optional output is omitted.
-    pub outputs: Vec<Option<TensorId>>,
+    pub outputs: Outputs,
     /// Attributes.
     pub attrs: Attrs,
 }
@@ -52,7 +63,7 @@ pub struct Graph {
     /// Every tensor, indexed by [`TensorId`].
     pub tensors: Vec<TensorInfo>,
     /// Tensor id by ONNX name.
-    pub by_name: HashMap<String, TensorId, NameHash>,
+    pub by_name: HashMap<Name, TensorId, NameHash>,
     /// User-fed graph inputs (initializers excluded), in declaration order.
     pub inputs: Vec<TensorId>,
     /// Graph outputs, in declaration order.

@@ -4,13 +4,14 @@
 pub mod attr;
 pub mod dtype;
 pub mod graph;
+pub mod name;
 pub mod scope;
 pub mod tensor;
 pub mod value;
 
 pub use attr::{Attr, Attrs};
 pub use dtype::DType;
-pub use graph::{Edge, Graph, Model, NameHash, Node};
+pub use graph::{Edge, Graph, Inputs, Model, Name, NameHash, Node, Outputs, Slots};
 pub use scope::{module_path, parameter_name};
 pub use tensor::{DimDecl, Payload, TensorData, TensorId, TensorInfo, TensorKind};
 pub use value::{Data, Value};

@@ -51,7 +51,7 @@ pub fn join(parent: &str, scope: &str) -> String {
 pub fn parameter_name(g: &Graph, t: TensorId) -> String {
     let name = &g.tensor(t).name;
     if !name.starts_with("onnx::") {
-        return name.clone();
+        return name.to_string();
     }
     let reader = g
         .order
@@ -61,7 +61,7 @@ pub fn parameter_name(g: &Graph, t: TensorId) -> String {
     let rank = g.tensor(t).init.as_ref().map_or(2, |d| d.dims.len());
     match reader.and_then(|n| module_path(&n.name)) {
         Some(m) => format!("{m}.{}", if rank == 1 { "bias" } else { "weight" }),
-        None => name.clone(),
+        None => name.to_string(),
     }
 }
 

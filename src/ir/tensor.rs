@@ -168,7 +168,7 @@ fn f16_to_f64(h: u16) -> f64 {
 #[derive(Debug, Clone)]
 pub struct TensorInfo {
     /// The ONNX name.
-    pub name: String,
+    pub name: super::Name,
     /// Role in the graph.
     pub kind: TensorKind,
     /// Declared element type (graph inputs/outputs, value_info, initializers), if any.

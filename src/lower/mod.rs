@@ -220,7 +220,7 @@ impl Lowering {
         }
         (1..)
             .map(|k| format!("{base}#{k}"))
-            .find(|n| !self.m.graph.by_name.contains_key(n))
+            .find(|n| !self.m.graph.by_name.contains_key(n.as_str()))
             .expect("a free name")
     }
 
@@ -228,9 +228,9 @@ impl Lowering {
         let name = self.fresh_name(base);
         let id = self.m.graph.tensors.len();
         self.facts.push(init.as_ref().map(literal_fact));
-        self.m.graph.by_name.insert(name.clone(), id);
+        self.m.graph.by_name.insert(name.clone().into(), id);
         self.m.graph.tensors.push(TensorInfo {
-            name,
+            name: name.into(),
             kind,
             declared_dtype: init.as_ref().map(|d| d.dtype),
             declared_shape: None,
@@ -260,11 +260,11 @@ impl Lowering {
         attrs: Attrs,
     ) -> Result<NodeIndex> {
         self.insert_node(Node {
-            name: name.to_string(),
-            op_type: op_type.to_string(),
-            domain: String::new(),
-            inputs,
-            outputs,
+            name: name.into(),
+            op_type: op_type.into(),
+            domain: crate::ir::Name::new(),
+            inputs: inputs.into(),
+            outputs: outputs.into(),
             attrs,
         })
     }
@@ -289,7 +289,7 @@ impl Lowering {
         attrs: Vec<(&str, Attr)>,
     ) -> Result<TensorId> {
         let out = self.add_tensor(name, TensorKind::Activation, None);
-        let attrs = Attrs(attrs.into_iter().map(|(k, v)| (k.to_string(), v)).collect());
+        let attrs = attrs.into_iter().collect::<Attrs>();
         let inputs = inputs.into_iter().map(Some).collect();
         self.add_node(name, op_type, inputs, vec![Some(out)], attrs)?;
         Ok(out)
@@ -317,7 +317,7 @@ impl Lowering {
         for (i, &p) in parts.iter().enumerate() {
             ups.push(self.unsqueeze(&format!("{name}/unsqueeze{i}"), p, axis)?);
         }
-        let attrs = Attrs([("axis".to_string(), Attr::Int(axis))].into());
+        let attrs = Attrs::from([("axis", Attr::Int(axis))]);
         self.add_node(
             name,
             "Concat",
@@ -493,11 +493,11 @@ impl Lowering {
                 outputs.push(Some(t));
             }
             self.insert_node(Node {
-                name,
-                op_type,
-                domain,
-                inputs,
-                outputs,
+                name: name.into(),
+                op_type: op_type.into(),
+                domain: domain.into(),
+                inputs: inputs.into(),
+                outputs: outputs.into(),
                 attrs,
             })?;
         }

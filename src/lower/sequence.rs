@@ -176,7 +176,7 @@ impl Lowering {
                     }
                     self.stack(&n.name, &list, axis.rem_euclid(r), o)?;
                 } else {
-                    let attrs = Attrs([("axis".to_string(), Attr::Int(axis))].into());
+                    let attrs = Attrs::from([("axis", Attr::Int(axis))]);
                     self.add_node(
                         &n.name,
                         "Concat",

@@ -135,11 +135,11 @@ pub fn profile_inference(g: &Graph, inf: &Inferred) -> InferenceProfile {
         .map(|(t, bytes)| {
             let f = &inf.facts[t];
             LiveTensor {
-                name: g.tensor(t).name.clone(),
+                name: g.tensor(t).name.to_string(),
                 bytes,
                 shape: f.shape.clone(),
                 dtype: f.dtype.name().to_string(),
-                producer: g.tensor(t).producer.map(|p| g.node(p).name.clone()),
+                producer: g.tensor(t).producer.map(|p| g.node(p).name.to_string()),
             }
         })
         .collect();
@@ -150,7 +150,7 @@ pub fn profile_inference(g: &Graph, inf: &Inferred) -> InferenceProfile {
         constants_bytes,
         activation_peak_bytes,
         peak_step: has_nodes.then_some(peak_step),
-        peak_node: has_nodes.then(|| g.node(g.order[peak_step]).name.clone()),
+        peak_node: has_nodes.then(|| g.node(g.order[peak_step]).name.to_string()),
         timeline: if has_nodes { timeline } else { Vec::new() },
         live_at_peak,
     }

@@ -12,8 +12,8 @@ use super::source::{AttrSrc, GraphSrc, InfoSrc, NodeSrc, TensorSrc};
 use super::{proto, wire};
 use crate::error::{Error, Result};
 use crate::ir::{
-    Attr, Attrs, DType, Data, DimDecl, Edge, Graph, Model, Node, Payload, TensorData, TensorId,
-    TensorInfo, TensorKind,
+    Attr, Attrs, DType, Data, DimDecl, Edge, Graph, Model, Name, Node, Payload, TensorData,
+    TensorId, TensorInfo, TensorKind,
 };
 
 /// Maps a file read-only and wraps the mapping in [`Bytes`] (no copy).
@@ -51,6 +51,7 @@ pub fn load_model(path: &Path) -> Result<Model> {
     // which decodes it or names what is wrong (module docs of `wire`).
     let built = match wire::model(&buf) {
         Some(m) => build_model(Header {
+            names: Names(buf.clone()),
             ir_version: m.ir_version,
             opsets: m.opsets,
             producer_name: m.producer_name,
@@ -71,6 +72,7 @@ pub fn load_model(path: &Path) -> Result<Model> {
 
 /// The header fields of a model and its graph, from either source.
 struct Header<'a, G> {
+    names: Names,
     ir_version: Option<i64>,
     opsets: Vec<(Option<&'a str>, Option<i64>)>,
     producer_name: Option<&'a str>,
@@ -81,6 +83,7 @@ struct Header<'a, G> {
 /// Builds the IR from a decoded model.
 pub fn from_proto(m: proto::ModelProto) -> Result<Model> {
     build_model(Header {
+        names: Names(Bytes::new()),
         ir_version: m.ir_version,
         opsets: m
             .opset_import
@@ -91,6 +94,16 @@ pub fn from_proto(m: proto::ModelProto) -> Result<Model> {
         producer_version: m.producer_version.as_deref(),
         graph: m.graph.as_ref(),
     })
+}
+
+/// Makes the IR's names: a name that lies in the mapped file (the in-place reader's
+/// strings) becomes a slice of it, anything else (prost's strings) a copy.
+struct Names(Bytes);
+
+impl Names {
+    fn name(&self, s: &str) -> Name {
+        Name::from_utf8_slice(&self.0, s)
+    }
 }
 
 fn build_model<G: GraphSrc>(m: Header<'_, G>) -> Result<Model> {
@@ -129,7 +142,7 @@ fn build_model<G: GraphSrc>(m: Header<'_, G>) -> Result<Model> {
         ir_version,
         opsets,
         producer,
-        graph: build_graph(graph)?,
+        graph: build_graph(graph, &m.names)?,
     })
 }
 
@@ -239,14 +252,14 @@ fn nonempty<T: Clone>(v: Cow<'_, [T]>) -> Option<Cow<'_, [T]>> {
 }
 
 pub(crate) fn attrs_of(node: &proto::NodeProto, node_name: &str) -> Result<Attrs> {
-    attrs_from(node, node_name)
+    attrs_from(node, node_name, &Names(Bytes::new()))
 }
 
-fn attrs_from(node: &impl NodeSrc, node_name: &str) -> Result<Attrs> {
+fn attrs_from(node: &impl NodeSrc, node_name: &str, names: &Names) -> Result<Attrs> {
     use proto::attribute_proto::AttributeType as T;
-    let mut out = BTreeMap::new();
+    let mut out = Attrs::with_capacity(node.attribute_count());
     for a in node.attributes() {
-        let name = a.name().to_string();
+        let name = names.name(a.name());
         let s = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
         // Prefer the declared type; old exporters sometimes omit it, so fall back on
         // whichever field is set.
@@ -288,7 +301,7 @@ fn attrs_from(node: &impl NodeSrc, node_name: &str) -> Result<Attrs> {
         };
         out.insert(name, v);
     }
-    Ok(Attrs(out))
+    Ok(out)
 }
 
 struct Builder {
@@ -304,11 +317,12 @@ impl Builder {
     }
 }
 
-fn build_graph<G: GraphSrc>(gp: &G) -> Result<Graph> {
+fn build_graph<G: GraphSrc>(gp: &G, names: &Names) -> Result<Graph> {
     let (n_nodes, n_inits) = (gp.nodes().len(), gp.initializers().len());
-    // Most nodes write one tensor (BatchNormalization and Split more); every node
+    // Every tensor is an initializer, a graph input or a node's output; every node
     // reads about two.
-    let n_tensors = n_inits + gp.inputs().len() + 2 * n_nodes;
+    let n_outputs: usize = gp.nodes().iter().map(|n| n.output_count()).sum();
+    let n_tensors = n_inits + gp.inputs().len() + n_outputs;
     let mut b = Builder {
         g: Graph {
             name: gp.name().to_string(),
@@ -322,11 +336,11 @@ fn build_graph<G: GraphSrc>(gp: &G) -> Result<Graph> {
 
     // Initializers: parameters (floating) or constants.
     for t in gp.initializers() {
-        let name = t.name().to_string();
+        let name = names.name(t.name());
         if name.is_empty() {
             return Err(bad("an initializer has no name".into()));
         }
-        if b.g.by_name.contains_key(&name) {
+        if b.g.by_name.contains_key(&*name) {
             return Err(bad(format!("initializer '{name}' is defined twice")));
         }
         let data = tensor_data_of(t).map_err(|e| bad(format!("initializer '{name}': {e}")))?;
@@ -366,7 +380,7 @@ fn build_graph<G: GraphSrc>(gp: &G) -> Result<Graph> {
             return Err(bad(format!("graph input '{name}' is declared twice")));
         }
         let id = b.add_tensor(TensorInfo {
-            name: name.to_string(),
+            name: names.name(name),
             kind: TensorKind::Input,
             declared_dtype: dtype,
             declared_shape: shape,
@@ -381,25 +395,24 @@ fn build_graph<G: GraphSrc>(gp: &G) -> Result<Graph> {
     for (i, n) in gp.nodes().iter().enumerate() {
         let op_type = n.op_type();
         let name = match n.name() {
-            "" => format!("{op_type}_{i}"),
-            s => s.to_string(),
+            "" => Name::from(format!("{op_type}_{i}")),
+            s => names.name(s),
         };
         let name = scoped_name(n, name);
         let domain = match n.domain() {
-            "ai.onnx" => "",
-            d => d,
-        }
-        .to_string();
-        let attrs = attrs_from(n, &name)?;
+            "ai.onnx" => Name::new(),
+            d => names.name(d),
+        };
+        let attrs = attrs_from(n, &name, names)?;
         let ix = b.g.nodes.add_node(Node {
             name,
-            op_type: op_type.to_string(),
+            op_type: names.name(op_type),
             domain,
-            inputs: Vec::new(),
-            outputs: Vec::new(),
+            inputs: Default::default(),
+            outputs: Default::default(),
             attrs,
         });
-        let mut outputs = Vec::new();
+        let mut outputs = crate::ir::Outputs::new();
         for o in n.outputs() {
             if o.is_empty() {
                 outputs.push(None);
@@ -421,7 +434,7 @@ fn build_graph<G: GraphSrc>(gp: &G) -> Result<Graph> {
                 TensorKind::Activation
             };
             outputs.push(Some(b.add_tensor(TensorInfo {
-                name: o.to_string(),
+                name: names.name(o),
                 kind,
                 declared_dtype: None,
                 declared_shape: None,
@@ -435,7 +448,7 @@ fn build_graph<G: GraphSrc>(gp: &G) -> Result<Graph> {
 
     // Second pass: resolve inputs, add edges.
     for (n, &ix) in gp.nodes().iter().zip(&node_ix) {
-        let mut inputs = Vec::new();
+        let mut inputs = crate::ir::Inputs::new();
         for (slot, inp) in n.inputs().enumerate() {
             if inp.is_empty() {
                 inputs.push(None);
@@ -517,7 +530,7 @@ fn build_graph<G: GraphSrc>(gp: &G) -> Result<Graph> {
 /// `['', 'layer1', 'layer1.0', 'layer1.0.conv1', 'convolution']` makes
 /// `node_Conv_3` into `/layer1/0/conv1/node_Conv_3`. A name that already has a
 /// scope, or a node without the metadata, keeps its name.
-fn scoped_name(n: &impl NodeSrc, name: String) -> String {
+fn scoped_name(n: &impl NodeSrc, name: Name) -> Name {
     if name.starts_with('/') {
         return name;
     }
@@ -544,7 +557,7 @@ fn scoped_name(n: &impl NodeSrc, name: String) -> String {
     if parts.is_empty() || parts.iter().any(|p| p.contains('/')) {
         return name;
     }
-    format!("/{}/{name}", parts.join("/"))
+    Name::from(format!("/{}/{name}", parts.join("/")))
 }
 
 /// A Python `repr` of a list of strings (`['', 'a.b']`); `None` if it is not one.

@@ -34,6 +34,9 @@ pub(crate) trait GraphSrc {
     fn value_info(&self) -> &[Self::Info];
 }
 
+/// A tensor's `dims`.
+pub(crate) type Dims = smallvec::SmallVec<[i64; 6]>;
+
 /// A `NodeProto`.
 pub(crate) trait NodeSrc {
     /// One attribute.
@@ -50,8 +53,16 @@ pub(crate) trait NodeSrc {
     fn inputs(&self) -> impl Iterator<Item = &str>;
     /// `output`, in order.
     fn outputs(&self) -> impl Iterator<Item = &str>;
+    /// The number of `output` entries.
+    fn output_count(&self) -> usize {
+        self.outputs().count()
+    }
     /// `attribute`, in order.
     fn attributes(&self) -> impl Iterator<Item = Self::Attr<'_>>;
+    /// The number of `attribute` entries.
+    fn attribute_count(&self) -> usize {
+        self.attributes().count()
+    }
     /// The value of the first `metadata_props` entry with this key (`""` when it
     /// has no value).
     fn metadata(&self, key: &str) -> Option<&str>;
@@ -89,8 +100,8 @@ pub(crate) trait TensorSrc {
     fn name(&self) -> &str;
     /// `data_type`.
     fn data_type(&self) -> Option<i32>;
-    /// `dims`.
-    fn dims(&self) -> Cow<'_, [i64]>;
+    /// `dims` (inline up to rank 6: no allocation).
+    fn dims(&self) -> Dims;
     /// `data_location`.
     fn data_location(&self) -> Option<i32>;
     /// The value of the first `external_data` entry with this key.
@@ -166,6 +177,9 @@ impl NodeSrc for proto::NodeProto {
     fn attributes(&self) -> impl Iterator<Item = &proto::AttributeProto> {
         self.attribute.iter()
     }
+    fn attribute_count(&self) -> usize {
+        self.attribute.len()
+    }
     fn metadata(&self, key: &str) -> Option<&str> {
         self.metadata_props
             .iter()
@@ -215,8 +229,8 @@ impl TensorSrc for proto::TensorProto {
     fn data_type(&self) -> Option<i32> {
         self.data_type
     }
-    fn dims(&self) -> Cow<'_, [i64]> {
-        Cow::Borrowed(&self.dims)
+    fn dims(&self) -> Dims {
+        Dims::from_slice(&self.dims)
     }
     fn data_location(&self) -> Option<i32> {
         self.data_location

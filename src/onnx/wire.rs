@@ -19,7 +19,9 @@ use std::borrow::Cow;
 
 use bytes::Bytes;
 
-use super::source::{dim_decl, tensor_unmodelled, AttrSrc, GraphSrc, InfoSrc, NodeSrc, TensorSrc};
+use super::source::{
+    dim_decl, tensor_unmodelled, AttrSrc, Dims, GraphSrc, InfoSrc, NodeSrc, TensorSrc,
+};
 use crate::ir::{DType, DimDecl};
 
 /// One field's payload, by wire type.
@@ -109,8 +111,18 @@ impl<'a> Iterator for Fields<'a> {
 /// A `string` field.
 fn string(w: Wire<'_>) -> Option<&str> {
     match w {
-        Wire::Len(b) => std::str::from_utf8(b).ok(),
+        Wire::Len(b) => utf8(b),
         _ => None,
+    }
+}
+
+/// `b` as UTF-8, checked; names are nearly always ASCII, checked a word at a time.
+fn utf8(b: &[u8]) -> Option<&str> {
+    if b.is_ascii() {
+        // SAFETY: ASCII is UTF-8.
+        Some(unsafe { std::str::from_utf8_unchecked(b) })
+    } else {
+        std::str::from_utf8(b).ok()
     }
 }
 
@@ -257,13 +269,20 @@ pub(crate) struct GraphV<'a> {
 }
 
 fn read_graph<'a>(src: &'a Bytes, b: &'a [u8]) -> Option<GraphV<'a>> {
+    // Count the repeated fields first (a scan of keys and lengths), so that each
+    // vector is allocated once at its size.
+    let mut counts = [0usize; 17];
+    for f in fields(b) {
+        let (tag, _) = f?;
+        counts[(tag as usize).min(16)] += 1;
+    }
     let mut g = GraphV {
         name: None,
-        nodes: Vec::new(),
-        initializers: Vec::new(),
-        inputs: Vec::new(),
-        outputs: Vec::new(),
-        value_info: Vec::new(),
+        nodes: Vec::with_capacity(counts[1]),
+        initializers: Vec::with_capacity(counts[5]),
+        inputs: Vec::with_capacity(counts[11]),
+        outputs: Vec::with_capacity(counts[12]),
+        value_info: Vec::with_capacity(counts[13]),
     };
     for f in fields(b) {
         match f? {
@@ -317,6 +336,14 @@ impl<'a> GraphSrc for GraphV<'a> {
 pub(crate) struct NodeV<'a> {
     src: &'a Bytes,
     raw: &'a [u8],
+    /// The part of `raw` from the first `input` or `output` field to the last.
+    io: &'a [u8],
+    /// The part of `raw` from the first `attribute` field to the last.
+    attrs: &'a [u8],
+    /// Number of `output` fields.
+    n_outputs: u32,
+    /// Number of `attribute` fields.
+    n_attrs: u32,
     name: Option<&'a str>,
     op_type: Option<&'a str>,
     domain: Option<&'a str>,
@@ -328,16 +355,31 @@ fn read_node<'a>(src: &'a Bytes, b: &'a [u8]) -> Option<NodeV<'a>> {
     let mut n = NodeV {
         src,
         raw: b,
+        io: &[],
+        attrs: &[],
+        n_outputs: 0,
+        n_attrs: 0,
         name: None,
         op_type: None,
         domain: None,
         tags: 0,
     };
-    for f in fields(b) {
+    // Byte ranges [start, end) of the input/output fields and of the attributes.
+    let (mut io, mut attrs) = ((usize::MAX, 0), (usize::MAX, 0));
+    let mut it = fields(b);
+    loop {
+        let start = it.pos;
+        let Some(f) = it.next() else { break };
         let (tag, w) = f?;
         n.tags |= 1 << tag.min(31);
+        let span = |r: &mut (usize, usize)| *r = (r.0.min(start), it.pos);
         match (tag, w) {
-            (1 | 2 | 6 | 8, w) => {
+            (1 | 2, w) => {
+                string(w)?;
+                span(&mut io);
+                n.n_outputs += u32::from(tag == 2);
+            }
+            (6 | 8, w) => {
                 string(w)?;
             }
             (3, w) => n.name = Some(string(w)?),
@@ -345,12 +387,20 @@ fn read_node<'a>(src: &'a Bytes, b: &'a [u8]) -> Option<NodeV<'a>> {
             (7, w) => n.domain = Some(string(w)?),
             (5, w) => {
                 read_attr(src, message(w)?)?;
+                span(&mut attrs);
+                n.n_attrs += 1;
             }
             (9, w) => {
                 entry(message(w)?)?;
             }
             _ => return None,
         }
+    }
+    if io.0 < io.1 {
+        n.io = &b[io.0..io.1];
+    }
+    if attrs.0 < attrs.1 {
+        n.attrs = &b[attrs.0..attrs.1];
     }
     Some(n)
 }
@@ -359,7 +409,7 @@ impl<'a> NodeV<'a> {
     /// The string fields `input` (tag 1) or `output` (tag 2).
     fn strings(&self, tag: u32) -> impl Iterator<Item = &'a str> {
         debug_assert!(tag == 1 || tag == 2);
-        fields(self.raw)
+        fields(self.io)
             .flatten()
             .filter(move |&(t, _)| t == tag)
             .filter_map(|(_, w)| match w {
@@ -391,14 +441,15 @@ impl NodeSrc for NodeV<'_> {
     fn outputs(&self) -> impl Iterator<Item = &str> {
         self.strings(2)
     }
+    fn output_count(&self) -> usize {
+        self.n_outputs as usize
+    }
+    fn attribute_count(&self) -> usize {
+        self.n_attrs as usize
+    }
     fn attributes(&self) -> impl Iterator<Item = AttrV<'_>> {
         let src = self.src;
-        let raw = if self.tags & (1 << 5) != 0 {
-            self.raw
-        } else {
-            &[]
-        };
-        fields(raw)
+        fields(self.attrs)
             .flatten()
             .filter(|&(t, _)| t == 5)
             .filter_map(move |(_, w)| read_attr(src, message(w)?))
@@ -604,8 +655,14 @@ impl TensorSrc for TensorV<'_> {
     fn data_type(&self) -> Option<i32> {
         self.data_type
     }
-    fn dims(&self) -> Cow<'_, [i64]> {
-        Cow::Owned(self.varints(1, |v| v as i64))
+    fn dims(&self) -> Dims {
+        let mut out = Dims::new();
+        if self.tags & (1 << 1) != 0 {
+            for (_, w) in fields(self.raw).flatten().filter(|&(t, _)| t == 1) {
+                let _ = each_varint(w, |v| out.push(v as i64));
+            }
+        }
+        out
     }
     fn data_location(&self) -> Option<i32> {
         self.data_location

@@ -936,7 +936,7 @@ mod tests {
     use crate::ir::Attr;
 
     fn attrs(v: &[(&str, Attr)]) -> Attrs {
-        Attrs(v.iter().map(|(k, a)| (k.to_string(), a.clone())).collect())
+        Attrs::from_iter(v.iter().map(|(k, a)| (k.to_string(), a.clone())))
     }
 
     #[test]

@@ -441,7 +441,7 @@ mod tests {
     use crate::ir::{Attr, DType};
 
     fn attrs(v: &[(&str, Attr)]) -> Attrs {
-        Attrs(v.iter().map(|(k, a)| (k.to_string(), a.clone())).collect())
+        Attrs::from_iter(v.iter().map(|(k, a)| (k.to_string(), a.clone())))
     }
 
     /// ConvTranspose: SAME_* gives input × stride, VALID no padding, whatever `pads` say.
@@ -451,9 +451,9 @@ mod tests {
             let node = crate::ir::Node {
                 name: "ct".into(),
                 op_type: "ConvTranspose".into(),
-                domain: String::new(),
-                inputs: vec![Some(0), Some(1)],
-                outputs: vec![Some(2)],
+                domain: Default::default(),
+                inputs: vec![Some(0), Some(1)].into(),
+                outputs: vec![Some(2)].into(),
                 attrs: attrs(&[
                     ("strides", Attr::Ints(vec![2, 2])),
                     ("pads", Attr::Ints(vec![1, 1, 1, 1])),

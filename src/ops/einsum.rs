@@ -759,14 +759,10 @@ mod tests {
         Node {
             name: "e".into(),
             op_type: "Einsum".into(),
-            domain: String::new(),
+            domain: Default::default(),
             inputs: (0..n).map(Some).collect(),
-            outputs: vec![Some(100)],
-            attrs: Attrs(
-                [("equation".to_string(), Attr::String(eq.into()))]
-                    .into_iter()
-                    .collect(),
-            ),
+            outputs: vec![Some(100)].into(),
+            attrs: Attrs::from_iter([("equation".to_string(), Attr::String(eq.into()))]),
         }
     }
 

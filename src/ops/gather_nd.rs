@@ -229,14 +229,10 @@ mod tests {
         Node {
             name: "g".into(),
             op_type: "GatherND".into(),
-            domain: String::new(),
-            inputs: vec![Some(0), Some(1)],
-            outputs: vec![Some(100)],
-            attrs: Attrs(
-                b.map(|b| ("batch_dims".to_string(), Attr::Int(b)))
-                    .into_iter()
-                    .collect(),
-            ),
+            domain: Default::default(),
+            inputs: vec![Some(0), Some(1)].into(),
+            outputs: vec![Some(100)].into(),
+            attrs: Attrs::from_iter(b.map(|b| ("batch_dims".to_string(), Attr::Int(b)))),
         }
     }
 

@@ -728,10 +728,10 @@ mod tests {
         Node {
             name: "gs".into(),
             op_type: "GridSample".into(),
-            domain: String::new(),
-            inputs: vec![Some(0), Some(1)],
-            outputs: vec![Some(100)],
-            attrs: Attrs(a.into_iter().collect()),
+            domain: Default::default(),
+            inputs: vec![Some(0), Some(1)].into(),
+            outputs: vec![Some(100)].into(),
+            attrs: Attrs::from_iter(a),
         }
     }
 

@@ -535,7 +535,7 @@ impl<'a> KernelCx<'a> {
 
 /// The kernel of an op that has none yet: an error naming the op type.
 pub fn no_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
-    Err(RuleError::NoKernel(cx.node.op_type.clone()))
+    Err(RuleError::NoKernel(cx.node.op_type.to_string()))
 }
 
 /// Everything a CPU backward kernel sees of one node: its attributes, the facts of
@@ -650,12 +650,12 @@ impl<'a> BackwardCx<'a> {
 
 /// The backward kernel of an op that has no gradient (its rule answers `Ok(None)`).
 pub fn no_gradient(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-    Err(RuleError::NoGradient(cx.node.op_type.clone()))
+    Err(RuleError::NoGradient(cx.node.op_type.to_string()))
 }
 
 /// The backward kernel of an op with a backward rule but no CPU kernel yet.
 pub fn no_backward_kernel(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-    Err(RuleError::NoBackwardKernel(cx.node.op_type.clone()))
+    Err(RuleError::NoBackwardKernel(cx.node.op_type.to_string()))
 }
 
 /// Output storage of an op in PyTorch (for memory of training steps, where views

@@ -251,12 +251,12 @@ mod tests {
 
     fn node(op: &str, attrs: Vec<(&str, Attr)>, n_in: usize) -> Node {
         Node {
-            name: op.to_string(),
-            op_type: op.to_string(),
-            domain: String::new(),
+            name: op.into(),
+            op_type: op.into(),
+            domain: Default::default(),
             inputs: (0..n_in).map(Some).collect(),
-            outputs: vec![Some(n_in)],
-            attrs: Attrs(attrs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()),
+            outputs: vec![Some(n_in)].into(),
+            attrs: Attrs::from_iter(attrs.into_iter().map(|(k, v)| (k.to_string(), v))),
         }
     }
 

@@ -854,15 +854,10 @@ mod tests {
         Node {
             name: "r".into(),
             op_type: "Resize".into(),
-            domain: String::new(),
+            domain: Default::default(),
             inputs: (0..n_in).map(Some).collect(),
-            outputs: vec![Some(100)],
-            attrs: Attrs(
-                attrs
-                    .iter()
-                    .map(|(k, a)| (k.to_string(), a.clone()))
-                    .collect(),
-            ),
+            outputs: vec![Some(100)].into(),
+            attrs: Attrs::from_iter(attrs.iter().map(|(k, a)| (k.to_string(), a.clone()))),
         }
     }
 

@@ -430,7 +430,7 @@ impl Config {
         if attrs.int_or("input_forget", 0) != 0 {
             return Err(format!("{op}: the CPU kernel does not support `input_forget`").into());
         }
-        if let Some(Attr::Strings(acts)) = attrs.0.get("activations") {
+        if let Some(Attr::Strings(acts)) = attrs.get("activations") {
             let one: &[&str] = match d.gates {
                 4 => &["sigmoid", "tanh", "tanh"],
                 3 => &["sigmoid", "tanh"],
@@ -890,16 +890,14 @@ mod tests {
             t(&[2, 40], 4),
         ];
         let mut attrs = Attrs::default();
-        attrs.0.insert("hidden_size".into(), Attr::Int(5));
-        attrs
-            .0
-            .insert("direction".into(), Attr::String("bidirectional".into()));
+        attrs.insert("hidden_size", Attr::Int(5));
+        attrs.insert("direction", Attr::String("bidirectional".into()));
         let node = |y: bool| Node {
             name: "lstm".into(),
             op_type: "LSTM".into(),
-            domain: String::new(),
+            domain: Default::default(),
             inputs: (0..4).map(Some).collect(),
-            outputs: vec![y.then_some(10), Some(11), Some(12)],
+            outputs: vec![y.then_some(10), Some(11), Some(12)].into(),
             attrs: attrs.clone(),
         };
         let facts: Vec<Fact> = ins

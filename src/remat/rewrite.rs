@@ -411,7 +411,7 @@ fn value_names(model: &Model, s: &Schedule) -> (Vec<String>, Vec<Option<TensorId
             owner[v] = Some(t);
         }
     }
-    let mut taken: HashSet<String> = g.tensors.iter().map(|t| t.name.clone()).collect();
+    let mut taken: HashSet<String> = g.tensors.iter().map(|t| t.name.to_string()).collect();
     let names = s
         .storages
         .iter()
@@ -477,10 +477,10 @@ impl<'a> Writer<'a> {
         let cur_t: Vec<Option<String>> = mg
             .tensors
             .iter()
-            .map(|t| t.producer.is_none().then(|| t.name.clone()))
+            .map(|t| t.producer.is_none().then(|| t.name.to_string()))
             .collect();
         let defined = cur_t.iter().flatten().cloned().collect();
-        let mut taken: HashSet<String> = mg.tensors.iter().map(|t| t.name.clone()).collect();
+        let mut taken: HashSet<String> = mg.tensors.iter().map(|t| t.name.to_string()).collect();
         taken.extend(fname.iter().cloned());
         Writer {
             src,
@@ -572,7 +572,7 @@ impl<'a> Writer<'a> {
                     input.push(
                         self.cur_t[t]
                             .clone()
-                            .unwrap_or_else(|| src.model.graph.tensor(t).name.clone()),
+                            .unwrap_or_else(|| src.model.graph.tensor(t).name.to_string()),
                     );
                 }
             }
@@ -613,7 +613,7 @@ impl<'a> Writer<'a> {
             };
             let base = &src.model.graph.tensor(t).name;
             let n = match &tag {
-                None => base.clone(),
+                None => base.to_string(),
                 Some(tag) => self.fresh(base, tag),
             };
             self.cur_t[t] = Some(n.clone());

@@ -148,7 +148,7 @@ impl ProfileReport {
         let io = |ts: &[usize]| {
             ts.iter()
                 .map(|&t| IoInfo {
-                    name: g.tensor(t).name.clone(),
+                    name: g.tensor(t).name.to_string(),
                     dtype: inf.facts[t].dtype.name().into(),
                     shape: inf.facts[t].shape.clone(),
                     bytes: inf.bytes(t),
@@ -160,7 +160,7 @@ impl ProfileReport {
                 .iter()
                 .enumerate()
                 .map(|(t, info)| TensorRow {
-                    name: info.name.clone(),
+                    name: info.name.to_string(),
                     kind: info.kind,
                     dtype: inf.facts[t].dtype.name().into(),
                     shape: inf.facts[t].shape.clone(),
@@ -173,8 +173,8 @@ impl ProfileReport {
                 .iter()
                 .enumerate()
                 .map(|(s, &ix)| NodeRow {
-                    name: g.node(ix).name.clone(),
-                    op: g.node(ix).op_type.clone(),
+                    name: g.node(ix).name.to_string(),
+                    op: g.node(ix).op_type.to_string(),
                     flops: inf.flops[s],
                     live_bytes: prof.timeline.get(s).copied().unwrap_or(0),
                 })

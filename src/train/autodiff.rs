@@ -519,8 +519,8 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
             }
         }
         b.steps.push(Step {
-            name: node.name.clone(),
-            op: node.op_type.clone(),
+            name: node.name.to_string(),
+            op: node.op_type.to_string(),
             kind: StepKind::Forward,
             node: Some(ix),
             reads,

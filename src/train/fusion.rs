@@ -389,7 +389,7 @@ fn find_silu(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
         };
         let m = g.node(mul);
         let is_silu = m.op_type == "Mul"
-            && (m.inputs == [Some(x), Some(s)] || m.inputs == [Some(s), Some(x)])
+            && (m.inputs[..] == [Some(x), Some(s)] || m.inputs[..] == [Some(s), Some(x)])
             && inf.facts[s].shape == inf.facts[x].shape
             && !g.outputs.contains(&s);
         if !is_silu {

@@ -124,17 +124,12 @@ impl Case {
     }
     pub fn node(&self) -> Node {
         Node {
-            name: format!("test_{}", self.op),
+            name: format!("test_{}", self.op).into(),
             op_type: self.op.into(),
-            domain: String::new(),
+            domain: Default::default(),
             inputs: (0..self.inputs.len()).map(Some).collect(),
             outputs: (0..self.n_out).map(|i| Some(100 + i)).collect(),
-            attrs: Attrs(
-                self.attrs
-                    .iter()
-                    .map(|(k, a)| (k.to_string(), a.clone()))
-                    .collect(),
-            ),
+            attrs: Attrs::from_iter(self.attrs.iter().map(|(k, a)| (k.to_string(), a.clone()))),
         }
     }
     /// The rule's inferred outputs for this case.

@@ -75,7 +75,7 @@ pub fn forward(
             node_forward(dev, &cx).map_err(err)?
         };
         if path == Path::Host {
-            host_nodes.push(node.op_type.clone());
+            host_nodes.push(node.op_type.to_string());
         }
         for (slot, (t, v)) in node.outputs.iter().zip(outs).enumerate() {
             let Some(t) = *t else { continue };

@@ -445,9 +445,20 @@ pub(super) fn fold_broadcast(
     let mut floats = Vec::new();
     let mut coord = vec![0usize; rank];
     for _ in 0..n {
+        // The first element tells the kind: room for all `n` at once.
         match f(&idx)? {
-            FoldElem::I(x) => ints.push(x),
-            FoldElem::F(x) => floats.push(x),
+            FoldElem::I(x) => {
+                if ints.capacity() == 0 {
+                    ints.reserve_exact(n);
+                }
+                ints.push(x)
+            }
+            FoldElem::F(x) => {
+                if floats.capacity() == 0 {
+                    floats.reserve_exact(n);
+                }
+                floats.push(x)
+            }
         }
         for i in (0..rank).rev() {
             coord[i] += 1;

@@ -37,7 +37,7 @@ impl Op for Constant {
             Fact::with_value(DType::I64, Value::ints(vec![], vec![i]))
         } else if let Some(v) = a.ints("value_ints") {
             Fact::with_value(DType::I64, Value::vec(v.to_vec()))
-        } else if let Some(crate::ir::Attr::Floats(v)) = a.0.get("value_floats") {
+        } else if let Some(crate::ir::Attr::Floats(v)) = a.get("value_floats") {
             Fact::with_value(
                 DType::F32,
                 Value {
@@ -66,7 +66,7 @@ impl Op for Constant {
         let f = cx.out(0)?;
         let t = if let Some(t) = a.tensor("value") {
             Tensor::from_data(t)?
-        } else if let Some(crate::ir::Attr::Floats(v)) = a.0.get("value_floats") {
+        } else if let Some(crate::ir::Attr::Floats(v)) = a.get("value_floats") {
             Tensor::f32(vec![v.len()], v.clone())
         } else if let Some(v) = a.float("value_float") {
             Tensor::f32(vec![], vec![v])
