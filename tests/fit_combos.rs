@@ -175,6 +175,35 @@ fn combinations_agree_with_the_profile() {
 }
 
 #[test]
+fn combinations_fit_where_single_strategies_do_not() {
+    // 440000 bytes: no single strategy fits cnn.onnx at batch 1 (fit fails without a
+    // target), but mixed precision with ZeRO-Offload and accumulation does.
+    let model = load_model(&common::shipped("cnn.onnx")).unwrap();
+    let o = FitOptions {
+        memory: 440_000,
+        train: TrainOptions::default(),
+        gpus: 1,
+        target_batch: None,
+        dims: Default::default(),
+        plan_time_limit_s: 5.0,
+    };
+    let e = fit(&model, "cnn", &o).unwrap_err().to_string();
+    assert!(e.contains("nothing fits"), "{e}");
+    let o = FitOptions {
+        target_batch: Some(1000),
+        ..o
+    };
+    let r = fit(&model, "cnn", &o).unwrap();
+    let rec = r.recommendation.as_ref().unwrap();
+    assert!(
+        rec.peak_bytes <= o.memory && rec.global_batch >= 1000,
+        "{rec:?}"
+    );
+    assert!(rec.strategies.iter().any(|s| s == "grad-accumulation"));
+    check_rows(&model, "cnn", &o, &r);
+}
+
+#[test]
 fn communication_counts() {
     // ZeRO's counts on mlp.onnx: Ψ = 26122 fp32 gradients = 104488 bytes.
     let model = load_model(&common::shipped("mlp.onnx")).unwrap();
@@ -293,6 +322,32 @@ fn frozen_weight_dtypes_by_hand() {
     assert_eq!(p, fc3 + 256 * 4 + (8192 + 128 * 4) + (16384 + 128 * 4));
     // Each frozen weight is dequantized to fp32 for its op, and not saved.
     assert_eq!(dq, vec![(8192 * 4, false), (16384 * 4, false)]);
+    // Backward through a frozen quantized weight (fc1 trains, so fc2's and fc3's
+    // input gradients are needed) dequantizes it again, a temporary of that step.
+    let mut sel = ParamSelection::new(None, Some("fc1")).unwrap();
+    sel.frozen_dtype = Some(WeightDtype::Nf4);
+    let s = schedule(
+        &model,
+        4,
+        &TrainOptions {
+            optimizer: Optimizer::Sgd,
+            params: sel,
+            ..Default::default()
+        },
+    );
+    let again: Vec<_> = s
+        .storages
+        .iter()
+        .filter(|x| x.name.ends_with("@dequant/grad"))
+        .map(|x| (x.name.as_str(), x.bytes, x.saved))
+        .collect();
+    assert_eq!(
+        again,
+        vec![
+            ("fc3.weight@dequant/grad", 1280 * 4, false),
+            ("fc2.weight@dequant/grad", 16384 * 4, false)
+        ]
+    );
     // nf4: half a byte each, a byte per 64, 4 bytes per 256 blocks, the offset.
     let nf4 = |n: u64| n / 2 + n / 64 + 4 * (n / 64).div_ceil(256) + 4;
     assert_eq!(

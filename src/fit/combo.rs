@@ -342,11 +342,22 @@ impl Candidate {
             format!(
                 "{a} wins over {b}: the same extra compute, traffic and steps, with fewer strategies"
             )
+        } else if self.peak_bytes != o.peak_bytes {
+            let (p, q) = if hb(self.peak_bytes) == hb(o.peak_bytes) {
+                (
+                    format!("{} bytes", self.peak_bytes),
+                    format!("{} bytes", o.peak_bytes),
+                )
+            } else {
+                (hb(self.peak_bytes), hb(o.peak_bytes))
+            };
+            format!(
+                "{a} wins over {b}: the same extra compute, traffic and steps, a lower peak ({p} vs {q})"
+            )
         } else {
             format!(
-                "{a} wins over {b}: the same extra compute, traffic and steps, peak {} vs {}",
-                hb(self.peak_bytes),
-                hb(o.peak_bytes)
+                "{a} ties with {b} on extra compute, traffic, steps and peak ({}); the simpler one (listed first) is chosen",
+                hb(self.peak_bytes)
             )
         }
     }

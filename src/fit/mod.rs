@@ -514,6 +514,12 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
         set_traffic(&mut row, tr);
         rows.push(row);
     }
+    let (mut recommendation, mut unreachable) = (None, None);
+    if let Some(target) = o.target_batch {
+        let (more, rec, unr) = combine(&steps, o, target)?;
+        rows.extend(more);
+        (recommendation, unreachable) = (rec, unr);
+    }
     if rows.iter().all(|r| r.max_batch == 0) {
         return Err(Error::Binding(format!(
             "nothing fits in {}: batch 1 needs {} as exported ({} bytes){}",
@@ -527,12 +533,6 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
                 .map(|m| format!(", {} with the best strategy", crate::units::human_bytes(m)))
                 .unwrap_or_default()
         )));
-    }
-    let (mut recommendation, mut unreachable) = (None, None);
-    if let Some(target) = o.target_batch {
-        let (more, rec, unr) = combine(&steps, o, target)?;
-        rows.extend(more);
-        (recommendation, unreachable) = (rec, unr);
     }
     Ok(FitReport {
         model: path.to_string(),

@@ -854,6 +854,22 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
                 b.storages[s].saved = true;
             }
         }
+        // A quantized frozen weight that this backward reads is dequantized again,
+        // to the incoming gradient's dtype, for the input gradient
+        // (`MatMul4Bit.backward`): a temporary of this step.
+        for &t in node.inputs.iter().flatten() {
+            if quantized[t] && tstore[t].is_some_and(|s| reads.contains(&s)) {
+                let dt = b.storages[out_grads[0]].dtype;
+                let c = b.new_storage(
+                    &format!("{}@dequant/grad", g.tensor(t).name),
+                    &inf.facts[t],
+                    dt,
+                    StorageKind::Cast,
+                );
+                writes.push(c);
+                reads.push(c);
+            }
+        }
         let flops = required_share(bw, &node.inputs, &grad_inputs);
         b.steps.push(Step {
             name: format!("{}/grad", node.name),

@@ -27,10 +27,10 @@
 //!
 //! Dequantized temporaries: each forward op that reads an int8 or nf4 weight first
 //! dequantizes it to the compute dtype, a temporary that lives while the op runs
-//! (`bnb.matmul_4bit`: `F.dequantize_4bit(B).to(A.dtype)`). memplan counts it in
-//! forward. The op saves the quantized weight, not the dequantized one; backward's
-//! second dequantization (for the input gradient) is not modelled (it lives within
-//! one backward op, beside that op's own gradient output).
+//! (`bnb.matmul_4bit`: `F.dequantize_4bit(B).to(A.dtype)`). The op saves the
+//! quantized weight, not the dequantized one, and its backward dequantizes it again
+//! to the incoming gradient's dtype for the input gradient (`MatMul4Bit.backward`):
+//! another temporary, of that backward step.
 
 use crate::ir::DType;
 
