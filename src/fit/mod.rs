@@ -11,6 +11,13 @@
 //! in the batch, so [`planned_max_batch`] plans a few batches on one step graph and
 //! solves each plan's largest batch directly (see `planned`), again ending with the
 //! answer fitting and the next batch not.
+//!
+//! Strategies combine ([`combo`]): a precision, a checkpointing scheme, a way over the
+//! GPUs or onto the host, and gradient accumulation. [`Steps`] builds each schedule
+//! once per precision, accumulation and batch and shares it among the combinations,
+//! whose per-GPU memory stays affine in the batch and is solved as above. With a
+//! target batch, `fit` lists the combinations and recommends the one with the least
+//! extra compute that reaches it, ties broken by communication.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
