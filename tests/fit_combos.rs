@@ -371,6 +371,8 @@ fn cli(args: &[&str]) -> (Option<i32>, String) {
 fn contradicting_flags_fail_in_one_line() {
     let mlp = common::shipped("mlp.onnx");
     let mlp = mlp.to_str().unwrap();
+    let cnn = common::shipped("cnn.onnx");
+    let cnn = cnn.to_str().unwrap();
     for (args, needle, code) in [
         (
             vec![
@@ -403,6 +405,21 @@ fn contradicting_flags_fail_in_one_line() {
                 "fc",
             ],
             "all 6 parameters train",
+            1,
+        ),
+        (
+            vec![
+                "profile",
+                cnn,
+                "--batch",
+                "2",
+                "--train",
+                "--weight-dtype",
+                "int8",
+                "--freeze",
+                "conv",
+            ],
+            "none of the 2 frozen parameters",
             1,
         ),
         (

@@ -201,6 +201,17 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
                 && frozen_dtype.is_some_and(|d| d.is_quantized())
         })
         .collect();
+    if let Some(wd) = frozen_dtype.filter(|d| d.is_quantized()) {
+        if !quantized.contains(&true) {
+            let frozen = params.iter().filter(|&&t| !trainable[t]).count();
+            return Err(Error::setting(
+                crate::error::Setting::WeightDtype,
+                format!(
+                    "{wd} quantizes frozen Linear weights (2-D, read by MatMul or Gemm), and none of the {frozen} frozen parameters is one"
+                ),
+            ));
+        }
+    }
 
     // 3. requires_grad, forward.
     let mut requires = trainable.clone();
