@@ -150,6 +150,8 @@ pub enum Setting {
     Freeze,
     /// The pattern of parameters that train.
     Trainable,
+    /// How frozen parameters are stored.
+    WeightDtype,
 }
 
 impl std::fmt::Display for Setting {
@@ -162,6 +164,7 @@ impl std::fmt::Display for Setting {
             Setting::Loss => write!(f, "the loss"),
             Setting::Freeze => write!(f, "the parameters to freeze"),
             Setting::Trainable => write!(f, "the parameters that train"),
+            Setting::WeightDtype => write!(f, "the frozen parameters' storage type"),
         }
     }
 }

@@ -765,7 +765,10 @@ fn optimizer_updates_by_hand() {
                             let denom = v.sqrt() / (1.0 - b2).sqrt() + eps;
                             (p - lr / (1.0 - b1) * m / denom, m, v)
                         }
-                        Optimizer::Sgd => unreachable!(),
+                        Optimizer::Sgd
+                        | Optimizer::Adam8bit
+                        | Optimizer::Lion
+                        | Optimizer::Adafactor => unreachable!(),
                     };
                     let tol = 1e-6 * (p.abs() + lr);
                     assert!(

@@ -52,7 +52,11 @@ fn max_batch_agrees_with_profile() {
             plan_time_limit_s: 20.0,
         };
         let r = fit(&model, name, &o).unwrap();
-        assert_eq!(r.strategies.len(), 10);
+        // Ten strategies, the two offloads, then the combinations (target batch).
+        let single = r.strategies.iter().filter(|s| s.combines.is_none()).count();
+        assert_eq!(single, 12);
+        assert!(r.strategies[..12].iter().all(|s| s.combines.is_none()));
+        assert!(r.recommendation.is_some(), "{name}");
         let base = &r.strategies[0];
         assert_eq!(base.name, "as-exported");
         assert!(base.max_batch > 0, "{name}");

@@ -20,8 +20,9 @@ pub struct FitArgs {
     /// GPUs for data parallel and ZeRO.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=65536))]
     gpus: u64,
-    /// Samples per optimizer step wanted (sizes gradient accumulation).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    /// Samples per optimizer step wanted over all GPUs: sizes gradient accumulation,
+    /// lists combined strategies and recommends one.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1 << 40))]
     target_batch: Option<u64>,
     /// Binds another named dimension, e.g. `--dim seq=128` (repeatable).
     #[arg(long = "dim", value_name = "NAME=VALUE")]

@@ -13,7 +13,7 @@ use anyhow::{bail, Context};
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 
 use memplan::choice::Choice;
-use memplan::train::{Loss, Optimizer, ParamSelection, Precision, TrainOptions};
+use memplan::train::{Loss, Optimizer, ParamSelection, Precision, TrainOptions, WeightDtype};
 
 /// A value parser for one of the library's named choices: its names, each with its
 /// description in `--help`.
@@ -29,7 +29,8 @@ pub fn choice<T: Choice + Clone>() -> impl TypedValueParser<Value = T> {
 /// Options of the training step.
 #[derive(clap::Args, Clone)]
 pub struct TrainArgs {
-    /// Optimizer (states per parameter: sgd 0, momentum 1, adam/adamw 2).
+    /// Optimizer (state per parameter: sgd none, momentum and lion one, adam/adamw
+    /// two, adam8bit two bytes plus block absmax, adafactor row and column factors).
     #[arg(long, value_parser = choice::<Optimizer>(), default_value = "adam")]
     pub optimizer: Optimizer,
     /// Precision policy.
@@ -47,16 +48,34 @@ pub struct TrainArgs {
     /// `lora_`); the rest are frozen. With --freeze too, both rules apply.
     #[arg(long, value_name = "REGEX")]
     pub trainable: Option<String>,
+    /// How the frozen parameters are stored: fp32, fp16, bf16, or quantized as
+    /// bitsandbytes does (int8: LLM.int8(); nf4: QLoRA) for their Linear weights.
+    /// Needs --freeze or --trainable.
+    #[arg(long, value_parser = choice::<WeightDtype>())]
+    pub weight_dtype: Option<WeightDtype>,
 }
 
 impl TrainArgs {
     /// The library's options.
     pub fn options(&self) -> anyhow::Result<TrainOptions> {
-        let params = ParamSelection::new(self.freeze.as_deref(), self.trainable.as_deref())
+        let mut params = ParamSelection::new(self.freeze.as_deref(), self.trainable.as_deref())
             .map_err(|e| {
                 let flag = e.about().map(flag_for).unwrap_or_default();
                 anyhow::anyhow!("{flag}: {e}")
             })?;
+        if let Some(wd) = self.weight_dtype {
+            if params.is_all() {
+                bail!(
+                    "--weight-dtype {wd} applies to frozen parameters: give --freeze or --trainable{}",
+                    if wd.is_quantized() {
+                        " (quantized weights do not train)"
+                    } else {
+                        ""
+                    }
+                );
+            }
+            params.frozen_dtype = Some(wd);
+        }
         Ok(TrainOptions {
             optimizer: self.optimizer,
             precision: self.precision,
@@ -102,6 +121,7 @@ pub fn flag_for(s: &memplan::error::Setting) -> String {
         Setting::Loss => "--loss".into(),
         Setting::Freeze => "--freeze".into(),
         Setting::Trainable => "--trainable".into(),
+        Setting::WeightDtype => "--weight-dtype".into(),
     }
 }
 

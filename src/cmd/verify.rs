@@ -123,6 +123,15 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
     let m = lower(&m, &bindings).with_context(|| path.clone())?;
     let inf = infer(&m, &bindings).with_context(|| path.clone())?;
     let opts = training.options()?;
+    if !opts.optimizer.executable() {
+        bail!(
+            "verify runs sgd, momentum, adam and adamw; --optimizer {} is predicted (profile, plan, fit), not run",
+            opts.optimizer
+        );
+    }
+    if let Some(wd) = opts.params.frozen_dtype {
+        bail!("verify runs frozen parameters in the training precision; --weight-dtype {wd} is predicted (profile, plan, fit), not run");
+    }
     let source = StepSource::new(&a.model, a.batch, &dims, &opts);
     let plan_source = match (file, &a.budget) {
         (Some(f), _) => PlanSource::File(Box::new(f)),

@@ -11,10 +11,23 @@
 //! in the batch, so [`planned_max_batch`] plans a few batches on one step graph and
 //! solves each plan's largest batch directly (see `planned`), again ending with the
 //! answer fitting and the next batch not.
+//!
+//! Strategies combine ([`combo`]): a precision, a checkpointing scheme, a way over the
+//! GPUs or onto the host, and gradient accumulation. [`Steps`] builds each schedule
+//! once per precision, accumulation and batch and shares it among the combinations,
+//! whose per-GPU memory stays affine in the batch and is solved as above. With a
+//! target batch, `fit` lists the combinations and recommends the one with the least
+//! extra compute that reaches it, ties broken by communication.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
 
 use serde::Serialize;
 
+pub mod combo;
 mod planned;
+pub use combo::{partition, traffic, Ckpt, Combo, Dist, Recommendation, Traffic};
 pub use planned::{
     plan_step, plan_step_under, planned_max_batch, searched, AffineStep, PlannedFit,
     CONFIRM_ROUNDS, LOWEST_PEAK_TIME_LIMIT_S,
@@ -26,7 +39,7 @@ use crate::ir::Model;
 use crate::memory::simulate;
 use crate::remat::checkpoint_sqrt;
 use crate::remat::plan::Solver;
-use crate::train::{build_schedule, Precision, Schedule, StorageKind, TrainOptions};
+use crate::train::{build_schedule, Precision, Schedule, TrainOptions};
 
 /// A strategy's memory transformation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +61,10 @@ pub enum Strategy {
     DataParallel,
     /// ZeRO stage 1, 2 or 3 over the GPUs.
     Zero(u8),
+    /// ZeRO-Offload: optimizer state and gradients on the host.
+    ZeroOffload,
+    /// ZeRO-Infinity's CPU offload: parameters on the host too.
+    Zero3Offload,
 }
 
 impl Strategy {
@@ -62,7 +79,48 @@ impl Strategy {
             Strategy::GradAccumulation => "grad-accumulation".into(),
             Strategy::DataParallel => "data-parallel".into(),
             Strategy::Zero(k) => format!("zero-{k}"),
+            Strategy::ZeroOffload => "zero-offload".into(),
+            Strategy::Zero3Offload => "zero-3-offload".into(),
         }
+    }
+
+    /// The strategy as a [`Combo`] (`None` for planned checkpointing, whose plan
+    /// depends on the batch).
+    pub fn combo(self) -> Option<Combo> {
+        let p = Combo::PLAIN;
+        Some(match self {
+            Strategy::AsExported => p,
+            Strategy::MixedPrecision => Combo { mixed: true, ..p },
+            Strategy::Checkpointing => Combo {
+                ckpt: Ckpt::Sqrt,
+                ..p
+            },
+            Strategy::CheckpointEveryBlock => Combo {
+                ckpt: Ckpt::EveryBlock,
+                ..p
+            },
+            Strategy::GradAccumulation => Combo {
+                accumulate: true,
+                ..p
+            },
+            Strategy::DataParallel => Combo {
+                dist: Dist::DataParallel,
+                ..p
+            },
+            Strategy::Zero(k) => Combo {
+                dist: Dist::Zero(k),
+                ..p
+            },
+            Strategy::ZeroOffload => Combo {
+                dist: Dist::ZeroOffload,
+                ..p
+            },
+            Strategy::Zero3Offload => Combo {
+                dist: Dist::Zero3Offload,
+                ..p
+            },
+            Strategy::PlannedCheckpointing => return None,
+        })
     }
 }
 
@@ -77,7 +135,9 @@ pub struct StrategyFit {
     pub peak_bytes: u64,
     /// Extra compute as a fraction of the step's FLOPs.
     pub overhead: f64,
-    /// Samples per optimizer step across GPUs (data parallel, ZeRO) or micro-steps.
+    /// Samples per optimizer step: the micro-batch × GPUs × accumulation steps (for
+    /// gradient accumulation and combinations with a target batch, the micro-batch
+    /// that reaches it; else `max_batch`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub global_batch: Option<u64>,
     /// Micro-batches per optimizer step (gradient accumulation).
@@ -95,6 +155,18 @@ pub struct StrategyFit {
     /// Planned checkpointing: tensors the plan recomputes at `max_batch`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recomputed_tensors: Option<usize>,
+    /// Combinations: the strategies combined.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub combines: Option<Vec<String>>,
+    /// Over GPUs or the host: collective bytes per GPU per optimizer step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub communication_bytes: Option<u64>,
+    /// Offload: host-device bytes per GPU per optimizer step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pcie_bytes: Option<u64>,
+    /// Offload: host memory per GPU.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_bytes: Option<u64>,
 }
 
 /// The `fit` result.
@@ -114,8 +186,16 @@ pub struct FitReport {
     pub target_batch: Option<u64>,
     /// Bytes batch 1 needs as exported.
     pub batch1_bytes: u64,
-    /// One entry per strategy.
+    /// One entry per strategy (and, with a target batch, per combination).
     pub strategies: Vec<StrategyFit>,
+    /// With a target batch: the combination with the least extra compute that reaches
+    /// it (ties: least communication, PCIe traffic, accumulation steps).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recommendation: Option<Recommendation>,
+    /// With a target batch that no combination reaches: the largest that is reached,
+    /// and what blocks the rest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unreachable: Option<String>,
 }
 
 /// Fit options.
@@ -136,111 +216,122 @@ pub struct FitOptions {
     pub plan_time_limit_s: f64,
 }
 
-/// Peak bytes of one strategy at one batch, and the recompute FLOP fraction.
-fn peak_at(model: &Model, o: &FitOptions, st: Strategy, batch: u64) -> Result<(Vec<u64>, f64)> {
-    let b = Bindings {
-        batch: Some(batch),
-        dims: o.dims.clone(),
-    };
-    let model = &*crate::lower::lower(model, &b)?;
-    let inf = infer(model, &b)?;
-    let mut topts = o.train.clone();
-    if st == Strategy::MixedPrecision {
-        topts.precision = match o.train.precision {
-            Precision::AmpBf16 | Precision::Bf16 => Precision::AmpBf16,
-            _ => Precision::AmpFp16,
-        };
-    }
-    if st == Strategy::GradAccumulation {
-        topts.grads_resident = true;
-    }
-    let mut s = build_schedule(model, &inf, &topts)?;
-    if st == Strategy::CheckpointEveryBlock {
-        // The module set does not depend on the batch, so the plan's instructions are
-        // the same at every batch and their live bytes are affine in it.
-        let g = crate::remat::from_schedule::from_schedule(&s, "fit");
-        let p = crate::remat::modules::every_block(&g).map_err(Error::Graph)?;
-        let base = g.base_cost().max(1.0);
-        return Ok((
-            crate::remat::modules::timeline(&g, &p.plan),
-            p.recompute_cost / base,
-        ));
-    }
-    let mut overhead = 0.0;
-    if st == Strategy::Checkpointing {
-        let base = s.flops().max(1);
-        let r = checkpoint_sqrt(&s, 0);
-        overhead = r.recompute_flops as f64 / base as f64;
-        s = r.schedule;
-    }
-    partition(&mut s, st, o.gpus);
-    let replay = simulate(&s);
-    Ok((
-        replay.timeline.iter().map(|b| b.total()).collect(),
-        overhead,
-    ))
+/// Schedules of the step by precision, gradient residency and batch, built once
+/// each and shared by every combination; and each combination's largest batch.
+pub struct Steps<'a> {
+    model: &'a Model,
+    o: &'a FitOptions,
+    built: RefCell<HashMap<(bool, bool, u64), Rc<Schedule>>>,
+    solved: RefCell<HashMap<Combo, (u64, u64, f64)>>,
 }
 
-/// Per-GPU shares under data parallel and ZeRO (Rajbhandari et al. 2020): stage 1
-/// partitions optimizer state, stage 2 also gradients, stage 3 also parameters (each
-/// GPU then gathers one parameter tensor at a time; the largest is counted whole).
-/// Data parallel keeps a full replica plus DDP's gradient buckets (one more copy of
-/// the gradients, PyTorch's default without `gradient_as_bucket_view`).
-fn partition(s: &mut Schedule, st: Strategy, gpus: u64) {
-    let n = gpus.max(1);
-    let stage = match st {
-        Strategy::Zero(k) => k,
-        Strategy::DataParallel => {
-            // Buckets are allocated at construction and live through the step.
-            let grads = s.bytes_where(|x| x.kind == StorageKind::ParamGrad);
-            let mut bucket = s.storages[0].clone();
-            bucket.name = "ddp gradient buckets".into();
-            bucket.kind = StorageKind::Buffer;
-            bucket.bytes = grads;
-            bucket.persistent = true;
-            s.storages.push(bucket);
-            return;
+impl<'a> Steps<'a> {
+    /// For `model` under `o`.
+    pub fn new(model: &'a Model, o: &'a FitOptions) -> Steps<'a> {
+        Steps {
+            model,
+            o,
+            built: Default::default(),
+            solved: Default::default(),
         }
-        _ => return,
-    };
-    let largest_param = s
-        .storages
-        .iter()
-        .filter(|x| x.kind == StorageKind::Parameter)
-        .map(|x| x.bytes)
-        .max()
-        .unwrap_or(0);
-    for x in &mut s.storages {
-        let part = match x.kind {
-            StorageKind::OptimizerState | StorageKind::OptimizerTemp => stage >= 1,
-            StorageKind::ParamGrad => stage >= 2,
-            StorageKind::Parameter => stage >= 3,
-            _ => false,
+    }
+
+    /// The step schedule (before checkpointing and partitioning) of `c`'s precision
+    /// and gradient residency at `batch`.
+    pub fn schedule(&self, c: Combo, batch: u64) -> Result<Rc<Schedule>> {
+        let key = (c.mixed, c.accumulate, batch);
+        if let Some(s) = self.built.borrow().get(&key) {
+            return Ok(s.clone());
+        }
+        let o = self.o;
+        let b = Bindings {
+            batch: Some(batch),
+            dims: o.dims.clone(),
         };
-        if part {
-            x.bytes = x.bytes.div_ceil(n);
+        let model = &*crate::lower::lower(self.model, &b)?;
+        let inf = infer(model, &b)?;
+        let mut topts = o.train.clone();
+        if c.mixed {
+            topts.precision = match o.train.precision {
+                Precision::AmpBf16 | Precision::Bf16 => Precision::AmpBf16,
+                _ => Precision::AmpFp16,
+            };
+        }
+        topts.grads_resident = c.accumulate;
+        let s = Rc::new(build_schedule(model, &inf, &topts)?);
+        self.built.borrow_mut().insert(key, s.clone());
+        Ok(s)
+    }
+
+    /// Per-GPU bytes at every step of combination `c` at `batch`, and the recompute
+    /// FLOP fraction.
+    pub fn peak_at(&self, c: Combo, batch: u64) -> Result<(Vec<u64>, f64)> {
+        let base = self.schedule(c, batch)?;
+        let gpus = c.gpus(self.o.gpus);
+        match c.ckpt {
+            Ckpt::EveryBlock => {
+                // The module set does not depend on the batch, so the plan's
+                // instructions are the same at every batch and their live bytes are
+                // affine in it.
+                let mut s = (*base).clone();
+                partition(&mut s, c.dist, gpus);
+                let g = crate::remat::from_schedule::from_schedule(&s, "fit");
+                let p = crate::remat::modules::every_block(&g).map_err(Error::Graph)?;
+                let cost = g.base_cost().max(1.0);
+                Ok((
+                    crate::remat::modules::timeline(&g, &p.plan),
+                    p.recompute_cost / cost,
+                ))
+            }
+            Ckpt::Sqrt => {
+                let flops = base.flops().max(1);
+                let r = checkpoint_sqrt(&base, 0);
+                let mut s = r.schedule;
+                partition(&mut s, c.dist, gpus);
+                Ok((timeline(&s), r.recompute_flops as f64 / flops as f64))
+            }
+            Ckpt::None => {
+                let mut s = (*base).clone();
+                partition(&mut s, c.dist, gpus);
+                Ok((timeline(&s), 0.0))
+            }
         }
     }
-    if stage >= 3 && largest_param > 0 {
-        let mut gathered = s.storages[0].clone();
-        gathered.name = "zero-3 gathered parameter".into();
-        gathered.kind = StorageKind::Buffer;
-        gathered.bytes = largest_param;
-        gathered.persistent = true;
-        s.storages.push(gathered);
+
+    /// `c`'s largest per-GPU batch within the budget, its peak and overhead
+    /// ([`max_batch`]), solved once.
+    pub fn max_batch(&self, c: Combo) -> Result<(u64, u64, f64)> {
+        if let Some(&r) = self.solved.borrow().get(&c) {
+            return Ok(r);
+        }
+        let r = max_batch(self, c)?;
+        self.solved.borrow_mut().insert(c, r);
+        Ok(r)
     }
+
+    /// [`traffic`] of `c` with `steps` micro-batches per optimizer step.
+    pub fn traffic(&self, c: Combo, steps: u64) -> Result<Traffic> {
+        let s = self.schedule(c, 1)?;
+        Ok(traffic(&s, c.dist, c.gpus(self.o.gpus), steps))
+    }
+}
+
+/// Total bytes at every step of a schedule.
+fn timeline(s: &Schedule) -> Vec<u64> {
+    simulate(s).timeline.iter().map(|b| b.total()).collect()
 }
 
 /// The largest batch whose peak is within the budget (0 if batch 1 is not).
-fn max_batch(model: &Model, o: &FitOptions, st: Strategy) -> Result<(u64, u64, f64)> {
-    let (t1, ov) = peak_at(model, o, st, 1)?;
+fn max_batch(steps: &Steps, c: Combo) -> Result<(u64, u64, f64)> {
+    let o = steps.o;
+    let (t1, ov) = steps.peak_at(c, 1)?;
     let peak1 = t1.iter().copied().max().unwrap_or(0);
     if peak1 > o.memory {
         return Ok((0, peak1, ov));
     }
-    let (t2, _) = peak_at(model, o, st, 2)?;
+    let (t2, _) = steps.peak_at(c, 2)?;
     let fits = |b: u64| -> Result<(bool, u64, f64)> {
-        let (t, ov) = peak_at(model, o, st, b)?;
+        let (t, ov) = steps.peak_at(c, b)?;
         let p = t.iter().copied().max().unwrap_or(0);
         Ok((p <= o.memory, p, ov))
     };
@@ -335,48 +426,59 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
             Strategy::Zero(3),
         ]);
     }
+    strategies.extend([Strategy::ZeroOffload, Strategy::Zero3Offload]);
+    let steps = Steps::new(model, o);
     let mut rows = Vec::new();
     let mut batch1 = 0;
     let mut as_exported = 0;
     for st in strategies {
         let mut planned = None;
-        let (mb, peak, overhead) = if st == Strategy::PlannedCheckpointing {
-            let p = planned_max_batch(model, o, as_exported)?;
-            let peak = if p.max_batch == 0 {
-                p.report.min_feasible_bytes
-            } else {
-                p.report.peak_bytes
-            };
-            let r = (p.max_batch, peak, p.report.overhead);
-            planned = Some(p);
-            r
-        } else {
-            max_batch(model, o, st)?
+        let (mb, peak, overhead) = match st.combo() {
+            Some(c) => steps.max_batch(c)?,
+            None => {
+                let p = planned_max_batch(model, o, as_exported)?;
+                let peak = if p.max_batch == 0 {
+                    p.report.min_feasible_bytes
+                } else {
+                    p.report.peak_bytes
+                };
+                let r = (p.max_batch, peak, p.report.overhead);
+                planned = Some(p);
+                r
+            }
         };
         if st == Strategy::AsExported {
             as_exported = mb;
             batch1 = if mb == 0 {
                 peak
             } else {
-                peak_at(model, o, st, 1)?.0.into_iter().max().unwrap_or(0)
+                steps
+                    .peak_at(Combo::PLAIN, 1)?
+                    .0
+                    .into_iter()
+                    .max()
+                    .unwrap_or(0)
             };
         }
-        let (global, steps, note) = match st {
+        let n = st.combo().map_or(1, |c| c.gpus(o.gpus));
+        let (global, acc_steps, note) = match st {
             Strategy::GradAccumulation => match (o.target_batch, mb) {
                 (Some(t), m) if m > 0 => {
-                    let steps = t.div_ceil(m);
-                    let micro = t.div_ceil(steps);
-                    (Some(micro * steps), Some(steps), format!("micro-batch {micro} × {steps} steps; gradients stay allocated between micro-batches"))
+                    let k = t.div_ceil(m);
+                    let micro = t.div_ceil(k);
+                    (micro * k, Some(k), format!("micro-batch {micro} × {k} steps; gradients stay allocated between micro-batches"))
                 }
-                _ => (None, None, "gradients stay allocated between micro-batches; give a target batch for the steps".into()),
+                _ => (mb, None, "gradients stay allocated between micro-batches; give a target batch for the steps".into()),
             },
-            Strategy::DataParallel => (Some(mb * o.gpus), None, format!("per GPU: full replica + DDP gradient buckets; global batch over {} GPUs", o.gpus)),
-            Strategy::Zero(k) => (Some(mb * o.gpus), None, format!("per GPU, {} partitioned over {} GPUs", match k { 1 => "optimizer state", 2 => "optimizer state and gradients", _ => "optimizer state, gradients and parameters" }, o.gpus)),
-            Strategy::AsExported => (None, None, format!("{} training, {} optimizer", o.train.precision, o.train.optimizer)),
-            Strategy::MixedPrecision => (None, None, "autocast: half-precision matmul/conv, fp32 master weights and states".into()),
-            Strategy::Checkpointing => (None, None, "sqrt(n) equal segments, each recomputed once in backward".into()),
-            Strategy::CheckpointEveryBlock => (None, None, "torch.utils.checkpoint on every repeated block (layer1.0, h.3, ...), as gradient_checkpointing_enable()".into()),
-            Strategy::PlannedCheckpointing => (None, None, match &planned {
+            Strategy::DataParallel => (mb * n, None, format!("per GPU: full replica + DDP gradient buckets; global batch over {n} GPUs")),
+            Strategy::Zero(k) => (mb * n, None, format!("per GPU, {} partitioned over {n} GPUs", match k { 1 => "optimizer state", 2 => "optimizer state and gradients", _ => "optimizer state, gradients and parameters" })),
+            Strategy::ZeroOffload => (mb * n, None, format!("optimizer state and gradients on the host (CPU update), over {n} GPU{}", if n == 1 { "" } else { "s" })),
+            Strategy::Zero3Offload => (mb * n, None, format!("parameters, optimizer state and gradients on the host; one parameter gathered at a time, over {n} GPU{}", if n == 1 { "" } else { "s" })),
+            Strategy::AsExported => (mb, None, format!("{} training, {} optimizer", o.train.precision, o.train.optimizer)),
+            Strategy::MixedPrecision => (mb, None, "autocast: half-precision matmul/conv, fp32 master weights and states".into()),
+            Strategy::Checkpointing => (mb, None, "sqrt(n) equal segments, each recomputed once in backward".into()),
+            Strategy::CheckpointEveryBlock => (mb, None, "torch.utils.checkpoint on every repeated block (layer1.0, h.3, ...), as gradient_checkpointing_enable()".into()),
+            Strategy::PlannedCheckpointing => (mb, None, match &planned {
                 Some(p) if p.max_batch > 0 => format!(
                     "memplan's planner: {} tensors recomputed ({} plan; overhead lower bound {:.1}%; greedy alone fits {})",
                     p.report.recomputed.len(),
@@ -387,13 +489,17 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
                 _ => "memplan's planner: no plan fits batch 1; peak is the lowest reachable".into(),
             }),
         };
-        rows.push(StrategyFit {
+        let tr = match st.combo() {
+            Some(c) if c.dist != Dist::Single => Some(steps.traffic(c, 1)?),
+            _ => None,
+        };
+        let mut row = StrategyFit {
             name: st.name(),
             max_batch: mb,
             peak_bytes: peak,
             overhead,
-            global_batch: global,
-            accumulation_steps: steps,
+            global_batch: Some(global),
+            accumulation_steps: acc_steps,
             note,
             planner: planned
                 .as_ref()
@@ -407,7 +513,19 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
                 .as_ref()
                 .filter(|p| p.max_batch > 0)
                 .map(|p| p.report.recomputed.len()),
-        });
+            combines: None,
+            communication_bytes: None,
+            pcie_bytes: None,
+            host_bytes: None,
+        };
+        set_traffic(&mut row, tr);
+        rows.push(row);
+    }
+    let (mut recommendation, mut unreachable) = (None, None);
+    if let Some(target) = o.target_batch {
+        let (more, rec, unr) = combine(&steps, o, target)?;
+        rows.extend(more);
+        (recommendation, unreachable) = (rec, unr);
     }
     if rows.iter().all(|r| r.max_batch == 0) {
         return Err(Error::Binding(format!(
@@ -432,7 +550,136 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
         target_batch: o.target_batch,
         batch1_bytes: batch1,
         strategies: rows,
+        recommendation,
+        unreachable,
     })
+}
+
+/// A row's traffic fields (offload rows: PCIe and host bytes; over GPUs: collective
+/// bytes).
+fn set_traffic(row: &mut StrategyFit, tr: Option<Traffic>) {
+    if let Some(t) = tr {
+        row.communication_bytes = Some(t.communication_bytes);
+        if t.host_bytes > 0 || t.pcie_bytes > 0 {
+            row.pcie_bytes = Some(t.pcie_bytes);
+            row.host_bytes = Some(t.host_bytes);
+        }
+    }
+}
+
+/// Every combination towards the target global batch `target`: the rows of those
+/// that combine two or more strategies, the recommendation, or why none reaches it.
+fn combine(
+    steps: &Steps,
+    o: &FitOptions,
+    target: u64,
+) -> Result<(Vec<StrategyFit>, Option<Recommendation>, Option<String>)> {
+    let mut rows = Vec::new();
+    let mut reach = Vec::new();
+    // The largest global batch reached without accumulation, and the lowest batch-1
+    // peak with it (what blocks accumulation when nothing reaches the target).
+    let mut best_plain: (u64, String) = (0, String::new());
+    let mut acc_block: Option<(u64, String)> = None;
+    for c0 in combo::combos(o.gpus) {
+        let n = c0.gpus(o.gpus);
+        let (mb0, peak0, ov0) = steps.max_batch(c0)?;
+        let (c, mb, peak, ov, k, micro) = if mb0 * n >= target {
+            let micro = target.div_ceil(n);
+            (c0, mb0, peak0, ov0, 1, micro)
+        } else {
+            if mb0 * n > best_plain.0 {
+                best_plain = (mb0 * n, c0.name());
+            }
+            let c = Combo {
+                accumulate: true,
+                ..c0
+            };
+            let (mb, peak, ov) = steps.max_batch(c)?;
+            if mb == 0 {
+                if acc_block.as_ref().is_none_or(|(p, _)| peak < *p) {
+                    acc_block = Some((peak, c.name()));
+                }
+                (c, 0, peak, ov, 0, 0)
+            } else {
+                let k = target.div_ceil(mb * n);
+                (c, mb, peak, ov, k, target.div_ceil(k * n))
+            }
+        };
+        let tr = steps.traffic(c, k.max(1))?;
+        if c.names().len() >= 2 {
+            let mut row = StrategyFit {
+                name: c.name(),
+                max_batch: mb,
+                peak_bytes: peak,
+                overhead: ov,
+                global_batch: Some(if k == 0 { 0 } else { micro * k * n }),
+                accumulation_steps: c.accumulate.then_some(k).filter(|&k| k > 0),
+                note: if mb == 0 {
+                    "does not fit batch 1".into()
+                } else if c.accumulate {
+                    format!(
+                        "micro-batch {micro} × {k} steps × {n} GPU{}",
+                        if n == 1 { "" } else { "s" }
+                    )
+                } else {
+                    format!(
+                        "micro-batch {micro} × {n} GPU{}",
+                        if n == 1 { "" } else { "s" }
+                    )
+                },
+                planner: None,
+                lower_bound_overhead: None,
+                recomputed_tensors: None,
+                combines: Some(c.names()),
+                communication_bytes: None,
+                pcie_bytes: None,
+                host_bytes: None,
+            };
+            if c.dist != Dist::Single {
+                set_traffic(&mut row, Some(tr));
+            }
+            rows.push(row);
+        }
+        if mb > 0 {
+            // Its peak at the micro-batch it would run (the schedule at that batch is
+            // shared by every combination of the same precision and accumulation).
+            let at_micro = steps.peak_at(c, micro)?.0.into_iter().max().unwrap_or(0);
+            reach.push(combo::Candidate {
+                combo: c,
+                micro_batch: micro,
+                steps: k,
+                gpus: n,
+                peak_bytes: at_micro,
+                overhead: ov,
+                traffic: tr,
+            });
+        }
+    }
+    reach.sort_by(|a, b| a.cmp_pref(b));
+    if reach.is_empty() {
+        let why = match acc_block {
+            Some((p, name)) => format!(
+                "gradient accumulation, which reaches any batch, does not fit batch 1 ({} with {name})",
+                crate::units::human_bytes(p)
+            ),
+            None => "no combination fits batch 1".into(),
+        };
+        return Ok((
+            rows,
+            None,
+            Some(format!(
+                "global batch {target} is out of reach: the largest reached is {}{}; {why}",
+                best_plain.0,
+                if best_plain.0 > 0 {
+                    format!(" ({})", best_plain.1)
+                } else {
+                    String::new()
+                }
+            )),
+        ));
+    }
+    let rec = Recommendation::new(&reach[0], reach.get(1));
+    Ok((rows, Some(rec), None))
 }
 
 /// [`crate::units::parse_size`], the name `fit` has always exported.

@@ -15,8 +15,15 @@ pub fn fit_text(r: &FitReport) -> String {
         if r.gpus == 1 { "" } else { "s" },
         human_bytes(r.batch1_bytes)
     );
+    let w = r
+        .strategies
+        .iter()
+        .map(|st| st.name.len())
+        .max()
+        .unwrap_or(0)
+        .max(22);
     s.push_str(&format!(
-        "  {:<22} {:>9} {:>12} {:>9}  notes\n",
+        "  {:<w$} {:>9} {:>12} {:>9}  notes\n",
         "strategy", "max batch", "peak", "overhead"
     ));
     for st in &r.strategies {
@@ -25,14 +32,46 @@ pub fn fit_text(r: &FitReport) -> String {
             (b, Some(gb)) if gb != b => format!("{b} ({gb})"),
             (b, _) => b.to_string(),
         };
+        let mut note = st.note.clone();
+        if let Some(c) = st.communication_bytes {
+            note.push_str(&format!("; communication {}/step", human_bytes(c)));
+        }
+        if let (Some(p), Some(h)) = (st.pcie_bytes, st.host_bytes) {
+            note.push_str(&format!(
+                "; PCIe {}/step, host {}",
+                human_bytes(p),
+                human_bytes(h)
+            ));
+        }
         s.push_str(&format!(
-            "  {:<22} {:>9} {:>12} {:>8.1}%  {}\n",
+            "  {:<w$} {:>9} {:>12} {:>8.1}%  {}\n",
             st.name,
             batch,
             human_bytes(st.peak_bytes),
             st.overhead * 100.0,
-            st.note
+            note
         ));
+    }
+    if let (Some(t), Some(rec)) = (r.target_batch, &r.recommendation) {
+        s.push_str(&format!(
+            "\nrecommended for global batch {t}: {}\n  micro-batch {} × {} step{} × {} GPU{} = {}; peak {} per GPU; extra compute {:.1}%; communication {}/step; PCIe {}/step; host {}\n  {}\n",
+            rec.strategies.join(" + "),
+            rec.micro_batch,
+            rec.accumulation_steps,
+            if rec.accumulation_steps == 1 { "" } else { "s" },
+            r.gpus,
+            if r.gpus == 1 { "" } else { "s" },
+            rec.global_batch,
+            human_bytes(rec.peak_bytes),
+            rec.overhead * 100.0,
+            human_bytes(rec.communication_bytes),
+            human_bytes(rec.pcie_bytes),
+            human_bytes(rec.host_bytes),
+            rec.why
+        ));
+    }
+    if let Some(u) = &r.unreachable {
+        s.push_str(&format!("\n{u}\n"));
     }
     s
 }

@@ -158,6 +158,60 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
     for (&t, trains) in params.iter().zip(opts.params.resolve(&names)?) {
         trainable[t] = trains;
     }
+    // How frozen parameters are stored (`quant`): float types change their dtype,
+    // quantized ones their bytes, and each use dequantizes them.
+    let frozen_dtype = opts.params.frozen_dtype;
+    if let Some(wd) = frozen_dtype {
+        if params.iter().all(|&t| trainable[t]) {
+            return Err(Error::setting(
+                crate::error::Setting::WeightDtype,
+                format!(
+                    "{wd} applies to frozen parameters only, and all {} parameters train{}",
+                    params.len(),
+                    if wd.is_quantized() {
+                        " (quantized weights do not train: QLoRA trains adapters beside them)"
+                    } else {
+                        ""
+                    }
+                ),
+            ));
+        }
+    }
+    // bitsandbytes quantizes Linear weights: a 2-D weight that MatMul or Gemm reads
+    // as its second operand; `Some(true)` when it is stored `[in, out]` (MatMul,
+    // Gemm without transB), so its output rows are its last dim.
+    let mut linear_rhs: Vec<Option<bool>> = vec![None; n_t];
+    for &ix in &g.order {
+        let n = g.node(ix);
+        if let (true, Some(Some(t))) = (
+            n.op_type == "MatMul" || n.op_type == "Gemm",
+            n.inputs.get(1),
+        ) {
+            if inf.facts[*t].shape.len() == 2 {
+                let in_out = n.op_type == "MatMul" || n.attrs.int("transB").unwrap_or(0) == 0;
+                linear_rhs[*t] = Some(in_out);
+            }
+        }
+    }
+    let quantized: Vec<bool> = (0..n_t)
+        .map(|t| {
+            is_param[t]
+                && !trainable[t]
+                && linear_rhs[t].is_some()
+                && frozen_dtype.is_some_and(|d| d.is_quantized())
+        })
+        .collect();
+    if let Some(wd) = frozen_dtype.filter(|d| d.is_quantized()) {
+        if !quantized.contains(&true) {
+            let frozen = params.iter().filter(|&&t| !trainable[t]).count();
+            return Err(Error::setting(
+                crate::error::Setting::WeightDtype,
+                format!(
+                    "{wd} quantizes frozen Linear weights (2-D, read by MatMul or Gemm), and none of the {frozen} frozen parameters is one"
+                ),
+            ));
+        }
+    }
 
     // 3. requires_grad, forward.
     let mut requires = trainable.clone();
@@ -260,6 +314,9 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
     for (t, info) in g.tensors.iter().enumerate() {
         if is_float(t) {
             float_dtype[t] = Some(match info.kind {
+                TensorKind::Parameter if is_param[t] && !trainable[t] => frozen_dtype
+                    .and_then(|d| d.float())
+                    .unwrap_or(prec.master()),
                 TensorKind::Parameter => prec.master(),
                 _ if prec == super::Precision::Bf16 => DType::BF16,
                 _ => inf.facts[t].dtype,
@@ -294,6 +351,11 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         let dt = b.dtype_of(t, &float_dtype);
         let s = b.new_storage(&info.name, &inf.facts[t], dt, kind);
         b.storages[s].persistent = true;
+        if let (true, Some(wd)) = (quantized[t], frozen_dtype) {
+            let f = &inf.facts[t];
+            let rhs = linear_rhs[t].unwrap_or(false);
+            b.storages[s].bytes = wd.bytes(f.numel(), super::quant::output_rows(&f.shape, rhs));
+        }
         tstore[t] = Some(s);
     }
     // Autocast weight cache: one half copy per parameter, made at its first use.
@@ -321,6 +383,21 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
             };
             let src = tstore[t].expect("inputs are stored before use");
             let cur = b.dtype_of(t, &float_dtype);
+            if quantized[t] {
+                // Dequantized to the compute dtype for this op only; the op (and its
+                // backward) keeps the quantized weight.
+                let dt = target.unwrap_or(cur);
+                let c = b.new_storage(
+                    &format!("{}@dequant", g.tensor(t).name),
+                    &inf.facts[t],
+                    dt,
+                    StorageKind::Cast,
+                );
+                reads.extend([src, c]);
+                writes.push(c);
+                slots.push(Some(src));
+                continue;
+            }
             let s = match target {
                 Some(want) if is_float(t) && cur != want => {
                     // Autocast caches the cast of a leaf that requires grad
@@ -788,6 +865,22 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
                 b.storages[s].saved = true;
             }
         }
+        // A quantized frozen weight that this backward reads is dequantized again,
+        // to the incoming gradient's dtype, for the input gradient
+        // (`MatMul4Bit.backward`): a temporary of this step.
+        for &t in node.inputs.iter().flatten() {
+            if quantized[t] && tstore[t].is_some_and(|s| reads.contains(&s)) {
+                let dt = b.storages[out_grads[0]].dtype;
+                let c = b.new_storage(
+                    &format!("{}@dequant/grad", g.tensor(t).name),
+                    &inf.facts[t],
+                    dt,
+                    StorageKind::Cast,
+                );
+                writes.push(c);
+                reads.push(c);
+            }
+        }
         let flops = required_share(bw, &node.inputs, &grad_inputs);
         b.steps.push(Step {
             name: format!("{}/grad", node.name),
@@ -856,20 +949,27 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
     let mut reads: Vec<StorageId> = with_grad.iter().filter_map(|&t| grad[t]).collect();
     reads.extend(with_grad.iter().filter_map(|&t| tstore[t]));
     let mut writes = Vec::new();
-    let states = b.opts.optimizer.states();
-    if states > 0 && grad_bytes > 0 {
+    let opt = b.opts.optimizer;
+    let numels: Vec<u64> = with_grad.iter().map(|&t| inf.facts[t].numel()).collect();
+    let state_bytes = with_grad
+        .iter()
+        .fold(opt.shared_state_bytes(&numels), |a, &t| {
+            a.saturating_add(opt.state_bytes(&inf.facts[t].shape, master))
+        });
+    if state_bytes > 0 && grad_bytes > 0 {
         let s = b.new_storage(
             "optimizer state",
             &Fact::new(master, vec![]),
             master,
             StorageKind::OptimizerState,
         );
-        b.storages[s].bytes = grad_bytes * states;
+        b.storages[s].bytes = state_bytes;
         b.storages[s].shape = Vec::new();
         b.storages[s].persistent = true;
         reads.push(s);
     }
-    let temp = b.opts.optimizer.temp_factor() * grad_bytes;
+    let largest = numels.iter().copied().max().unwrap_or(0);
+    let temp = opt.temp_bytes(grad_bytes, largest, master);
     if temp > 0 {
         let s = b.new_storage(
             "optimizer temporaries",
@@ -881,12 +981,8 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         writes.push(s);
         reads.push(s);
     }
-    let n_params: u64 = with_grad.iter().map(|&t| inf.facts[t].numel()).sum();
-    let per_elem = match b.opts.optimizer {
-        super::Optimizer::Sgd => 2,
-        super::Optimizer::Momentum => 4,
-        super::Optimizer::Adam | super::Optimizer::Adamw => 12,
-    };
+    let n_params: u64 = numels.iter().sum();
+    let per_elem = opt.flops_per_element();
     b.steps.push(Step {
         name: "optimizer".into(),
         op: b.opts.optimizer.to_string(),

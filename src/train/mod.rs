@@ -4,8 +4,10 @@
 
 pub mod autodiff;
 pub mod fusion;
+pub mod optim;
 pub mod params;
 pub mod policy;
+pub mod quant;
 pub mod schedule;
 
 pub use autodiff::build_schedule;
@@ -14,9 +16,11 @@ pub use fusion::{
 };
 pub use params::ParamSelection;
 pub use policy::Precision;
+pub use quant::WeightDtype;
 pub use schedule::{Schedule, Step, StepKind, Storage, StorageId, StorageKind};
 
-/// The optimizer, by how many fp32 states it keeps per trainable parameter element.
+/// The optimizer. Its state and temporaries per parameter are in [`optim`], each
+/// size with its source.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Optimizer {
@@ -28,27 +32,13 @@ pub enum Optimizer {
     Adam,
     /// AdamW: as Adam (decoupled weight decay needs no extra state).
     Adamw,
-}
-
-impl Optimizer {
-    /// States per parameter.
-    pub fn states(self) -> u64 {
-        match self {
-            Optimizer::Sgd => 0,
-            Optimizer::Momentum => 1,
-            Optimizer::Adam | Optimizer::Adamw => 2,
-        }
-    }
-
-    /// Temporary bytes of one update, as a multiple of the parameters' bytes:
-    /// PyTorch's multi-tensor (foreach, the CUDA default) Adam computes
-    /// `sqrt(exp_avg_sq)` for all parameters at once; SGD updates in place.
-    pub fn temp_factor(self) -> u64 {
-        match self {
-            Optimizer::Adam | Optimizer::Adamw => 1,
-            Optimizer::Sgd | Optimizer::Momentum => 0,
-        }
-    }
+    /// bitsandbytes' `Adam8bit`: both moments in 8 bits, block-wise quantized.
+    Adam8bit,
+    /// Lion (Chen et al. 2023): one momentum.
+    Lion,
+    /// Adafactor (Shazeer & Stern 2018), Hugging Face's defaults: factored second
+    /// moment, no first moment.
+    Adafactor,
 }
 
 crate::choice::choice!(Optimizer {
@@ -56,6 +46,9 @@ crate::choice::choice!(Optimizer {
     Momentum => "momentum", "SGD with momentum: one buffer";
     Adam => "adam", "Adam: exp_avg and exp_avg_sq";
     Adamw => "adamw", "AdamW: as Adam (decoupled weight decay needs no extra state)";
+    Adam8bit => "adam8bit", "bitsandbytes Adam8bit: 2 bytes per parameter plus an fp32 absmax per 2048";
+    Lion => "lion", "Lion: one momentum";
+    Adafactor => "adafactor", "Adafactor: factored second moment (rows + columns), no first moment";
 });
 
 /// How the first graph output becomes a scalar loss.

@@ -52,6 +52,9 @@ pub struct ParamSelection {
     pub freeze: Option<Pattern>,
     /// Only parameters matching this train.
     pub trainable: Option<Pattern>,
+    /// How the frozen parameters are stored (`None`: as the precision stores
+    /// parameters); see [`super::quant`].
+    pub frozen_dtype: Option<super::quant::WeightDtype>,
 }
 
 impl ParamSelection {
@@ -69,6 +72,7 @@ impl ParamSelection {
             trainable: trainable
                 .map(|t| Pattern::new(t, Setting::Trainable))
                 .transpose()?,
+            frozen_dtype: None,
         })
     }
 

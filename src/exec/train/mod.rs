@@ -312,6 +312,12 @@ pub fn train_step_on<B: StepBackend>(
         .iter()
         .find(|st| st.kind == StepKind::Optimizer)
         .ok_or_else(|| Error::Graph("the schedule has no optimizer step".into()))?;
+    if !opts.optimizer.executable() {
+        return Err(Error::Graph(format!(
+            "memplan predicts the {} optimizer's memory but runs only sgd, momentum, adam and adamw",
+            opts.optimizer
+        )));
+    }
     if opt_step.op != opts.optimizer.to_string() {
         return Err(Error::Graph(format!(
             "the schedule's optimizer is {}, the options say {}",

@@ -86,6 +86,9 @@ pub(crate) fn optimizer_step(
                     *p -= lr * *b;
                 }
             }
+            Optimizer::Adam8bit | Optimizer::Lion | Optimizer::Adafactor => {
+                return Err(format!("the {opt} update is not executed").into());
+            }
             Optimizer::Adam | Optimizer::Adamw => {
                 let st = state.as_mut().expect("checked");
                 let (m_all, v_all) = st.split_at_mut(n);
