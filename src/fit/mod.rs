@@ -316,6 +316,49 @@ impl<'a> Steps<'a> {
     }
 }
 
+/// Micro-batch and accumulation steps for a global batch of `target` samples over
+/// `gpus` GPUs, with at most `max_micro` samples per GPU per micro-step:
+/// `(micro, steps)`. Exactly `target` when some split with at most twice the fewest
+/// steps gives it (a user's global batch is a hyperparameter: 64 stays 64, as
+/// 2 × 32 rather than 3 × 22 = 66); otherwise the fewest steps, with micro-batches
+/// as even as they go, which overshoots by less than `steps × gpus` samples.
+pub fn split_batch(target: u64, max_micro: u64, gpus: u64) -> (u64, u64) {
+    let gpus = gpus.max(1);
+    let max_micro = max_micro.max(1);
+    let fewest = target.div_ceil(max_micro.saturating_mul(gpus)).max(1);
+    // Micro-batches from the largest down to the one that doubles the steps (at most
+    // 2^20 tried: a huge prime target then takes the fewest steps).
+    let hi = max_micro.min(target / gpus);
+    let lo = target
+        .div_ceil(fewest.saturating_mul(2).saturating_mul(gpus))
+        .max(1);
+    (lo..=hi)
+        .rev()
+        .take(1 << 20)
+        .find(|&m| target % (m * gpus) == 0)
+        .map(|m| (m, target / (m * gpus)))
+        .unwrap_or((target.div_ceil(fewest * gpus), fewest))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_batch;
+
+    #[test]
+    fn split_batch_is_exact_when_it_can_be() {
+        assert_eq!(split_batch(64, 3, 1), (2, 32));
+        assert_eq!(split_batch(64, 16, 1), (16, 4));
+        assert_eq!(split_batch(64, 17, 1), (16, 4));
+        assert_eq!(split_batch(64, 1000, 1), (64, 1));
+        assert_eq!(split_batch(64, 4, 8), (4, 2));
+        // 97 is prime: 97 × 1 would need 97 steps, over twice the fewest (10).
+        assert_eq!(split_batch(97, 10, 1), (10, 10));
+        // Nothing exact within twice the fewest steps over 3 GPUs: even split, 66.
+        assert_eq!(split_batch(64, 11, 3), (11, 2));
+        assert_eq!(split_batch(1 << 40, 3, 1), (2, 1 << 39));
+    }
+}
+
 /// Total bytes at every step of a schedule.
 fn timeline(s: &Schedule) -> Vec<u64> {
     simulate(s).timeline.iter().map(|b| b.total()).collect()
@@ -464,8 +507,7 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
         let (global, acc_steps, note) = match st {
             Strategy::GradAccumulation => match (o.target_batch, mb) {
                 (Some(t), m) if m > 0 => {
-                    let k = t.div_ceil(m);
-                    let micro = t.div_ceil(k);
+                    let (micro, k) = split_batch(t, m, 1);
                     (micro * k, Some(k), format!("micro-batch {micro} × {k} steps; gradients stay allocated between micro-batches"))
                 }
                 _ => (mb, None, "gradients stay allocated between micro-batches; give a target batch for the steps".into()),
@@ -601,8 +643,8 @@ fn combine(
                 }
                 (c, 0, peak, ov, 0, 0)
             } else {
-                let k = target.div_ceil(mb * n);
-                (c, mb, peak, ov, k, target.div_ceil(k * n))
+                let (micro, k) = split_batch(target, mb, n);
+                (c, mb, peak, ov, k, micro)
             }
         };
         let tr = steps.traffic(c, k.max(1))?;
