@@ -340,25 +340,6 @@ pub fn split_batch(target: u64, max_micro: u64, gpus: u64) -> (u64, u64) {
         .unwrap_or((target.div_ceil(fewest * gpus), fewest))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::split_batch;
-
-    #[test]
-    fn split_batch_is_exact_when_it_can_be() {
-        assert_eq!(split_batch(64, 3, 1), (2, 32));
-        assert_eq!(split_batch(64, 16, 1), (16, 4));
-        assert_eq!(split_batch(64, 17, 1), (16, 4));
-        assert_eq!(split_batch(64, 1000, 1), (64, 1));
-        assert_eq!(split_batch(64, 4, 8), (4, 2));
-        // 97 is prime: 97 × 1 would need 97 steps, over twice the fewest (10).
-        assert_eq!(split_batch(97, 10, 1), (10, 10));
-        // Nothing exact within twice the fewest steps over 3 GPUs: even split, 66.
-        assert_eq!(split_batch(64, 11, 3), (11, 2));
-        assert_eq!(split_batch(1 << 40, 3, 1), (2, 1 << 39));
-    }
-}
-
 /// Total bytes at every step of a schedule.
 fn timeline(s: &Schedule) -> Vec<u64> {
     simulate(s).timeline.iter().map(|b| b.total()).collect()
@@ -726,3 +707,22 @@ fn combine(
 
 /// [`crate::units::parse_size`], the name `fit` has always exported.
 pub use crate::units::parse_size as parse_memory;
+
+#[cfg(test)]
+mod tests {
+    use super::split_batch;
+
+    #[test]
+    fn split_batch_is_exact_when_it_can_be() {
+        assert_eq!(split_batch(64, 3, 1), (2, 32));
+        assert_eq!(split_batch(64, 16, 1), (16, 4));
+        assert_eq!(split_batch(64, 17, 1), (16, 4));
+        assert_eq!(split_batch(64, 1000, 1), (64, 1));
+        assert_eq!(split_batch(64, 4, 8), (4, 2));
+        // 97 is prime: 97 × 1 would need 97 steps, over twice the fewest (10).
+        assert_eq!(split_batch(97, 10, 1), (10, 10));
+        // Nothing exact within twice the fewest steps over 3 GPUs: even split, 66.
+        assert_eq!(split_batch(64, 11, 3), (11, 2));
+        assert_eq!(split_batch(1 << 40, 3, 1), (2, 1 << 39));
+    }
+}
