@@ -268,13 +268,22 @@ impl<'a> Steps<'a> {
     pub fn peak_at(&self, c: Combo, batch: u64) -> Result<(Vec<u64>, f64)> {
         let base = self.schedule(c, batch)?;
         let gpus = c.gpus(self.o.gpus);
+        // The shared schedule as the combination's distribution leaves it on one GPU
+        // (copied only when something is partitioned or added).
+        let partitioned = || -> Rc<Schedule> {
+            if c.dist == Dist::Single {
+                return base.clone();
+            }
+            let mut s = (*base).clone();
+            partition(&mut s, c.dist, gpus);
+            Rc::new(s)
+        };
         match c.ckpt {
             Ckpt::EveryBlock => {
                 // The module set does not depend on the batch, so the plan's
                 // instructions are the same at every batch and their live bytes are
                 // affine in it.
-                let mut s = (*base).clone();
-                partition(&mut s, c.dist, gpus);
+                let s = partitioned();
                 let g = crate::remat::from_schedule::from_schedule(&s, "fit");
                 let p = crate::remat::modules::every_block(&g).map_err(Error::Graph)?;
                 let cost = g.base_cost().max(1.0);
@@ -290,11 +299,7 @@ impl<'a> Steps<'a> {
                 partition(&mut s, c.dist, gpus);
                 Ok((timeline(&s), r.recompute_flops as f64 / flops as f64))
             }
-            Ckpt::None => {
-                let mut s = (*base).clone();
-                partition(&mut s, c.dist, gpus);
-                Ok((timeline(&s), 0.0))
-            }
+            Ckpt::None => Ok((timeline(&partitioned()), 0.0)),
         }
     }
 
