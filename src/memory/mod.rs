@@ -1,5 +1,7 @@
 //! Memory accounting: tensor lifetimes over an execution order and the peak.
 
+pub mod allocator;
+pub mod device;
 pub mod profile;
 pub mod simulate;
 

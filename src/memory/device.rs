@@ -1,0 +1,295 @@
+//! What a GPU holds for a training step in PyTorch: the step's allocations replayed
+//! through the simulated caching allocator ([`super::allocator`]) as a training loop
+//! makes them, plus the CUDA context. This is what `torch.cuda.max_memory_reserved`
+//! and nvidia-smi show, where the schedule's peak counts live tensor bytes only.
+//!
+//! The loop ([`replay`]):
+//! 1. `model.to("cuda")`: every fixed value (parameters, buffers, constants, the
+//!    batch) in storage order, except optimizer state;
+//! 2. step 1: the first forward instruction allocates the cuBLAS workspace of the
+//!    thread that runs forward, the first backward instruction a second one for
+//!    autograd's device thread (torch/csrc/autograd/engine.cpp runs CUDA backward on
+//!    one worker thread per device; aten/src/ATen/cuda/CublasHandlePool.cpp keeps one
+//!    workspace per (handle, stream) and handles per thread, allocated through the
+//!    caching allocator). Optimizer state is allocated when the optimizer step first
+//!    reads it, as `torch.optim` creates its state lazily. Values are allocated when
+//!    computed and freed when the plan frees them; at the end of the step every
+//!    value still live that is not fixed is freed (`zero_grad(set_to_none=True)`, the
+//!    outputs and the loss dropped);
+//! 3. the same step again, with the cache warm, until a step reserves nothing new
+//!    (at most [`MAX_STEPS`]).
+//!
+//! Not modelled: cuDNN's per-convolution workspaces (allocated through the caching
+//! allocator for the duration of one call; their size depends on the algorithm
+//! cuDNN picks), `cudnn.benchmark`'s search workspace, and memory libraries take
+//! outside the allocator beyond the context figure.
+
+use serde::Serialize;
+
+use super::allocator::{AllocConf, Allocator, BlockId, OutOfMemory};
+use crate::remat::graph::{Instr, RematGraph};
+use crate::train::{Schedule, StorageKind};
+
+/// Training steps replayed at most before the reserved bytes are taken as settled.
+pub const MAX_STEPS: usize = 4;
+
+const MIB: u64 = 1 << 20;
+
+/// A GPU model: its memory and what PyTorch takes on it besides tensors.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Gpu {
+    /// Name as given on the command line.
+    pub name: &'static str,
+    /// Compute capability (major, minor).
+    pub capability: (u8, u8),
+    /// Total memory as nvidia-smi prints it, MiB.
+    pub smi_total_mib: u64,
+    /// Total memory as CUDA reports it (`torch.cuda.mem_get_info()[1]`), MiB, where
+    /// a published figure exists; nvidia-smi's total includes memory the driver
+    /// reserves.
+    pub cuda_total_mib: Option<u64>,
+}
+
+/// Cards with published totals (docs/ALLOCATOR.md gives the sources).
+pub const GPUS: &[Gpu] = &[
+    gpu("v100-16gb", (7, 0), 16160, Some(16130)),
+    gpu("v100-32gb", (7, 0), 32768, None),
+    gpu("t4", (7, 5), 15360, Some(15095)),
+    gpu("a10", (8, 6), 23028, None),
+    gpu("a100-40gb", (8, 0), 40960, Some(40339)),
+    gpu("a100-80gb", (8, 0), 81920, Some(81158)),
+    gpu("l4", (8, 9), 23034, None),
+    gpu("l40s", (8, 9), 46068, None),
+    gpu("rtx4090", (8, 9), 24564, Some(24563)),
+    gpu("h100", (9, 0), 81559, Some(81090)),
+    gpu("h200", (9, 0), 143771, Some(143156)),
+    gpu("b200", (10, 0), 183359, Some(182631)),
+];
+
+const fn gpu(name: &'static str, cc: (u8, u8), smi: u64, cuda: Option<u64>) -> Gpu {
+    Gpu {
+        name,
+        capability: cc,
+        smi_total_mib: smi,
+        cuda_total_mib: cuda,
+    }
+}
+
+impl Gpu {
+    /// Looks a card up by name (case-insensitive).
+    pub fn named(name: &str) -> Result<Gpu, String> {
+        GPUS.iter()
+            .find(|g| g.name.eq_ignore_ascii_case(name))
+            .copied()
+            .ok_or_else(|| {
+                format!(
+                    "unknown GPU '{name}' (known: {})",
+                    GPUS.iter().map(|g| g.name).collect::<Vec<_>>().join(", ")
+                )
+            })
+    }
+
+    /// The memory PyTorch can use: CUDA's total where published, else nvidia-smi's.
+    pub fn total_bytes(&self) -> u64 {
+        self.cuda_total_mib.unwrap_or(self.smi_total_mib) * MIB
+    }
+
+    /// The CUDA context of a PyTorch process on this generation and where the
+    /// figure comes from.
+    pub fn context(&self) -> (u64, &'static str) {
+        context_for(Some(self.capability))
+    }
+
+    /// PyTorch's default cuBLAS workspace on this card.
+    pub fn cublas_workspace_bytes(&self) -> u64 {
+        cublas_workspace_for(Some(self.capability))
+    }
+}
+
+/// The CUDA context (driver, runtime, the kernels loaded lazily) of a PyTorch
+/// process: published measurements under lazy module loading, which PyTorch turns
+/// on itself since 1.13.
+fn context_for(cc: Option<(u8, u8)>) -> (u64, &'static str) {
+    match cc {
+        Some((8, 9)) => (
+            426 * MIB,
+            "426 MiB measured on an RTX 6000 Ada, PyTorch 2.10 + CUDA 13.0 (unsloth-zoo PR 1053)",
+        ),
+        _ => (
+            400 * MIB,
+            "about 400 MB under lazy loading (pytorch/pytorch issue 109888); no published figure for this generation",
+        ),
+    }
+}
+
+/// `parseChosenWorkspaceSize`'s default: `:4096:8` (32 MiB) on compute capability
+/// 9.x to 12.x, `:4096:2:16:8` (8 MiB + 128 KiB) before.
+fn cublas_workspace_for(cc: Option<(u8, u8)>) -> u64 {
+    match cc {
+        Some((major, _)) if (9..=12).contains(&major) => 4096 * 8 * 1024,
+        _ => 4096 * 1024 * 2 + 16 * 1024 * 8,
+    }
+}
+
+/// The device a step is replayed for.
+#[derive(Debug, Clone)]
+pub struct DeviceModel {
+    /// The allocator's settings.
+    pub conf: AllocConf,
+    /// The card (`None`: a generic pre-Hopper card of unlimited memory).
+    pub gpu: Option<Gpu>,
+    /// CUDA context bytes.
+    pub context_bytes: u64,
+    /// Where `context_bytes` comes from.
+    pub context_source: String,
+    /// One cuBLAS workspace.
+    pub cublas_workspace_bytes: u64,
+    /// Bytes the allocator may reserve (`u64::MAX`: unlimited).
+    pub capacity: u64,
+}
+
+impl DeviceModel {
+    /// For `gpu` (or a generic card), with the context figure overridden by
+    /// `context` when given; the allocator may reserve without limit.
+    pub fn new(conf: AllocConf, gpu: Option<Gpu>, context: Option<u64>) -> DeviceModel {
+        let cc = gpu.map(|g| g.capability);
+        let (ctx, source) = context_for(cc);
+        DeviceModel {
+            conf,
+            gpu,
+            context_bytes: context.unwrap_or(ctx),
+            context_source: if context.is_some() {
+                "given".to_string()
+            } else {
+                source.to_string()
+            },
+            cublas_workspace_bytes: cublas_workspace_for(cc),
+            capacity: u64::MAX,
+        }
+    }
+
+    /// The same device with `memory` bytes in all, `headroom` of them kept free:
+    /// what the allocator may reserve is the rest after the context (0 when the
+    /// context alone does not fit).
+    pub fn with_memory(mut self, memory: u64, headroom: u64) -> DeviceModel {
+        self.capacity = memory
+            .saturating_sub(headroom)
+            .saturating_sub(self.context_bytes);
+        self
+    }
+}
+
+/// `training.allocator` in the profile JSON: the step under PyTorch's caching
+/// allocator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct AllocatorReport {
+    /// Peak bytes in allocated blocks (`torch.cuda.max_memory_allocated`): tensors at
+    /// their rounded sizes, and the cuBLAS workspaces.
+    pub allocated_peak_bytes: u64,
+    /// Peak bytes reserved (`torch.cuda.max_memory_reserved`).
+    pub reserved_bytes: u64,
+    /// Segments (`cudaMalloc`s, or expandable segments) when reserved peaked.
+    pub segments: u64,
+    /// `reserved_bytes - allocated_peak_bytes`: memory the allocator holds that no
+    /// tensor uses at the allocated peak (rounding, split remainders, cached blocks
+    /// too small or in the wrong place).
+    pub fragmentation_bytes: u64,
+    /// cuBLAS workspaces among the allocations (one for forward's thread, one for
+    /// autograd's device thread).
+    pub cublas_workspaces: u64,
+    /// Training steps replayed until reserved settled.
+    pub steps_replayed: u64,
+    /// Cached segments released because the device was full (0 without a memory
+    /// limit).
+    pub cache_releases: u64,
+}
+
+/// Replays the training loop of `plan` over `g` (see the module docs); `lazy[v]`
+/// marks fixed values allocated at their first use (optimizer state). An error is
+/// the allocation the device cannot hold.
+pub fn replay(
+    g: &RematGraph,
+    plan: &[Instr],
+    lazy: &[bool],
+    d: &DeviceModel,
+) -> Result<AllocatorReport, OutOfMemory> {
+    let mut a = Allocator::new(d.conf.clone(), d.capacity);
+    let mut held: Vec<Option<BlockId>> = vec![None; g.values.len()];
+    for (v, val) in g.values.iter().enumerate() {
+        if val.fixed && val.bytes > 0 && !lazy.get(v).copied().unwrap_or(false) {
+            held[v] = Some(a.malloc(val.bytes)?);
+        }
+    }
+    let mut workspaces = 0u64;
+    let (mut fwd_ws, mut bwd_ws) = (false, false);
+    let mut steps = 0u64;
+    for _ in 0..MAX_STEPS {
+        let before = a.stats().reserved_peak;
+        for op in plan {
+            match *op {
+                Instr::Compute(i) => {
+                    let n = &g.nodes[i];
+                    let ws = if n.backward { &mut bwd_ws } else { &mut fwd_ws };
+                    if !*ws && d.cublas_workspace_bytes > 0 {
+                        a.malloc(d.cublas_workspace_bytes)?;
+                        *ws = true;
+                        workspaces += 1;
+                    }
+                    for &v in &n.inputs {
+                        if held[v].is_none() && g.values[v].bytes > 0 {
+                            held[v] = Some(a.malloc(g.values[v].bytes)?);
+                        }
+                    }
+                    for &v in &n.outputs {
+                        if held[v].is_none() && g.values[v].bytes > 0 {
+                            held[v] = Some(a.malloc(g.values[v].bytes)?);
+                        }
+                    }
+                }
+                Instr::Free(v) => {
+                    if !g.values[v].fixed {
+                        if let Some(b) = held[v].take() {
+                            a.free(b);
+                        }
+                    }
+                }
+            }
+        }
+        for (v, slot) in held.iter_mut().enumerate() {
+            if !g.values[v].fixed {
+                if let Some(b) = slot.take() {
+                    a.free(b);
+                }
+            }
+        }
+        steps += 1;
+        if steps > 1 && a.stats().reserved_peak == before {
+            break;
+        }
+    }
+    let s = a.stats();
+    Ok(AllocatorReport {
+        allocated_peak_bytes: s.allocated_peak,
+        reserved_bytes: s.reserved_peak,
+        segments: s.segments_at_peak,
+        fragmentation_bytes: s.reserved_peak.saturating_sub(s.allocated_peak),
+        cublas_workspaces: workspaces,
+        steps_replayed: steps,
+        cache_releases: s.releases,
+    })
+}
+
+/// The fixed values of `s`'s remat graph ([`crate::remat::from_schedule`]) that
+/// `torch.optim` allocates lazily: optimizer state.
+pub fn lazy_values(s: &Schedule) -> Vec<bool> {
+    s.storages
+        .iter()
+        .map(|st| st.kind == StorageKind::OptimizerState)
+        .collect()
+}
+
+/// [`replay`] of a schedule without recomputation.
+pub fn replay_schedule(s: &Schedule, d: &DeviceModel) -> Result<AllocatorReport, OutOfMemory> {
+    let g = crate::remat::from_schedule::from_schedule(s, "step");
+    replay(&g, &g.no_recompute_plan(), &lazy_values(s), d)
+}
