@@ -58,11 +58,31 @@ fn bench(c: &mut Criterion) {
             target_batch: Some(1024),
             dims: Default::default(),
             plan_time_limit_s: 10.0,
+            device: None,
         };
         c.bench_function(&format!("fit/{name}"), |b| {
             b.iter(|| {
                 black_box(
                     memplan::fit::fit(&m, &name, &fit_opts)
+                        .unwrap()
+                        .strategies
+                        .len(),
+                )
+            })
+        });
+        // The same as the command line runs it: fitted on the device total (the
+        // caching allocator replayed, the CUDA context counted).
+        let device_opts = memplan::fit::FitOptions {
+            device: Some(
+                memplan::memory::device::DeviceModel::new(Default::default(), None, None)
+                    .with_memory(16 << 30, 0),
+            ),
+            ..fit_opts.clone()
+        };
+        c.bench_function(&format!("fit_device/{name}"), |b| {
+            b.iter(|| {
+                black_box(
+                    memplan::fit::fit(&m, &name, &device_opts)
                         .unwrap()
                         .strategies
                         .len(),

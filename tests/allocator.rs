@@ -4,6 +4,9 @@
 
 use memplan::memory::allocator::{AllocConf, Allocator};
 
+#[allow(dead_code)]
+mod common;
+
 const MIB: u64 = 1 << 20;
 
 fn conf(text: &str) -> AllocConf {
@@ -166,4 +169,220 @@ fn power2_divisions_round_requests() {
     let x = a.malloc(1200 * MIB).unwrap();
     assert_eq!(a.block_size(x), 1280 * MIB);
     assert_eq!(a.stats().reserved_peak, 1280 * MIB);
+}
+
+mod training {
+    use std::process::Command;
+
+    use memplan::fit::{fit, FitOptions};
+    use memplan::infer::{infer, Bindings};
+    use memplan::memory::allocator::AllocConf;
+    use memplan::memory::device::{replay_schedule, DeviceModel, Gpu};
+    use memplan::memory::simulate;
+    use memplan::onnx::load_model;
+    use memplan::train::{build_schedule, Schedule, TrainOptions};
+
+    use super::common;
+
+    fn schedule(name: &str, batch: u64) -> Schedule {
+        let model = load_model(&common::shipped(name)).unwrap();
+        let b = Bindings {
+            batch: Some(batch),
+            ..Default::default()
+        };
+        let m = memplan::lower::lower(&model, &b).unwrap();
+        let inf = infer(&m, &b).unwrap();
+        build_schedule(&m, &inf, &TrainOptions::default()).unwrap()
+    }
+
+    #[test]
+    fn replay_counts_what_the_schedule_holds() {
+        for (name, batch) in [
+            ("cnn.onnx", 4),
+            ("transformer.onnx", 2),
+            ("resnet18.onnx", 2),
+        ] {
+            let s = schedule(name, batch);
+            let peak = simulate(&s).peak().total();
+            for conf in [
+                AllocConf::default(),
+                AllocConf::parse("expandable_segments:True").unwrap(),
+            ] {
+                let d = DeviceModel::new(conf, None, None);
+                let r = replay_schedule(&s, &d).unwrap();
+                // Blocks are the tensors rounded up, plus two cuBLAS workspaces.
+                let ws = 2 * d.cublas_workspace_bytes;
+                assert_eq!(r.cublas_workspaces, 2, "{name}");
+                assert!(
+                    r.allocated_peak_bytes >= peak + ws,
+                    "{name}: {r:?} < {peak}"
+                );
+                // Rounding adds at most 512 B a storage, or the split rest under
+                // 1 MiB of a large block.
+                let bound = peak + ws + s.storages.len() as u64 * (1 << 20);
+                assert!(r.allocated_peak_bytes <= bound, "{name}: {r:?}");
+                assert!(r.reserved_bytes >= r.allocated_peak_bytes, "{name}");
+                assert_eq!(
+                    r.fragmentation_bytes,
+                    r.reserved_bytes - r.allocated_peak_bytes
+                );
+                assert!(r.segments >= 1 && r.steps_replayed >= 2, "{name}: {r:?}");
+                // On a device that holds exactly what was reserved, nothing is
+                // released; below the allocated peak it cannot fit.
+                let exact = d.clone().with_memory(r.reserved_bytes + d.context_bytes, 0);
+                let again = replay_schedule(&s, &exact).unwrap();
+                assert_eq!(
+                    (again.reserved_bytes, again.cache_releases),
+                    (r.reserved_bytes, 0)
+                );
+                let short = d
+                    .clone()
+                    .with_memory(r.allocated_peak_bytes - 1 + d.context_bytes, 0);
+                assert!(replay_schedule(&s, &short).is_err(), "{name}");
+                // Between the two the allocator may get by releasing its cache.
+                let tight = d
+                    .clone()
+                    .with_memory(r.reserved_bytes - 1 + d.context_bytes, 0);
+                if let Ok(t) = replay_schedule(&s, &tight) {
+                    assert!(
+                        t.reserved_bytes < r.reserved_bytes && t.cache_releases > 0,
+                        "{name}: {t:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn fit_on_the_device_is_confirmed_by_the_replay() {
+        let model = load_model(&common::shipped("cnn.onnx")).unwrap();
+        let d = DeviceModel::new(AllocConf::default(), Gpu::named("t4").ok(), Some(64 << 20))
+            .with_memory(200 << 20, 16 << 20);
+        assert_eq!(d.capacity, (200 - 16 - 64) << 20);
+        let o = FitOptions {
+            memory: 200 << 20,
+            train: TrainOptions::default(),
+            gpus: 1,
+            target_batch: None,
+            dims: Default::default(),
+            plan_time_limit_s: 5.0,
+            device: Some(d.clone()),
+        };
+        let r = fit(&model, "cnn", &o).unwrap();
+        let tensors = fit(
+            &model,
+            "cnn",
+            &FitOptions {
+                device: None,
+                memory: d.capacity,
+                ..o.clone()
+            },
+        )
+        .unwrap();
+        let dev = r.device.as_ref().unwrap();
+        assert_eq!(
+            (dev.context_bytes, dev.headroom_bytes),
+            (64 << 20, 16 << 20)
+        );
+        assert_eq!(dev.gpu.as_deref(), Some("t4"));
+        for (row, t) in r.strategies.iter().zip(&tensors.strategies) {
+            assert_eq!(row.name, t.name);
+            // Reserved is never below the live bytes: never more batch than that.
+            assert!(
+                row.max_batch <= t.max_batch,
+                "{}: {} > {}",
+                row.name,
+                row.max_batch,
+                t.max_batch
+            );
+            if row.max_batch > 0 {
+                let res = row.reserved_bytes.unwrap();
+                assert!(res <= d.capacity, "{}", row.name);
+                assert_eq!(row.device_bytes, Some(res + d.context_bytes));
+            }
+        }
+        // As exported: the step at max_batch fits the device, the next does not.
+        let mb = r.strategies[0].max_batch;
+        assert!(mb > 1);
+        assert!(replay_schedule(&schedule("cnn.onnx", mb), &d).is_ok());
+        assert!(replay_schedule(&schedule("cnn.onnx", mb + 1), &d).is_err());
+    }
+
+    #[test]
+    fn profile_reports_the_allocator() {
+        let run = |extra: &[&str]| -> serde_json::Value {
+            let out = Command::new(env!("CARGO_BIN_EXE_memplan"))
+                .args(["profile", common::shipped("cnn.onnx").to_str().unwrap()])
+                .args(["--batch", "8", "--train", "--json"])
+                .args(extra)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            serde_json::from_slice(&out.stdout).unwrap()
+        };
+        let v = run(&[]);
+        let t = &v["training"];
+        let a = &t["allocator"];
+        for k in [
+            "allocated_peak_bytes",
+            "reserved_bytes",
+            "segments",
+            "fragmentation_bytes",
+        ] {
+            assert!(a[k].is_u64(), "{k}");
+        }
+        let reserved = a["reserved_bytes"].as_u64().unwrap();
+        assert!(a["allocated_peak_bytes"].as_u64().unwrap() >= t["peak_bytes"].as_u64().unwrap());
+        let ctx = t["device"]["context_bytes"].as_u64().unwrap();
+        assert_eq!(t["device_bytes"].as_u64().unwrap(), reserved + ctx);
+        // Hopper's cuBLAS workspace is 32 MiB; a given context replaces the table's.
+        let h = run(&[
+            "--gpu",
+            "h100",
+            "--cuda-context",
+            "300MiB",
+            "--allocator",
+            "expandable",
+        ]);
+        let hd = &h["training"]["device"];
+        assert_eq!(hd["cublas_workspace_bytes"], 32 << 20);
+        assert_eq!(hd["context_bytes"], 300 << 20);
+        assert_eq!(hd["expandable_segments"], true);
+        assert_eq!(hd["gpu"], "h100");
+        // Text: what nvidia-smi would show.
+        let out = Command::new(env!("CARGO_BIN_EXE_memplan"))
+            .args([
+                "profile",
+                common::shipped("cnn.onnx").to_str().unwrap(),
+                "--batch",
+                "8",
+                "--train",
+            ])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("nvidia-smi would show") && text.contains("reserved"),
+            "{text}"
+        );
+        // Device flags without --train: one line.
+        let out = Command::new(env!("CARGO_BIN_EXE_memplan"))
+            .args([
+                "profile",
+                common::shipped("cnn.onnx").to_str().unwrap(),
+                "--gpu",
+                "h100",
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.lines().count() == 1 && err.contains("--train"),
+            "{err}"
+        );
+    }
 }

@@ -50,6 +50,7 @@ fn max_batch_agrees_with_profile() {
             target_batch: Some(512),
             dims: Default::default(),
             plan_time_limit_s: 20.0,
+            device: None,
         };
         let r = fit(&model, name, &o).unwrap();
         // Ten strategies, the two offloads, then the combinations (target batch).
@@ -208,6 +209,7 @@ fn planned_checkpointing_search() {
         target_batch: None,
         dims: Default::default(),
         plan_time_limit_s: 20.0,
+        device: None,
     };
     let r = fit(&model, "resnet18", &o).unwrap();
     let base = r.strategies[0].max_batch;
@@ -293,7 +295,36 @@ fn bad_fit_input() {
     fails(&[cnn, "--memory", "plenty"], &["--memory"]);
     fails(&[cnn, "--memory", "16GiB", "--gpus", "0"], &["--gpus"]);
     // Too small for batch 1: say what batch 1 needs.
-    fails(&[cnn, "--memory", "1KiB"], &["cnn.onnx", "batch 1 needs"]);
+    fails(
+        &[cnn, "--memory", "1KiB", "--tensors-only"],
+        &["cnn.onnx", "batch 1 needs"],
+    );
+    // On the device, the CUDA context alone does not fit.
+    fails(&[cnn, "--memory", "300MiB"], &["--memory", "CUDA context"]);
+    fails(&[cnn, "--gpu", "a1000"], &["--gpu", "unknown GPU", "h100"]);
+    fails(
+        &[
+            cnn,
+            "--memory",
+            "1GiB",
+            "--alloc-conf",
+            "max_split_size_mb:4",
+        ],
+        &["--alloc-conf", "max_split_size_mb"],
+    );
+    fails(
+        &[
+            cnn,
+            "--memory",
+            "1GiB",
+            "--allocator",
+            "default",
+            "--alloc-conf",
+            "expandable_segments:True",
+        ],
+        &["--allocator", "contradicts"],
+    );
+    fails(&[cnn], &["--memory"]);
     // A model with a fixed batch.
     let dir = tempfile::tempdir().unwrap();
     let mut m = common::mlp();
@@ -310,11 +341,12 @@ fn bad_fit_input() {
         &[p.to_str().unwrap(), "--memory", "1GiB"],
         &["fixed.onnx", "no batch dimension"],
     );
-    let (ok, out, err) = fit_cli(&[cnn, "--memory", "64MiB", "--json"]);
+    let (ok, out, err) = fit_cli(&[cnn, "--memory", "64MiB", "--tensors-only", "--json"]);
     assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["memory_bytes"], 64 << 20);
     assert!(v["strategies"][0]["max_batch"].as_u64().unwrap() > 0);
+    assert!(v.get("device").is_none());
 }
 
 #[test]
@@ -358,6 +390,7 @@ fn affine_step_max_fit_agrees_with_replay() {
         target_batch: None,
         dims: Default::default(),
         plan_time_limit_s: 5.0,
+        device: None,
     };
     let g = |b: u64| {
         let b = Bindings {

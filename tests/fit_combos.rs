@@ -118,6 +118,7 @@ fn combinations_agree_with_the_profile() {
             target_batch: Some(target),
             dims: Default::default(),
             plan_time_limit_s: 5.0,
+            device: None,
         };
         let r = fit(&model, name, &o).unwrap();
         // 2 precisions × 3 checkpointing schemes × the ways over GPUs (6 on several,
@@ -186,6 +187,7 @@ fn combinations_fit_where_single_strategies_do_not() {
         target_batch: None,
         dims: Default::default(),
         plan_time_limit_s: 5.0,
+        device: None,
     };
     let e = fit(&model, "cnn", &o).unwrap_err().to_string();
     assert!(e.contains("nothing fits"), "{e}");

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 
-use super::{memory_arg, parse_dims, TrainArgs};
+use super::{memory_arg, parse_dims, size_arg, DeviceArgs, TrainArgs};
 use memplan::fit::{fit, FitOptions};
 use memplan::onnx::load_model;
 use memplan::report::fit::fit_text;
@@ -14,9 +14,17 @@ use memplan::report::fit::fit_text;
 pub struct FitArgs {
     /// The ONNX file.
     model: PathBuf,
-    /// Memory per GPU, e.g. `16GiB`, `80GB`, `24G` (GiB).
-    #[arg(long, value_parser = memory_arg)]
-    memory: u64,
+    /// Memory per GPU as CUDA reports it (`torch.cuda.mem_get_info()[1]`), e.g.
+    /// `16GiB`, `80GB`, `24G` (GiB); default with --gpu: that card's.
+    #[arg(long, value_parser = memory_arg, required_unless_present = "gpu")]
+    memory: Option<u64>,
+    /// Memory to keep free on each GPU (other processes, cuDNN workspaces, safety).
+    #[arg(long, value_parser = |t: &str| size_arg("--headroom", t))]
+    headroom: Option<u64>,
+    /// Decide on live tensor bytes against --memory alone: no caching allocator,
+    /// no CUDA context (what the figures meant before the allocator was modelled).
+    #[arg(long, conflicts_with_all = ["allocator", "alloc_conf", "cuda_context", "headroom"])]
+    tensors_only: bool,
     /// GPUs for data parallel and ZeRO.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=65536))]
     gpus: u64,
@@ -36,6 +44,8 @@ pub struct FitArgs {
     time_limit: f64,
     #[command(flatten)]
     training: TrainArgs,
+    #[command(flatten)]
+    device: DeviceArgs,
 }
 
 /// Runs `fit`.
@@ -49,13 +59,37 @@ pub fn run(a: FitArgs) -> anyhow::Result<()> {
         json,
         time_limit,
         training,
+        headroom,
+        tensors_only,
+        device,
     } = a;
     if !(time_limit > 0.0 && time_limit <= 86400.0) {
         bail!("--time-limit must be between 0 and 86400 seconds");
     }
     let path = model.display().to_string();
     let m = load_model(&model).with_context(|| path.clone())?;
+    let memory = match (memory, device.gpu) {
+        (Some(m), _) => m,
+        (None, Some(g)) => g.total_bytes(),
+        (None, None) => bail!("give --memory or --gpu"),
+    };
+    let headroom = headroom.unwrap_or(0);
+    let device = if tensors_only {
+        None
+    } else {
+        let d = device.model()?.with_memory(memory, headroom);
+        if d.capacity == 0 {
+            bail!(
+                "--memory {} leaves nothing for tensors after --headroom {} and the CUDA context {}",
+                memplan::units::human_bytes(memory),
+                memplan::units::human_bytes(headroom),
+                memplan::units::human_bytes(d.context_bytes)
+            );
+        }
+        Some(d)
+    };
     let opts = FitOptions {
+        device,
         memory,
         train: training.options()?,
         gpus,

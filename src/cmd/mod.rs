@@ -13,6 +13,8 @@ use anyhow::{bail, Context};
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 
 use memplan::choice::Choice;
+use memplan::memory::allocator::{AllocConf, AllocatorKind};
+use memplan::memory::device::{DeviceModel, Gpu};
 use memplan::train::{Loss, Optimizer, ParamSelection, Precision, TrainOptions, WeightDtype};
 
 /// A value parser for one of the library's named choices: its names, each with its
@@ -83,6 +85,58 @@ impl TrainArgs {
             grads_resident: false,
             params,
         })
+    }
+}
+
+/// Options of the device a training step is replayed for (PyTorch's caching
+/// allocator, the CUDA context).
+#[derive(clap::Args, Clone)]
+pub struct DeviceArgs {
+    /// PyTorch's CUDA caching allocator as set up: `default`, or `expandable`
+    /// (`expandable_segments:True`).
+    #[arg(long, value_parser = choice::<AllocatorKind>())]
+    pub allocator: Option<AllocatorKind>,
+    /// Allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax, e.g.
+    /// `max_split_size_mb:128,roundup_power2_divisions:4`.
+    #[arg(long, value_name = "CONF")]
+    pub alloc_conf: Option<String>,
+    /// The GPU (sets the CUDA context and cuBLAS workspace figures; in fit, the
+    /// memory when --memory is not given).
+    #[arg(long, value_name = "NAME", value_parser = gpu_arg)]
+    pub gpu: Option<Gpu>,
+    /// The CUDA context's size as measured on your machine (default: the published
+    /// figure for the GPU's generation).
+    #[arg(long, value_name = "SIZE", value_parser = |t: &str| size_arg("--cuda-context", t))]
+    pub cuda_context: Option<u64>,
+}
+
+/// `--gpu`'s value parser.
+fn gpu_arg(text: &str) -> Result<Gpu, String> {
+    Gpu::named(text.trim())
+}
+
+impl DeviceArgs {
+    /// Whether any device flag was given.
+    pub fn given(&self) -> bool {
+        self.allocator.is_some()
+            || self.alloc_conf.is_some()
+            || self.gpu.is_some()
+            || self.cuda_context.is_some()
+    }
+
+    /// The library's device model (unlimited memory).
+    pub fn model(&self) -> anyhow::Result<DeviceModel> {
+        let conf = match &self.alloc_conf {
+            Some(t) => AllocConf::parse(t).map_err(|e| anyhow::anyhow!("--alloc-conf: {e}"))?,
+            None => AllocConf::default(),
+        };
+        let conf = match self.allocator {
+            Some(k) => conf
+                .with_kind(k)
+                .map_err(|e| anyhow::anyhow!("--allocator {k}: {e}"))?,
+            None => conf,
+        };
+        Ok(DeviceModel::new(conf, self.gpu, self.cuda_context))
     }
 }
 

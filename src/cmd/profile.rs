@@ -4,9 +4,10 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
-use super::{choice, parse_dims, TrainArgs};
+use super::{choice, parse_dims, DeviceArgs, TrainArgs};
 use memplan::infer::{infer, Bindings};
 use memplan::lower::lower;
+use memplan::memory::device::replay_schedule;
 use memplan::memory::{profile_inference, simulate};
 use memplan::onnx::load_model;
 use memplan::remat::module_plan::Preset;
@@ -40,6 +41,8 @@ pub struct ProfileArgs {
     checkpoint: Option<Preset>,
     #[command(flatten)]
     training: TrainArgs,
+    #[command(flatten)]
+    device: DeviceArgs,
 }
 
 /// Runs `profile`.
@@ -53,7 +56,11 @@ pub fn run(a: ProfileArgs) -> anyhow::Result<()> {
         train,
         checkpoint,
         training,
+        device,
     } = a;
+    if device.given() && !train {
+        anyhow::bail!("--allocator, --alloc-conf, --gpu and --cuda-context describe the training step's device: give --train");
+    }
     let bindings = Bindings {
         batch,
         dims: parse_dims(&dims)?,
@@ -69,6 +76,14 @@ pub fn run(a: ProfileArgs) -> anyhow::Result<()> {
         let sched = build_schedule(&m, &inf, &opts).with_context(|| path.clone())?;
         let replay = simulate(&sched);
         let mut t = TrainingReport::new(&opts, &sched, &replay);
+        let d = device.model()?;
+        let a = replay_schedule(&sched, &d).map_err(|e| {
+            anyhow::anyhow!(
+                "{path}: the allocator replay failed on {} bytes with unlimited memory",
+                e.requested
+            )
+        })?;
+        t.set_device(&d, a);
         if let Some(Preset::EveryBlock) = checkpoint {
             t.checkpoint =
                 Some(CheckpointReport::every_block(&sched).with_context(|| path.clone())?);

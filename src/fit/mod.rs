@@ -26,6 +26,7 @@ use std::rc::Rc;
 use serde::Serialize;
 
 pub mod combo;
+mod fit_device;
 mod planned;
 pub use combo::{partition, traffic, Ckpt, Combo, Dist, Recommendation, Traffic};
 pub use planned::{
@@ -36,6 +37,7 @@ pub use planned::{
 use crate::error::{Error, Result, Setting};
 use crate::infer::{infer, Bindings, MAX_BATCH};
 use crate::ir::Model;
+use crate::memory::device::{self, AllocatorReport, DeviceModel};
 use crate::memory::simulate;
 use crate::remat::checkpoint_sqrt;
 use crate::remat::plan::Solver;
@@ -167,6 +169,14 @@ pub struct StrategyFit {
     /// Offload: host memory per GPU.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host_bytes: Option<u64>,
+    /// On a device (`--gpu`, `--headroom`, ...): bytes PyTorch's caching allocator
+    /// reserves at `max_batch` (`torch.cuda.max_memory_reserved`, simulated).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reserved_bytes: Option<u64>,
+    /// On a device: `reserved_bytes` plus the CUDA context, what nvidia-smi shows
+    /// for the process.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_bytes: Option<u64>,
 }
 
 /// The `fit` result.
@@ -196,6 +206,27 @@ pub struct FitReport {
     /// and what blocks the rest.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unreachable: Option<String>,
+    /// The device the batches were fitted on (absent: live tensor bytes against
+    /// `memory_bytes`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<FitDevice>,
+}
+
+/// `device` in the fit JSON.
+#[derive(Debug, Clone, Serialize)]
+pub struct FitDevice {
+    /// The GPU named, if any.
+    pub gpu: Option<String>,
+    /// The CUDA context counted.
+    pub context_bytes: u64,
+    /// Where that figure comes from.
+    pub context_source: String,
+    /// Memory kept free.
+    pub headroom_bytes: u64,
+    /// What the allocator may reserve: memory less headroom and the context.
+    pub allocator_capacity_bytes: u64,
+    /// Whether the allocator uses expandable segments.
+    pub expandable_segments: bool,
 }
 
 /// Fit options.
@@ -214,6 +245,19 @@ pub struct FitOptions {
     /// Time limit of the ILP planner for planned checkpointing, in seconds (each
     /// lowest-peak plan gets at most [`LOWEST_PEAK_TIME_LIMIT_S`]).
     pub plan_time_limit_s: f64,
+    /// The device: when given, a batch fits when the step's allocations, replayed
+    /// through PyTorch's caching allocator, stay within what the allocator may
+    /// reserve (its `capacity`: the memory less headroom and the CUDA context);
+    /// when `None`, when the live tensor bytes stay within `memory`.
+    pub device: Option<DeviceModel>,
+}
+
+impl FitOptions {
+    /// The most live tensor bytes a step may hold: the allocator's capacity on the
+    /// device, else the memory.
+    pub fn budget(&self) -> u64 {
+        self.device.as_ref().map_or(self.memory, |d| d.capacity)
+    }
 }
 
 /// Schedules of the step by precision, gradient residency and batch, built once
@@ -223,6 +267,8 @@ pub struct Steps<'a> {
     o: &'a FitOptions,
     built: RefCell<HashMap<(bool, bool, u64), Rc<Schedule>>>,
     solved: RefCell<HashMap<Combo, (u64, u64, f64)>>,
+    /// Allocator replays by combination, batch and capacity.
+    replayed: RefCell<HashMap<(Combo, u64, u64), Option<AllocatorReport>>>,
 }
 
 impl<'a> Steps<'a> {
@@ -233,6 +279,7 @@ impl<'a> Steps<'a> {
             o,
             built: Default::default(),
             solved: Default::default(),
+            replayed: Default::default(),
         }
     }
 
@@ -266,6 +313,48 @@ impl<'a> Steps<'a> {
     /// Per-GPU bytes at every step of combination `c` at `batch`, and the recompute
     /// FLOP fraction.
     pub fn peak_at(&self, c: Combo, batch: u64) -> Result<(Vec<u64>, f64)> {
+        let (step, ov) = self.realise(c, batch)?;
+        Ok((
+            match step {
+                Realised::Schedule(s) => timeline(&s),
+                Realised::Plan { g, plan, .. } => crate::remat::modules::timeline(&g, &plan),
+            },
+            ov,
+        ))
+    }
+
+    /// Combination `c`'s step at `batch` replayed through the caching allocator on
+    /// `d` (`Ok(None)`: it does not fit the device).
+    pub fn device_at(
+        &self,
+        c: Combo,
+        batch: u64,
+        d: &DeviceModel,
+    ) -> Result<Option<AllocatorReport>> {
+        let key = (c, batch, d.capacity);
+        if let Some(r) = self.replayed.borrow().get(&key) {
+            return Ok(*r);
+        }
+        let r = match self.realise(c, batch)?.0 {
+            Realised::Schedule(s) => device::replay_schedule(&s, d),
+            Realised::Plan { g, plan, lazy } => device::replay(&g, &plan, &lazy, d),
+        }
+        .ok();
+        self.replayed.borrow_mut().insert(key, r);
+        Ok(r)
+    }
+
+    /// A row's device figures at its batch (nothing without a device or a batch).
+    fn set_device(&self, row: &mut StrategyFit, c: Combo) -> Result<()> {
+        if let (Some(d), true) = (&self.o.device, row.max_batch > 0) {
+            set_device_figures(row, d, self.device_at(c, row.max_batch, d)?);
+        }
+        Ok(())
+    }
+
+    /// The step of `c` at `batch` on one GPU: a schedule, or a plan over its graph;
+    /// and the recompute FLOP fraction.
+    fn realise(&self, c: Combo, batch: u64) -> Result<(Realised, f64)> {
         let base = self.schedule(c, batch)?;
         let gpus = c.gpus(self.o.gpus);
         // The shared schedule as the combination's distribution leaves it on one GPU
@@ -287,9 +376,14 @@ impl<'a> Steps<'a> {
                 let g = crate::remat::from_schedule::from_schedule(&s, "fit");
                 let p = crate::remat::modules::every_block(&g).map_err(Error::Graph)?;
                 let cost = g.base_cost().max(1.0);
+                let ov = p.recompute_cost / cost;
                 Ok((
-                    crate::remat::modules::timeline(&g, &p.plan),
-                    p.recompute_cost / cost,
+                    Realised::Plan {
+                        g,
+                        plan: p.plan,
+                        lazy: device::lazy_values(&s),
+                    },
+                    ov,
                 ))
             }
             Ckpt::Sqrt => {
@@ -297,9 +391,12 @@ impl<'a> Steps<'a> {
                 let r = checkpoint_sqrt(&base, 0);
                 let mut s = r.schedule;
                 partition(&mut s, c.dist, gpus);
-                Ok((timeline(&s), r.recompute_flops as f64 / flops as f64))
+                Ok((
+                    Realised::Schedule(Rc::new(s)),
+                    r.recompute_flops as f64 / flops as f64,
+                ))
             }
-            Ckpt::None => Ok((timeline(&partitioned()), 0.0)),
+            Ckpt::None => Ok((Realised::Schedule(partitioned()), 0.0)),
         }
     }
 
@@ -319,6 +416,26 @@ impl<'a> Steps<'a> {
         let s = self.schedule(c, 1)?;
         Ok(traffic(&s, c.dist, c.gpus(self.o.gpus), steps))
     }
+}
+
+/// Sets a row's reserved and device bytes from a replay at its batch.
+fn set_device_figures(row: &mut StrategyFit, d: &DeviceModel, r: Option<AllocatorReport>) {
+    if let Some(r) = r {
+        row.reserved_bytes = Some(r.reserved_bytes);
+        row.device_bytes = Some(r.reserved_bytes.saturating_add(d.context_bytes));
+    }
+}
+
+/// A combination's step on one GPU.
+enum Realised {
+    /// A schedule, run without recomputation.
+    Schedule(Rc<Schedule>),
+    /// A plan over a schedule's graph; `lazy` marks optimizer state.
+    Plan {
+        g: crate::remat::graph::RematGraph,
+        plan: Vec<crate::remat::graph::Instr>,
+        lazy: Vec<bool>,
+    },
 }
 
 /// Micro-batch and accumulation steps for a global batch of `target` samples over
@@ -350,19 +467,48 @@ fn timeline(s: &Schedule) -> Vec<u64> {
     simulate(s).timeline.iter().map(|b| b.total()).collect()
 }
 
-/// The largest batch whose peak is within the budget (0 if batch 1 is not).
+/// The largest batch that fits: its live tensor bytes within the budget and, on a
+/// device, its allocations within what the allocator may reserve (0 if batch 1
+/// does not fit); the peak and overhead there.
 fn max_batch(steps: &Steps, c: Combo) -> Result<(u64, u64, f64)> {
     let o = steps.o;
+    let (b, peak, ov) = live_max_batch(steps, c)?;
+    match &o.device {
+        Some(d) if b > 0 => {
+            let at = |b: u64| -> Result<bool> { Ok(steps.device_at(c, b, d)?.is_some()) };
+            if at(b)? {
+                return Ok((b, peak, ov));
+            }
+            let inf = fit_device::unlimited(d);
+            let reserved = |b| -> Result<u64> {
+                Ok(steps
+                    .device_at(c, b, &inf)?
+                    .map_or(u64::MAX, |r| r.reserved_bytes))
+            };
+            let guess = fit_device::guess(b, reserved(1)?, reserved(b)?, d.capacity);
+            let best = fit_device::largest_fitting(b, guess, at)?;
+            let (t, ov) = steps.peak_at(c, best.max(1))?;
+            Ok((best, t.into_iter().max().unwrap_or(0), ov))
+        }
+        _ => Ok((b, peak, ov)),
+    }
+}
+
+/// The largest batch whose live tensor bytes stay within the budget (0 if batch 1's
+/// do not), its peak and overhead.
+fn live_max_batch(steps: &Steps, c: Combo) -> Result<(u64, u64, f64)> {
+    let o = steps.o;
+    let memory = o.budget();
     let (t1, ov) = steps.peak_at(c, 1)?;
     let peak1 = t1.iter().copied().max().unwrap_or(0);
-    if peak1 > o.memory {
+    if peak1 > memory {
         return Ok((0, peak1, ov));
     }
     let (t2, _) = steps.peak_at(c, 2)?;
     let fits = |b: u64| -> Result<(bool, u64, f64)> {
         let (t, ov) = steps.peak_at(c, b)?;
         let p = t.iter().copied().max().unwrap_or(0);
-        Ok((p <= o.memory, p, ov))
+        Ok((p <= memory, p, ov))
     };
     if t1.len() != t2.len() {
         // The step itself changes with the batch (a Loop over the rows, lowered per
@@ -396,7 +542,7 @@ fn max_batch(steps: &Steps, c: Combo) -> Result<(u64, u64, f64)> {
     let mut best = MAX_BATCH;
     for (&a, &b2) in t1.iter().zip(&t2) {
         let c = b2.saturating_sub(a);
-        if let Some(more) = (o.memory - a.min(o.memory)).checked_div(c) {
+        if let Some(more) = (memory - a.min(memory)).checked_div(c) {
             best = best.min(1 + more);
         }
     }
@@ -462,10 +608,15 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
     let mut as_exported = 0;
     for st in strategies {
         let mut planned = None;
+        let mut planned_device = None;
         let (mb, peak, overhead) = match st.combo() {
             Some(c) => steps.max_batch(c)?,
             None => {
-                let p = planned_max_batch(model, o, as_exported)?;
+                let mut p = planned_max_batch(model, o, as_exported)?;
+                planned_device = match &o.device {
+                    Some(d) => fit_device::confirm_planned(model, o, d, &mut p)?,
+                    None => None,
+                };
                 let peak = if p.max_batch == 0 {
                     p.report.min_feasible_bytes
                 } else {
@@ -545,8 +696,15 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
             communication_bytes: None,
             pcie_bytes: None,
             host_bytes: None,
+            reserved_bytes: None,
+            device_bytes: None,
         };
         set_traffic(&mut row, tr);
+        match (st.combo(), &o.device) {
+            (Some(c), _) => steps.set_device(&mut row, c)?,
+            (None, Some(d)) => set_device_figures(&mut row, d, planned_device),
+            (None, None) => {}
+        }
         rows.push(row);
     }
     let (mut recommendation, mut unreachable) = (None, None);
@@ -580,6 +738,14 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
         strategies: rows,
         recommendation,
         unreachable,
+        device: o.device.as_ref().map(|d| FitDevice {
+            gpu: d.gpu.map(|g| g.name.to_string()),
+            context_bytes: d.context_bytes,
+            context_source: d.context_source.clone(),
+            headroom_bytes: d.headroom,
+            allocator_capacity_bytes: d.capacity,
+            expandable_segments: d.conf.expandable_segments,
+        }),
     })
 }
 
@@ -662,7 +828,10 @@ fn combine(
                 communication_bytes: None,
                 pcie_bytes: None,
                 host_bytes: None,
+                reserved_bytes: None,
+                device_bytes: None,
             };
+            steps.set_device(&mut row, c)?;
             if c.dist != Dist::Single {
                 set_traffic(&mut row, Some(tr));
             }

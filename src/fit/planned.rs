@@ -91,7 +91,7 @@ fn plan_graph(
     budget: Option<u64>,
 ) -> Result<PlanReport> {
     let budget = match budget {
-        None => o.memory,
+        None => o.budget(),
         Some(0) => g.op_local_bound(),
         Some(b) => b,
     };
@@ -462,7 +462,7 @@ fn greedy_search(
         Solver::Greedy,
         Some(0),
     )?;
-    let guess = step.max_fit(&low.plan, o.memory);
+    let guess = step.max_fit(&low.plan, o.budget());
     let mut s = Search::new(
         |b, budget| {
             if b < from {
@@ -471,7 +471,7 @@ fn greedy_search(
                 plan_graph(step.at(b), o, Solver::Greedy, budget)
             }
         },
-        o.memory,
+        o.budget(),
         false,
     );
     s.probes = 1;
@@ -491,7 +491,7 @@ fn affine(
     mut step: AffineStep,
 ) -> Result<Option<PlannedFit>> {
     let t0 = Instant::now();
-    let memory = o.memory;
+    let memory = o.budget();
     let debug = std::env::var_os("MEMPLAN_DEBUG").is_some();
     let limited = |s: f64| FitOptions {
         plan_time_limit_s: o.plan_time_limit_s.min(s),
@@ -640,14 +640,14 @@ fn report(g: &RematGraph, f: &Found, memory: u64, t0: Instant) -> Result<PlanRep
 pub fn searched(model: &Model, o: &FitOptions, known_fit: u64) -> Result<PlannedFit> {
     let mut greedy = Search::new(
         |b, budget| plan_step_under(model, o, b, Solver::Greedy, budget),
-        o.memory,
+        o.budget(),
         false,
     );
     greedy.probe(known_fit.clamp(1, MAX_BATCH))?;
     greedy.run()?;
     let mut ilp = Search::new(
         |b, budget| plan_step_under(model, o, b, Solver::Ilp, budget),
-        o.memory,
+        o.budget(),
         true,
     );
     if greedy.lo >= 1 {

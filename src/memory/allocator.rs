@@ -54,6 +54,20 @@ const MIB: u64 = 1 << 20;
 /// `roundup_power2_divisions` has one entry per power of two from 1 MiB to 64 GiB.
 const POW2_INTERVALS: usize = 16;
 
+/// How the allocator is set up (`expandable_segments`), as a named choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllocatorKind {
+    /// One `cudaMalloc` segment per block of segments (PyTorch's default).
+    Default,
+    /// `expandable_segments:True`: one growing segment per pool.
+    Expandable,
+}
+
+crate::choice::choice!(AllocatorKind {
+    Default => "default", "PyTorch's default: a cudaMalloc per segment (20 MiB, 2 MiB, or the request)";
+    Expandable => "expandable", "expandable_segments:True: one segment per pool, mapped in pages as it grows";
+});
+
 /// The allocator's settings, as `PYTORCH_CUDA_ALLOC_CONF` (or `PYTORCH_ALLOC_CONF`)
 /// gives them.
 #[derive(Debug, Clone, PartialEq)]
@@ -260,6 +274,23 @@ impl AllocConf {
                 Some(",") => i += 1,
                 Some("]") => {}
                 _ => return Err(format!("'{KEY}': missing ']'")),
+            }
+        }
+    }
+
+    /// These settings with the allocator set up as `kind` says (`expandable`
+    /// turns `expandable_segments` on); an error when `kind` is `default` and the
+    /// settings turn them on.
+    pub fn with_kind(mut self, kind: AllocatorKind) -> Result<AllocConf, String> {
+        match kind {
+            AllocatorKind::Default if self.expandable_segments => Err(
+                "the allocator 'default' contradicts expandable_segments:True in the settings"
+                    .to_string(),
+            ),
+            AllocatorKind::Default => Ok(self),
+            AllocatorKind::Expandable => {
+                self.expandable_segments = true;
+                Ok(self)
             }
         }
     }
@@ -727,8 +758,9 @@ impl Allocator {
             }
         }
         let page = if small { SMALL_BUFFER } else { LARGE_BUFFER };
-        // PyTorch reserves address space for 1 1/8 of the device's memory.
-        let cap = self.capacity.min(u64::MAX / 2);
+        // PyTorch reserves address space for 1 1/8 of the device's memory (here at
+        // most 16 TiB: the capacity may be unlimited).
+        let cap = self.capacity.min(1 << 44);
         let pages = (cap + cap / 8).div_ceil(page).max(1);
         let base = self.next_addr.div_ceil(page) * page;
         self.next_addr = base + pages * page + page;

@@ -146,6 +146,8 @@ pub struct DeviceModel {
     pub cublas_workspace_bytes: u64,
     /// Bytes the allocator may reserve (`u64::MAX`: unlimited).
     pub capacity: u64,
+    /// Memory kept free ([`DeviceModel::with_memory`]).
+    pub headroom: u64,
 }
 
 impl DeviceModel {
@@ -165,6 +167,7 @@ impl DeviceModel {
             },
             cublas_workspace_bytes: cublas_workspace_for(cc),
             capacity: u64::MAX,
+            headroom: 0,
         }
     }
 
@@ -175,6 +178,7 @@ impl DeviceModel {
         self.capacity = memory
             .saturating_sub(headroom)
             .saturating_sub(self.context_bytes);
+        self.headroom = headroom;
         self
     }
 }
@@ -204,6 +208,17 @@ pub struct AllocatorReport {
     pub cache_releases: u64,
 }
 
+/// One event of a training step, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Event {
+    /// A step starts (backward or not: which thread runs it).
+    Step { backward: bool },
+    /// A value is allocated (no-op when it is live).
+    Alloc(usize),
+    /// A value is freed (no-op when it is not live or fixed).
+    Free(usize),
+}
+
 /// Replays the training loop of `plan` over `g` (see the module docs); `lazy[v]`
 /// marks fixed values allocated at their first use (optimizer state). An error is
 /// the allocation the device cannot hold.
@@ -213,11 +228,77 @@ pub fn replay(
     lazy: &[bool],
     d: &DeviceModel,
 ) -> Result<AllocatorReport, OutOfMemory> {
+    let mut events = Vec::with_capacity(plan.len() * 3);
+    for op in plan {
+        match *op {
+            Instr::Compute(i) => {
+                let n = &g.nodes[i];
+                events.push(Event::Step {
+                    backward: n.backward,
+                });
+                events.extend(n.inputs.iter().chain(&n.outputs).map(|&v| Event::Alloc(v)));
+            }
+            Instr::Free(v) => events.push(Event::Free(v)),
+        }
+    }
+    let bytes: Vec<u64> = g.values.iter().map(|v| v.bytes).collect();
+    let fixed: Vec<bool> = g.values.iter().map(|v| v.fixed).collect();
+    run(&bytes, &fixed, lazy, &events, d)
+}
+
+/// [`replay`] of a schedule as [`super::simulate`] lives its storages: each
+/// allocation of a storage from the step that writes it (or first reads it) to
+/// the end of its last reader, a recomputed tensor a new allocation; optimizer
+/// state allocated at its first use.
+pub fn replay_schedule(s: &Schedule, d: &DeviceModel) -> Result<AllocatorReport, OutOfMemory> {
+    let ivs = super::simulate::intervals(s);
+    let n = s.steps.len();
+    let mut starts: Vec<Vec<usize>> = vec![Vec::new(); n];
+    let mut ends: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (v, (st, iv)) in s.storages.iter().zip(&ivs).enumerate() {
+        if st.persistent {
+            continue;
+        }
+        for &(a, b) in iv {
+            starts[a].push(v);
+            ends[b].push(v);
+        }
+    }
+    let lazy = lazy_values(s);
+    let mut events = Vec::with_capacity(n * 4);
+    for (i, st) in s.steps.iter().enumerate() {
+        events.push(Event::Step {
+            backward: st.kind == crate::train::StepKind::Backward,
+        });
+        // Optimizer state at its first use (Alloc of a live value is a no-op).
+        events.extend(
+            st.reads
+                .iter()
+                .chain(&st.updates)
+                .filter(|&&v| lazy[v])
+                .map(|&v| Event::Alloc(v)),
+        );
+        events.extend(starts[i].iter().map(|&v| Event::Alloc(v)));
+        events.extend(ends[i].iter().map(|&v| Event::Free(v)));
+    }
+    let bytes: Vec<u64> = s.storages.iter().map(|st| st.bytes).collect();
+    let fixed: Vec<bool> = s.storages.iter().map(|st| st.persistent).collect();
+    run(&bytes, &fixed, &lazy, &events, d)
+}
+
+/// The training loop over one step's events (see the module docs).
+fn run(
+    bytes: &[u64],
+    fixed: &[bool],
+    lazy: &[bool],
+    events: &[Event],
+    d: &DeviceModel,
+) -> Result<AllocatorReport, OutOfMemory> {
     let mut a = Allocator::new(d.conf.clone(), d.capacity);
-    let mut held: Vec<Option<BlockId>> = vec![None; g.values.len()];
-    for (v, val) in g.values.iter().enumerate() {
-        if val.fixed && val.bytes > 0 && !lazy.get(v).copied().unwrap_or(false) {
-            held[v] = Some(a.malloc(val.bytes)?);
+    let mut held: Vec<Option<BlockId>> = vec![None; bytes.len()];
+    for v in 0..bytes.len() {
+        if fixed[v] && bytes[v] > 0 && !lazy[v] {
+            held[v] = Some(a.malloc(bytes[v])?);
         }
     }
     let mut workspaces = 0u64;
@@ -225,29 +306,23 @@ pub fn replay(
     let mut steps = 0u64;
     for _ in 0..MAX_STEPS {
         let before = a.stats().reserved_peak;
-        for op in plan {
-            match *op {
-                Instr::Compute(i) => {
-                    let n = &g.nodes[i];
-                    let ws = if n.backward { &mut bwd_ws } else { &mut fwd_ws };
+        for &e in events {
+            match e {
+                Event::Step { backward } => {
+                    let ws = if backward { &mut bwd_ws } else { &mut fwd_ws };
                     if !*ws && d.cublas_workspace_bytes > 0 {
                         a.malloc(d.cublas_workspace_bytes)?;
                         *ws = true;
                         workspaces += 1;
                     }
-                    for &v in &n.inputs {
-                        if held[v].is_none() && g.values[v].bytes > 0 {
-                            held[v] = Some(a.malloc(g.values[v].bytes)?);
-                        }
-                    }
-                    for &v in &n.outputs {
-                        if held[v].is_none() && g.values[v].bytes > 0 {
-                            held[v] = Some(a.malloc(g.values[v].bytes)?);
-                        }
+                }
+                Event::Alloc(v) => {
+                    if held[v].is_none() && bytes[v] > 0 {
+                        held[v] = Some(a.malloc(bytes[v])?);
                     }
                 }
-                Instr::Free(v) => {
-                    if !g.values[v].fixed {
+                Event::Free(v) => {
+                    if !fixed[v] {
                         if let Some(b) = held[v].take() {
                             a.free(b);
                         }
@@ -256,7 +331,7 @@ pub fn replay(
             }
         }
         for (v, slot) in held.iter_mut().enumerate() {
-            if !g.values[v].fixed {
+            if !fixed[v] {
                 if let Some(b) = slot.take() {
                     a.free(b);
                 }
@@ -279,17 +354,12 @@ pub fn replay(
     })
 }
 
-/// The fixed values of `s`'s remat graph ([`crate::remat::from_schedule`]) that
-/// `torch.optim` allocates lazily: optimizer state.
+/// The storages of `s` (the values of its remat graph,
+/// [`crate::remat::from_schedule`]) that `torch.optim` allocates lazily: optimizer
+/// state.
 pub fn lazy_values(s: &Schedule) -> Vec<bool> {
     s.storages
         .iter()
-        .map(|st| st.kind == StorageKind::OptimizerState)
+        .map(|st| st.kind == StorageKind::OptimizerState && st.persistent)
         .collect()
-}
-
-/// [`replay`] of a schedule without recomputation.
-pub fn replay_schedule(s: &Schedule, d: &DeviceModel) -> Result<AllocatorReport, OutOfMemory> {
-    let g = crate::remat::from_schedule::from_schedule(s, "step");
-    replay(&g, &g.no_recompute_plan(), &lazy_values(s), d)
 }

@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::{human_bytes, human_flops};
+use crate::memory::device::{AllocatorReport, DeviceModel};
 use crate::memory::{Breakdown, Replay};
 use crate::train::{Schedule, StepKind, StorageKind, TrainOptions};
 
@@ -65,6 +66,46 @@ pub struct TrainingReport {
     /// The step under a module checkpointing preset (`profile --train --checkpoint`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<CheckpointReport>,
+    /// The step's allocations replayed through PyTorch's CUDA caching allocator
+    /// (`memory::device`): allocated and reserved peaks as `torch.cuda` reports them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allocator: Option<AllocatorReport>,
+    /// What the GPU holds, as nvidia-smi shows it for the process: the allocator's
+    /// reserved bytes (cuBLAS workspaces included: PyTorch allocates them through
+    /// it) plus the CUDA context.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_bytes: Option<u64>,
+    /// What `device_bytes` assumes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<DeviceReport>,
+}
+
+/// `training.device`: the device `device_bytes` is for.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceReport {
+    /// The GPU (`None`: a generic pre-Hopper card).
+    pub gpu: Option<String>,
+    /// The CUDA context.
+    pub context_bytes: u64,
+    /// Where the context figure comes from.
+    pub context_source: String,
+    /// One cuBLAS workspace (PyTorch's default for the card).
+    pub cublas_workspace_bytes: u64,
+    /// Whether the allocator uses expandable segments.
+    pub expandable_segments: bool,
+}
+
+impl DeviceReport {
+    /// The report of `d`.
+    pub fn new(d: &DeviceModel) -> DeviceReport {
+        DeviceReport {
+            gpu: d.gpu.map(|g| g.name.to_string()),
+            context_bytes: d.context_bytes,
+            context_source: d.context_source.clone(),
+            cublas_workspace_bytes: d.cublas_workspace_bytes,
+            expandable_segments: d.conf.expandable_segments,
+        }
+    }
 }
 
 /// The training step with modules checkpointed (`training.checkpoint` in the JSON).
@@ -184,7 +225,17 @@ impl TrainingReport {
                 })
                 .collect(),
             checkpoint: None,
+            allocator: None,
+            device_bytes: None,
+            device: None,
         }
+    }
+
+    /// Adds the step replayed through the caching allocator on `d`.
+    pub fn set_device(&mut self, d: &DeviceModel, a: AllocatorReport) {
+        self.allocator = Some(a);
+        self.device_bytes = Some(a.reserved_bytes.saturating_add(d.context_bytes));
+        self.device = Some(DeviceReport::new(d));
     }
 
     /// Text: the breakdown at the peak and a chart of the timeline.
@@ -242,6 +293,26 @@ impl TrainingReport {
             human_flops(self.flops_per_step),
             human_flops(self.flops_forward)
         );
+        if let (Some(a), Some(d), Some(total)) = (&self.allocator, &self.device, self.device_bytes)
+        {
+            let _ = writeln!(
+                s,
+                "  on the GPU (PyTorch's caching allocator{}, simulated): allocated peak {}, reserved {} in {} segments ({} more than allocated)",
+                if d.expandable_segments { ", expandable segments" } else { "" },
+                human_bytes(a.allocated_peak_bytes),
+                human_bytes(a.reserved_bytes),
+                a.segments,
+                human_bytes(a.fragmentation_bytes)
+            );
+            let _ =
+                writeln!(
+                s,
+                "  nvidia-smi would show about {} for this process: reserved + CUDA context {}{}",
+                human_bytes(total),
+                human_bytes(d.context_bytes),
+                d.gpu.as_ref().map(|g| format!(" ({g})")).unwrap_or_default()
+            );
+        }
         if let Some(c) = &self.checkpoint {
             s.push_str(&c.to_text());
         }

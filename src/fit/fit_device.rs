@@ -1,0 +1,132 @@
+//! `fit` on the device total: a batch fits a GPU when the step's allocations,
+//! replayed through PyTorch's caching allocator ([`crate::memory::device`]), stay
+//! within what the allocator may reserve there (the memory less `--headroom` and
+//! the CUDA context), which is what decides "CUDA out of memory". The live tensor
+//! bytes give an upper bound first (reserved memory is never less than allocated);
+//! the largest batch the allocator fits is then searched below it, from a guess on
+//! the line through the reserved bytes at batch 1 and at that bound.
+
+use super::{FitOptions, PlannedFit};
+use crate::error::{Error, Result};
+use crate::infer::Bindings;
+use crate::ir::Model;
+use crate::memory::device::{self, AllocatorReport, DeviceModel};
+use crate::remat::bounds::stage_lower_bound;
+use crate::remat::graph::replay;
+
+/// The largest batch below `up`, a batch that does not fit, for which `fits` holds
+/// (0 if none), assuming it holds up to some batch and not above: from `guess`
+/// outwards in doubling steps, then bisection.
+pub(super) fn largest_fitting(
+    up: u64,
+    guess: u64,
+    mut fits: impl FnMut(u64) -> Result<bool>,
+) -> Result<u64> {
+    // lo fits (0: none known), up does not.
+    let (mut lo, mut up) = (0u64, up);
+    if up <= 1 {
+        return Ok(0);
+    }
+    let g = guess.clamp(1, up - 1);
+    if fits(g)? {
+        lo = g;
+        let mut step = 1;
+        while lo + step < up {
+            if fits(lo + step)? {
+                lo += step;
+                step *= 2;
+            } else {
+                up = lo + step;
+                break;
+            }
+        }
+    } else {
+        up = g;
+        let mut step = 1;
+        while up > step {
+            let t = up - step;
+            if fits(t)? {
+                lo = t;
+                break;
+            }
+            up = t;
+            step *= 2;
+        }
+    }
+    while up - lo > 1 {
+        let mid = lo + (up - lo) / 2;
+        if fits(mid)? {
+            lo = mid;
+        } else {
+            up = mid;
+        }
+    }
+    Ok(lo)
+}
+
+/// Where the reserved bytes, on the line through `(1, r1)` and `(hi, rh)`, reach
+/// `capacity`.
+pub(super) fn guess(hi: u64, r1: u64, rh: u64, capacity: u64) -> u64 {
+    if hi <= 1 || rh <= r1 || capacity <= r1 {
+        return 1;
+    }
+    let slope = (rh - r1) as f64 / (hi - 1) as f64;
+    (1.0 + (capacity - r1) as f64 / slope).floor() as u64
+}
+
+/// `d` without a memory limit (to measure reserved bytes rather than fit them).
+pub(super) fn unlimited(d: &DeviceModel) -> DeviceModel {
+    DeviceModel {
+        capacity: u64::MAX,
+        ..d.clone()
+    }
+}
+
+/// The planned row on the device: the plan found for the live bytes, replayed at
+/// its batch and below (a plan's instructions hold at any batch), down to the
+/// largest batch whose allocations fit `d`. Updates the row's batch, peak and
+/// overhead; returns the allocator's figures there.
+pub(super) fn confirm_planned(
+    model: &Model,
+    o: &FitOptions,
+    d: &DeviceModel,
+    p: &mut PlannedFit,
+) -> Result<Option<AllocatorReport>> {
+    if p.max_batch == 0 {
+        return Ok(None);
+    }
+    let plan = p.report.plan.clone();
+    let at = |b: u64, d: &DeviceModel| -> Result<_> {
+        let bind = Bindings {
+            batch: Some(b),
+            dims: o.dims.clone(),
+        };
+        let step = crate::remat::step::build(model, &bind, &o.train, "fit")?;
+        let r = device::replay(&step.graph, &plan, &device::lazy_values(&step.schedule), d).ok();
+        Ok((step.graph, r))
+    };
+    let hi = p.max_batch;
+    let (graph, r) = at(hi, d)?;
+    if r.is_some() {
+        return Ok(r);
+    }
+    drop(graph);
+    let inf = unlimited(d);
+    let reserved = |b| -> Result<u64> { Ok(at(b, &inf)?.1.map_or(u64::MAX, |r| r.reserved_bytes)) };
+    let g = guess(hi, reserved(1)?, reserved(hi)?, d.capacity);
+    let best = largest_fitting(hi, g, |b| Ok(at(b, d)?.1.is_some()))?;
+    p.max_batch = best;
+    if best == 0 {
+        return Ok(None);
+    }
+    let (graph, r) = at(best, d)?;
+    {
+        let rp = replay(&graph, &plan).map_err(Error::Graph)?;
+        p.report.peak_bytes = rp.peak_bytes;
+        p.report.recompute_flops = rp.recompute_cost;
+        let base = graph.base_cost().max(f64::MIN_POSITIVE);
+        p.report.overhead = rp.recompute_cost / base;
+        p.lower_bound_overhead = stage_lower_bound(&graph, d.capacity).unwrap_or(0.0) / base;
+    }
+    Ok(r)
+}
