@@ -56,6 +56,9 @@ fn main() -> ExitCode {
             .map(|l| format!(" at {}:{}", l.file(), l.line()))
             .unwrap_or_default();
         eprintln!("error: internal error{at}: {msg} (please report this)");
+        if std::env::var_os("MEMPLAN_BACKTRACE").is_some() {
+            eprintln!("{}", std::backtrace::Backtrace::force_capture());
+        }
     }));
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,

@@ -4,7 +4,6 @@
 
 use memplan::memory::allocator::{AllocConf, Allocator};
 
-#[allow(dead_code)]
 mod common;
 
 const MIB: u64 = 1 << 20;

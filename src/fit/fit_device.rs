@@ -13,6 +13,7 @@ use crate::ir::Model;
 use crate::memory::device::{self, AllocatorReport, DeviceModel};
 use crate::remat::bounds::stage_lower_bound;
 use crate::remat::graph::replay;
+use crate::remat::plan::{plan, Solver};
 
 /// The largest batch below `up`, a batch that does not fit, for which `fits` holds
 /// (0 if none), assuming it holds up to some batch and not above: from `guess`
@@ -95,31 +96,41 @@ pub(super) fn confirm_planned(
     if p.max_batch == 0 {
         return Ok(None);
     }
-    let plan = p.report.plan.clone();
+    let found = p.report.plan.clone();
+    // The plan at another batch; where the step's structure differs (batch 1 may
+    // need no layout copy of a single matrix), greedy's plan for that batch.
     let at = |b: u64, d: &DeviceModel| -> Result<_> {
         let bind = Bindings {
             batch: Some(b),
             dims: o.dims.clone(),
         };
         let step = crate::remat::step::build(model, &bind, &o.train, "fit")?;
+        let plan = match replay(&step.graph, &found) {
+            Ok(_) => found.clone(),
+            Err(_) => plan(&step.graph, d.capacity, Solver::Greedy, o.plan_time_limit_s)?.plan,
+        };
         let r = device::replay(&step.graph, &plan, &device::lazy_values(&step.schedule), d).ok();
-        Ok((step.graph, r))
+        Ok((step.graph, plan, r))
     };
     let hi = p.max_batch;
-    let (graph, r) = at(hi, d)?;
+    let r = at(hi, d)?.2;
     if r.is_some() {
         return Ok(r);
     }
-    drop(graph);
     let inf = unlimited(d);
-    let reserved = |b| -> Result<u64> { Ok(at(b, &inf)?.1.map_or(u64::MAX, |r| r.reserved_bytes)) };
+    let reserved = |b| -> Result<u64> { Ok(at(b, &inf)?.2.map_or(u64::MAX, |r| r.reserved_bytes)) };
     let g = guess(hi, reserved(1)?, reserved(hi)?, d.capacity);
-    let best = largest_fitting(hi, g, |b| Ok(at(b, d)?.1.is_some()))?;
+    let best = largest_fitting(hi, g, |b| Ok(at(b, d)?.2.is_some()))?;
     p.max_batch = best;
     if best == 0 {
         return Ok(None);
     }
-    let (graph, r) = at(best, d)?;
+    let (graph, plan, r) = at(best, d)?;
+    if plan != found {
+        p.report =
+            crate::remat::plan::plan(&graph, d.capacity, Solver::Greedy, o.plan_time_limit_s)?;
+        p.report.budget_bytes = o.memory;
+    }
     {
         let rp = replay(&graph, &plan).map_err(Error::Graph)?;
         p.report.peak_bytes = rp.peak_bytes;

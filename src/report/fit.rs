@@ -15,6 +15,19 @@ pub fn fit_text(r: &FitReport) -> String {
         if r.gpus == 1 { "" } else { "s" },
         human_bytes(r.batch1_bytes)
     );
+    if let Some(d) = &r.device {
+        s.push_str(&format!(
+            "device       {}: CUDA context {}, headroom {}, so PyTorch's caching allocator may reserve {}{}
+             a batch fits when the step's allocations, replayed through the allocator, fit there
+
+",
+            d.gpu.as_deref().unwrap_or("generic GPU"),
+            human_bytes(d.context_bytes),
+            human_bytes(d.headroom_bytes),
+            human_bytes(d.allocator_capacity_bytes),
+            if d.expandable_segments { " (expandable segments)" } else { "" }
+        ));
+    }
     let w = r
         .strategies
         .iter()
@@ -22,9 +35,14 @@ pub fn fit_text(r: &FitReport) -> String {
         .max()
         .unwrap_or(0)
         .max(22);
+    let smi = r.device.is_some();
     s.push_str(&format!(
-        "  {:<w$} {:>9} {:>12} {:>9}  notes\n",
-        "strategy", "max batch", "peak", "overhead"
+        "  {:<w$} {:>9} {:>12}{} {:>9}  notes\n",
+        "strategy",
+        "max batch",
+        "peak",
+        if smi { "   nvidia-smi" } else { "" },
+        "overhead"
     ));
     for st in &r.strategies {
         let batch = match (st.max_batch, st.global_batch) {
@@ -43,8 +61,13 @@ pub fn fit_text(r: &FitReport) -> String {
                 human_bytes(h)
             ));
         }
+        let shown = match (smi, st.device_bytes) {
+            (false, _) => String::new(),
+            (true, Some(b)) => format!(" {:>12}", human_bytes(b)),
+            (true, None) => format!(" {:>12}", "-"),
+        };
         s.push_str(&format!(
-            "  {:<w$} {:>9} {:>12} {:>8.1}%  {}\n",
+            "  {:<w$} {:>9} {:>12}{shown} {:>8.1}%  {}\n",
             st.name,
             batch,
             human_bytes(st.peak_bytes),
@@ -69,6 +92,9 @@ pub fn fit_text(r: &FitReport) -> String {
             human_bytes(rec.host_bytes),
             rec.why
         ));
+    }
+    if smi {
+        s.push_str("\npeak: live tensor bytes at the step's peak; nvidia-smi: what it would show for the process at max batch (reserved by the allocator + CUDA context)\n");
     }
     if let Some(u) = &r.unreachable {
         s.push_str(&format!("\n{u}\n"));
