@@ -1,7 +1,7 @@
 // shape.cu: data movement of the shape ops on the device: strided copies
 // (Transpose, Slice, Expand, Concat, Split, contiguous copies of views), Gather
 // along an axis and its backward. Reference: src/ops/shape.rs.
-// Copies are by element size (1, 4 and 8 bytes), so every dtype is covered.
+// Copies are by element size (1, 2, 4 and 8 bytes), so every dtype is covered.
 
 // dst[dst_base + Σ c_i d.st[1][i]] = src[src_base + Σ c_i d.st[0][i]] for every
 // coordinate c of d.shape (row-major index t).
@@ -14,6 +14,7 @@ extern "C" __global__ void NAME(long long n, Strided d, long long src_base, cons
     } \
 }
 MP_STRIDED_COPY(strided_copy_b1, unsigned char)
+MP_STRIDED_COPY(strided_copy_b2, unsigned short)
 MP_STRIDED_COPY(strided_copy_b4, unsigned int)
 MP_STRIDED_COPY(strided_copy_b8, unsigned long long)
 

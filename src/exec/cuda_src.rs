@@ -57,6 +57,11 @@ pub const SOURCES: &[Source] = &[
         code: include_str!("../../kernels/shape.cu"),
         generated: None,
     },
+    Source {
+        file: "half.cu",
+        code: include_str!("../../kernels/half.cu"),
+        generated: None,
+    },
 ];
 
 impl Source {

@@ -31,6 +31,9 @@ static mp_dim3 blockIdx, threadIdx, blockDim, gridDim;
 double sh[4096];
 static inline void __syncthreads() {}
 static inline float __int_as_float(int v) { float f; memcpy(&f, &v, 4); return f; }
+static inline float __uint_as_float(unsigned v) { float f; memcpy(&f, &v, 4); return f; }
+static inline unsigned __float_as_uint(float f) { unsigned v; memcpy(&v, &f, 4); return v; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
 "#;
 
 /// The whole C++ program: prelude, kernels/common.cuh, every kernels/*.cu, and

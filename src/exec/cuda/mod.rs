@@ -15,6 +15,7 @@ pub mod alloc;
 pub mod emulate;
 pub mod kernels;
 pub mod ops;
+pub mod precision;
 pub mod run;
 pub mod step;
 pub mod tensor;

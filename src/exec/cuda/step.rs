@@ -11,6 +11,19 @@
 //! Slice) is counted apart, as workspace ([`DeviceTensor::set_apart`]). So the
 //! counted tensor peak equals `remat::graph::replay`'s peak of the same plan.
 //!
+//! Half-precision policies: float16/bfloat16 values are held in their storage's
+//! type and computed in f32, as on the CPU: a kernel's half inputs (and a
+//! backward kernel's saved tensors and gradients) are widened to f32 launch
+//! temporaries before the f32 launcher, and its outputs rounded into their
+//! storages' type ([`StepBackend::cast`], kernels/half.cu, bitwise the CPU's
+//! rounding); half partial gradients are added in f32 and rounded
+//! (`accumulate_half`), a pure-bf16 SGD step updates in f32 and rounds back
+//! (`sgd_half`).
+//!
+//! The sum loss's gradient, a broadcast scalar (an uncounted expand view on the
+//! CPU), is materialised: its scalar storage's bytes counted as the tensor, the
+//! rest apart, as workspace ([`DeviceTensor::count_as`]).
+//!
 //! Device glue: gradient accumulation (`accumulate_f32`), SGD (`sgd_f32`); the
 //! other optimizers (momentum, Adam, AdamW, weight decay) run on the host from
 //! downloaded gradients and write the parameters and state back into their device
@@ -26,8 +39,8 @@
 //! kernels and are never held in a schedule storage: launch temporaries, outside
 //! the tensor count (inside the fused kernel on the CPU's accounting too).
 //!
-//! Refused, in one line, before anything runs: half-precision policies,
-//! `Loss::Sum`, resident gradients (see docs/CUDA.md).
+//! Refused, in one line, before anything runs: resident gradients (see
+//! docs/CUDA.md).
 
 use std::cell::Cell;
 
@@ -40,7 +53,7 @@ use crate::infer::Inferred;
 use crate::ir::{DType, Model, Node};
 use crate::numeric::{rng, Tensor};
 use crate::ops::Saved;
-use crate::train::{Loss, Optimizer, Schedule, StorageKind};
+use crate::train::{Optimizer, Schedule, StorageKind};
 
 /// A training step's backend on a [`Device`]; its counts start at
 /// [`StepBackend::begin`].
@@ -80,20 +93,36 @@ impl<'a> DeviceStep<'a> {
     }
 }
 
-/// The launch bucket on while a launcher runs (off again on drop, errors too).
-struct Launching<'a>(&'a Device);
+/// The launch bucket on while a launcher runs (as it was again on drop, errors
+/// too).
+struct Launching<'a>(&'a Device, bool);
 
 impl<'a> Launching<'a> {
     fn new(dev: &'a Device) -> Launching<'a> {
+        let was = dev.counter().launching();
         dev.counter().set_launching(true);
-        Launching(dev)
+        Launching(dev, was)
     }
 }
 
 impl Drop for Launching<'_> {
     fn drop(&mut self) {
-        self.0.counter().set_launching(false);
+        self.0.counter().set_launching(self.1);
     }
+}
+
+/// Float16/bfloat16 tensors among `ts` widened to f32 launch temporaries (the
+/// CPU computes every kernel in f32 from widened inputs); `None` for the others.
+fn widen_all(
+    dev: &Device,
+    ts: &[Option<&DeviceTensor>],
+) -> Result<Vec<Option<DeviceTensor>>, String> {
+    ts.iter()
+        .map(|t| match t {
+            Some(t) => dev.widened(t).map_err(e),
+            None => Ok(None),
+        })
+        .collect()
 }
 
 fn e<E: std::fmt::Display>(e: E) -> String {
@@ -111,23 +140,7 @@ impl StepBackend for DeviceStep<'_> {
         &t.shape
     }
 
-    fn check(&self, s: &Schedule, opts: &StepOptions) -> crate::Result<()> {
-        if let Some(st) = s
-            .storages
-            .iter()
-            .find(|st| matches!(st.dtype, DType::F16 | DType::BF16))
-        {
-            return Err(format!(
-                "the device step runs float32 only: '{}' is {} (a half-precision policy); run it on the CPU",
-                st.name, st.dtype
-            ).into());
-        }
-        if opts.loss != Loss::Mean {
-            return Err(crate::Error::setting(
-                crate::error::Setting::Loss,
-                "the device step supports the mean loss only",
-            ));
-        }
+    fn check(&self, s: &Schedule, _opts: &StepOptions) -> crate::Result<()> {
         if s.storages
             .iter()
             .any(|st| st.kind == StorageKind::ParamGrad && st.persistent)
@@ -169,19 +182,36 @@ impl StepBackend for DeviceStep<'_> {
         Ok(d)
     }
 
+    /// Made in the launch bucket, as a kernel's output: the executor then holds
+    /// it in its storage or sets it apart.
+    fn put_output(&self, t: Tensor) -> crate::Result<DeviceTensor> {
+        let _launching = Launching::new(self.dev);
+        Ok(self.dev.upload(&t).map_err(e)?)
+    }
+
+    /// Materialised on the device (the sum loss's gradient: ones of the output's
+    /// shape); `bytes` counted as its storage, the rest as workspace, as a view
+    /// the kernels copy.
+    fn put_broadcast(&self, t: Tensor, bytes: u64) -> crate::Result<DeviceTensor> {
+        let mut d = self.dev.upload(&t).map_err(e)?;
+        d.count_as(bytes);
+        Ok(d)
+    }
+
     fn get(&self, t: &DeviceTensor) -> crate::Result<Tensor> {
         Ok(self.dev.download(t).map_err(e)?)
     }
 
+    /// Float32, float16 and bfloat16 converted on the device (kernels/half.cu,
+    /// bitwise the CPU's rounding), in the launch bucket: the executor holds the
+    /// result in its storage (a kernel's output rounded to its storage's type, an
+    /// autocast copy, a gradient in its storage's type) or sets it apart.
     fn cast(&self, t: &DeviceTensor, dt: DType) -> crate::Result<DeviceTensor> {
         if t.dtype() == dt {
             return self.dup(t);
         }
-        Err(format!(
-            "the device step does not convert {} to {dt} (float32 only)",
-            t.dtype()
-        )
-        .into())
+        let _launching = Launching::new(self.dev);
+        Ok(self.dev.convert(t, dt).map_err(e)?)
     }
 
     /// Made in the launch bucket: the executor then holds it at its counted size.
@@ -221,6 +251,14 @@ impl StepBackend for DeviceStep<'_> {
         opts: &StepOptions,
         extras: bool,
     ) -> crate::Result<Vec<DeviceTensor>> {
+        let _l = Launching::new(self.dev);
+        // Half-precision values computed in f32: widened inputs.
+        let wide = widen_all(self.dev, &ins)?;
+        let ins = ins
+            .iter()
+            .zip(&wide)
+            .map(|(v, w)| w.as_ref().or(*v))
+            .collect();
         let cx = DevKernelCx {
             node,
             inputs: ins,
@@ -239,7 +277,6 @@ impl StepBackend for DeviceStep<'_> {
             dropout: opts.dropout,
             extras,
         };
-        let _l = Launching::new(self.dev);
         Ok(node_forward(self.dev, &cx).map_err(e)?.0)
     }
 
@@ -253,6 +290,23 @@ impl StepBackend for DeviceStep<'_> {
         wanted: Vec<usize>,
         opts: &StepOptions,
     ) -> crate::Result<Vec<Option<DeviceTensor>>> {
+        let _l = Launching::new(self.dev);
+        // Half-precision saved tensors and gradients computed in f32: widened.
+        let wide_saved = widen_all(
+            self.dev,
+            &saved.iter().map(|(_, v)| Some(*v)).collect::<Vec<_>>(),
+        )?;
+        let saved = saved
+            .iter()
+            .zip(&wide_saved)
+            .map(|(&(sv, v), w)| (sv, w.as_ref().unwrap_or(v)))
+            .collect();
+        let wide_grads = widen_all(self.dev, &grads)?;
+        let grads = grads
+            .iter()
+            .zip(&wide_grads)
+            .map(|(g, w)| w.as_ref().or(*g))
+            .collect();
         let cx = DevBackwardCx {
             node,
             inputs: node
@@ -271,11 +325,14 @@ impl StepBackend for DeviceStep<'_> {
             wanted,
             dropout: opts.dropout,
         };
-        let _l = Launching::new(self.dev);
         Ok(node_backward(self.dev, &cx).map_err(e)?.0)
     }
 
     fn accumulate(&self, acc: &mut DeviceTensor, d: &DeviceTensor) -> crate::Result<()> {
+        if acc.dtype() != DType::F32 {
+            // A half-precision gradient: added in f32, rounded back.
+            return Ok(self.dev.accumulate_half(acc, d).map_err(e)?);
+        }
         acc.expect_f32("an accumulated gradient").map_err(e)?;
         d.expect_f32("a partial gradient").map_err(e)?;
         if acc.numel() != d.numel() {
@@ -297,14 +354,27 @@ impl StepBackend for DeviceStep<'_> {
         opts: &StepOptions,
     ) -> crate::Result<Option<DeviceTensor>> {
         let wd = opts.weight_decay.unwrap_or(0.0);
-        if opts.optimizer == Optimizer::Sgd && wd == 0.0 {
-            // On the device: p -= lr·g, the CPU's f32 formula.
+        // Plain SGD where each parameter and its gradient have one type.
+        let sgd_here = opts.optimizer == Optimizer::Sgd
+            && wd == 0.0
+            && s.with_grad.iter().all(|&t| {
+                matches!(
+                    (&gval[t], &params[t]),
+                    (Some(g), Some(p)) if g.dtype() == p.dtype() && p.dtype().is_float()
+                )
+            });
+        if sgd_here {
+            // On the device: p -= lr·g, the CPU's f32 formula (a bf16 parameter
+            // updated in f32 and rounded back).
             for &t in &s.with_grad {
                 let g = gval[t].as_ref().ok_or("a parameter has no gradient")?;
                 let p = params[t].as_ref().ok_or("a parameter has no value")?;
-                p.expect_f32("a parameter").map_err(e)?;
                 if g.numel() != p.numel() {
                     return Err("a gradient does not match its parameter".into());
+                }
+                if p.dtype() != DType::F32 {
+                    self.dev.sgd_half(p, g, opts.lr).map_err(e)?;
+                    continue;
                 }
                 let n = p.numel();
                 self.dev

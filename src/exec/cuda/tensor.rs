@@ -20,6 +20,10 @@ pub enum DeviceBuf {
     I32(CudaSlice<i32>),
     /// bool, one byte per element.
     Bool(CudaSlice<u8>),
+    /// float16, as its 16-bit words.
+    F16(CudaSlice<u16>),
+    /// bfloat16, as its 16-bit words.
+    BF16(CudaSlice<u16>),
     /// Host memory of the emulated backend (8-byte aligned).
     Host {
         /// Element type.
@@ -82,6 +86,8 @@ impl DeviceTensor {
             DeviceBuf::I64(_) => DType::I64,
             DeviceBuf::I32(_) => DType::I32,
             DeviceBuf::Bool(_) => DType::Bool,
+            DeviceBuf::F16(_) => DType::F16,
+            DeviceBuf::BF16(_) => DType::BF16,
             DeviceBuf::Host { dtype, .. } => dtype,
         }
     }
@@ -185,8 +191,9 @@ pub fn elem_size(dtype: DType) -> Result<usize> {
         DType::F32 | DType::I32 => Ok(4),
         DType::I64 => Ok(8),
         DType::Bool => Ok(1),
+        DType::F16 | DType::BF16 => Ok(2),
         other => Err(CudaError::Kernel(format!(
-            "{other} tensors are not supported on the device yet (float32, int64, int32, bool)"
+            "{other} tensors are not supported on the device yet (float32, float16, bfloat16, int64, int32, bool)"
         ))),
     }
 }
@@ -252,6 +259,8 @@ impl Device {
                     DType::I64 => DeviceBuf::I64(s.alloc_zeros::<i64>(len)?),
                     DType::I32 => DeviceBuf::I32(s.alloc_zeros::<i32>(len)?),
                     DType::Bool => DeviceBuf::Bool(s.alloc_zeros::<u8>(len)?),
+                    DType::F16 => DeviceBuf::F16(s.alloc_zeros::<u16>(len)?),
+                    DType::BF16 => DeviceBuf::BF16(s.alloc_zeros::<u16>(len)?),
                     _ => unreachable!("elem_size accepted it"),
                 };
                 let ptr = match &buf {
@@ -259,6 +268,7 @@ impl Device {
                     DeviceBuf::I64(b) => raw(b, s),
                     DeviceBuf::I32(b) => raw(b, s),
                     DeviceBuf::Bool(b) => raw(b, s),
+                    DeviceBuf::F16(b) | DeviceBuf::BF16(b) => raw(b, s),
                     DeviceBuf::Host { .. } => unreachable!("a GPU buffer"),
                 };
                 (buf, ptr)
@@ -307,7 +317,7 @@ impl Device {
         })
     }
 
-    /// Copies a host tensor to the device (float16/bfloat16 are refused).
+    /// Copies a host tensor to the device (float16/bfloat16 as their bits).
     pub fn upload(&self, t: &Tensor) -> Result<DeviceTensor> {
         let mut d = self.zeros(t.dtype(), &t.shape)?;
         self.write(&mut d, t)?;
@@ -337,7 +347,8 @@ impl Device {
                 Elems::I64(v) => v.iter().flat_map(|x| x.to_ne_bytes()).collect(),
                 Elems::I32(v) => v.iter().flat_map(|x| x.to_ne_bytes()).collect(),
                 Elems::Bool(v) => v.iter().map(|&x| x as u8).collect(),
-                _ => unreachable!("zeros refused the dtype"),
+                Elems::F16(v) => v.iter().flat_map(|x| x.to_bits().to_ne_bytes()).collect(),
+                Elems::BF16(v) => v.iter().flat_map(|x| x.to_bits().to_ne_bytes()).collect(),
             };
             // SAFETY: `data` holds at least `bytes.len()` bytes (sized by zeros).
             unsafe {
@@ -357,6 +368,14 @@ impl Device {
             (Elems::Bool(v), DeviceBuf::Bool(b)) => {
                 let bytes: Vec<u8> = v.iter().map(|&x| x as u8).collect();
                 s.memcpy_htod(&bytes, b)?
+            }
+            (Elems::F16(v), DeviceBuf::F16(b)) => {
+                let bits: Vec<u16> = v.iter().map(|x| x.to_bits()).collect();
+                s.memcpy_htod(&bits, b)?
+            }
+            (Elems::BF16(v), DeviceBuf::BF16(b)) => {
+                let bits: Vec<u16> = v.iter().map(|x| x.to_bits()).collect();
+                s.memcpy_htod(&bits, b)?
             }
             _ => unreachable!("zeros made the tensor's dtype"),
         }
@@ -391,6 +410,18 @@ impl Device {
                             .map(|c| i32::from_ne_bytes(c.try_into().unwrap()))
                             .collect(),
                     ),
+                    DType::F16 => Elems::F16(
+                        bytes
+                            .chunks_exact(2)
+                            .map(|c| half::f16::from_bits(u16::from_ne_bytes([c[0], c[1]])))
+                            .collect(),
+                    ),
+                    DType::BF16 => Elems::BF16(
+                        bytes
+                            .chunks_exact(2)
+                            .map(|c| half::bf16::from_bits(u16::from_ne_bytes([c[0], c[1]])))
+                            .collect(),
+                    ),
                     _ => Elems::Bool(bytes.iter().map(|&x| x != 0).collect()),
                 }
             }
@@ -401,6 +432,18 @@ impl Device {
                 self.stream()?.clone_dtoh(b)?[..n]
                     .iter()
                     .map(|&x| x != 0)
+                    .collect(),
+            ),
+            DeviceBuf::F16(b) => Elems::F16(
+                self.stream()?.clone_dtoh(b)?[..n]
+                    .iter()
+                    .map(|&x| half::f16::from_bits(x))
+                    .collect(),
+            ),
+            DeviceBuf::BF16(b) => Elems::BF16(
+                self.stream()?.clone_dtoh(b)?[..n]
+                    .iter()
+                    .map(|&x| half::bf16::from_bits(x))
                     .collect(),
             ),
         };

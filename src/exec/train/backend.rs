@@ -41,6 +41,19 @@ pub trait StepBackend {
     fn put_apart(&self, t: Tensor) -> Result<Self::T> {
         self.put(t)
     }
+    /// A host value the step made as a kernel makes its output, which it then
+    /// stores ([`StepBackend::hold`]) or sets apart: counted where the backend
+    /// counts outputs in flight until then.
+    fn put_output(&self, t: Tensor) -> Result<Self::T> {
+        self.put(t)
+    }
+    /// A host value held in a storage of `bytes` though it has more elements (the
+    /// sum loss's gradient: a scalar broadcast to the output's shape, an expand
+    /// view on the CPU): where the backend counts, `bytes` as the storage and
+    /// the rest apart, as workspace (a view the kernels copy).
+    fn put_broadcast(&self, t: Tensor, _bytes: u64) -> Result<Self::T> {
+        self.put(t)
+    }
     /// The host copy of `t`.
     fn get(&self, t: &Self::T) -> Result<Tensor>;
     /// `t` converted to `dt`.

@@ -566,7 +566,7 @@ pub fn train_step_on<B: StepBackend>(
                                 }
                                 let v = b.cast(v, s.storages[c].dtype).map_err(&err)?;
                                 check_bytes(c, &v)?;
-                                sval[c] = Some(v);
+                                sval[c] = Some(b.hold(v));
                             } else if sval[c].is_none() {
                                 return Err(err(format!(
                                     "the cast '{}' has no value",
@@ -746,15 +746,20 @@ pub fn train_step_on<B: StepBackend>(
                             .into()));
                         }
                         gval[out0] = Some(
-                            b.put(match opts.loss {
-                                Loss::Mean => g0,
-                                Loss::Sum | Loss::Graph => Tensor::from_f32(
-                                    dt,
-                                    f.shape.clone(),
-                                    vec![1.0; f.numel() as usize],
-                                )
-                                .map_err(|e| err(e.into()))?,
-                            })
+                            match opts.loss {
+                                Loss::Mean => b.put(g0),
+                                // The scalar broadcast to the output's shape (an
+                                // expand view: its storage is the scalar's).
+                                Loss::Sum | Loss::Graph => b.put_broadcast(
+                                    Tensor::from_f32(
+                                        dt,
+                                        f.shape.clone(),
+                                        vec![1.0; f.numel() as usize],
+                                    )
+                                    .map_err(|e| err(e.into()))?,
+                                    s.storages[st].bytes,
+                                ),
+                            }
                             .map_err(&err)?,
                         );
                         gstore[out0] = Some(st);

@@ -647,7 +647,7 @@ pub(super) fn fake_quant_forward<B: StepBackend>(
         )
         .into());
     }
-    let v = store(b, s, y, b.put(v)?)?;
+    let v = store(b, s, y, b.put_output(v)?)?;
     bytes_of(st, &v)?;
     fwd[y] = Some(b.hold(v));
     Ok(())
@@ -799,7 +799,7 @@ pub(super) fn backward_step<B: StepBackend>(
             .ok_or("the fake quantization's mask is not saved")?;
         let d =
             crate::ops::quantize::fake_quantize_backward(&b.get(g)?, &b.get(mask)?, DType::F32)?;
-        let mut d = Some(b.put(d)?);
+        let mut d = Some(b.put_output(d)?);
         (0..node.inputs.len())
             .map(|k| if k == 0 { d.take() } else { None })
             .collect()

@@ -6,6 +6,7 @@ use super::*;
 pub(super) fn copy_kernel(dtype: DType) -> Result<&'static str> {
     Ok(match crate::exec::cuda::tensor::elem_size(dtype)? {
         1 => "strided_copy_b1",
+        2 => "strided_copy_b2",
         8 => "strided_copy_b8",
         _ => "strided_copy_b4",
     })
@@ -402,7 +403,13 @@ pub(super) fn gather_elements_fwd(dev: &Device, cx: &DevKernelCx) -> Result<Vec<
     let name = match crate::exec::cuda::tensor::elem_size(x.dtype())? {
         1 => "gather_elements_b1",
         8 => "gather_elements_b8",
-        _ => "gather_elements_b4",
+        4 => "gather_elements_b4",
+        _ => {
+            return Err(CudaError::Kernel(format!(
+                "GatherElements of {} on the device",
+                x.dtype()
+            )))
+        }
     };
     dev.launch(
         name,
