@@ -16,8 +16,8 @@ use crate::remat::graph::replay;
 use crate::remat::plan::{plan, Solver};
 
 /// The largest batch below `up`, a batch that does not fit, for which `fits` holds
-/// (0 if none), assuming it holds up to some batch and not above: from `guess`
-/// outwards in doubling steps, then bisection.
+/// (0 if none), assuming it holds up to some batch and not above: `guess` first,
+/// then down from it in doubling steps when it does not fit, then bisection.
 pub(super) fn largest_fitting(
     up: u64,
     guess: u64,
@@ -31,16 +31,6 @@ pub(super) fn largest_fitting(
     let g = guess.clamp(1, up - 1);
     if fits(g)? {
         lo = g;
-        let mut step = 1;
-        while lo + step < up {
-            if fits(lo + step)? {
-                lo += step;
-                step *= 2;
-            } else {
-                up = lo + step;
-                break;
-            }
-        }
     } else {
         up = g;
         let mut step = 1;

@@ -269,7 +269,18 @@ pub struct Steps<'a> {
     solved: RefCell<HashMap<Combo, (u64, u64, f64)>>,
     /// Allocator replays by combination, batch and capacity.
     replayed: RefCell<HashMap<(Combo, u64, u64), Option<AllocatorReport>>>,
+    /// The steps realised last (a few: a batch's peak and its replays come
+    /// together), newest last.
+    realised: RefCell<Vec<(StepKey, Rc<RealisedStep>)>>,
 }
+
+/// A combination at a batch.
+type StepKey = (Combo, u64);
+/// A realised step and its recompute FLOP fraction.
+type RealisedStep = (Realised, f64);
+
+/// Steps [`Steps::realise`] keeps.
+const REALISED_KEPT: usize = 4;
 
 impl<'a> Steps<'a> {
     /// For `model` under `o`.
@@ -280,6 +291,7 @@ impl<'a> Steps<'a> {
             built: Default::default(),
             solved: Default::default(),
             replayed: Default::default(),
+            realised: Default::default(),
         }
     }
 
@@ -313,13 +325,13 @@ impl<'a> Steps<'a> {
     /// Per-GPU bytes at every step of combination `c` at `batch`, and the recompute
     /// FLOP fraction.
     pub fn peak_at(&self, c: Combo, batch: u64) -> Result<(Vec<u64>, f64)> {
-        let (step, ov) = self.realise(c, batch)?;
+        let r = self.realised(c, batch)?;
         Ok((
-            match step {
-                Realised::Schedule(s) => timeline(&s),
-                Realised::Plan { g, plan, .. } => crate::remat::modules::timeline(&g, &plan),
+            match &r.0 {
+                Realised::Schedule(s) => timeline(s),
+                Realised::Plan { g, plan, .. } => crate::remat::modules::timeline(g, plan),
             },
-            ov,
+            r.1,
         ))
     }
 
@@ -335,9 +347,9 @@ impl<'a> Steps<'a> {
         if let Some(r) = self.replayed.borrow().get(&key) {
             return Ok(*r);
         }
-        let r = match self.realise(c, batch)?.0 {
-            Realised::Schedule(s) => device::replay_schedule(&s, d),
-            Realised::Plan { g, plan, lazy } => device::replay(&g, &plan, &lazy, d),
+        let r = match &self.realised(c, batch)?.0 {
+            Realised::Schedule(s) => device::replay_schedule(s, d),
+            Realised::Plan { g, plan, lazy } => device::replay(g, plan, lazy, d),
         }
         .ok();
         self.replayed.borrow_mut().insert(key, r);
@@ -352,9 +364,24 @@ impl<'a> Steps<'a> {
         Ok(())
     }
 
+    /// [`Steps::realise`], kept for the next few calls.
+    fn realised(&self, c: Combo, batch: u64) -> Result<Rc<RealisedStep>> {
+        let key = (c, batch);
+        if let Some((_, r)) = self.realised.borrow().iter().find(|(k, _)| *k == key) {
+            return Ok(r.clone());
+        }
+        let r = Rc::new(self.realise(c, batch)?);
+        let mut kept = self.realised.borrow_mut();
+        if kept.len() == REALISED_KEPT {
+            kept.remove(0);
+        }
+        kept.push((key, r.clone()));
+        Ok(r)
+    }
+
     /// The step of `c` at `batch` on one GPU: a schedule, or a plan over its graph;
     /// and the recompute FLOP fraction.
-    fn realise(&self, c: Combo, batch: u64) -> Result<(Realised, f64)> {
+    fn realise(&self, c: Combo, batch: u64) -> Result<RealisedStep> {
         let base = self.schedule(c, batch)?;
         let gpus = c.gpus(self.o.gpus);
         // The shared schedule as the combination's distribution leaves it on one GPU
@@ -476,16 +503,19 @@ fn max_batch(steps: &Steps, c: Combo) -> Result<(u64, u64, f64)> {
     match &o.device {
         Some(d) if b > 0 => {
             let at = |b: u64| -> Result<bool> { Ok(steps.device_at(c, b, d)?.is_some()) };
-            if at(b)? {
-                return Ok((b, peak, ov));
-            }
             let inf = fit_device::unlimited(d);
             let reserved = |b| -> Result<u64> {
                 Ok(steps
                     .device_at(c, b, &inf)?
                     .map_or(u64::MAX, |r| r.reserved_bytes))
             };
-            let guess = fit_device::guess(b, reserved(1)?, reserved(b)?, d.capacity);
+            // Reserving no more than the capacity without a limit, the step fits
+            // with one; above it, releasing the cache may still save it.
+            let rb = reserved(b)?;
+            if rb <= d.capacity || at(b)? {
+                return Ok((b, peak, ov));
+            }
+            let guess = fit_device::guess(b, reserved(1)?, rb, d.capacity);
             let best = fit_device::largest_fitting(b, guess, at)?;
             let (t, ov) = steps.peak_at(c, best.max(1))?;
             Ok((best, t.into_iter().max().unwrap_or(0), ov))
