@@ -131,3 +131,26 @@ pub(super) fn confirm_planned(
     }
     Ok(r)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn largest_fitting_finds_the_edge_from_any_guess() {
+        for k in [0u64, 1, 2, 7, 50, 99] {
+            for guess in [0, 1, 3, 49, 50, 51, 98, 200] {
+                let mut probes = 0;
+                let got = largest_fitting(100, guess, |b| {
+                    probes += 1;
+                    Ok(b <= k)
+                })
+                .unwrap();
+                assert_eq!(got, k, "k {k} guess {guess}");
+                assert!(probes <= 16, "k {k} guess {guess}: {probes} probes");
+            }
+        }
+        assert_eq!(guess(100, 10, 109, 60), 51);
+        assert_eq!(guess(1, 10, 10, 60), 1);
+    }
+}
