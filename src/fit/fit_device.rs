@@ -99,7 +99,13 @@ pub(super) fn confirm_planned(
             Ok(_) => found.clone(),
             Err(_) => plan(&step.graph, d.capacity, Solver::Greedy, o.plan_time_limit_s)?.plan,
         };
-        let r = device::replay(&step.graph, &plan, &device::lazy_values(&step.schedule), d).ok();
+        let r = crate::remat::graph::replay_on_device(
+            &step.graph,
+            &plan,
+            &device::lazy_values(&step.schedule),
+            d,
+        )
+        .ok();
         Ok((step.graph, plan, r))
     };
     let hi = p.max_batch;

@@ -349,7 +349,9 @@ impl<'a> Steps<'a> {
         }
         let r = match &self.realised(c, batch)?.0 {
             Realised::Schedule(s) => device::replay_schedule(s, d),
-            Realised::Plan { g, plan, lazy } => device::replay(g, plan, lazy, d),
+            Realised::Plan { g, plan, lazy } => {
+                crate::remat::graph::replay_on_device(g, plan, lazy, d)
+            }
         }
         .ok();
         self.replayed.borrow_mut().insert(key, r);

@@ -3,7 +3,8 @@
 //! makes them, plus the CUDA context. This is what `torch.cuda.max_memory_reserved`
 //! and nvidia-smi show, where the schedule's peak counts live tensor bytes only.
 //!
-//! The loop ([`replay`]):
+//! The loop ([`replay_events`]; [`replay_schedule`] for a schedule,
+//! `remat::graph::replay_on_device` for a recompute plan):
 //! 1. `model.to("cuda")`: every fixed value (parameters, buffers, constants, the
 //!    batch) in storage order, except optimizer state;
 //! 2. step 1: the first forward instruction allocates the cuBLAS workspace of the
@@ -27,7 +28,6 @@
 use serde::Serialize;
 
 use super::allocator::{AllocConf, Allocator, BlockId, OutOfMemory};
-use crate::remat::graph::{Instr, RematGraph};
 use crate::train::{Schedule, StorageKind};
 
 /// Training steps replayed at most before the reserved bytes are taken as settled.
@@ -210,43 +210,20 @@ pub struct AllocatorReport {
 
 /// One event of a training step, in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Event {
+pub enum Event {
     /// A step starts (backward or not: which thread runs it).
-    Step { backward: bool },
+    Step {
+        /// Whether it is a backward step.
+        backward: bool,
+    },
     /// A value is allocated (no-op when it is live).
     Alloc(usize),
     /// A value is freed (no-op when it is not live or fixed).
     Free(usize),
 }
 
-/// Replays the training loop of `plan` over `g` (see the module docs); `lazy[v]`
-/// marks fixed values allocated at their first use (optimizer state). An error is
-/// the allocation the device cannot hold.
-pub fn replay(
-    g: &RematGraph,
-    plan: &[Instr],
-    lazy: &[bool],
-    d: &DeviceModel,
-) -> Result<AllocatorReport, OutOfMemory> {
-    let mut events = Vec::with_capacity(plan.len() * 3);
-    for op in plan {
-        match *op {
-            Instr::Compute(i) => {
-                let n = &g.nodes[i];
-                events.push(Event::Step {
-                    backward: n.backward,
-                });
-                events.extend(n.inputs.iter().chain(&n.outputs).map(|&v| Event::Alloc(v)));
-            }
-            Instr::Free(v) => events.push(Event::Free(v)),
-        }
-    }
-    let bytes: Vec<u64> = g.values.iter().map(|v| v.bytes).collect();
-    let fixed: Vec<bool> = g.values.iter().map(|v| v.fixed).collect();
-    run(&bytes, &fixed, lazy, &events, d)
-}
-
-/// [`replay`] of a schedule as [`super::simulate`] lives its storages: each
+/// The training loop of a schedule, its storages living as [`super::simulate`]
+/// lives them: each
 /// allocation of a storage from the step that writes it (or first reads it) to
 /// the end of its last reader, a recomputed tensor a new allocation; optimizer
 /// state allocated at its first use.
@@ -283,11 +260,14 @@ pub fn replay_schedule(s: &Schedule, d: &DeviceModel) -> Result<AllocatorReport,
     }
     let bytes: Vec<u64> = s.storages.iter().map(|st| st.bytes).collect();
     let fixed: Vec<bool> = s.storages.iter().map(|st| st.persistent).collect();
-    run(&bytes, &fixed, &lazy, &events, d)
+    replay_events(&bytes, &fixed, &lazy, &events, d)
 }
 
-/// The training loop over one step's events (see the module docs).
-fn run(
+/// The training loop over one step's events (see the module docs): values
+/// `0..bytes.len()` of `bytes[v]` bytes, `fixed[v]` allocated before the first step
+/// and never freed (at their first `Alloc` when `lazy[v]`). An error is the
+/// allocation the device cannot hold.
+pub fn replay_events(
     bytes: &[u64],
     fixed: &[bool],
     lazy: &[bool],
@@ -354,8 +334,7 @@ fn run(
     })
 }
 
-/// The storages of `s` (the values of its remat graph,
-/// [`crate::remat::from_schedule`]) that `torch.optim` allocates lazily: optimizer
+/// The storages of `s` (the values of its remat graph, `remat::from_schedule`) that `torch.optim` allocates lazily: optimizer
 /// state.
 pub fn lazy_values(s: &Schedule) -> Vec<bool> {
     s.storages

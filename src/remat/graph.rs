@@ -10,6 +10,9 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::memory::allocator::OutOfMemory;
+use crate::memory::device::{replay_events, AllocatorReport, DeviceModel, Event};
+
 /// Index of a node.
 pub type NodeId = usize;
 /// Index of a value.
@@ -161,6 +164,33 @@ impl RematGraph {
         }
         plan
     }
+}
+
+/// A valid plan's training loop on a device: its allocations replayed through the
+/// caching allocator (`memory::device`); `lazy[v]` marks fixed values allocated at
+/// their first use (optimizer state).
+pub fn replay_on_device(
+    g: &RematGraph,
+    plan: &[Instr],
+    lazy: &[bool],
+    d: &DeviceModel,
+) -> Result<AllocatorReport, OutOfMemory> {
+    let mut events = Vec::with_capacity(plan.len() * 3);
+    for op in plan {
+        match *op {
+            Instr::Compute(i) => {
+                let n = &g.nodes[i];
+                events.push(Event::Step {
+                    backward: n.backward,
+                });
+                events.extend(n.inputs.iter().chain(&n.outputs).map(|&v| Event::Alloc(v)));
+            }
+            Instr::Free(v) => events.push(Event::Free(v)),
+        }
+    }
+    let bytes: Vec<u64> = g.values.iter().map(|v| v.bytes).collect();
+    let fixed: Vec<bool> = g.values.iter().map(|v| v.fixed).collect();
+    replay_events(&bytes, &fixed, lazy, &events, d)
 }
 
 /// Replays a plan: every compute must find its inputs live; returns the peak and
