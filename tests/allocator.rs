@@ -281,8 +281,9 @@ mod training {
         let dev = r.device.as_ref().unwrap();
         assert_eq!(
             (dev.context_bytes, dev.headroom_bytes),
-            (64 << 20, 16 << 20)
+            (64 << 20, Some(16 << 20))
         );
+        assert_eq!(dev.allocator_capacity_bytes, Some(d.capacity));
         assert_eq!(dev.gpu.as_deref(), Some("t4"));
         for (row, t) in r.strategies.iter().zip(&tensors.strategies) {
             assert_eq!(row.name, t.name);

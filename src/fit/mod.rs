@@ -37,7 +37,7 @@ pub use planned::{
 use crate::error::{Error, Result, Setting};
 use crate::infer::{infer, Bindings, MAX_BATCH};
 use crate::ir::Model;
-use crate::memory::device::{self, AllocatorReport, DeviceModel};
+use crate::memory::device::{self, AllocatorReport, DeviceModel, DeviceSummary};
 use crate::memory::simulate;
 use crate::remat::checkpoint_sqrt;
 use crate::remat::plan::Solver;
@@ -209,24 +209,7 @@ pub struct FitReport {
     /// The device the batches were fitted on (absent: live tensor bytes against
     /// `memory_bytes`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub device: Option<FitDevice>,
-}
-
-/// `device` in the fit JSON.
-#[derive(Debug, Clone, Serialize)]
-pub struct FitDevice {
-    /// The GPU named, if any.
-    pub gpu: Option<String>,
-    /// The CUDA context counted.
-    pub context_bytes: u64,
-    /// Where that figure comes from.
-    pub context_source: String,
-    /// Memory kept free.
-    pub headroom_bytes: u64,
-    /// What the allocator may reserve: memory less headroom and the context.
-    pub allocator_capacity_bytes: u64,
-    /// Whether the allocator uses expandable segments.
-    pub expandable_segments: bool,
+    pub device: Option<DeviceSummary>,
 }
 
 /// Fit options.
@@ -770,14 +753,7 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
         strategies: rows,
         recommendation,
         unreachable,
-        device: o.device.as_ref().map(|d| FitDevice {
-            gpu: d.gpu.map(|g| g.name.to_string()),
-            context_bytes: d.context_bytes,
-            context_source: d.context_source.clone(),
-            headroom_bytes: d.headroom,
-            allocator_capacity_bytes: d.capacity,
-            expandable_segments: d.conf.expandable_segments,
-        }),
+        device: o.device.as_ref().map(DeviceModel::summary),
     })
 }
 

@@ -183,6 +183,45 @@ impl DeviceModel {
     }
 }
 
+/// The device a figure is for (`training.device` in the profile JSON, `device` in
+/// fit's).
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceSummary {
+    /// The GPU named (`None`: a generic pre-Hopper card).
+    pub gpu: Option<String>,
+    /// The CUDA context counted.
+    pub context_bytes: u64,
+    /// Where that figure comes from.
+    pub context_source: String,
+    /// One cuBLAS workspace (PyTorch's default for the card).
+    pub cublas_workspace_bytes: u64,
+    /// Whether the allocator uses expandable segments.
+    pub expandable_segments: bool,
+    /// Memory kept free (fit).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub headroom_bytes: Option<u64>,
+    /// What the allocator may reserve: the memory less headroom and the context
+    /// (fit).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allocator_capacity_bytes: Option<u64>,
+}
+
+impl DeviceModel {
+    /// What this device assumes.
+    pub fn summary(&self) -> DeviceSummary {
+        let limited = self.capacity != u64::MAX;
+        DeviceSummary {
+            gpu: self.gpu.map(|g| g.name.to_string()),
+            context_bytes: self.context_bytes,
+            context_source: self.context_source.clone(),
+            cublas_workspace_bytes: self.cublas_workspace_bytes,
+            expandable_segments: self.conf.expandable_segments,
+            headroom_bytes: limited.then_some(self.headroom),
+            allocator_capacity_bytes: limited.then_some(self.capacity),
+        }
+    }
+}
+
 /// `training.allocator` in the profile JSON: the step under PyTorch's caching
 /// allocator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

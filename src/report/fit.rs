@@ -23,8 +23,8 @@ pub fn fit_text(r: &FitReport) -> String {
 ",
             d.gpu.as_deref().unwrap_or("generic GPU"),
             human_bytes(d.context_bytes),
-            human_bytes(d.headroom_bytes),
-            human_bytes(d.allocator_capacity_bytes),
+            human_bytes(d.headroom_bytes.unwrap_or(0)),
+            human_bytes(d.allocator_capacity_bytes.unwrap_or(0)),
             if d.expandable_segments { " (expandable segments)" } else { "" }
         ));
     }

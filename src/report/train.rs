@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::{human_bytes, human_flops};
-use crate::memory::device::{AllocatorReport, DeviceModel};
+use crate::memory::device::{AllocatorReport, DeviceModel, DeviceSummary};
 use crate::memory::{Breakdown, Replay};
 use crate::train::{Schedule, StepKind, StorageKind, TrainOptions};
 
@@ -77,35 +77,7 @@ pub struct TrainingReport {
     pub device_bytes: Option<u64>,
     /// What `device_bytes` assumes.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub device: Option<DeviceReport>,
-}
-
-/// `training.device`: the device `device_bytes` is for.
-#[derive(Debug, Clone, Serialize)]
-pub struct DeviceReport {
-    /// The GPU (`None`: a generic pre-Hopper card).
-    pub gpu: Option<String>,
-    /// The CUDA context.
-    pub context_bytes: u64,
-    /// Where the context figure comes from.
-    pub context_source: String,
-    /// One cuBLAS workspace (PyTorch's default for the card).
-    pub cublas_workspace_bytes: u64,
-    /// Whether the allocator uses expandable segments.
-    pub expandable_segments: bool,
-}
-
-impl DeviceReport {
-    /// The report of `d`.
-    pub fn new(d: &DeviceModel) -> DeviceReport {
-        DeviceReport {
-            gpu: d.gpu.map(|g| g.name.to_string()),
-            context_bytes: d.context_bytes,
-            context_source: d.context_source.clone(),
-            cublas_workspace_bytes: d.cublas_workspace_bytes,
-            expandable_segments: d.conf.expandable_segments,
-        }
-    }
+    pub device: Option<DeviceSummary>,
 }
 
 /// The training step with modules checkpointed (`training.checkpoint` in the JSON).
@@ -235,7 +207,7 @@ impl TrainingReport {
     pub fn set_device(&mut self, d: &DeviceModel, a: AllocatorReport) {
         self.allocator = Some(a);
         self.device_bytes = Some(a.reserved_bytes.saturating_add(d.context_bytes));
-        self.device = Some(DeviceReport::new(d));
+        self.device = Some(d.summary());
     }
 
     /// Text: the breakdown at the peak and a chart of the timeline.
