@@ -39,8 +39,11 @@
 //! kernels and are never held in a schedule storage: launch temporaries, outside
 //! the tensor count (inside the fused kernel on the CPU's accounting too).
 //!
-//! Refused, in one line, before anything runs: resident gradients (see
-//! docs/CUDA.md).
+//! Resident gradients (`grads_resident`): each parameter's persistent `.grad` is a
+//! zeroed device tensor from before the first instruction (the schedule counts it
+//! from the start), its first gradient copied into it on the device
+//! ([`StepBackend::write_into`], written as the CPU writes it), later ones added
+//! in place (`accumulate_f32` / `accumulate_half`); the storage never moves.
 
 use std::cell::Cell;
 
@@ -53,7 +56,7 @@ use crate::infer::Inferred;
 use crate::ir::{DType, Model, Node};
 use crate::numeric::{rng, Tensor};
 use crate::ops::Saved;
-use crate::train::{Optimizer, Schedule, StorageKind};
+use crate::train::{Optimizer, Schedule};
 
 /// A training step's backend on a [`Device`]; its counts start at
 /// [`StepBackend::begin`].
@@ -138,16 +141,6 @@ impl StepBackend for DeviceStep<'_> {
 
     fn shape(t: &DeviceTensor) -> &[usize] {
         &t.shape
-    }
-
-    fn check(&self, s: &Schedule, _opts: &StepOptions) -> crate::Result<()> {
-        if s.storages
-            .iter()
-            .any(|st| st.kind == StorageKind::ParamGrad && st.persistent)
-        {
-            return Err("the device step does not keep resident gradients yet".into());
-        }
-        Ok(())
     }
 
     fn begin(&self) -> crate::Result<()> {
@@ -343,6 +336,15 @@ impl StepBackend for DeviceStep<'_> {
             .dev
             .launch("accumulate_f32", n, &[Arg::n(n), Arg::t(d), Arg::t(acc)])
             .map_err(e)?)
+    }
+
+    /// A device-to-device copy into `dst`'s memory (a resident `.grad`, counted
+    /// since before the first instruction); `d`, a launch temporary or a tensor
+    /// held nowhere else, is then dropped.
+    fn write_into(&self, dst: &mut DeviceTensor, d: DeviceTensor) -> crate::Result<()> {
+        super::ops::write_values(self.dev, dst, &d).map_err(e)?;
+        dst.shape = d.shape.clone();
+        Ok(())
     }
 
     fn optimizer(

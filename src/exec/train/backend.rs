@@ -112,6 +112,11 @@ pub trait StepBackend {
     ) -> Result<Vec<Option<Self::T>>>;
     /// `acc += d` (f32 addition, rounded to `acc`'s type).
     fn accumulate(&self, acc: &mut Self::T, d: &Self::T) -> Result<()>;
+    /// `d`'s values written into `dst` (same type and element count), which keeps
+    /// its memory and takes `d`'s shape: a resident `.grad` receiving its
+    /// parameter's first gradient (the CPU executor's semantics: written, not
+    /// added to the zeros, so a `-0.0` stays `-0.0`).
+    fn write_into(&self, dst: &mut Self::T, d: Self::T) -> Result<()>;
     /// The optimizer update in place (see [`StepOptions`]); the foreach Adam
     /// temporary, `None` for the others.
     fn optimizer(
@@ -251,6 +256,20 @@ impl StepBackend for Cpu {
                 .collect();
             *acc = Tensor::from_f32(dt, acc.shape.clone(), sum)?;
         }
+        Ok(())
+    }
+    fn write_into(&self, dst: &mut Tensor, d: Tensor) -> Result<()> {
+        if dst.dtype() != d.dtype() || dst.numel() != d.numel() {
+            return Err(format!(
+                "writing a {} {:?} tensor into a {} {:?} one",
+                d.dtype(),
+                d.shape,
+                dst.dtype(),
+                dst.shape
+            )
+            .into());
+        }
+        *dst = d;
         Ok(())
     }
     fn optimizer(

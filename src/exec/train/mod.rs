@@ -59,8 +59,11 @@
 //! AdamW with [`StepOptions`]' hyperparameters. The state storage (persistent) holds
 //! one f32 vector per state over all parameters; foreach Adam's temporary (the
 //! denominators of every parameter at once) is the optimizer step's OptimizerTemp
-//! write. Resident gradients (`grads_resident`: persistent `.grad`, zero before the
-//! step) receive each parameter's first gradient.
+//! write. Resident gradients (`grads_resident`: persistent `.grad`): each is a
+//! zeroed value of its storage's type, put before the first instruction (a fixed
+//! storage); the parameter's first gradient is written into it
+//! ([`StepBackend::write_into`]: the value, not a sum with the zeros), later ones
+//! are added in place.
 //!
 //! Precision policies ([`crate::train::Precision`]): every float value is held in
 //! its storage's type (f16/bf16 under a half policy) and computed in f32 (kernel
@@ -344,6 +347,20 @@ pub fn train_step_on<B: StepBackend>(
             )));
         }
         sval[st] = Some(b.put(z)?);
+    }
+    // Resident gradients: each parameter's `.grad` zeroed before the step (a fixed
+    // storage, counted from the start); its first gradient is written into it.
+    for (v, st) in s.storages.iter().enumerate() {
+        if st.kind == StorageKind::ParamGrad && st.persistent {
+            let n: usize = st.shape.iter().product();
+            if st.dtype.bytes_for(n as u64) != Some(st.bytes) {
+                return Err(Error::Graph(format!(
+                    "the resident gradient '{}' is {} bytes for {n} {} elements",
+                    st.name, st.bytes, st.dtype
+                )));
+            }
+            sval[v] = Some(b.put(Tensor::from_f32(st.dtype, st.shape.clone(), vec![0.0; n])?)?);
+        }
     }
     for (&t, x) in gr.inputs.iter().zip(inputs) {
         let f = &inf.facts[t];
@@ -810,7 +827,7 @@ pub fn train_step_on<B: StepBackend>(
                             i,
                             &params,
                             &fwd,
-                            &sval,
+                            &mut sval,
                             pattern.and_then(|k| recomputed[k].as_ref()),
                             &mut gval,
                             &mut gstore,

@@ -666,7 +666,7 @@ pub(super) fn backward_step<B: StepBackend>(
     i: usize,
     params: &[Option<B::T>],
     fwd: &[Option<B::T>],
-    sval: &[Option<B::T>],
+    sval: &mut [Option<B::T>],
     rec: Option<&Recomputed<B::T>>,
     gval: &mut [Option<B::T>],
     gstore: &mut [Option<StorageId>],
@@ -764,10 +764,12 @@ pub(super) fn backward_step<B: StepBackend>(
         .collect();
     // A whole-tensor view's gradient is the incoming gradient under the input's
     // shape where the backend aliases (its storage is the incoming one).
+    // Not a parameter's with a resident gradient: that one goes into its `.grad`.
     if b.aliases_views() && rec.is_none() && wanted == [0] {
         let t = node.inputs[0].ok_or("wanted gradient of an omitted input")?;
         let own = format!("{}/grad", gr.tensor(t).name);
-        let writes_own = step.writes.iter().any(|&w| s.storages[w].name == own);
+        let writes_own = step.writes.iter().any(|&w| s.storages[w].name == own)
+            || resident_grad(s, &own).is_some();
         let o = node.outputs.first().copied().flatten();
         if let (Some(o), Some(Some(st)), None, false) = (o, incoming.first(), gstore[t], writes_own)
         {
@@ -832,17 +834,12 @@ pub(super) fn backward_step<B: StepBackend>(
                 let own = format!("{name}/grad");
                 // Resident gradients (persistent `.grad`, zero before the step) are
                 // not written by the step: the first gradient goes into them.
-                let resident = || {
-                    s.storages.iter().position(|st| {
-                        st.kind == StorageKind::ParamGrad && st.persistent && st.name == own
-                    })
-                };
                 let st = match step
                     .writes
                     .iter()
                     .copied()
                     .find(|&w| s.storages[w].name == own)
-                    .or_else(resident)
+                    .or_else(|| resident_grad(s, &own))
                 {
                     Some(w) => w,
                     // A view of the incoming gradient.
@@ -855,7 +852,16 @@ pub(super) fn backward_step<B: StepBackend>(
                 };
                 // In the storage's type (the cast back of autocast's backward).
                 let mut d = cast_to(b, d, s.storages[st].dtype)?;
-                if step.writes.contains(&st) || s.storages[st].persistent {
+                if s.storages[st].persistent {
+                    // Written into the resident storage, which keeps its place (the
+                    // step's zeroed `.grad`, allocated before the first instruction).
+                    bytes_of(st, &d)?;
+                    let mut grad = sval[st]
+                        .take()
+                        .ok_or_else(|| format!("'{}' has no storage", s.storages[st].name))?;
+                    b.write_into(&mut grad, d)?;
+                    d = grad;
+                } else if step.writes.contains(&st) {
                     bytes_of(st, &d)?;
                     d = b.hold(d);
                 } else {
@@ -914,12 +920,20 @@ pub(super) fn backward_step<B: StepBackend>(
     Ok(partials)
 }
 
-/// `v` in `dt` (itself when it is already).
+/// The resident (persistent) `.grad` storage named `own`, if the schedule keeps
+/// gradients resident.
+pub(super) fn resident_grad(s: &Schedule, own: &str) -> Option<StorageId> {
+    s.storages
+        .iter()
+        .position(|st| st.kind == StorageKind::ParamGrad && st.persistent && st.name == own)
+}
+
 /// A storage an input slot is read through: an autocast copy or a contiguous copy.
 pub(super) fn is_copy(kind: StorageKind) -> bool {
     matches!(kind, StorageKind::Cast | StorageKind::Copy)
 }
 
+/// `v` in `dt` (itself when it is already).
 pub(super) fn cast_to<B: StepBackend>(b: &B, v: B::T, dt: DType) -> Result<B::T> {
     if B::dtype(&v) == dt {
         Ok(v)

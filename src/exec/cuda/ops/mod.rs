@@ -22,8 +22,8 @@ use elementwise::*;
 use linalg::*;
 use norm::*;
 use reduce::*;
-pub(crate) use shape::copy_into;
 use shape::*;
+pub(crate) use shape::{copy_into, write_values};
 
 use std::ops::Deref;
 

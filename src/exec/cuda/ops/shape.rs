@@ -93,6 +93,27 @@ pub(crate) fn copy_into(dev: &Device, x: &DeviceTensor, alloc: &[usize]) -> Resu
     Ok(out)
 }
 
+/// `src`'s elements copied into `dst` in place (same type and element count; a
+/// device-to-device copy by the strided copy kernel): `dst` keeps its memory and
+/// its count.
+pub(crate) fn write_values(dev: &Device, dst: &DeviceTensor, src: &DeviceTensor) -> Result<()> {
+    let n = src.numel();
+    if dst.dtype() != src.dtype() || dst.numel() != n {
+        return Err(CudaError::Kernel(format!(
+            "writing a {} {:?} tensor into a {} {:?} one",
+            src.dtype(),
+            src.shape,
+            dst.dtype(),
+            dst.shape
+        )));
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let d = Strided::new(&[n], &[vec![1], vec![1]])?;
+    strided_copy(dev, src, 0, dst, 0, n, d)
+}
+
 /// `scale · Σ` of `g` (shape `from`) over the axes broadcast to it from `target`
 /// (numpy rules), in row-major order in f64 (exec::grad::sum_to).
 pub(super) fn sum_to(
