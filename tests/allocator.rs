@@ -173,7 +173,7 @@ fn power2_divisions_round_requests() {
 mod training {
     use std::process::Command;
 
-    use memplan::fit::{fit, FitOptions};
+    use memplan::fit::{combo::combos, fit, Combo, FitOptions, Steps};
     use memplan::infer::{infer, Bindings};
     use memplan::memory::allocator::AllocConf;
     use memplan::memory::device::{replay_schedule, DeviceModel, Gpu};
@@ -306,6 +306,62 @@ mod training {
         assert!(mb > 1);
         assert!(replay_schedule(&schedule("cnn.onnx", mb), &d).is_ok());
         assert!(replay_schedule(&schedule("cnn.onnx", mb + 1), &d).is_err());
+    }
+
+    #[test]
+    fn every_combination_runs_its_micro_batch_on_the_device() {
+        // With a target, every combination's micro-batch is replayed on the device
+        // (fitting is not monotone in the batch, so below max_batch is not enough).
+        let model = load_model(&common::shipped("cnn.onnx")).unwrap();
+        let d =
+            DeviceModel::new(AllocConf::default(), None, Some(32 << 20)).with_memory(120 << 20, 0);
+        let o = FitOptions {
+            memory: 120 << 20,
+            train: TrainOptions::default(),
+            gpus: 2,
+            target_batch: Some(3000),
+            dims: Default::default(),
+            plan_time_limit_s: 5.0,
+            device: Some(d.clone()),
+        };
+        let r = fit(&model, "cnn", &o).unwrap();
+        let steps = Steps::new(&model, &o);
+        let rec = r.recommendation.as_ref().unwrap();
+        let by_names = |names: &[String]| {
+            combos(o.gpus)
+                .into_iter()
+                .flat_map(|c| {
+                    [
+                        c,
+                        Combo {
+                            accumulate: true,
+                            ..c
+                        },
+                    ]
+                })
+                .find(|c| c.names() == names)
+                .unwrap()
+        };
+        let c = by_names(&rec.strategies);
+        assert!(
+            steps.device_at(c, rec.micro_batch, &d).unwrap().is_some(),
+            "{rec:?}"
+        );
+        let mut checked = 0;
+        for row in r
+            .strategies
+            .iter()
+            .filter(|s| s.combines.is_some() && s.max_batch > 0)
+        {
+            let c = by_names(row.combines.as_ref().unwrap());
+            assert!(
+                steps.device_at(c, row.max_batch, &d).unwrap().is_some(),
+                "{}",
+                row.name
+            );
+            checked += 1;
+        }
+        assert!(checked >= 5, "{checked}");
     }
 
     #[test]

@@ -262,6 +262,9 @@ type StepKey = (Combo, u64);
 /// A realised step and its recompute FLOP fraction.
 type RealisedStep = (Realised, f64);
 
+/// Micro-batch splits [`Steps::split_fitting`] tries.
+const MICRO_TRIES: usize = 16;
+
 /// Steps [`Steps::realise`] keeps.
 const REALISED_KEPT: usize = 4;
 
@@ -339,6 +342,40 @@ impl<'a> Steps<'a> {
         .ok();
         self.replayed.borrow_mut().insert(key, r);
         Ok(r)
+    }
+
+    /// Whether `c` fits at `batch` on the device (always, without one: the batch
+    /// is then at most the live-bytes answer).
+    fn fits_at(&self, c: Combo, batch: u64) -> Result<bool> {
+        match &self.o.device {
+            Some(d) => Ok(self.device_at(c, batch, d)?.is_some()),
+            None => Ok(true),
+        }
+    }
+
+    /// [`split_batch`] with micro-batches that fit the device: fitting is not
+    /// monotone in the batch (docs/ALLOCATOR.md), so a micro-batch below `max_batch`
+    /// is replayed too, and the split is redone below one that does not fit (at most
+    /// [`MICRO_TRIES`] times; `None` when none of those fits).
+    fn split_fitting(
+        &self,
+        c: Combo,
+        target: u64,
+        max_batch: u64,
+        gpus: u64,
+    ) -> Result<Option<(u64, u64)>> {
+        let mut most = max_batch;
+        for _ in 0..MICRO_TRIES {
+            if most == 0 {
+                break;
+            }
+            let (micro, k) = split_batch(target, most, gpus);
+            if self.fits_at(c, micro)? {
+                return Ok(Some((micro, k)));
+            }
+            most = micro - 1;
+        }
+        Ok(None)
     }
 
     /// A row's device figures at its batch (nothing without a device or a batch).
@@ -658,10 +695,10 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
         let n = st.combo().map_or(1, |c| c.gpus(o.gpus));
         let (global, acc_steps, note) = match st {
             Strategy::GradAccumulation => match (o.target_batch, mb) {
-                (Some(t), m) if m > 0 => {
-                    let (micro, k) = split_batch(t, m, 1);
-                    (micro * k, Some(k), format!("micro-batch {micro} × {k} steps; gradients stay allocated between micro-batches"))
-                }
+                (Some(t), m) if m > 0 => match steps.split_fitting(Combo { accumulate: true, ..Combo::PLAIN }, t, m, 1)? {
+                    Some((micro, k)) => (micro * k, Some(k), format!("micro-batch {micro} × {k} steps; gradients stay allocated between micro-batches")),
+                    None => (mb, None, "gradients stay allocated between micro-batches; no micro-batch split for the target fits the device".into()),
+                },
                 _ => (mb, None, "gradients stay allocated between micro-batches; give a target batch for the steps".into()),
             },
             Strategy::DataParallel => (mb * n, None, format!("per GPU: full replica + DDP gradient buckets; global batch over {n} GPUs")),
@@ -785,28 +822,31 @@ fn combine(
     for c0 in combo::combos(o.gpus) {
         let n = c0.gpus(o.gpus);
         let (mb0, peak0, ov0) = steps.max_batch(c0)?;
-        let (c, mb, peak, ov, k, micro) = if mb0 * n >= target {
-            let micro = target.div_ceil(n);
-            (c0, mb0, peak0, ov0, 1, micro)
-        } else {
-            if mb0 * n > best_plain.0 {
-                best_plain = (mb0 * n, c0.name());
-            }
-            let c = Combo {
-                accumulate: true,
-                ..c0
-            };
-            let (mb, peak, ov) = steps.max_batch(c)?;
-            if mb == 0 {
-                if acc_block.as_ref().is_none_or(|(p, _)| peak < *p) {
-                    acc_block = Some((peak, c.name()));
-                }
-                (c, 0, peak, ov, 0, 0)
+        let (c, mb, peak, ov, k, micro) =
+            if mb0 * n >= target && steps.fits_at(c0, target.div_ceil(n))? {
+                let micro = target.div_ceil(n);
+                (c0, mb0, peak0, ov0, 1, micro)
             } else {
-                let (micro, k) = split_batch(target, mb, n);
-                (c, mb, peak, ov, k, micro)
-            }
-        };
+                if mb0 * n > best_plain.0 {
+                    best_plain = (mb0 * n, c0.name());
+                }
+                let c = Combo {
+                    accumulate: true,
+                    ..c0
+                };
+                let (mb, peak, ov) = steps.max_batch(c)?;
+                if mb == 0 {
+                    if acc_block.as_ref().is_none_or(|(p, _)| peak < *p) {
+                        acc_block = Some((peak, c.name()));
+                    }
+                    (c, 0, peak, ov, 0, 0)
+                } else {
+                    match steps.split_fitting(c, target, mb, n)? {
+                        Some((micro, k)) => (c, mb, peak, ov, k, micro),
+                        None => (c, mb, peak, ov, 0, 0),
+                    }
+                }
+            };
         let tr = steps.traffic(c, k.max(1))?;
         if c.names().len() >= 2 {
             let mut row = StrategyFit {
@@ -818,6 +858,8 @@ fn combine(
                 accumulation_steps: c.accumulate.then_some(k).filter(|&k| k > 0),
                 note: if mb == 0 {
                     "does not fit batch 1".into()
+                } else if k == 0 {
+                    "no micro-batch split for the target fits the device".into()
                 } else if c.accumulate {
                     format!(
                         "micro-batch {micro} × {k} steps × {n} GPU{}",
@@ -845,7 +887,7 @@ fn combine(
             }
             rows.push(row);
         }
-        if mb > 0 {
+        if mb > 0 && k > 0 {
             // Its peak at the micro-batch it would run (the schedule at that batch is
             // shared by every combination of the same precision and accumulation).
             let at_micro = steps.peak_at(c, micro)?.0.into_iter().max().unwrap_or(0);
