@@ -365,6 +365,31 @@ mod training {
     }
 
     #[test]
+    fn plan_reports_the_planned_step_on_the_device() {
+        let out = Command::new(env!("CARGO_BIN_EXE_memplan"))
+            .args(["plan", common::shipped("cnn.onnx").to_str().unwrap()])
+            .args(["--batch", "8", "--budget", "0.7", "--json", "--gpu", "t4"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let (a, b) = (&v["allocator"], &v["baseline_allocator"]);
+        let reserved = a["reserved_bytes"].as_u64().unwrap();
+        assert!(a["allocated_peak_bytes"].as_u64().unwrap() >= v["peak_bytes"].as_u64().unwrap());
+        assert!(
+            b["allocated_peak_bytes"].as_u64().unwrap()
+                >= v["baseline_peak_bytes"].as_u64().unwrap()
+        );
+        let ctx = v["device"]["context_bytes"].as_u64().unwrap();
+        assert_eq!(v["device_bytes"].as_u64().unwrap(), reserved + ctx);
+        assert_eq!(v["device"]["gpu"], "t4");
+    }
+
+    #[test]
     fn profile_reports_the_allocator() {
         let run = |extra: &[&str]| -> serde_json::Value {
             let out = Command::new(env!("CARGO_BIN_EXE_memplan"))

@@ -4,16 +4,18 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 
-use super::{choice, parse_budget, parse_dims, TrainArgs};
+use super::{choice, parse_budget, parse_dims, DeviceArgs, TrainArgs};
 use memplan::infer::Bindings;
+use memplan::memory::device::lazy_values;
 use memplan::remat::dag::load_dag;
+use memplan::remat::graph::replay_on_device;
 use memplan::remat::module_plan::{
     plan_modules, pytorch_module, Chosen, Granularity as By, Preset, PytorchHeader,
 };
 use memplan::remat::modules::saved_at_forward_end;
 use memplan::remat::plan::{plan, recomputed_modules, Solver};
 use memplan::remat::step::load;
-use memplan::report::plan::{plan_json, plan_text, Granularity};
+use memplan::report::plan::{plan_json, plan_text, Granularity, PlanDevice};
 
 /// `plan`'s flags.
 #[derive(clap::Args)]
@@ -74,6 +76,8 @@ pub struct PlanArgs {
     pytorch: Option<PathBuf>,
     #[command(flatten)]
     training: TrainArgs,
+    #[command(flatten)]
+    device: DeviceArgs,
 }
 
 /// Runs `plan`.
@@ -96,7 +100,11 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         checkpoint_modules,
         pytorch,
         training,
+        device,
     } = a;
+    if device.given() && dag.is_some() {
+        bail!("--allocator, --alloc-conf, --gpu and --cuda-context describe a model's training step, not --dag");
+    }
     let chosen = match (checkpoint, &checkpoint_modules) {
         (Some(p), _) => Chosen::Preset(p),
         (None, Some(list)) => Chosen::Modules(
@@ -126,6 +134,8 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         bail!("--rewrite writes ONNX: it needs an ONNX model, not --dag");
     }
     let model_path = model.clone();
+    // Optimizer state per value (allocated at its first use on the device).
+    let mut lazy = None;
     let (g, path) = match (model, dag) {
         (_, Some(d)) => {
             let path = d.display().to_string();
@@ -138,6 +148,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
                 dims: parse_dims(&dims)?,
             };
             let (_, step) = load(&m, &b, &opts).with_context(|| path.clone())?;
+            lazy = Some(lazy_values(&step.schedule));
             (step.graph, path)
         }
         (None, None) => bail!("give a MODEL or --dag FILE"),
@@ -246,13 +257,39 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         memplan::remat::rewrite::write_rewrite(m, &bindings, &opts, &g, &r, out)
             .with_context(|| format!("--rewrite {}", out.display()))?;
     }
+    // The planned step and the baseline through the caching allocator (models only).
+    let on_device = match &lazy {
+        Some(lazy) if r.feasible => {
+            let d = device.model()?;
+            let unlimited = |p: &[_]| {
+                replay_on_device(&g, p, lazy, &d).map_err(|e| {
+                    anyhow::anyhow!(
+                        "{path}: the allocator replay failed on {} bytes with unlimited memory",
+                        e.requested
+                    )
+                })
+            };
+            let planned = unlimited(&r.plan)?;
+            let baseline = unlimited(&g.no_recompute_plan())?;
+            Some(PlanDevice::new(&d, planned, baseline))
+        }
+        _ => None,
+    };
     if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&plan_json(&r, &path, &modules, unit, &gran)?)?
-        );
+        let mut v = plan_json(&r, &path, &modules, unit, &gran)?;
+        if let Some(dv) = &on_device {
+            if let serde_json::Value::Object(extra) = serde_json::to_value(dv)? {
+                for (k, x) in extra {
+                    v[k] = x;
+                }
+            }
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print!("{}", plan_text(&r, &g, &path, &modules, unit, &gran));
+        if let Some(dv) = &on_device {
+            print!("{}", dv.to_text());
+        }
     }
     Ok(())
 }

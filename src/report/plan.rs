@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::memory::device::{AllocatorReport, DeviceModel, DeviceSummary};
 use crate::remat::costs::CostUnit;
 use crate::remat::graph::RematGraph;
 use crate::remat::pareto::fmt_cost;
@@ -61,6 +62,49 @@ pub fn plan_json(
         }
     }
     Ok(v)
+}
+
+/// A planned step on the device (`plan` of a model): the plan and the step without
+/// recomputation, replayed through PyTorch's caching allocator (docs/ALLOCATOR.md).
+#[derive(Debug, Clone, Serialize)]
+pub struct PlanDevice {
+    /// The planned step's allocator figures (`torch.cuda` peaks, simulated).
+    pub allocator: AllocatorReport,
+    /// The planned step's reserved bytes plus the CUDA context: what nvidia-smi
+    /// shows.
+    pub device_bytes: u64,
+    /// The same without recomputation.
+    pub baseline_allocator: AllocatorReport,
+    /// Its reserved bytes plus the context.
+    pub baseline_device_bytes: u64,
+    /// What the figures assume.
+    pub device: DeviceSummary,
+}
+
+impl PlanDevice {
+    /// From the two replays on `d`.
+    pub fn new(d: &DeviceModel, planned: AllocatorReport, baseline: AllocatorReport) -> Self {
+        PlanDevice {
+            device_bytes: planned.reserved_bytes.saturating_add(d.context_bytes),
+            baseline_device_bytes: baseline.reserved_bytes.saturating_add(d.context_bytes),
+            allocator: planned,
+            baseline_allocator: baseline,
+            device: d.summary(),
+        }
+    }
+
+    /// Two lines for the table.
+    pub fn to_text(&self) -> String {
+        format!(
+            "on the GPU (caching allocator, simulated): reserved {} ({} more than allocated), {} without recomputation\nnvidia-smi would show about {} (without recomputation {}), with a CUDA context of {}\n",
+            human_bytes(self.allocator.reserved_bytes),
+            human_bytes(self.allocator.fragmentation_bytes),
+            human_bytes(self.baseline_allocator.reserved_bytes),
+            human_bytes(self.device_bytes),
+            human_bytes(self.baseline_device_bytes),
+            human_bytes(self.device.context_bytes)
+        )
+    }
 }
 
 /// `plan`'s table.
