@@ -352,7 +352,9 @@ fn name_list(names: &[String], n: usize) -> String {
 fn plan_section(h: &mut String, p: &PlanView, phases: &[StepKind]) {
     let _ = write!(
         h,
-        "<section id=\"plan\"><h2>With a plan</h2><p>{}: peak {} instead of {} ({}), {:.2}% extra compute{}.</p><div class=\"chart-wrap\">{}</div>",
+        "<section id=\"plan\" data-peak-bytes=\"{}\" data-baseline-bytes=\"{}\"><h2>With a plan</h2><p>{}: peak {} instead of {} ({}), {:.2}% extra compute{}.</p><div class=\"chart-wrap\">{}</div>",
+        p.peak_bytes,
+        p.baseline_peak_bytes,
         esc(&p.label),
         human_bytes(p.peak_bytes),
         human_bytes(p.baseline_peak_bytes),
