@@ -590,6 +590,21 @@ fn a_browser_renders_the_report() {
     found.dedup();
     assert_eq!(found.len(), 6);
 
+    // Hovering: a copy of the page that moves the mouse over the chart's middle
+    // shows that step's figures.
+    let html = std::fs::read_to_string(&page).unwrap();
+    let hover = dir.path().join("hover.html");
+    let poke = "<script>(function(){var z=document.getElementById('hover-zone');var r=z.getBoundingClientRect();z.dispatchEvent(new MouseEvent('mousemove',{clientX:r.left+r.width/2,clientY:r.top+r.height/2,bubbles:true}));})();</script></body>";
+    std::fs::write(&hover, html.replace("</body>", poke)).unwrap();
+    let dom = headless(&browser, &profile, &hover, &["--dump-dom"]);
+    let k = dom.find("<div id=\"tooltip\"").expect("a tooltip");
+    let tip = &dom[k..k + dom[k..].find("</table>").expect("figures in the tooltip")];
+    assert!(!tip[..tip.find('>').unwrap()].contains("hidden"), "{tip}");
+    assert!(
+        tip.contains("step ") && tip.contains("total") && tip.contains("saved activations"),
+        "{tip}"
+    );
+
     // A screenshot: a PNG of the window's size, not blank.
     let shot = dir.path().join("r50.png");
     headless(

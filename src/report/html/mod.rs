@@ -23,7 +23,7 @@ use crate::report::train::TrainingReport;
 use crate::train::{Schedule, StepKind};
 use crate::units::{human_bytes, human_flops};
 use data::{largest_at_peak, module_rows, LiveRow, ModuleRow, PlanView};
-use svg::{esc, pareto_chart, phase_name, plan_chart, step_chart, CATS};
+use svg::{esc, pareto_chart, phase_name, plan_chart, step_chart, CATS, SVG_CSS};
 
 /// Tensors listed at the peak.
 pub const LARGEST: usize = 12;
@@ -106,7 +106,7 @@ impl Report {
         let title = format!("memplan report: {}", self.model);
         let _ = write!(
             h,
-            "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\"/>\n<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"/>\n<title>{}</title>\n<style>{CSS}</style>\n</head>\n<body>\n",
+            "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\"/>\n<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"/>\n<title>{}</title>\n<style>{CSS}{SVG_CSS}</style>\n</head>\n<body>\n",
             esc(&title)
         );
         let _ = write!(
@@ -508,14 +508,10 @@ h1{font-size:22px;margin:0}h2{font-size:18px;margin:28px 0 6px;border-bottom:1px
 .card{border:1px solid #e2e2e2;border-radius:6px;padding:6px 10px;background:#fafafa}.card .k{color:#666;font-size:12px}.card .v{font-weight:600;overflow-wrap:anywhere}
 .chart-wrap{position:relative;overflow-x:auto}
 svg.chart{display:block;max-width:100%;height:auto;font-family:system-ui,sans-serif}
-svg .grid{stroke:#eee}svg .axis{stroke:#888}svg .tick{font-size:11px;fill:#555}svg .axis-title{font-size:11px;fill:#333}
-svg .legend{font-size:12px;fill:#333}svg .phase-label{font-size:11px;fill:#333}svg .phase-edge{stroke:#999;stroke-dasharray:3 3}
-svg .series{stroke-width:1;stroke-linejoin:round}svg .peak-line{stroke:#222;stroke-dasharray:4 3}svg .peak-dot{fill:#222}
-#peak-label{font-size:12px;font-weight:600;fill:#111}
 #hover-line{stroke:#000;stroke-width:1;opacity:.5;pointer-events:none}
 svg .before{stroke:#9a9a9a;stroke-width:1.5}svg .after{stroke:#1f5fa8;stroke-width:1.5}svg .bound{stroke:#9a9a9a;stroke-width:1.5;stroke-dasharray:5 4}
 svg .budget{stroke:#b03030;stroke-dasharray:6 4}svg .recompute{stroke:#b03030}svg .pareto-point{fill:#1f5fa8}
-#tooltip{position:absolute;top:8px;right:8px;background:rgba(255,255,255,.96);border:1px solid #bbb;border-radius:4px;padding:6px 8px;font-size:12px;pointer-events:none;max-width:420px}
+#tooltip{position:absolute;top:52px;right:24px;background:rgba(255,255,255,.96);border:1px solid #bbb;border-radius:4px;padding:6px 8px;font-size:12px;pointer-events:none;max-width:420px}
 #tooltip table{border-collapse:collapse}#tooltip td{padding:0 6px 0 0}
 table{border-collapse:collapse;width:100%;margin:6px 0}th,td{text-align:left;padding:3px 8px;border-bottom:1px solid #eee;vertical-align:top}
 th{font-weight:600;color:#444;background:#f6f6f6}.num{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}

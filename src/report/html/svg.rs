@@ -12,6 +12,15 @@ use crate::report::train::TrainingReport;
 use crate::train::StepKind;
 use crate::units::human_bytes;
 
+/// The charts' style (the page's, and a standalone SVG's own).
+pub const SVG_CSS: &str = "
+svg{font-family:system-ui,-apple-system,'Segoe UI',sans-serif}
+svg .grid{stroke:#eee}svg .axis{stroke:#888}svg .tick{font-size:11px;fill:#555}svg .axis-title{font-size:11px;fill:#333}
+svg .legend{font-size:12px;fill:#333}svg .phase-label{font-size:11px;fill:#333}svg .phase-edge{stroke:#999;stroke-dasharray:3 3}
+svg .series{stroke-width:1;stroke-linejoin:round}svg .peak-line{stroke:#222;stroke-dasharray:4 3}svg .peak-dot{fill:#222}
+#peak-label{font-size:12px;font-weight:600;fill:#111}
+";
+
 /// The most points drawn per series.
 pub const MAX_POINTS: usize = 1000;
 
@@ -342,6 +351,9 @@ pub fn step_chart(t: &TrainingReport, peak_op: &str, standalone: bool) -> (Strin
         "memory over the training step by category",
         standalone,
     );
+    if standalone {
+        let _ = write!(s, "<style>{SVG_CSS}</style>");
+    }
     let phases: Vec<StepKind> = t.timeline.iter().map(|p| p.phase).collect();
     f.byte_axis(&mut s, tick);
     // Each category is drawn as the area under its cumulative top, the highest
@@ -662,4 +674,57 @@ pub fn pareto_chart(c: &ParetoCurve, chosen: Option<u64>) -> String {
     );
     s.push_str("</svg>");
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn downsampling_keeps_every_stretch_largest_and_the_peak() {
+        let v: Vec<u64> = (0..3079u64).map(|i| (i * 7919) % 1000).collect();
+        let peak = v
+            .iter()
+            .enumerate()
+            .fold(0, |b, (i, &x)| if x > v[b] { i } else { b });
+        let idx = downsample(&v, MAX_POINTS);
+        assert_eq!(idx.len(), MAX_POINTS);
+        assert!(idx.windows(2).all(|w| w[0] < w[1]));
+        assert!(idx.contains(&peak));
+        assert_eq!(
+            downsample(&v[..10], MAX_POINTS),
+            (0..10).collect::<Vec<_>>()
+        );
+        assert!(downsample(&[], MAX_POINTS).is_empty());
+    }
+
+    #[test]
+    fn axis_ticks_and_labels() {
+        assert_eq!(byte_ticks(994 << 20), (256 << 20, 1 << 30));
+        assert_eq!(byte_ticks(2470 << 20), (512 << 20, 5 << 29));
+        assert_eq!(short_bytes(1 << 30), "1 GiB");
+        assert_eq!(short_bytes(3 << 29), "1.5 GiB");
+        assert_eq!(short_bytes(768 << 20), "768 MiB");
+        assert_eq!(short_bytes(12), "12 B");
+        assert_eq!(count_step(3079), 500);
+        assert_eq!(
+            esc("a<b & 'c' \"d\">"),
+            "a&lt;b &amp; &#39;c&#39; &quot;d&quot;&gt;"
+        );
+    }
+
+    #[test]
+    fn phase_runs_are_maximal() {
+        use StepKind::*;
+        let r = phase_runs(&[Forward, Forward, Loss, Backward, Backward, Optimizer]);
+        assert_eq!(
+            r,
+            vec![
+                (0, 1, Forward),
+                (2, 2, Loss),
+                (3, 4, Backward),
+                (5, 5, Optimizer)
+            ]
+        );
+    }
 }
