@@ -625,3 +625,76 @@ fn a_browser_renders_the_report() {
     assert!(png.len() > 60 * 1024, "{} bytes: blank?", png.len());
     assert!(png.ends_with(b"IEND\xaeB`\x82"), "a PNG ends with IEND");
 }
+
+#[test]
+fn a_plan_file_and_a_checkpoint_preset_are_drawn() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model("resnet18.onnx");
+    let ms = m.to_str().unwrap();
+    let pf = dir.path().join("plan.json");
+    let (ok, out, err) = memplan(&[
+        "plan",
+        ms,
+        "--batch",
+        "16",
+        "--budget",
+        "0.7",
+        "--solver",
+        "greedy",
+        "--json",
+        "-o",
+        pf.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let pj: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let (_, doc) = report(
+        dir.path(),
+        "planned.html",
+        &m,
+        &["--batch", "16", "--plan", pf.to_str().unwrap()],
+    );
+    let tags = well_formed(&doc).unwrap_or_else(|e| panic!("not well formed: {e}"));
+    let sec = tags.iter().find(|t| t.attr("id") == Some("plan")).unwrap();
+    assert_eq!(
+        sec.attr("data-peak-bytes").unwrap(),
+        pj["peak_bytes"].as_u64().unwrap().to_string()
+    );
+    // Another batch: the file does not fit, one line.
+    let (ok, _, err) = memplan(&["report", ms, "--batch", "8", "--plan", pf.to_str().unwrap()]);
+    assert!(
+        !ok && err.lines().count() == 1 && err.contains("made for batch 16"),
+        "{err}"
+    );
+    // A module preset lists the checkpointed modules.
+    let (_, doc) = report(
+        dir.path(),
+        "ck.html",
+        &m,
+        &["--batch", "16", "--checkpoint", "every-block"],
+    );
+    well_formed(&doc).unwrap_or_else(|e| panic!("not well formed: {e}"));
+    assert!(doc.contains("Checkpointed modules (8): <code>layer1.0</code>"));
+}
+
+/// The examples in docs/report/ are what the tests say a report is.
+#[test]
+fn the_documented_examples_are_well_formed_small_and_self_contained() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/report");
+    let mut pages = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        let bytes = std::fs::read(&p).unwrap();
+        assert!(bytes.len() < 300 * 1024, "{name}: {} bytes", bytes.len());
+        if name.ends_with(".html") {
+            let doc = String::from_utf8(bytes).unwrap();
+            let tags = well_formed(&doc).unwrap_or_else(|e| panic!("{name}: {e}"));
+            self_contained(&doc, &tags);
+            one_series_per_category(&series(&tags));
+            pages += 1;
+        } else if name.ends_with(".png") {
+            assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{name}");
+        }
+    }
+    assert!(pages >= 4, "{pages} example pages");
+}
