@@ -30,6 +30,10 @@ enum Command {
     Verify(cmd::verify::VerifyArgs),
     /// Compare planners: one row per graph, budget and solver.
     Bench(cmd::bench::BenchArgs),
+    /// Write the training step's memory as one self-contained HTML page: the step
+    /// by category, the peak, modules, and optionally a plan, a budget sweep and
+    /// the fit table.
+    Report(cmd::report::ReportArgs),
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -39,6 +43,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Plan(a) => cmd::plan::run(a),
         Command::Verify(a) => cmd::verify::run(a),
         Command::Bench(a) => cmd::bench::run(a),
+        Command::Report(a) => cmd::report::run(a),
     }
 }
 

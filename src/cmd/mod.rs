@@ -7,6 +7,7 @@ pub mod bench;
 pub mod fit;
 pub mod plan;
 pub mod profile;
+pub mod report;
 pub mod verify;
 
 use anyhow::{bail, Context};
