@@ -447,7 +447,7 @@ fn fit_section(h: &mut String, r: &FitReport) {
             .as_ref()
             .map(|d| format!(
                 "; decided on the caching allocator's reserved bytes within {}",
-                human_bytes(d.allocator_capacity_bytes)
+                human_bytes(d.allocator_capacity_bytes.unwrap_or(0))
             ))
             .unwrap_or_default(),
         if r.device.is_some() {
