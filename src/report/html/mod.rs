@@ -280,15 +280,24 @@ impl Report {
                 .map_or("", |k| CATS[k].label);
             let _ = write!(
                 h,
-                "<tr><td class=\"num\">{}</td><td>{}</td><td>{}</td><td>[{}]</td><td><code>{}</code></td><td><code>{}</code></td></tr>",
+                "<tr><td class=\"num\">{}</td><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td><td><code>{}</code></td></tr>",
                 human_bytes(r.bytes),
                 cat,
                 esc(&r.dtype),
-                r.shape
-                    .iter()
-                    .map(|d| d.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", "),
+                // A storage with no tensor shape (optimizer state: one vector over
+                // every parameter) is flat, not a scalar.
+                if r.shape.is_empty() && r.bytes > 8 {
+                    "flat".to_string()
+                } else {
+                    format!(
+                        "[{}]",
+                        r.shape
+                            .iter()
+                            .map(|d| d.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                },
                 esc(&r.name),
                 esc(r.made_by.as_deref().unwrap_or("(resident)"))
             );
