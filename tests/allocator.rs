@@ -161,6 +161,32 @@ fn expandable_segments_unmap_free_pages_when_full() {
 }
 
 #[test]
+fn a_full_expandable_segment_unmaps_its_free_pages() {
+    // 100 MiB device, expandable: five 20 MiB blocks fill it; the 2nd and 4th are
+    // freed (two holes, 20 MiB each). 40 MiB fits no hole and mapping 2 more pages
+    // would exceed the device, so the free pages are unmapped (reserved 60 MiB) and
+    // the request maps 2 pages at the segment's end.
+    let mut a = Allocator::new(conf("expandable_segments:True"), 100 * MIB);
+    let b = alloc_all(&mut a, &[20 * MIB; 5]);
+    assert_eq!(a.stats().reserved, 100 * MIB);
+    a.free(b[1]);
+    a.free(b[3]);
+    let x = a.malloc(40 * MIB).unwrap();
+    assert_eq!(a.block_size(x), 40 * MIB);
+    let s = a.stats();
+    assert_eq!(
+        (s.reserved, s.allocated, s.releases),
+        (100 * MIB, 100 * MIB, 2)
+    );
+    // Nothing is left to unmap: one more page does not fit.
+    assert!(a.malloc(MIB + 1).is_err());
+    // Freeing a block and emptying the cache unmaps its page.
+    a.free(b[0]);
+    a.empty_cache();
+    assert_eq!(a.stats().reserved, 80 * MIB);
+}
+
+#[test]
 fn power2_divisions_round_requests() {
     // 1.2 GiB with 4 divisions between 1 and 2 GiB rounds to 1.25 GiB.
     let c = conf("roundup_power2_divisions:4");

@@ -235,7 +235,11 @@ fn train_peak(name: &str, b: u64) -> u64 {
 #[test]
 fn fit_searches_when_the_step_changes_with_the_batch() {
     let budget = 64 * 1024;
-    let v = json("fit", "scripted_control", &["--memory", "64KiB"]);
+    let v = json(
+        "fit",
+        "scripted_control",
+        &["--memory", "64KiB", "--tensors-only"],
+    );
     let b = v["strategies"][0]["max_batch"].as_u64().unwrap();
     assert_eq!(v["strategies"][0]["name"], "as-exported");
     assert!(b > 1, "{v}");

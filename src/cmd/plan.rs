@@ -6,7 +6,7 @@ use anyhow::{bail, Context};
 
 use super::{choice, parse_budget, parse_dims, DeviceArgs, TrainArgs};
 use memplan::infer::Bindings;
-use memplan::memory::device::lazy_values;
+use memplan::memory::device::StepValues;
 use memplan::remat::dag::load_dag;
 use memplan::remat::graph::replay_on_device;
 use memplan::remat::module_plan::{
@@ -135,7 +135,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     }
     let model_path = model.clone();
     // Optimizer state per value (allocated at its first use on the device).
-    let mut lazy = None;
+    let mut values = None;
     let (g, path) = match (model, dag) {
         (_, Some(d)) => {
             let path = d.display().to_string();
@@ -148,7 +148,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
                 dims: parse_dims(&dims)?,
             };
             let (_, step) = load(&m, &b, &opts).with_context(|| path.clone())?;
-            lazy = Some(lazy_values(&step.schedule));
+            values = Some(StepValues::of(&step.schedule));
             (step.graph, path)
         }
         (None, None) => bail!("give a MODEL or --dag FILE"),
@@ -258,11 +258,11 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
             .with_context(|| format!("--rewrite {}", out.display()))?;
     }
     // The planned step and the baseline through the caching allocator (models only).
-    let on_device = match &lazy {
-        Some(lazy) if r.feasible => {
+    let on_device = match &values {
+        Some(values) if r.feasible => {
             let d = device.model()?;
             let unlimited = |p: &[_]| {
-                replay_on_device(&g, p, lazy, &d).map_err(|e| {
+                replay_on_device(&g, p, values, &d).map_err(|e| {
                     anyhow::anyhow!(
                         "{path}: the allocator replay failed on {} bytes with unlimited memory",
                         e.requested

@@ -6,8 +6,9 @@
 //! the largest batch the allocator fits is then searched below it, from a guess on
 //! the line through the reserved bytes at batch 1 and at that bound.
 
+use super::planned::report_of;
 use super::{FitOptions, PlannedFit};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::infer::Bindings;
 use crate::ir::Model;
 use crate::memory::device::{self, AllocatorReport, DeviceModel};
@@ -102,7 +103,7 @@ pub(super) fn confirm_planned(
         let r = crate::remat::graph::replay_on_device(
             &step.graph,
             &plan,
-            &device::lazy_values(&step.schedule),
+            &device::StepValues::of(&step.schedule),
             d,
         )
         .ok();
@@ -118,22 +119,23 @@ pub(super) fn confirm_planned(
     let g = guess(hi, reserved(1)?, reserved(hi)?, d.capacity);
     let best = largest_fitting(hi, g, |b| Ok(at(b, d)?.2.is_some()))?;
     p.max_batch = best;
+    // The report at the answer (at batch 1 when nothing fits: the lowest reachable
+    // peak there), budgeted at what the allocator may reserve.
+    let (graph, plan, r) = at(best.max(1), d)?;
+    let (solver, method) = if plan == found {
+        (p.report.solver, p.report.method.clone())
+    } else {
+        (
+            Solver::Greedy,
+            "greedy at the allocator's capacity".to_string(),
+        )
+    };
+    p.report = report_of(&graph, &plan, solver, method, d.capacity)?;
+    let base = graph.base_cost().max(f64::MIN_POSITIVE);
+    p.lower_bound_overhead = stage_lower_bound(&graph, d.capacity).unwrap_or(0.0) / base;
+    p.report.lower_bound_overhead = p.lower_bound_overhead;
     if best == 0 {
         return Ok(None);
-    }
-    let (graph, plan, r) = at(best, d)?;
-    if plan != found {
-        p.report =
-            crate::remat::plan::plan(&graph, d.capacity, Solver::Greedy, o.plan_time_limit_s)?;
-        p.report.budget_bytes = o.memory;
-    }
-    {
-        let rp = replay(&graph, &plan).map_err(Error::Graph)?;
-        p.report.peak_bytes = rp.peak_bytes;
-        p.report.recompute_flops = rp.recompute_cost;
-        let base = graph.base_cost().max(f64::MIN_POSITIVE);
-        p.report.overhead = rp.recompute_cost / base;
-        p.lower_bound_overhead = stage_lower_bound(&graph, d.capacity).unwrap_or(0.0) / base;
     }
     Ok(r)
 }

@@ -335,8 +335,8 @@ impl<'a> Steps<'a> {
         }
         let r = match &self.realised(c, batch)?.0 {
             Realised::Schedule(s) => device::replay_schedule(s, d),
-            Realised::Plan { g, plan, lazy } => {
-                crate::remat::graph::replay_on_device(g, plan, lazy, d)
+            Realised::Plan { g, plan, values } => {
+                crate::remat::graph::replay_on_device(g, plan, values, d)
             }
         }
         .ok();
@@ -430,7 +430,7 @@ impl<'a> Steps<'a> {
                     Realised::Plan {
                         g,
                         plan: p.plan,
-                        lazy: device::lazy_values(&s),
+                        values: device::StepValues::of(&s),
                     },
                     ov,
                 ))
@@ -471,7 +471,7 @@ impl<'a> Steps<'a> {
 fn set_device_figures(row: &mut StrategyFit, d: &DeviceModel, r: Option<AllocatorReport>) {
     if let Some(r) = r {
         row.reserved_bytes = Some(r.reserved_bytes);
-        row.device_bytes = Some(r.reserved_bytes.saturating_add(d.context_bytes));
+        row.device_bytes = Some(d.device_bytes(&r));
     }
 }
 
@@ -479,11 +479,11 @@ fn set_device_figures(row: &mut StrategyFit, d: &DeviceModel, r: Option<Allocato
 enum Realised {
     /// A schedule, run without recomputation.
     Schedule(Rc<Schedule>),
-    /// A plan over a schedule's graph; `lazy` marks optimizer state.
+    /// A plan over a schedule's graph, and the schedule's values.
     Plan {
         g: crate::remat::graph::RematGraph,
         plan: Vec<crate::remat::graph::Instr>,
-        lazy: Vec<bool>,
+        values: device::StepValues,
     },
 }
 
@@ -695,7 +695,7 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
         let n = st.combo().map_or(1, |c| c.gpus(o.gpus));
         let (global, acc_steps, note) = match st {
             Strategy::GradAccumulation => match (o.target_batch, mb) {
-                (Some(t), m) if m > 0 => match steps.split_fitting(Combo { accumulate: true, ..Combo::PLAIN }, t, m, 1)? {
+                (Some(t), m) if m > 0 => match steps.split_fitting(st.combo().expect("grad-accumulation is a combination"), t, m, 1)? {
                     Some((micro, k)) => (micro * k, Some(k), format!("micro-batch {micro} × {k} steps; gradients stay allocated between micro-batches")),
                     None => (mb, None, "gradients stay allocated between micro-batches; no micro-batch split for the target fits the device".into()),
                 },

@@ -249,8 +249,9 @@ impl AffineStep {
 pub struct PlannedFit {
     /// Largest batch at which the planner finds a plan within the budget (0: none).
     pub max_batch: u64,
-    /// The reported plan at `max_batch`, with `budget_bytes` the card's memory (when
-    /// nothing fits: the ILP's lowest-peak plan at batch 1).
+    /// The reported plan at `max_batch`, with `budget_bytes` the memory its live
+    /// bytes must fit ([`FitOptions::budget`]; when nothing fits: the ILP's
+    /// lowest-peak plan at batch 1).
     pub report: PlanReport,
     /// Proven lower bound on the overhead at `max_batch` (0 if none).
     pub lower_bound_overhead: f64,
@@ -595,6 +596,24 @@ fn affine(
 }
 
 /// `f`'s plan on `g` as `plan` reports it, under `memory`.
+/// The report of `plan` on `g` under `budget` (fit on the device: a plan replayed
+/// at another batch).
+pub(super) fn report_of(
+    g: &RematGraph,
+    plan: &[Instr],
+    solver: Solver,
+    method: String,
+    budget: u64,
+) -> Result<PlanReport> {
+    let f = Found {
+        plan: plan.to_vec(),
+        solver,
+        method,
+        max_fit: 0,
+    };
+    report(g, &f, budget, Instant::now())
+}
+
 fn report(g: &RematGraph, f: &Found, memory: u64, t0: Instant) -> Result<PlanReport> {
     let r = replay(g, &f.plan).map_err(Error::Graph)?;
     let base = g.baseline_peak().map_err(Error::Graph)?;

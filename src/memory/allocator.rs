@@ -144,8 +144,8 @@ impl AllocConf {
         };
         let boolean = |v: &str, key: &str| -> Result<bool, String> {
             match v {
-                "True" | "true" => Ok(true),
-                "False" | "false" => Ok(false),
+                "True" => Ok(true),
+                "False" => Ok(false),
                 _ => Err(format!("'{key}': expected True or False, not '{v}'")),
             }
         };
@@ -349,7 +349,7 @@ pub fn allocation_size(size: u64) -> u64 {
 /// A handle to an allocated block.
 pub type BlockId = usize;
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 struct Block {
     addr: u64,
     size: u64,
@@ -407,7 +407,8 @@ pub struct AllocStats {
     pub segments: u64,
     /// Segments when `reserved` peaked.
     pub segments_at_peak: u64,
-    /// Segments released to free memory for a request (`num_device_free`).
+    /// Segments released and page ranges unmapped, to free memory for a request or
+    /// by [`Allocator::empty_cache`] (`num_device_free`).
     pub releases: u64,
 }
 
@@ -593,7 +594,7 @@ impl Allocator {
     /// Splits `size` bytes off the front of `id` (taken out of the cache); returns
     /// the front block, the rest goes back to the cache.
     fn split(&mut self, id: BlockId, size: u64) -> BlockId {
-        let b = self.blocks[id].clone();
+        let b = self.blocks[id];
         let front = self.new_block(Block {
             size,
             next: Some(id),
@@ -615,7 +616,7 @@ impl Allocator {
     /// same mapping state; `dst` is out of every set.
     fn try_merge(&mut self, dst: BlockId, src: Option<BlockId>) {
         let Some(src) = src else { return };
-        let s = self.blocks[src].clone();
+        let s = self.blocks[src];
         if s.allocated || s.mapped != self.blocks[dst].mapped {
             return;
         }
@@ -647,7 +648,7 @@ impl Allocator {
             return self.alloc_expandable(small, size);
         }
         let seg = allocation_size(size);
-        if self.stats.reserved + seg > self.capacity {
+        if self.stats.reserved.saturating_add(seg) > self.capacity {
             return None;
         }
         let addr = self.next_addr;
@@ -743,19 +744,18 @@ impl Allocator {
             }
             bytes >= size
         };
-        let unmapped: Vec<BlockId> = self.pools[small as usize]
+        let found = self.pools[small as usize]
             .unmapped
             .iter()
-            .map(|e| e.1)
-            .collect();
-        for u in unmapped {
-            let start = match self.blocks[u].prev {
-                Some(p) if !self.blocks[p].allocated => p,
-                _ => u,
-            };
-            if free_from(self, Some(start)) {
-                return start;
-            }
+            .find_map(|&(_, u)| {
+                let start = match self.blocks[u].prev {
+                    Some(p) if !self.blocks[p].allocated => p,
+                    _ => u,
+                };
+                free_from(self, Some(start)).then_some(start)
+            });
+        if let Some(start) = found {
+            return start;
         }
         let page = if small { SMALL_BUFFER } else { LARGE_BUFFER };
         // PyTorch reserves address space for 1 1/8 of the device's memory (here at
@@ -805,13 +805,13 @@ impl Allocator {
     /// `id`, merges the mapped part with free neighbours and caches it; returns the
     /// merged block, or `None` when the device is full.
     fn map_block(&mut self, id: BlockId, size: u64) -> Option<BlockId> {
-        let b = self.blocks[id].clone();
+        let b = self.blocks[id];
         let es = &self.expandable[b.expandable.expect("expandable")];
         let page = es.page;
         let first = (b.addr - es.base) / page;
         let last = (b.addr + size - es.base).div_ceil(page);
         let bytes = (last - first) * page;
-        if self.stats.reserved + bytes > self.capacity {
+        if self.stats.reserved.saturating_add(bytes) > self.capacity {
             return None;
         }
         let es = &mut self.expandable[b.expandable.expect("expandable")];
@@ -850,7 +850,7 @@ impl Allocator {
 
     /// `unmap_block`: unmaps the wholly free pages of cached block `id`.
     fn unmap_block(&mut self, id: BlockId) {
-        let b = self.blocks[id].clone();
+        let b = self.blocks[id];
         let e = b.expandable.expect("expandable");
         let (base, page) = (self.expandable[e].base, self.expandable[e].page);
         let first = (b.addr - base).div_ceil(page);
@@ -866,7 +866,7 @@ impl Allocator {
             let f = self.new_block(Block {
                 size: before,
                 next: Some(id),
-                ..b.clone()
+                ..b
             });
             if let Some(p) = b.prev {
                 self.blocks[p].next = Some(f);
@@ -881,7 +881,7 @@ impl Allocator {
                 size: after,
                 prev: Some(id),
                 next: b.next,
-                ..b.clone()
+                ..b
             });
             if let Some(n) = b.next {
                 self.blocks[n].prev = Some(a);
@@ -943,6 +943,7 @@ mod tests {
         for bad in [
             "max_split_size_mb:10",
             "expandable_segments:maybe",
+            "expandable_segments:true",
             "bogus:1",
             "backend:cudaMallocAsync",
             "roundup_power2_divisions:3",

@@ -207,6 +207,12 @@ pub struct DeviceSummary {
 }
 
 impl DeviceModel {
+    /// What nvidia-smi shows for the process after a replay: the allocator's
+    /// reserved bytes (cuBLAS workspaces among them) plus the CUDA context.
+    pub fn device_bytes(&self, a: &AllocatorReport) -> u64 {
+        a.reserved_bytes.saturating_add(self.context_bytes)
+    }
+
     /// What this device assumes.
     pub fn summary(&self) -> DeviceSummary {
         let limited = self.capacity != u64::MAX;
@@ -280,7 +286,8 @@ pub fn replay_schedule(s: &Schedule, d: &DeviceModel) -> Result<AllocatorReport,
             ends[b].push(v);
         }
     }
-    let lazy = lazy_values(s);
+    let values = StepValues::of(s);
+    let lazy = &values.lazy;
     let mut events = Vec::with_capacity(n * 4);
     for (i, st) in s.steps.iter().enumerate() {
         events.push(Event::Step {
@@ -297,27 +304,65 @@ pub fn replay_schedule(s: &Schedule, d: &DeviceModel) -> Result<AllocatorReport,
         events.extend(starts[i].iter().map(|&v| Event::Alloc(v)));
         events.extend(ends[i].iter().map(|&v| Event::Free(v)));
     }
-    let bytes: Vec<u64> = s.storages.iter().map(|st| st.bytes).collect();
     let fixed: Vec<bool> = s.storages.iter().map(|st| st.persistent).collect();
-    replay_events(&bytes, &fixed, &lazy, &events, d)
+    replay_events(&values, &fixed, &events, d)
 }
 
-/// The training loop over one step's events (see the module docs): values
-/// `0..bytes.len()` of `bytes[v]` bytes, `fixed[v]` allocated before the first step
-/// and never freed (at their first `Alloc` when `lazy[v]`). An error is the
-/// allocation the device cannot hold.
+/// The allocations of a step's values (its schedule's storages): each one's
+/// tensors ([`crate::train::Storage::allocations`]: optimizer state per state and
+/// parameter), and which are allocated at their first use (optimizer state).
+#[derive(Debug, Clone)]
+pub struct StepValues {
+    /// Bytes of each tensor PyTorch allocates for a value, in order.
+    pub sizes: Vec<Vec<u64>>,
+    /// Fixed values allocated at their first use rather than up front.
+    pub lazy: Vec<bool>,
+}
+
+impl StepValues {
+    /// The storages of `s` (the values of its remat graph, `remat::from_schedule`).
+    pub fn of(s: &Schedule) -> StepValues {
+        StepValues {
+            sizes: s
+                .storages
+                .iter()
+                .map(|st| {
+                    st.allocations()
+                        .iter()
+                        .copied()
+                        .filter(|&b| b > 0)
+                        .collect()
+                })
+                .collect(),
+            lazy: s
+                .storages
+                .iter()
+                .map(|st| st.kind == StorageKind::OptimizerState && st.persistent)
+                .collect(),
+        }
+    }
+}
+
+/// Allocates every tensor of a value.
+fn alloc_value(a: &mut Allocator, sizes: &[u64]) -> Result<Vec<BlockId>, OutOfMemory> {
+    sizes.iter().map(|&b| a.malloc(b)).collect()
+}
+
+/// The training loop over one step's events (see the module docs): `fixed[v]`
+/// values are allocated before the first step and never freed (at their first
+/// `Alloc` when lazy). An error is the allocation the device cannot hold.
 pub fn replay_events(
-    bytes: &[u64],
+    values: &StepValues,
     fixed: &[bool],
-    lazy: &[bool],
     events: &[Event],
     d: &DeviceModel,
 ) -> Result<AllocatorReport, OutOfMemory> {
+    let (sizes, lazy) = (&values.sizes, &values.lazy);
     let mut a = Allocator::new(d.conf.clone(), d.capacity);
-    let mut held: Vec<Option<BlockId>> = vec![None; bytes.len()];
-    for v in 0..bytes.len() {
-        if fixed[v] && bytes[v] > 0 && !lazy[v] {
-            held[v] = Some(a.malloc(bytes[v])?);
+    let mut held: Vec<Vec<BlockId>> = vec![Vec::new(); sizes.len()];
+    for v in 0..sizes.len() {
+        if fixed[v] && !lazy[v] {
+            held[v] = alloc_value(&mut a, &sizes[v])?;
         }
     }
     let mut workspaces = 0u64;
@@ -336,13 +381,13 @@ pub fn replay_events(
                     }
                 }
                 Event::Alloc(v) => {
-                    if held[v].is_none() && bytes[v] > 0 {
-                        held[v] = Some(a.malloc(bytes[v])?);
+                    if held[v].is_empty() {
+                        held[v] = alloc_value(&mut a, &sizes[v])?;
                     }
                 }
                 Event::Free(v) => {
                     if !fixed[v] {
-                        if let Some(b) = held[v].take() {
+                        for b in held[v].drain(..) {
                             a.free(b);
                         }
                     }
@@ -351,7 +396,7 @@ pub fn replay_events(
         }
         for (v, slot) in held.iter_mut().enumerate() {
             if !fixed[v] {
-                if let Some(b) = slot.take() {
+                for b in slot.drain(..) {
                     a.free(b);
                 }
             }
@@ -371,13 +416,4 @@ pub fn replay_events(
         steps_replayed: steps,
         cache_releases: s.releases,
     })
-}
-
-/// The storages of `s` (the values of its remat graph, `remat::from_schedule`) that `torch.optim` allocates lazily: optimizer
-/// state.
-pub fn lazy_values(s: &Schedule) -> Vec<bool> {
-    s.storages
-        .iter()
-        .map(|st| st.kind == StorageKind::OptimizerState && st.persistent)
-        .collect()
 }

@@ -11,7 +11,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::memory::allocator::OutOfMemory;
-use crate::memory::device::{replay_events, AllocatorReport, DeviceModel, Event};
+use crate::memory::device::{replay_events, AllocatorReport, DeviceModel, Event, StepValues};
 
 /// Index of a node.
 pub type NodeId = usize;
@@ -167,12 +167,12 @@ impl RematGraph {
 }
 
 /// A valid plan's training loop on a device: its allocations replayed through the
-/// caching allocator (`memory::device`); `lazy[v]` marks fixed values allocated at
-/// their first use (optimizer state).
+/// caching allocator (`memory::device`); `values` are the step's
+/// ([`StepValues::of`] its schedule).
 pub fn replay_on_device(
     g: &RematGraph,
     plan: &[Instr],
-    lazy: &[bool],
+    values: &StepValues,
     d: &DeviceModel,
 ) -> Result<AllocatorReport, OutOfMemory> {
     let mut events = Vec::with_capacity(plan.len() * 3);
@@ -188,9 +188,8 @@ pub fn replay_on_device(
             Instr::Free(v) => events.push(Event::Free(v)),
         }
     }
-    let bytes: Vec<u64> = g.values.iter().map(|v| v.bytes).collect();
     let fixed: Vec<bool> = g.values.iter().map(|v| v.fixed).collect();
-    replay_events(&bytes, &fixed, lazy, &events, d)
+    replay_events(values, &fixed, &events, d)
 }
 
 /// Replays a plan: every compute must find its inputs live; returns the peak and

@@ -85,8 +85,8 @@ impl PlanDevice {
     /// From the two replays on `d`.
     pub fn new(d: &DeviceModel, planned: AllocatorReport, baseline: AllocatorReport) -> Self {
         PlanDevice {
-            device_bytes: planned.reserved_bytes.saturating_add(d.context_bytes),
-            baseline_device_bytes: baseline.reserved_bytes.saturating_add(d.context_bytes),
+            device_bytes: d.device_bytes(&planned),
+            baseline_device_bytes: d.device_bytes(&baseline),
             allocator: planned,
             baseline_allocator: baseline,
             device: d.summary(),

@@ -206,7 +206,7 @@ impl TrainingReport {
     /// Adds the step replayed through the caching allocator on `d`.
     pub fn set_device(&mut self, d: &DeviceModel, a: AllocatorReport) {
         self.allocator = Some(a);
-        self.device_bytes = Some(a.reserved_bytes.saturating_add(d.context_bytes));
+        self.device_bytes = Some(d.device_bytes(&a));
         self.device = Some(d.summary());
     }
 

@@ -68,6 +68,7 @@ impl Builder<'_> {
             persistent: false,
             held: false,
             saved: false,
+            pieces: Vec::new(),
         });
         self.storages.len() - 1
     }
@@ -966,6 +967,16 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         b.storages[s].bytes = state_bytes;
         b.storages[s].shape = Vec::new();
         b.storages[s].persistent = true;
+        // Per parameter, as torch.optim creates its state; the shared maps last.
+        let mut pieces: Vec<u64> = with_grad
+            .iter()
+            .flat_map(|&t| opt.state_tensors(&inf.facts[t].shape, master))
+            .collect();
+        let shared = opt.shared_state_bytes(&numels);
+        if shared > 0 {
+            pieces.extend([shared / 2, shared - shared / 2]);
+        }
+        b.storages[s].pieces = pieces;
         reads.push(s);
     }
     let largest = numels.iter().copied().max().unwrap_or(0);
@@ -978,6 +989,13 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
             StorageKind::OptimizerTemp,
         );
         b.storages[s].bytes = temp;
+        if temp == grad_bytes {
+            // A foreach temporary: one tensor per parameter.
+            b.storages[s].pieces = with_grad
+                .iter()
+                .map(|&t| master.bytes_for(inf.facts[t].numel()).unwrap_or(u64::MAX))
+                .collect();
+        }
         writes.push(s);
         reads.push(s);
     }

@@ -59,18 +59,28 @@ impl Optimizer {
 
     /// State bytes of one trainable parameter of shape `shape` stored as `dtype`.
     pub fn state_bytes(self, shape: &[usize], dtype: DType) -> u64 {
+        self.state_tensors(shape, dtype)
+            .iter()
+            .fold(0u64, |a, &b| a.saturating_add(b))
+    }
+
+    /// The state tensors of one parameter, in the order the optimizer allocates
+    /// them (`exp_avg`, then `exp_avg_sq`; bitsandbytes' `state1`, `state2`,
+    /// `absmax1`, `absmax2`; Adafactor's row and column factors), in bytes.
+    pub fn state_tensors(self, shape: &[usize], dtype: DType) -> Vec<u64> {
         let n: u64 = shape.iter().map(|&d| d as u64).product();
         let f32b = |k: u64| k.saturating_mul(4);
         let own = |k: u64| dtype.bytes_for(k).unwrap_or(u64::MAX);
         match self {
-            Optimizer::Sgd => 0,
-            Optimizer::Momentum | Optimizer::Lion => own(n),
-            Optimizer::Adam | Optimizer::Adamw => own(n).saturating_mul(2),
+            Optimizer::Sgd => vec![],
+            Optimizer::Momentum | Optimizer::Lion => vec![own(n)],
+            Optimizer::Adam | Optimizer::Adamw => vec![own(n), own(n)],
             Optimizer::Adam8bit => {
                 if n < BNB_MIN_8BIT_SIZE {
-                    f32b(2 * n)
+                    vec![f32b(n), f32b(n)]
                 } else {
-                    (2 * n).saturating_add(f32b(2 * n.div_ceil(BNB_STATE_BLOCK)))
+                    let absmax = f32b(n.div_ceil(BNB_STATE_BLOCK));
+                    vec![n, n, absmax, absmax]
                 }
             }
             Optimizer::Adafactor => {
@@ -79,9 +89,9 @@ impl Optimizer {
                     let r = shape[shape.len() - 2] as u64;
                     let row = n.checked_div(c).unwrap_or(0);
                     let col = n.checked_div(r).unwrap_or(0);
-                    f32b(row + col)
+                    vec![f32b(row), f32b(col)]
                 } else {
-                    f32b(n)
+                    vec![f32b(n)]
                 }
             }
         }

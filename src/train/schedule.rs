@@ -67,6 +67,24 @@ pub struct Storage {
     pub held: bool,
     /// Read by some backward step: a saved activation.
     pub saved: bool,
+    /// The tensors PyTorch allocates for this storage, in order, when it is not one
+    /// tensor (optimizer state: each state tensor of each parameter; foreach
+    /// temporaries: one per parameter); empty: one allocation of `bytes`. Used only
+    /// while they add up to `bytes` (a partitioned storage is one flat buffer).
+    pub pieces: Vec<u64>,
+}
+
+impl Storage {
+    /// The allocations PyTorch makes for this storage ([`Storage::pieces`] when they
+    /// add up to `bytes`, else `bytes` at once).
+    pub fn allocations(&self) -> &[u64] {
+        let sum = self.pieces.iter().fold(0u64, |a, &b| a.saturating_add(b));
+        if !self.pieces.is_empty() && sum == self.bytes {
+            &self.pieces
+        } else {
+            std::slice::from_ref(&self.bytes)
+        }
+    }
 }
 
 /// Phase of a step.

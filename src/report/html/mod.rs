@@ -566,7 +566,7 @@ var step=(p.x-left)/width*last;
 var lo=0,hi=pts.length-1;
 while(lo<hi){var mid=(lo+hi)>>1;if(pts[mid][0]<step){lo=mid+1;}else{hi=mid;}}
 if(lo>0&&Math.abs(pts[lo-1][0]-step)<=Math.abs(pts[lo][0]-step)){lo=lo-1;}
-show(pts[lo]);
+if(pts.length){show(pts[lo]);}
 });
 zone.addEventListener('mouseleave',function(){line.setAttribute('visibility','hidden');tip.hidden=true;});
 document.documentElement.setAttribute('data-script','ran');
