@@ -77,16 +77,7 @@ pub fn run(a: FitArgs) -> anyhow::Result<()> {
     let device = if tensors_only {
         None
     } else {
-        let d = device.model()?.with_memory(memory, headroom);
-        if d.capacity == 0 {
-            bail!(
-                "--memory {} leaves nothing for tensors after --headroom {} and the CUDA context {}",
-                memplan::units::human_bytes(memory),
-                memplan::units::human_bytes(headroom),
-                memplan::units::human_bytes(d.context_bytes)
-            );
-        }
-        Some(d)
+        Some(device.with_memory(memory, headroom)?)
     };
     let opts = FitOptions {
         device,

@@ -14,7 +14,7 @@ use anyhow::{bail, Context};
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 
 use memplan::choice::Choice;
-use memplan::memory::allocator::{AllocConf, AllocatorKind};
+use memplan::memory::allocator::{AllocConf, AllocatorKind, OutOfMemory};
 use memplan::memory::device::{DeviceModel, Gpu};
 use memplan::train::{Loss, Optimizer, ParamSelection, Precision, TrainOptions, WeightDtype};
 
@@ -139,6 +139,30 @@ impl DeviceArgs {
         };
         Ok(DeviceModel::new(conf, self.gpu, self.cuda_context))
     }
+
+    /// The device model with `memory` bytes, `headroom` kept free (`fit`, and
+    /// `report --memory`); an error when nothing is left for the allocator.
+    pub fn with_memory(&self, memory: u64, headroom: u64) -> anyhow::Result<DeviceModel> {
+        let d = self.model()?.with_memory(memory, headroom);
+        if d.capacity == 0 {
+            bail!(
+                "--memory {} leaves nothing for tensors after --headroom {} and the CUDA context {}",
+                memplan::units::human_bytes(memory),
+                memplan::units::human_bytes(headroom),
+                memplan::units::human_bytes(d.context_bytes)
+            );
+        }
+        Ok(d)
+    }
+}
+
+/// The error of a replay without a memory limit that still failed (a request
+/// beyond what can be counted).
+pub fn replay_failed(path: &str, e: OutOfMemory) -> anyhow::Error {
+    anyhow::anyhow!(
+        "{path}: the allocator replay failed on {} bytes with unlimited memory",
+        e.requested
+    )
 }
 
 /// `--dim NAME=VALUE` flags.

@@ -262,12 +262,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         Some(values) if r.feasible => {
             let d = device.model()?;
             let unlimited = |p: &[_]| {
-                replay_on_device(&g, p, values, &d).map_err(|e| {
-                    anyhow::anyhow!(
-                        "{path}: the allocator replay failed on {} bytes with unlimited memory",
-                        e.requested
-                    )
-                })
+                replay_on_device(&g, p, values, &d).map_err(|e| super::replay_failed(&path, e))
             };
             let planned = unlimited(&r.plan)?;
             let baseline = unlimited(&g.no_recompute_plan())?;

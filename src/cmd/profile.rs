@@ -77,12 +77,7 @@ pub fn run(a: ProfileArgs) -> anyhow::Result<()> {
         let replay = simulate(&sched);
         let mut t = TrainingReport::new(&opts, &sched, &replay);
         let d = device.model()?;
-        let a = replay_schedule(&sched, &d).map_err(|e| {
-            anyhow::anyhow!(
-                "{path}: the allocator replay failed on {} bytes with unlimited memory",
-                e.requested
-            )
-        })?;
+        let a = replay_schedule(&sched, &d).map_err(|e| super::replay_failed(&path, e))?;
         t.set_device(&d, a);
         if let Some(Preset::EveryBlock) = checkpoint {
             t.checkpoint =

@@ -6,7 +6,9 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 
-use super::{choice, memory_arg, parse_budget, parse_dims, DeviceArgs, TrainArgs};
+use super::{
+    choice, memory_arg, parse_budget, parse_dims, replay_failed, size_arg, DeviceArgs, TrainArgs,
+};
 use memplan::fit::{fit, FitOptions};
 use memplan::infer::Bindings;
 use memplan::memory::device::replay_schedule;
@@ -65,6 +67,9 @@ pub struct ReportArgs {
     /// Also fit batches into this memory per GPU (as `memplan fit`) and show the table.
     #[arg(long, value_parser = memory_arg)]
     memory: Option<u64>,
+    /// With --memory: memory to keep free on each GPU (as `memplan fit`).
+    #[arg(long, value_parser = |t: &str| size_arg("--headroom", t), requires = "memory")]
+    headroom: Option<u64>,
     /// With --memory: GPUs for data parallel and ZeRO.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=65536), requires = "memory")]
     gpus: u64,
@@ -134,12 +139,7 @@ fn write_report(a: ReportArgs) -> anyhow::Result<()> {
     let replay = simulate(&step.schedule);
     let mut t = TrainingReport::new(&opts, &step.schedule, &replay);
     let d = a.device.model()?;
-    let alloc = replay_schedule(&step.schedule, &d).map_err(|e| {
-        anyhow::anyhow!(
-            "{path}: the allocator replay failed on {} bytes with unlimited memory",
-            e.requested
-        )
-    })?;
+    let alloc = replay_schedule(&step.schedule, &d).map_err(|e| replay_failed(&path, e))?;
     t.set_device(&d, alloc);
     let g = &step.graph;
     let mut report = Report::new(&path, a.batch, &step.schedule, &replay, g, t);
@@ -191,14 +191,7 @@ fn write_report(a: ReportArgs) -> anyhow::Result<()> {
         );
     }
     if let Some(memory) = a.memory {
-        let dev = a.device.model()?.with_memory(memory, 0);
-        if dev.capacity == 0 {
-            bail!(
-                "--memory {} leaves nothing for tensors after the CUDA context {}",
-                human_bytes(memory),
-                human_bytes(dev.context_bytes)
-            );
-        }
+        let dev = a.device.with_memory(memory, a.headroom.unwrap_or(0))?;
         let fo = FitOptions {
             device: Some(dev),
             memory,
