@@ -122,7 +122,7 @@ fn max_split_size_keeps_oversize_blocks_whole() {
     // With max_split_size_mb:64, a cached 100 MiB segment does not serve a 30 MiB
     // request (oversize blocks serve only requests within 20 MiB of their size).
     let c = conf("max_split_size_mb:64");
-    let mut a = Allocator::new(c.clone(), u64::MAX);
+    let mut a = Allocator::new(c, u64::MAX);
     let b = a.malloc(100 * MIB).unwrap();
     a.free(b);
     a.malloc(30 * MIB).unwrap();

@@ -524,7 +524,7 @@ fn max_batch(steps: &Steps, c: Combo) -> Result<(u64, u64, f64)> {
     let (b, peak, ov) = live_max_batch(steps, c)?;
     match &o.device {
         Some(d) if b > 0 => {
-            let at = |b: u64| -> Result<bool> { Ok(steps.device_at(c, b, d)?.is_some()) };
+            let at = |b: u64| steps.fits_at(c, b);
             let inf = fit_device::unlimited(d);
             let reserved = |b| -> Result<u64> {
                 Ok(steps

@@ -70,7 +70,7 @@ crate::choice::choice!(AllocatorKind {
 
 /// The allocator's settings, as `PYTORCH_CUDA_ALLOC_CONF` (or `PYTORCH_ALLOC_CONF`)
 /// gives them.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AllocConf {
     /// `max_split_size_mb`, in bytes (`u64::MAX`: unlimited, the default).
     pub max_split_size: u64,

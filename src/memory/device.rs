@@ -26,6 +26,7 @@
 //! outside the allocator beyond the context figure.
 
 use serde::Serialize;
+use smallvec::SmallVec;
 
 use super::allocator::{AllocConf, Allocator, BlockId, OutOfMemory};
 use crate::train::{Schedule, StorageKind};
@@ -92,17 +93,6 @@ impl Gpu {
     /// The memory PyTorch can use: CUDA's total where published, else nvidia-smi's.
     pub fn total_bytes(&self) -> u64 {
         self.cuda_total_mib.unwrap_or(self.smi_total_mib) * MIB
-    }
-
-    /// The CUDA context of a PyTorch process on this generation and where the
-    /// figure comes from.
-    pub fn context(&self) -> (u64, &'static str) {
-        context_for(Some(self.capability))
-    }
-
-    /// PyTorch's default cuBLAS workspace on this card.
-    pub fn cublas_workspace_bytes(&self) -> u64 {
-        cublas_workspace_for(Some(self.capability))
     }
 }
 
@@ -313,8 +303,10 @@ pub fn replay_schedule(s: &Schedule, d: &DeviceModel) -> Result<AllocatorReport,
 /// parameter), and which are allocated at their first use (optimizer state).
 #[derive(Debug, Clone)]
 pub struct StepValues {
-    /// Bytes of each tensor PyTorch allocates for a value, in order.
-    pub sizes: Vec<Vec<u64>>,
+    /// Bytes of every tensor, value after value; value `v`'s are
+    /// `pieces[start[v]..start[v + 1]]`.
+    pieces: Vec<u64>,
+    start: Vec<usize>,
     /// Fixed values allocated at their first use rather than up front.
     pub lazy: Vec<bool>,
 }
@@ -322,18 +314,16 @@ pub struct StepValues {
 impl StepValues {
     /// The storages of `s` (the values of its remat graph, `remat::from_schedule`).
     pub fn of(s: &Schedule) -> StepValues {
+        let mut pieces = Vec::with_capacity(s.storages.len());
+        let mut start = Vec::with_capacity(s.storages.len() + 1);
+        start.push(0);
+        for st in &s.storages {
+            pieces.extend(st.allocations().iter().copied().filter(|&b| b > 0));
+            start.push(pieces.len());
+        }
         StepValues {
-            sizes: s
-                .storages
-                .iter()
-                .map(|st| {
-                    st.allocations()
-                        .iter()
-                        .copied()
-                        .filter(|&b| b > 0)
-                        .collect()
-                })
-                .collect(),
+            pieces,
+            start,
             lazy: s
                 .storages
                 .iter()
@@ -341,10 +331,28 @@ impl StepValues {
                 .collect(),
         }
     }
+
+    /// How many values.
+    pub fn len(&self) -> usize {
+        self.lazy.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.lazy.is_empty()
+    }
+
+    /// Bytes of each tensor PyTorch allocates for value `v`, in order.
+    pub fn sizes(&self, v: usize) -> &[u64] {
+        &self.pieces[self.start[v]..self.start[v + 1]]
+    }
 }
 
+/// The blocks of one value (almost always one tensor).
+type Blocks = SmallVec<[BlockId; 1]>;
+
 /// Allocates every tensor of a value.
-fn alloc_value(a: &mut Allocator, sizes: &[u64]) -> Result<Vec<BlockId>, OutOfMemory> {
+fn alloc_value(a: &mut Allocator, sizes: &[u64]) -> Result<Blocks, OutOfMemory> {
     sizes.iter().map(|&b| a.malloc(b)).collect()
 }
 
@@ -357,12 +365,11 @@ pub fn replay_events(
     events: &[Event],
     d: &DeviceModel,
 ) -> Result<AllocatorReport, OutOfMemory> {
-    let (sizes, lazy) = (&values.sizes, &values.lazy);
-    let mut a = Allocator::new(d.conf.clone(), d.capacity);
-    let mut held: Vec<Vec<BlockId>> = vec![Vec::new(); sizes.len()];
-    for v in 0..sizes.len() {
-        if fixed[v] && !lazy[v] {
-            held[v] = alloc_value(&mut a, &sizes[v])?;
+    let mut a = Allocator::new(d.conf, d.capacity);
+    let mut held: Vec<Blocks> = vec![Blocks::new(); values.len()];
+    for v in 0..values.len() {
+        if fixed[v] && !values.lazy[v] {
+            held[v] = alloc_value(&mut a, values.sizes(v))?;
         }
     }
     let mut workspaces = 0u64;
@@ -382,7 +389,7 @@ pub fn replay_events(
                 }
                 Event::Alloc(v) => {
                     if held[v].is_empty() {
-                        held[v] = alloc_value(&mut a, &sizes[v])?;
+                        held[v] = alloc_value(&mut a, values.sizes(v))?;
                     }
                 }
                 Event::Free(v) => {

@@ -41,6 +41,29 @@ pub const CATEGORIES: [Category; 6] = [
     Category::Temporaries,
 ];
 
+impl Category {
+    /// Its key in a [`Breakdown`] (JSON).
+    pub fn key(self) -> &'static str {
+        match self {
+            Category::Parameters => "parameters",
+            Category::Buffers => "buffers",
+            Category::Gradients => "gradients",
+            Category::Optimizer => "optimizer",
+            Category::SavedActivations => "saved_activations",
+            Category::Temporaries => "temporaries",
+        }
+    }
+
+    /// How reports name it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Category::Optimizer => "optimizer state",
+            Category::SavedActivations => "saved activations",
+            c => c.key(),
+        }
+    }
+}
+
 /// The category a storage counts under.
 pub fn category(s: &Storage) -> Category {
     match s.kind {
@@ -79,6 +102,12 @@ impl Breakdown {
             + self.optimizer
             + self.saved_activations
             + self.temporaries
+    }
+
+    /// The bytes of one category.
+    pub fn get(&self, c: Category) -> u64 {
+        let mut b = *self;
+        *b.slot(c)
     }
 
     fn slot(&mut self, c: Category) -> &mut u64 {

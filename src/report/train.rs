@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use super::{human_bytes, human_flops};
 use crate::memory::device::{AllocatorReport, DeviceModel, DeviceSummary};
+use crate::memory::simulate::CATEGORIES;
 use crate::memory::{Breakdown, Replay};
 use crate::train::{Schedule, StepKind, StorageKind, TrainOptions};
 
@@ -238,15 +239,8 @@ impl TrainingReport {
                 )
             );
         }
-        let b = &self.breakdown;
-        for (name, v) in [
-            ("parameters", b.parameters),
-            ("buffers", b.buffers),
-            ("gradients", b.gradients),
-            ("optimizer state", b.optimizer),
-            ("saved activations", b.saved_activations),
-            ("temporaries", b.temporaries),
-        ] {
+        for c in CATEGORIES {
+            let (name, v) = (c.label(), self.breakdown.get(c));
             let pct = if self.peak_bytes > 0 {
                 v as f64 * 100.0 / self.peak_bytes as f64
             } else {

@@ -163,13 +163,13 @@ impl Report {
                     serde_json::json!(self.ops.get(i).map_or("", |s| s.as_str())),
                     serde_json::json!(phase_name(p.phase)),
                 ];
-                v.extend(CATS.iter().map(|c| serde_json::json!((c.get)(&p.bytes))));
+                v.extend(CATS.iter().map(|c| serde_json::json!(c.get(&p.bytes))));
                 serde_json::Value::Array(v)
             })
             .collect();
         let doc = serde_json::json!({
-            "categories": CATS.iter().map(|c| c.key).collect::<Vec<_>>(),
-            "labels": CATS.iter().map(|c| c.label).collect::<Vec<_>>(),
+            "categories": CATS.iter().map(|c| c.key()).collect::<Vec<_>>(),
+            "labels": CATS.iter().map(|c| c.label()).collect::<Vec<_>>(),
             "colors": CATS.iter().map(|c| c.color).collect::<Vec<_>>(),
             "points": points,
         });
@@ -254,14 +254,14 @@ impl Report {
             phase_name(t.peak_phase)
         );
         for c in &CATS {
-            let v = (c.get)(&t.breakdown);
+            let v = c.get(&t.breakdown);
             let pct = share(v, t.peak_bytes);
             let _ = write!(
                 h,
                 "<tr data-category=\"{}\"><td><span class=\"sw\" style=\"background:{}\"></span>{}</td><td class=\"num\" data-bytes=\"{v}\">{}</td><td class=\"num\">{pct:.1}%</td><td class=\"barcell\"><div class=\"bar\" style=\"width:{pct:.1}%;background:{}\"></div></td></tr>",
-                c.key,
+                c.key(),
                 c.color,
-                c.label,
+                c.label(),
                 human_bytes(v),
                 c.color
             );
@@ -277,7 +277,7 @@ impl Report {
             let cat = CATEGORIES
                 .iter()
                 .position(|&c| c == r.category)
-                .map_or("", |k| CATS[k].label);
+                .map_or("", |k| CATS[k].label());
             let _ = write!(
                 h,
                 "<tr><td class=\"num\">{}</td><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td><td><code>{}</code></td></tr>",

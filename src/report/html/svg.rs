@@ -6,7 +6,7 @@
 use std::fmt::Write as _;
 
 use super::data::PlanView;
-use crate::memory::Breakdown;
+use crate::memory::{Breakdown, Category};
 use crate::remat::pareto::ParetoCurve;
 use crate::report::train::TrainingReport;
 use crate::train::StepKind;
@@ -24,58 +24,46 @@ svg .series{stroke-width:1;stroke-linejoin:round}svg .peak-line{stroke:#222;stro
 /// The most points drawn per series.
 pub const MAX_POINTS: usize = 1000;
 
-/// A category: its JSON key (the `data-category` of its series), its label, colour
-/// and bytes in a breakdown.
+/// A category as the charts draw it: its key (the
+/// `data-category` of its series), label and bytes come from the category.
 pub struct Cat {
-    /// The key in `training.breakdown`.
-    pub key: &'static str,
-    /// What the legend says.
-    pub label: &'static str,
+    /// The category.
+    pub cat: Category,
     /// Fill colour.
     pub color: &'static str,
-    /// Its bytes.
-    pub get: fn(&Breakdown) -> u64,
 }
 
-/// The categories, bottom of the stack first.
+impl Cat {
+    /// The key in `training.breakdown`.
+    pub fn key(&self) -> &'static str {
+        self.cat.key()
+    }
+
+    /// What the legend says.
+    pub fn label(&self) -> &'static str {
+        self.cat.label()
+    }
+
+    /// Its bytes in a breakdown.
+    pub fn get(&self, b: &Breakdown) -> u64 {
+        b.get(self.cat)
+    }
+}
+
+/// The categories, bottom of the stack first (the order of
+/// `memory::simulate::CATEGORIES`).
 pub const CATS: [Cat; 6] = [
-    Cat {
-        key: "parameters",
-        label: "parameters",
-        color: "#4e79a7",
-        get: |b| b.parameters,
-    },
-    Cat {
-        key: "buffers",
-        label: "buffers",
-        color: "#9c755f",
-        get: |b| b.buffers,
-    },
-    Cat {
-        key: "gradients",
-        label: "gradients",
-        color: "#f28e2b",
-        get: |b| b.gradients,
-    },
-    Cat {
-        key: "optimizer",
-        label: "optimizer state",
-        color: "#edc948",
-        get: |b| b.optimizer,
-    },
-    Cat {
-        key: "saved_activations",
-        label: "saved activations",
-        color: "#59a14f",
-        get: |b| b.saved_activations,
-    },
-    Cat {
-        key: "temporaries",
-        label: "temporaries",
-        color: "#e15759",
-        get: |b| b.temporaries,
-    },
+    cat(Category::Parameters, "#4e79a7"),
+    cat(Category::Buffers, "#9c755f"),
+    cat(Category::Gradients, "#f28e2b"),
+    cat(Category::Optimizer, "#edc948"),
+    cat(Category::SavedActivations, "#59a14f"),
+    cat(Category::Temporaries, "#e15759"),
 ];
+
+const fn cat(cat: Category, color: &'static str) -> Cat {
+    Cat { cat, color }
+}
 
 /// Escapes text for XML and HTML (content and quoted attributes).
 pub fn esc(s: &str) -> String {
@@ -363,7 +351,7 @@ pub fn step_chart(t: &TrainingReport, peak_op: &str, standalone: bool) -> (Strin
     let mut acc = vec![0u64; idx.len()];
     for c in &CATS {
         for (a, &i) in acc.iter_mut().zip(&idx) {
-            *a += (c.get)(&t.timeline[i].bytes);
+            *a += c.get(&t.timeline[i].bytes);
         }
         tops.push(acc.clone());
     }
@@ -389,8 +377,8 @@ pub fn step_chart(t: &TrainingReport, peak_op: &str, standalone: bool) -> (Strin
         let _ = write!(
             s,
             r#"<path class="series" data-category="{}" fill="{c}" stroke="{c}" d="{d} L{x1:.1},{b:.1} L{x0:.1},{b:.1} Z"><title>{}</title></path>"#,
-            c.key,
-            c.label,
+            c.key(),
+            c.label(),
             b = f.bottom(),
             c = c.color
         );
@@ -432,7 +420,7 @@ pub fn step_chart(t: &TrainingReport, peak_op: &str, standalone: bool) -> (Strin
             esc(&text)
         );
     }
-    let items: Vec<(&str, &str)> = CATS.iter().map(|c| (c.label, c.color)).collect();
+    let items: Vec<(&str, &str)> = CATS.iter().map(|c| (c.label(), c.color)).collect();
     legend(&mut s, f.left, h as f64 - 14.0, &items);
     if !standalone {
         let _ = write!(
