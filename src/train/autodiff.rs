@@ -612,6 +612,10 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         extras_of.push(extras);
     }
 
+    // A module call holds its arguments until it returns.
+    let persistent: Vec<bool> = b.storages.iter().map(|s| s.persistent).collect();
+    super::module_args::hold_module_arguments(&mut b.steps, &persistent);
+
     // 7. Loss.
     let out0_s = tstore[out0].expect("stored");
     let loss = b.new_storage(

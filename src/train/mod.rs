@@ -4,6 +4,7 @@
 
 pub mod autodiff;
 pub mod fusion;
+mod module_args;
 pub mod optim;
 pub mod params;
 pub mod policy;
