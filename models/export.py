@@ -1348,23 +1348,42 @@ def _collect_profile(prof, device_type="cpu"):
 
     tree = prof.profiler.kineto_results.experimental_event_tree()
     allocs, ranges = [], {}
-    stack = [(e, ()) for e in reversed(tree)]
+    stack = [(e, (), None) for e in reversed(tree)]
     seq = 0
+    scratch_candidates = {}  # index in allocs -> end time of the kernel that allocated it
     while stack:
-        e, chain = stack.pop()
+        e, chain, parent_end = stack.pop()
         tag, f = e.typed
         if tag == _EventType.Allocation:
             if f.device.type == device_type:
-                allocs.append((e.start_time_ns, seq, f.ptr, f.alloc_size, f.total_allocated,
-                               _alloc_kind(chain, f.alloc_size)))
+                kind = _alloc_kind(chain, f.alloc_size)
+                if kind is None and f.alloc_size > 0 and chain and chain[-1] in _CPU_CONV_KERNELS:
+                    scratch_candidates[len(allocs)] = parent_end
+                allocs.append([e.start_time_ns, seq, f.ptr, f.alloc_size, f.total_allocated, kind])
                 seq += 1
             continue
         if e.name.startswith("memplan::"):
             ranges[e.name[len("memplan::"):]] = (e.start_time_ns, e.end_time_ns)
+            end = parent_end
         else:
             chain = chain + (e.name,)
-        stack.extend((c, chain) for c in reversed(e.children))
-    allocs.sort(key=lambda a: (a[0], a[1]))
+            end = e.end_time_ns
+        stack.extend((c, chain, end) for c in reversed(e.children))
+    # A CPU convolution kernel's own scratch: memory the kernel itself (oneDNN, the slow conv3d
+    # path) allocates, not through a factory op, and frees before it returns (weight reorders,
+    # column buffers). The CUDA kernels use a cuDNN workspace instead.
+    order = sorted(range(len(allocs)), key=lambda i: (allocs[i][0], allocs[i][1]))
+    open_at = {}
+    for i in order:
+        t, _, ptr, size = allocs[i][:4]
+        if size > 0:
+            open_at[ptr] = i
+        elif ptr in open_at:
+            j = open_at.pop(ptr)
+            end = scratch_candidates.get(j)
+            if end is not None and t <= end:
+                allocs[j][5] = "cpu_kernel_scratch"
+    allocs = [tuple(allocs[i]) for i in order]
     return allocs, ranges
 
 
@@ -1416,6 +1435,7 @@ def _analyse_timeline(allocs, ranges):
     kinds = {}  # ptr -> kind (see _alloc_kind) of the live allocations that have one
     kind_live = collections.Counter()  # kind -> bytes alive now
     best, at_best = None, {}
+    dev_best, dev_t = None, None
     for t, _, ptr, size, total, kind in allocs:
         if prev_total is not None and total != prev_total + size:
             order_violations += 1
@@ -1440,6 +1460,11 @@ def _analyse_timeline(allocs, ranges):
             window.append((t, run))
             if best is None or run > best:
                 best, at_best = run, {k: v for k, v in kind_live.items() if v}
+            # What a CUDA run would hold: without the host-only kinds (3 of every 4 bytes of dropout
+            # noise: CUDA keeps a 1-byte mask).
+            dev = run - sum(v * 3 // 4 if k == "dropout_noise" else v for k, v in kind_live.items())
+            if dev_best is None or dev > dev_best:
+                dev_best, dev_t = dev, t
 
     def level_at(t):  # running value after the last event at or before t
         v = 0
@@ -1474,6 +1499,12 @@ def _analyse_timeline(allocs, ranges):
         "peak_alive_dropout_noise_bytes": at_best.get("dropout_noise", 0),
         "peak_alive_rng_state_bytes": at_best.get("rng_state", 0),
         "peak_alive_cpu_kernel_copy_bytes": at_best.get("cpu_kernel_copy", 0),
+        "peak_alive_cpu_kernel_scratch_bytes": at_best.get("cpu_kernel_scratch", 0),
+        # the peak of the same timeline less every host-only kind alive at each instant
+        "device_equivalent_step_peak_delta_bytes": (dev_best if dev_best is not None else 0) - z,
+        "device_equivalent_peak_phase": next(
+            (p for p in PHASES if p in ranges and ranges[p][0] <= dev_t <= ranges[p][1]), None)
+        if dev_t is not None else None,
     }
     check = {
         "alloc_events_in_step": len(window),

@@ -80,6 +80,14 @@ DEFINITIONS = {
     "non-reentrant checkpoint call; host memory on a GPU) alive at the step peak's instant",
     "peak_alive_cpu_kernel_copy_bytes": "per optimizer: copies a CPU convolution kernel made of its operands "
     "(aten::contiguous inside convolution_backward / mkldnn_convolution) alive at the step peak's instant",
+    "peak_alive_cpu_kernel_scratch_bytes": "per optimizer: memory a CPU convolution kernel allocates itself "
+    "(not through a factory op; oneDNN weight reorders, conv3d column buffers) and frees before it returns, "
+    "alive at the step peak's instant (export.py _collect_profile); a CUDA kernel uses a cuDNN workspace instead",
+    "device_equivalent_step_peak_delta_bytes": "per optimizer: the step timeline's peak after taking out, at "
+    "every instant, what is alive there that a CUDA run would not hold (the peak_alive_* kinds: 3/4 of CPU "
+    "dropout noise, RNG states, CPU convolution kernels' copies and scratch); relative to after zero_grad like "
+    "step_peak_delta_bytes",
+    "device_equivalent_peak_phase": "per optimizer: the phase of that peak",
     "step_seconds": "median wall time of %d steps (zero_grad..opt.step) without profiler, after one warm-up "
     "step (compiled: two), 2 threads, on a machine shared with other work" % TIMED_STEPS,
 }
@@ -382,7 +390,9 @@ def measure_case(case, log, timing=True):
             "step_peak_bytes", "forward_end_delta_bytes", "step_peak_delta_bytes", "peak_phase",
             "phase_peak_delta_bytes", "resident_bytes_before_step", "optimizer_state_bytes",
             "optimizer_state_scalar_bytes", "end_delta_bytes", "peak_alive_dropout_noise_bytes",
-            "peak_alive_rng_state_bytes", "peak_alive_cpu_kernel_copy_bytes", "step_seconds", "step_seconds_all", "check") if k in e}
+            "peak_alive_rng_state_bytes", "peak_alive_cpu_kernel_copy_bytes",
+            "peak_alive_cpu_kernel_scratch_bytes", "device_equivalent_step_peak_delta_bytes",
+            "device_equivalent_peak_phase", "step_seconds", "step_seconds_all", "check") if k in e}
     msg = "%s: params %d (trainable %d), saved %d%s, dropout alive %d el; " % (
         case["name"], entry["params_count"], entry["trainable_params_count"], entry["saved_bytes"],
         (" (+ckpt inputs %d)" % entry["checkpoint_inputs_bytes"]) if "checkpoint_inputs_bytes" in entry else "",

@@ -119,6 +119,11 @@ fn sizes(s: &Schedule, kind: FusedKind) -> Vec<usize> {
 /// step's measured peak is the predicted one, baseline and planned, gradients and
 /// updated parameters identical, something recomputed within the budget.
 fn verifies(name: &str) {
+    verifies_under(name, "0.9", true);
+}
+
+/// [`verifies`] under `budget`; `recomputes`: whether the plan must recompute.
+fn verifies_under(name: &str, budget: &str, recomputes: bool) {
     let model = dir().join(format!("{name}.onnx"));
     let out = Command::new(env!("CARGO_BIN_EXE_memplan"))
         .arg("verify")
@@ -129,7 +134,7 @@ fn verifies(name: &str) {
             "--optimizer",
             "sgd",
             "--budget",
-            "0.9",
+            budget,
             "--json",
         ])
         .output()
@@ -152,7 +157,11 @@ fn verifies(name: &str) {
         v["measured_peak_bytes"].as_u64() <= v["budget_bytes"].as_u64(),
         "{name}: {v}"
     );
-    assert!(v["recomputations"].as_u64().unwrap() > 0, "{name}: {v}");
+    assert_eq!(
+        v["recomputations"].as_u64().unwrap() > 0,
+        recomputes,
+        "{name}: {v}"
+    );
     assert_eq!(v["gradients_identical"], true, "{name}: {v}");
     assert_eq!(v["updated_params_identical"], true, "{name}: {v}");
 }
@@ -193,7 +202,10 @@ fn llama_rms_norm_saves_as_eager() {
 fn rms_norm_with_division_is_left_op_by_op() {
     let s = saved_as_pytorch("rmsnorm_div");
     assert!(s.fused.is_empty(), "{:?}", s.fused);
-    verifies("rmsnorm_div");
+    // Its peak is the division's backward, which holds four output-sized tensors
+    // (`DivBackward0`'s divisor gradient): no recompute lowers it, so the step runs
+    // unplanned, its scratch measured as predicted.
+    verifies_under("rmsnorm_div", "1MiB", false);
 }
 
 /// `F.silu` as Sigmoid + Mul: `SiluBackward0` saves only the input.

@@ -337,3 +337,54 @@ fn a_conv_saves_input_and_weight_as_one_node() {
         (2 * 3 * 8 * 8 + 8 * 3 * 3 * 3) * 4
     );
 }
+
+/// The arithmetic ops' backward temporaries (`Op::backward_scratch`): with both
+/// gradients wanted, `MulBackward0` holds two output-sized tensors (the broadcast
+/// operand's before the engine reduces it) and `DivBackward0` four
+/// (`-grad * ((self / other) / other)`); memplan adds what its gradient storages do
+/// not already count, as a temporary of the backward step.
+#[test]
+fn arithmetic_backward_holds_its_temporaries() {
+    use common::{model, node, value_info, weight, write_tmp, D};
+    let m = model(
+        vec![
+            node("MatMul", "a", &["x", "wa"], &["a"]),
+            node("MatMul", "d", &["x", "wd"], &["d"]),
+            node("MatMul", "e", &["x", "we"], &["e"]),
+            node("Div", "div", &["a", "d"], &["q"]),
+            node("Mul", "mul", &["q", "e"], &["y"]),
+        ],
+        vec![
+            weight("wa", &[4, 8]),
+            weight("wd", &[4, 1]),
+            weight("we", &[4, 1]),
+        ],
+        vec![value_info("x", 1, &[D::S("batch"), D::N(4)])],
+        vec![value_info("y", 1, &[D::S("batch"), D::N(8)])],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_tmp(&dir, "arith.onnx", &common::encode(&m));
+    let model = load_model(&path).unwrap();
+    let inf = infer(
+        &model,
+        &Bindings {
+            batch: Some(2),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let s = build_schedule(&model, &inf, &TrainOptions::default()).unwrap();
+    let scratch = |step: &str| -> u64 {
+        let st = s.steps.iter().find(|x| x.name == step).unwrap();
+        st.writes
+            .iter()
+            .map(|&w| &s.storages[w])
+            .filter(|x| x.name.ends_with("/grad scratch"))
+            .map(|x| x.bytes)
+            .sum()
+    };
+    // Output [2, 8]: 16 elements; the broadcast operand [2, 1]: 2.
+    assert_eq!(scratch("mul/grad"), 4 * (2 * 16 - 16 - 2));
+    assert_eq!(scratch("div/grad"), 4 * (4 * 16 - 16 - 2));
+    assert_eq!(scratch("a/grad"), 0);
+}

@@ -332,6 +332,15 @@ pub trait Op: Send + Sync {
         let _ = (cx, strides, requires);
         Vec::new()
     }
+    /// Elements of the temporaries PyTorch's backward holds beyond the gradients it
+    /// returns, given the inputs whose gradient is `wanted` (of the incoming
+    /// gradient's dtype, alive during the backward step only): a derivative formula's
+    /// intermediates, and a broadcast operand's output-sized gradient before the
+    /// engine reduces it. Default: none.
+    fn backward_scratch(&self, cx: &Cx, wanted: &[usize]) -> u64 {
+        let _ = (cx, wanted);
+        0
+    }
     /// The CPU forward kernel: one output tensor per declared output, in order
     /// (omitted optional outputs may be computed anyway; the executor drops them),
     /// each of the dtype and shape that [`Op::infer`] gave. An op without a kernel

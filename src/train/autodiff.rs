@@ -870,6 +870,34 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
                 b.storages[s].saved = true;
             }
         }
+        // What the derivative formulas hold beyond the gradients (a fused pattern's
+        // kernel and a fake quantization's rule have their own).
+        if fusion.is_none() && !fq.contains_key(&ix) {
+            let op = reg
+                .get(&node.domain, &node.op_type)
+                .expect("inferred model");
+            let cx = Cx {
+                node,
+                inputs: node
+                    .inputs
+                    .iter()
+                    .map(|t| t.map(|t| &inf.facts[t]))
+                    .collect(),
+                opset,
+            };
+            let elems = op.backward_scratch(&cx, &grad_inputs);
+            if elems > 0 {
+                let dt = b.storages[out_grads[0]].dtype;
+                let s = b.new_storage(
+                    &format!("{}/grad scratch", node.name),
+                    &Fact::new(dt, vec![elems as usize]),
+                    dt,
+                    StorageKind::GradTemp,
+                );
+                writes.push(s);
+                reads.push(s);
+            }
+        }
         // A quantized frozen weight that this backward reads is dequantized again,
         // to the incoming gradient's dtype, for the input gradient
         // (`MatMul4Bit.backward`): a temporary of this step.

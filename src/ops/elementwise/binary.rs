@@ -45,6 +45,13 @@ pub struct BinaryRow {
     int: fn(&Attrs) -> RuleResult<I2>,
     /// The gradients of operands 0 and 1 (`None`: no gradient flows).
     grad: Option<[Deriv; 2]>,
+    /// Output-sized tensors PyTorch's backward holds at once, its results included
+    /// (a broadcast operand's gradient is output-sized until the engine reduces it),
+    /// given which operands' gradients are wanted (0: nothing beyond the results is
+    /// modelled); see [`Op::backward_scratch`] for `Binary`.
+    /// Measured on PyTorch 2.15 (CPU, the node's `grad_fn` called alone; CUDA runs
+    /// the same derivative formulas).
+    bw_peak: fn([bool; 2]) -> u64,
     /// The CUDA C of the forward, of `a` and `b`; `None`: the op runs on the host
     /// on a device.
     cuda: Option<&'static str>,
@@ -95,6 +102,8 @@ pub static BINARY: &[BinaryRow] = &[
                 cuda: "gv",
             },
         ]),
+        // AddBackward0 passes the incoming gradient on.
+        bw_peak: |_| 0,
         cuda: Some("a + b"),
     },
     BinaryRow {
@@ -116,6 +125,9 @@ pub static BINARY: &[BinaryRow] = &[
                 cuda: "-gv",
             },
         ]),
+        // SubBackward0 passes the gradient on to the minuend and negates it for
+        // the subtrahend; memplan counts these as the results.
+        bw_peak: |_| 0,
         cuda: Some("a - b"),
     },
     BinaryRow {
@@ -138,6 +150,8 @@ pub static BINARY: &[BinaryRow] = &[
                 cuda: "gv * A",
             },
         ]),
+        // MulBackward0: `grad * other`, `grad * self`, one tensor each.
+        bw_peak: |w| w[0] as u64 + w[1] as u64,
         cuda: Some("a * b"),
     },
     BinaryRow {
@@ -161,6 +175,10 @@ pub static BINARY: &[BinaryRow] = &[
                 cuda: "-gv * A / (B * B)",
             },
         ]),
+        // DivBackward0: `grad / other` for the dividend; for the divisor
+        // `-grad * ((self / other) / other)`, whose C++ temporaries live to the end of
+        // the expression: four at once.
+        bw_peak: |w| if w[1] { 4 } else { w[0] as u64 },
         cuda: Some("a / b"),
     },
     BinaryRow {
@@ -198,6 +216,14 @@ pub static BINARY: &[BinaryRow] = &[
                 cuda: "A == 0.0f ? 0.0f : gv * Y * logf(A)",
             },
         ]),
+        // PowBackward0 of a scalar exponent, `grad * (exponent * self.pow(exponent -
+        // 1))`: three at once; with the exponent's gradient (PowBackward1) four, six
+        // with both.
+        bw_peak: |w| match w {
+            [_, false] => 3 * w[0] as u64,
+            [false, true] => 4,
+            [true, true] => 6,
+        },
         cuda: Some("mp_pow(a, b)"),
     },
     BinaryRow {
@@ -219,6 +245,7 @@ pub static BINARY: &[BinaryRow] = &[
                 cuda: "A > 0.0f ? 0.0f : gv * A",
             },
         ]),
+        bw_peak: |_| 0,
         cuda: None,
     },
     BinaryRow {
@@ -250,6 +277,7 @@ pub static BINARY: &[BinaryRow] = &[
         },
         // Integer Mod has no gradient; a float Mod's is not modelled (see `backward`).
         grad: None,
+        bw_peak: |_| 0,
         cuda: None,
     },
     BinaryRow {
@@ -266,6 +294,7 @@ pub static BINARY: &[BinaryRow] = &[
             })
         },
         grad: None,
+        bw_peak: |_| 0,
         cuda: None,
     },
     // Bitwise ops on integers (opset 18): no gradient, on the host on a device.
@@ -277,6 +306,7 @@ pub static BINARY: &[BinaryRow] = &[
         float: |_| no_float("BitwiseAnd"),
         int: always!(|x, y| x & y),
         grad: None,
+        bw_peak: |_| 0,
         cuda: None,
     },
     BinaryRow {
@@ -287,6 +317,7 @@ pub static BINARY: &[BinaryRow] = &[
         float: |_| no_float("BitwiseOr"),
         int: always!(|x, y| x | y),
         grad: None,
+        bw_peak: |_| 0,
         cuda: None,
     },
     BinaryRow {
@@ -297,6 +328,7 @@ pub static BINARY: &[BinaryRow] = &[
         float: |_| no_float("BitwiseXor"),
         int: always!(|x, y| x ^ y),
         grad: None,
+        bw_peak: |_| 0,
         cuda: None,
     },
 ];
@@ -578,6 +610,23 @@ impl Op for Binary {
             extras: Vec::new(),
             flops: out[0].numel().saturating_mul(4),
         }))
+    }
+    /// What the row's [`BinaryRow::bw_peak`] holds beyond the wanted gradients
+    /// memplan allocates (each of its operand's shape).
+    fn backward_scratch(&self, cx: &Cx, wanted: &[usize]) -> u64 {
+        let w = [wanted.contains(&0), wanted.contains(&1)];
+        let shapes: Vec<&[usize]> = cx.inputs.iter().flatten().map(|f| &f.shape[..]).collect();
+        let Ok(out) = broadcast(&shapes) else {
+            return 0;
+        };
+        let numel = out.iter().fold(1u64, |n, &d| n.saturating_mul(d as u64));
+        let held = (self.0.bw_peak)(w).saturating_mul(numel);
+        let results: u64 = wanted
+            .iter()
+            .filter_map(|&k| cx.inputs.get(k).copied().flatten())
+            .map(Fact::numel)
+            .sum();
+        held.saturating_sub(results)
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
