@@ -1,13 +1,15 @@
 //! Training-step memory against what PyTorch measured for the same models
 //! (models/training_reference.json, written by `python models/export.py --training`
-//! on CPU): saved activations within 2 %, the step's peak within 10 %, for every
+//! on CPU): saved activations within 2 %, the step's peak within 5 %, for every
 //! model at both batch sizes and both optimizers.
 //!
 //! On CPU, PyTorch's dropout saves a float32 noise tensor where CUDA's
 //! native_dropout saves a 1-byte mask; memplan models CUDA. The reference records
 //! the CPU numbers and the dropout elements, so the comparison removes the 3 extra
-//! bytes per dropout element from PyTorch's saved bytes and from its peak
-//! (`saved_bytes_cuda_equivalent`).
+//! bytes per dropout element from PyTorch's saved bytes
+//! (`saved_bytes_cuda_equivalent`). Peaks are compared with the device-equivalent
+//! peak: the CPU timeline's, with what only a CPU run holds (dropout noise, the CPU
+//! convolution kernels' copies and scratch) taken out at every instant.
 
 mod common;
 
@@ -42,8 +44,6 @@ fn saved_activations_and_peak_match_pytorch() {
                 },
             )
             .unwrap();
-            let cpu_dropout_extra = x["saved_bytes"].as_u64().unwrap()
-                - x["saved_bytes_cuda_equivalent"].as_u64().unwrap();
             for (key, optimizer) in [("sgd", Optimizer::Sgd), ("adam", Optimizer::Adam)] {
                 // A model whose first output is its own loss was measured with
                 // `loss = out` (the reference says `"loss": "graph"`).
@@ -59,7 +59,13 @@ fn saved_activations_and_peak_match_pytorch() {
                 let s = build_schedule(&model, &inf, &opts).unwrap();
                 let peak = simulate(&s).peak().total();
                 let want_saved = x["saved_bytes_cuda_equivalent"].as_u64().unwrap();
-                let want_peak = x[key]["step_peak_bytes"].as_u64().unwrap() - cpu_dropout_extra;
+                // The peak a CUDA run would have: the CPU timeline's, what only a CPU
+                // run holds taken out at every instant (tests/finetune.rs,
+                // `device_equivalent_peak`).
+                let want_peak = x[key]["resident_bytes_before_step"].as_u64().unwrap()
+                    + x[key]["device_equivalent_step_peak_delta_bytes"]
+                        .as_u64()
+                        .expect("reference with the device-equivalent peak");
                 let ds = s.saved_activation_bytes() as f64 / want_saved as f64 - 1.0;
                 let dp = peak as f64 / want_peak as f64 - 1.0;
                 report.push(format!(
@@ -74,7 +80,7 @@ fn saved_activations_and_peak_match_pytorch() {
                     ds * 100.0
                 );
                 assert!(
-                    dp.abs() <= 0.10,
+                    dp.abs() <= 0.05,
                     "{name} batch {b} {key}: peak {peak} vs PyTorch {want_peak} ({:+.2}%)",
                     dp * 100.0
                 );
