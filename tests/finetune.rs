@@ -336,7 +336,11 @@ fn module_plans_match_pytorch() {
     use memplan::remat::step::build;
     let mut report = Vec::new();
     let mut checked = 0;
-    for file in ["module_plan_reference.json", "finetune_reference.json"] {
+    for file in [
+        "module_plan_reference.json",
+        "finetune_reference.json",
+        "module_plan_bench.json",
+    ] {
         let text = std::fs::read_to_string(common::shipped(file)).unwrap();
         let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
         for (name, x) in doc["cases"].as_object().unwrap() {
