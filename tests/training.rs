@@ -110,15 +110,24 @@ fn saved_activations_and_peak_match_pytorch() {
 
 fn schedule(name: &str, b: u64, opts: TrainOptions) -> memplan::train::Schedule {
     let model = load_model(&common::shipped(&format!("{name}.onnx"))).unwrap();
+    schedule_of(&model, b, &opts)
+}
+
+/// The training step of `model` at batch `b`.
+fn schedule_of(
+    model: &memplan::ir::Model,
+    b: u64,
+    opts: &TrainOptions,
+) -> memplan::train::Schedule {
     let inf = infer(
-        &model,
+        model,
         &Bindings {
             batch: Some(b),
             ..Default::default()
         },
     )
     .unwrap();
-    build_schedule(&model, &inf, &opts).unwrap()
+    build_schedule(model, &inf, opts).unwrap()
 }
 
 #[test]
@@ -328,15 +337,7 @@ fn a_conv_saves_input_and_weight_as_one_node() {
         )],
     );
     let model = memplan::onnx::load::from_proto(m).unwrap();
-    let inf = infer(
-        &model,
-        &Bindings {
-            batch: Some(2),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let s = build_schedule(&model, &inf, &TrainOptions::default()).unwrap();
+    let s = schedule_of(&model, 2, &TrainOptions::default());
     // x [2, 3, 8, 8] and w2 [8, 3, 3, 3], float32.
     assert_eq!(
         s.saved_activation_bytes(),
@@ -351,7 +352,7 @@ fn a_conv_saves_input_and_weight_as_one_node() {
 /// not already count, as a temporary of the backward step.
 #[test]
 fn arithmetic_backward_holds_its_temporaries() {
-    use common::{model, node, value_info, weight, write_tmp, D};
+    use common::{model, node, value_info, weight, D};
     let m = model(
         vec![
             node("MatMul", "a", &["x", "wa"], &["a"]),
@@ -368,18 +369,8 @@ fn arithmetic_backward_holds_its_temporaries() {
         vec![value_info("x", 1, &[D::S("batch"), D::N(4)])],
         vec![value_info("y", 1, &[D::S("batch"), D::N(8)])],
     );
-    let dir = tempfile::tempdir().unwrap();
-    let path = write_tmp(&dir, "arith.onnx", &common::encode(&m));
-    let model = load_model(&path).unwrap();
-    let inf = infer(
-        &model,
-        &Bindings {
-            batch: Some(2),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let s = build_schedule(&model, &inf, &TrainOptions::default()).unwrap();
+    let model = memplan::onnx::load::from_proto(m).unwrap();
+    let s = schedule_of(&model, 2, &TrainOptions::default());
     let scratch = |step: &str| -> u64 {
         let st = s.steps.iter().find(|x| x.name == step).unwrap();
         st.writes

@@ -38,9 +38,13 @@ use crate::ir::{parameter_name, DType, Model, TensorId, TensorKind};
 use crate::ops::{self, layout, registry, Backward, Cx, Fact, Saved};
 
 /// Per-node facts the builder needs.
-struct NodeRule {
+struct NodeRule<'a> {
     backward: std::result::Result<Option<Backward>, ops::RuleError>,
     storage: ops::Storage,
+    /// The op and its rule context (the backward's scratch is asked once the wanted
+    /// gradients are known).
+    op: &'static dyn ops::Op,
+    cx: Cx<'a>,
 }
 
 struct Builder<'a> {
@@ -136,6 +140,8 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
                 None => op.backward(&cx, &outs),
             },
             storage: op.storage(&cx),
+            op,
+            cx,
         });
     }
 
@@ -873,19 +879,8 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         // What the derivative formulas hold beyond the gradients (a fused pattern's
         // kernel and a fake quantization's rule have their own).
         if fusion.is_none() && !fq.contains_key(&ix) {
-            let op = reg
-                .get(&node.domain, &node.op_type)
-                .expect("inferred model");
-            let cx = Cx {
-                node,
-                inputs: node
-                    .inputs
-                    .iter()
-                    .map(|t| t.map(|t| &inf.facts[t]))
-                    .collect(),
-                opset,
-            };
-            let elems = op.backward_scratch(&cx, &grad_inputs);
+            let rule = &rules[step];
+            let elems = rule.op.backward_scratch(&rule.cx, &grad_inputs);
             if elems > 0 {
                 let dt = b.storages[out_grads[0]].dtype;
                 let s = b.new_storage(

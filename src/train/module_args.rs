@@ -17,79 +17,12 @@
 //! replay, the executor, the recompute planners) keeps them that long.
 
 use super::schedule::{Step, StepKind, StorageId};
-use crate::ir::scope::{join, scopes};
+use crate::ir::scope::scopes;
 
 /// Makes the last forward step of each module call read that call's arguments
 /// (`persistent[s]`: storages live throughout, which need no holding).
 pub fn hold_module_arguments(steps: &mut [Step], persistent: &[bool]) {
-    let fwd: Vec<usize> = (0..steps.len())
-        .filter(|&i| steps[i].kind == StepKind::Forward)
-        .collect();
-    // First forward step writing each storage.
-    let mut written_at = vec![usize::MAX; persistent.len()];
-    for &i in &fwd {
-        for &w in &steps[i].writes {
-            if written_at[w] == usize::MAX {
-                written_at[w] = i;
-            }
-        }
-    }
-    // Module paths of each forward step, outermost first; `None`: scope-less.
-    let paths: Vec<Option<Vec<String>>> = fwd
-        .iter()
-        .map(|&i| {
-            let name = &steps[i].name;
-            if !name.starts_with('/') {
-                return None;
-            }
-            let mut q = String::new();
-            Some(
-                scopes(name)
-                    .into_iter()
-                    .map(|c| {
-                        q = join(&q, c);
-                        q.clone()
-                    })
-                    .collect(),
-            )
-        })
-        .collect();
-    // Open calls: (path, first step, last step so far, arguments).
-    let mut open: Vec<(String, usize, usize, Vec<StorageId>)> = Vec::new();
-    let mut holds: Vec<(usize, Vec<StorageId>)> = Vec::new();
-    for (k, &i) in fwd.iter().enumerate() {
-        let Some(path) = &paths[k] else {
-            // A scope-less step inside a call reads as part of it.
-            if let Some(top) = open.last() {
-                let first = top.1;
-                let args = args_of(&steps[i], first, &written_at, persistent);
-                for o in open.iter_mut() {
-                    o.3.extend(args.iter().copied().filter(|&s| written_at[s] < o.1));
-                }
-            }
-            continue;
-        };
-        // Calls this step is not inside have returned.
-        let depth = open
-            .iter()
-            .zip(path)
-            .take_while(|(o, p)| &o.0 == *p)
-            .count();
-        for o in open.drain(depth..).rev() {
-            holds.push((o.2, o.3));
-        }
-        for p in &path[depth..] {
-            open.push((p.clone(), i, i, Vec::new()));
-        }
-        for o in open.iter_mut() {
-            o.2 = i;
-            let first = o.1;
-            o.3.extend(args_of(&steps[i], first, &written_at, persistent));
-        }
-    }
-    for o in open.into_iter().rev() {
-        holds.push((o.2, o.3));
-    }
+    let holds = module_call_arguments(steps, persistent);
     for (last, mut args) in holds {
         args.sort_unstable();
         args.dedup();
@@ -102,13 +35,55 @@ pub fn hold_module_arguments(steps: &mut [Step], persistent: &[bool]) {
     }
 }
 
-/// Non-persistent storages `step` reads that were written before step `first`.
-fn args_of(step: &Step, first: usize, written_at: &[usize], persistent: &[bool]) -> Vec<StorageId> {
-    step.reads
-        .iter()
-        .copied()
-        .filter(|&s| !persistent[s] && written_at[s] < first)
-        .collect()
+/// Each module call's last forward step and its arguments (unsorted, maybe
+/// repeated). A call is matched by its scope components, depth by depth (equal
+/// components give equal module paths, [`crate::ir::scope::join`]).
+fn module_call_arguments(steps: &[Step], persistent: &[bool]) -> Vec<(usize, Vec<StorageId>)> {
+    // First forward step writing each storage.
+    let mut written_at = vec![usize::MAX; persistent.len()];
+    for (i, st) in steps.iter().enumerate() {
+        if st.kind == StepKind::Forward {
+            for &w in &st.writes {
+                if written_at[w] == usize::MAX {
+                    written_at[w] = i;
+                }
+            }
+        }
+    }
+    let is_arg = |s: StorageId, first: usize| !persistent[s] && written_at[s] < first;
+    // Open calls, outermost first: (scope component, first step, last step so far,
+    // arguments).
+    let mut open: Vec<(&str, usize, usize, Vec<StorageId>)> = Vec::new();
+    let mut holds = Vec::new();
+    for (i, st) in steps.iter().enumerate() {
+        if st.kind != StepKind::Forward {
+            continue;
+        }
+        if !st.name.starts_with('/') {
+            // A scope-less step inside a call reads as part of it.
+            for o in open.iter_mut() {
+                o.3.extend(st.reads.iter().copied().filter(|&s| is_arg(s, o.1)));
+            }
+            continue;
+        }
+        let path = scopes(&st.name);
+        // Calls this step is not inside have returned.
+        let depth = open
+            .iter()
+            .zip(&path)
+            .take_while(|(o, c)| o.0 == **c)
+            .count();
+        for o in open.drain(depth..).rev() {
+            holds.push((o.2, o.3));
+        }
+        open.extend(path[depth..].iter().map(|&c| (c, i, i, Vec::new())));
+        for o in open.iter_mut() {
+            o.2 = i;
+            o.3.extend(st.reads.iter().copied().filter(|&s| is_arg(s, o.1)));
+        }
+    }
+    holds.extend(open.into_iter().rev().map(|o| (o.2, o.3)));
+    holds
 }
 
 #[cfg(test)]
