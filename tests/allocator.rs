@@ -392,17 +392,18 @@ mod training {
 
     #[test]
     fn plan_reports_the_planned_step_on_the_device() {
-        let out = Command::new(env!("CARGO_BIN_EXE_memplan"))
-            .args(["plan", common::shipped("cnn.onnx").to_str().unwrap()])
-            .args(["--batch", "8", "--budget", "0.7", "--json", "--gpu", "t4"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let m = common::shipped("cnn.onnx");
+        let v = common::memplan_json(&[
+            "plan",
+            m.to_str().unwrap(),
+            "--batch",
+            "8",
+            "--budget",
+            "0.7",
+            "--json",
+            "--gpu",
+            "t4",
+        ]);
         let (a, b) = (&v["allocator"], &v["baseline_allocator"]);
         let reserved = a["reserved_bytes"].as_u64().unwrap();
         assert!(a["allocated_peak_bytes"].as_u64().unwrap() >= v["peak_bytes"].as_u64().unwrap());
@@ -417,19 +418,18 @@ mod training {
 
     #[test]
     fn profile_reports_the_allocator() {
+        let m = common::shipped("cnn.onnx");
         let run = |extra: &[&str]| -> serde_json::Value {
-            let out = Command::new(env!("CARGO_BIN_EXE_memplan"))
-                .args(["profile", common::shipped("cnn.onnx").to_str().unwrap()])
-                .args(["--batch", "8", "--train", "--json"])
-                .args(extra)
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            serde_json::from_slice(&out.stdout).unwrap()
+            let mut args = vec![
+                "profile",
+                m.to_str().unwrap(),
+                "--batch",
+                "8",
+                "--train",
+                "--json",
+            ];
+            args.extend_from_slice(extra);
+            common::memplan_json(&args)
         };
         let v = run(&[]);
         let t = &v["training"];

@@ -234,7 +234,7 @@ fn patterns_that_select_nothing_say_so() {
 /// `python models/finetune_reference.py` on CPU, fp32): saved bytes equal (CPU
 /// dropout's float32 noise converted to CUDA's 1-byte mask, as tests/training.rs
 /// does), gradients and Adam state equal, step peaks within 5 % of the peak a CUDA
-/// run would have ([`device_equivalent_peak`]).
+/// run would have ([`common::device_equivalent_peak`]).
 #[test]
 fn frozen_steps_match_pytorch() {
     let text = std::fs::read_to_string(common::shipped("finetune_reference.json")).unwrap();
@@ -281,7 +281,7 @@ fn frozen_steps_match_pytorch() {
             }
             let peak = simulate(&s).peak().total();
             let phase = m["device_equivalent_peak_phase"].as_str().unwrap();
-            let want_peak = device_equivalent_peak(m);
+            let want_peak = common::device_equivalent_peak(m);
             let d = peak as f64 / want_peak as f64 - 1.0;
             report.push(format!("{name} {key}: peak {:+.2}% ({phase})", d * 100.0));
             assert!(
@@ -296,32 +296,13 @@ fn frozen_steps_match_pytorch() {
     assert!(checked >= 8, "{checked} cases");
 }
 
-/// The step peak a CUDA run would have, as the reference measured it
-/// (models/export.py, `_analyse_timeline`): the CPU timeline's peak after taking
-/// out, at every instant, what is alive there that a CUDA run would not hold: 3 of
-/// every 4 bytes of CPU dropout's float32 noise (CUDA keeps a 1-byte mask), the
-/// CPU RNG states that non-reentrant checkpoint calls keep (host memory on a GPU),
-/// copies a CPU convolution kernel makes of operands the dispatcher handed it
-/// contiguous (ResNet-50's every-block peak holds one of 24.5 MiB), and the
-/// scratch a CPU convolution kernel allocates itself and frees before it returns
-/// (oneDNN's weight reorders: ResNet-18 with a frozen stem peaks holding one of
-/// 9 MiB; the CPU conv3d's buffers). Taken at every instant, not only at the raw
-/// peak: by a backward peak most of forward's noise and many checkpoints' states
-/// are freed, and without the scratch the peak may move.
-fn device_equivalent_peak(m: &serde_json::Value) -> u64 {
-    m["resident_bytes_before_step"].as_u64().unwrap()
-        + m["device_equivalent_step_peak_delta_bytes"]
-            .as_u64()
-            .expect("reference measured with the device-equivalent peak (models/export.py)")
-}
-
 /// Module plans applied in PyTorch with the file `plan --pytorch` writes
 /// (models/module_plan_reference.json: every model with modules, batch 2, the plans
 /// at budgets 0.8 and 0.6; models/finetune_reference.json: every-block on ResNet-50
 /// and GPT-2 at batch 8, the transformer's first layer). Bytes alive when forward
 /// ends (what forward keeps for backward, plus the outputs) and step peaks, CPU
 /// dropout noise converted to CUDA masks as above, and the host-side bytes a CPU run
-/// counts taken out ([`device_equivalent_peak`]). Alive at forward end: equal (within
+/// counts taken out ([`common::device_equivalent_peak`]). Alive at forward end: equal (within
 /// 1 KiB). Peaks: within 5 %, [`CPU_EXCLUDED`] printed only. Prints every case.
 /// `torch.get_rng_state()` on CPU: the mt19937 state PyTorch's checkpoint keeps.
 const RNG_STATE_BYTES: u64 = 5056;
@@ -390,7 +371,7 @@ fn module_plans_match_pytorch() {
                 let fe = p.saved_bytes + outputs;
                 let want_fe = m["forward_end_delta_bytes"].as_u64().unwrap() - noise - rng - 4;
                 let phase = m["device_equivalent_peak_phase"].as_str().unwrap();
-                let want_peak = device_equivalent_peak(m);
+                let want_peak = common::device_equivalent_peak(m);
                 let df = fe as f64 / want_fe as f64 - 1.0;
                 let dp = p.peak_bytes as f64 / want_peak as f64 - 1.0;
                 report.push(format!(

@@ -263,17 +263,11 @@ fn memory_sizes_parse() {
     }
 }
 
+/// `memplan fit ARGS`: (success, stdout, stderr).
 fn fit_cli(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_memplan"))
-        .arg("fit")
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let mut all = vec!["fit"];
+    all.extend_from_slice(args);
+    common::run_memplan(&all)
 }
 
 fn fails(args: &[&str], needles: &[&str]) {

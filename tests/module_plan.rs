@@ -5,8 +5,6 @@
 
 mod common;
 
-use std::process::Command;
-
 use memplan::remat::graph::{replay, Instr, RNode, RValue, RematGraph};
 use memplan::remat::module_plan::{pytorch_module, search, PytorchHeader};
 use memplan::remat::modules::{
@@ -326,32 +324,14 @@ fn the_pytorch_file_lists_the_modules() {
     assert!(py.contains("use_reentrant=False"));
 }
 
-fn run(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_memplan"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn ok_json(args: &[&str]) -> serde_json::Value {
-    let (ok, out, err) = run(args);
-    assert!(ok, "{args:?}: {err}");
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
-}
-
 #[test]
 fn cli_module_plans_keep_every_key() {
     let m = common::shipped("transformer.onnx");
     let m = m.to_str().unwrap();
-    let op = ok_json(&["plan", m, "--batch", "64", "--budget", "0.7", "--json"]);
+    let op = common::memplan_json(&["plan", m, "--batch", "64", "--budget", "0.7", "--json"]);
     assert_eq!(op["granularity"], "op");
     assert_eq!(op["checkpoint_modules"], serde_json::json!([]));
-    let v = ok_json(&[
+    let v = common::memplan_json(&[
         "plan",
         m,
         "--batch",
@@ -371,7 +351,7 @@ fn cli_module_plans_keep_every_key() {
     assert!(!v["checkpoint_modules"].as_array().unwrap().is_empty());
     assert!(v["overhead"].as_f64().unwrap() >= v["lower_bound_overhead"].as_f64().unwrap() - 1e-12);
     assert!(v["method"].as_str().unwrap().starts_with("module:"));
-    let e = ok_json(&[
+    let e = common::memplan_json(&[
         "plan",
         m,
         "--batch",
@@ -390,7 +370,8 @@ fn cli_module_plans_keep_every_key() {
             < op["saved_bytes_at_forward_end"].as_u64().unwrap()
             || op["feasible"] == false
     );
-    let (ok, _, err) = run(&["plan", m, "--budget", "0.7", "--pytorch", "/dev/null"]);
+    let (ok, _, err) =
+        common::run_memplan(&["plan", m, "--budget", "0.7", "--pytorch", "/dev/null"]);
     assert!(!ok && err.contains("--granularity module"), "{err}");
 }
 
@@ -402,7 +383,7 @@ fn cli_module_plan_verifies_and_writes_python() {
     let py = dir.join("ckpt.py");
     let m = common::shipped("transformer.onnx");
     let m = m.to_str().unwrap();
-    let v = ok_json(&[
+    let v = common::memplan_json(&[
         "plan",
         m,
         "--batch",
@@ -418,7 +399,7 @@ fn cli_module_plan_verifies_and_writes_python() {
     let text = std::fs::read_to_string(&py).unwrap();
     assert!(text.contains("CHECKPOINT_MODULES = [\n    \"layers.0\",\n    \"layers.1\",\n]"));
     assert!(text.contains(&format!("({} bytes)", v["peak_bytes"])));
-    let r = ok_json(&[
+    let r = common::memplan_json(&[
         "verify",
         m,
         "--batch",
@@ -438,7 +419,7 @@ fn cli_module_plan_verifies_and_writes_python() {
 fn cli_profile_reports_every_block() {
     let m = common::shipped("resnet18.onnx");
     let m = m.to_str().unwrap();
-    let v = ok_json(&[
+    let v = common::memplan_json(&[
         "profile",
         m,
         "--batch",
@@ -465,7 +446,7 @@ fn cli_profile_reports_every_block() {
     );
     assert!(c["overhead"].as_f64().unwrap() > 0.0);
     // The same figures as `plan --checkpoint every-block`.
-    let p = ok_json(&[
+    let p = common::memplan_json(&[
         "plan",
         m,
         "--batch",
@@ -480,7 +461,7 @@ fn cli_profile_reports_every_block() {
         c["saved_bytes_at_forward_end"]
     );
     assert_eq!(p["overhead"], c["overhead"]);
-    let (ok, out, _) = run(&[
+    let (ok, out, _) = common::run_memplan(&[
         "profile",
         m,
         "--batch",
@@ -493,7 +474,7 @@ fn cli_profile_reports_every_block() {
         ok && out.contains("checkpoint every-block: 8 modules"),
         "{out}"
     );
-    let (ok, _, err) = run(&["profile", m, "--checkpoint", "every-block"]);
+    let (ok, _, err) = common::run_memplan(&["profile", m, "--checkpoint", "every-block"]);
     assert!(!ok && err.contains("--train"), "{err}");
 }
 
@@ -507,7 +488,9 @@ fn saved_bytes_equal_pytorch_with_checkpointed_modules() {
     let saved = |args: &[&str]| {
         let mut a = vec!["plan", m, "--batch", "4", "--json"];
         a.extend(args);
-        ok_json(&a)["saved_bytes_at_forward_end"].as_u64().unwrap()
+        common::memplan_json(&a)["saved_bytes_at_forward_end"]
+            .as_u64()
+            .unwrap()
     };
     assert_eq!(saved(&["--budget", "0.99", "--solver", "none"]), 86_349_312);
     assert_eq!(saved(&["--checkpoint", "every-block"]), 46_973_440);
@@ -529,7 +512,7 @@ fn saved_bytes_equal_pytorch_with_checkpointed_modules() {
         48_994_816
     );
     // Asked for explicitly, a module called three times is refused in one line.
-    let (ok, _, err) = run(&[
+    let (ok, _, err) = common::run_memplan(&[
         "plan",
         m,
         "--batch",
@@ -566,7 +549,7 @@ fn cli_searched_module_plan_verifies() {
     let plan = dir.join("plan.json");
     let m = common::shipped("unet_small.onnx");
     let m = m.to_str().unwrap();
-    let v = ok_json(&[
+    let v = common::memplan_json(&[
         "plan",
         m,
         "--batch",
@@ -586,7 +569,7 @@ fn cli_searched_module_plan_verifies() {
         v["checkpoint_modules"],
         serde_json::json!(["enc1", "enc2", "mid"])
     );
-    let r = ok_json(&[
+    let r = common::memplan_json(&[
         "verify",
         m,
         "--batch",

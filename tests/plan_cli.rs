@@ -4,7 +4,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use memplan::infer::{infer, Bindings};
 use memplan::onnx::load_model;
@@ -17,26 +16,8 @@ use memplan::remat::plan::{plan, Solver};
 use memplan::train::{build_schedule, TrainOptions};
 use serde_json::Value;
 
-fn run(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_memplan"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn ok_json(args: &[&str]) -> Value {
-    let (ok, out, err) = run(args);
-    assert!(ok, "{args:?}: {err}");
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
-}
-
 fn fails(args: &[&str], needles: &[&str]) {
-    let (ok, _, err) = run(args);
+    let (ok, _, err) = common::run_memplan(args);
     assert!(!ok, "{args:?} should fail");
     assert!(!err.contains("panicked"), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
@@ -68,7 +49,7 @@ fn bench_dag(name: &str) -> PathBuf {
 /// Node names of a model's graph, as plan.json (-o) lists them.
 fn node_names(model: &str, batch: &str, dir: &Path) -> Vec<String> {
     let out = dir.join("names.json");
-    let (ok, _, err) = run(&[
+    let (ok, _, err) = common::run_memplan(&[
         "plan",
         model,
         "--batch",
@@ -110,7 +91,7 @@ fn measured_costs_replace_flops_and_change_the_plan() {
     let base = [
         "plan", model, "--batch", "8", "--budget", "0.92", "--solver", "greedy", "--json",
     ];
-    let flops = ok_json(&base);
+    let flops = common::memplan_json(&base);
     assert_eq!(flops["cost_unit"], "flops");
     assert!(flops["feasible"].as_bool().unwrap());
     let chosen: Vec<String> = serde_json::from_value(flops["recomputed"].clone()).unwrap();
@@ -122,7 +103,7 @@ fn measured_costs_replace_flops_and_change_the_plan() {
     let f = write_costs(dir.path(), "ones.json", &ones);
     let mut args = base.to_vec();
     args.extend(["--costs", f.to_str().unwrap()]);
-    let secs = ok_json(&args);
+    let secs = common::memplan_json(&args);
     assert_eq!(secs["cost_unit"], "seconds");
     assert_eq!(secs["baseline_flops"].as_f64().unwrap(), names.len() as f64);
     let rc = secs["recompute_flops"].as_f64().unwrap();
@@ -154,7 +135,7 @@ fn measured_costs_replace_flops_and_change_the_plan() {
     let f = write_costs(dir.path(), "skewed.json", &skewed);
     let mut args = base.to_vec();
     args.extend(["--costs", f.to_str().unwrap()]);
-    let s = ok_json(&args);
+    let s = common::memplan_json(&args);
     assert!(s["feasible"].as_bool().unwrap());
     let chosen2: Vec<String> = serde_json::from_value(s["recomputed"].clone()).unwrap();
     assert_ne!(chosen, chosen2, "measured costs did not change the plan");
@@ -170,7 +151,7 @@ fn measured_costs_replace_flops_and_change_the_plan() {
 
     // The human report names the unit.
     let text: Vec<&str> = args.iter().copied().filter(|a| *a != "--json").collect();
-    let (ok, out, err) = run(&text);
+    let (ok, out, err) = common::run_memplan(&text);
     assert!(ok, "{err}");
     assert!(out.contains("(seconds)"), "{out}");
 
@@ -179,7 +160,7 @@ fn measured_costs_replace_flops_and_change_the_plan() {
     let d = load_dag(&dag).unwrap();
     let costs: Vec<(String, f64)> = d.nodes.iter().map(|n| (n.name.clone(), 0.5)).collect();
     let f = write_costs(dir.path(), "dag.json", &costs);
-    let v = ok_json(&[
+    let v = common::memplan_json(&[
         "plan",
         "--dag",
         dag.to_str().unwrap(),
@@ -196,7 +177,7 @@ fn measured_costs_replace_flops_and_change_the_plan() {
         v["baseline_flops"].as_f64().unwrap(),
         0.5 * d.nodes.len() as f64
     );
-    let v = ok_json(&[
+    let v = common::memplan_json(&[
         "plan",
         "--dag",
         dag.to_str().unwrap(),
@@ -345,7 +326,7 @@ fn pareto_curve_is_monotone_and_fits() {
     let resnet = common::shipped("resnet18.onnx");
     let resnet = resnet.to_str().unwrap();
     // Greedy on a model, every point replanned.
-    let v = ok_json(&[
+    let v = common::memplan_json(&[
         "plan", "--pareto", resnet, "--batch", "8", "--solver", "greedy", "--json",
     ]);
     let pts = v.as_array().unwrap();
@@ -376,7 +357,7 @@ fn pareto_curve_is_monotone_and_fits() {
 
     // The default solver (ilp) on a benchmark DAG, and on a small model.
     let dag = bench_dag("vgg16_train.json");
-    let v = ok_json(&[
+    let v = common::memplan_json(&[
         "plan",
         "--pareto",
         "--dag",
@@ -392,7 +373,7 @@ fn pareto_curve_is_monotone_and_fits() {
         .iter()
         .all(|p| p["cost_unit"] == "benchmark"));
     let cnn = common::shipped("cnn.onnx");
-    let v = ok_json(&[
+    let v = common::memplan_json(&[
         "plan",
         "--pareto",
         cnn.to_str().unwrap(),
@@ -406,11 +387,11 @@ fn pareto_curve_is_monotone_and_fits() {
 
     // `none` reaches nothing below the baseline: the curve is one point; asked to go
     // lower, the first lower budget is infeasible and ends the sweep.
-    let v = ok_json(&[
+    let v = common::memplan_json(&[
         "plan", "--pareto", resnet, "--batch", "8", "--solver", "none", "--json",
     ]);
     assert_eq!(v.as_array().unwrap().len(), 1, "{v}");
-    let v = ok_json(&[
+    let v = common::memplan_json(&[
         "plan", "--pareto", resnet, "--batch", "8", "--solver", "none", "--budget", "0.5", "--json",
     ]);
     let pts = v.as_array().unwrap();
@@ -419,7 +400,7 @@ fn pareto_curve_is_monotone_and_fits() {
     check_curve(pts, None, "none");
 
     // --budget sets the low end; the table names the unit.
-    let v = ok_json(&[
+    let v = common::memplan_json(&[
         "plan", "--pareto", resnet, "--batch", "8", "--budget", "0.95", "--solver", "greedy",
         "--json",
     ]);
@@ -428,7 +409,7 @@ fn pareto_curve_is_monotone_and_fits() {
     let last = pts.last().unwrap();
     let f = last["budget_fraction"].as_f64().unwrap();
     assert!((f - 0.95).abs() < 1e-6 && last["feasible"] == true, "{v}");
-    let (ok, out, err) = run(&[
+    let (ok, out, err) = common::run_memplan(&[
         "plan", "--pareto", resnet, "--batch", "8", "--solver", "greedy",
     ]);
     assert!(ok, "{err}");

@@ -4,6 +4,8 @@
 //! Chromium, when installed: CI installs it and sets MEMPLAN_REQUIRE_CHROMIUM=1)
 //! renders it: the DOM after its script ran, and a screenshot.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -18,28 +20,9 @@ const CATEGORIES: [&str; 6] = [
     "temporaries",
 ];
 
-fn model(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("models")
-        .join(name)
-}
-
-/// Runs memplan: (success, stdout, stderr).
-fn memplan(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_memplan"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 /// `profile --train --json`'s `training` object.
 fn training_json(model: &Path, batch: &str) -> serde_json::Value {
-    let (ok, out, err) = memplan(&[
+    let (ok, out, err) = common::run_memplan(&[
         "profile",
         model.to_str().unwrap(),
         "--batch",
@@ -62,7 +45,7 @@ fn report(dir: &Path, name: &str, model: &Path, extra: &[&str]) -> (PathBuf, Str
         out.to_str().unwrap(),
     ];
     args.extend_from_slice(extra);
-    let (ok, stdout, err) = memplan(&args);
+    let (ok, stdout, err) = common::run_memplan(&args);
     assert!(ok, "report {extra:?} failed: {err}");
     assert!(stdout.is_empty(), "with -o nothing goes to stdout");
     let text = std::fs::read_to_string(&out).unwrap();
@@ -290,7 +273,7 @@ fn peak_label_is(tags: &[Tag], doc: &str, peak: u64) {
 #[test]
 fn the_page_is_well_formed_and_self_contained_with_every_section() {
     let dir = tempfile::tempdir().unwrap();
-    let m = model("resnet18.onnx");
+    let m = common::shipped("resnet18.onnx");
     let t = training_json(&m, "16");
     let (_, doc) = report(
         dir.path(),
@@ -349,7 +332,7 @@ fn the_page_is_well_formed_and_self_contained_with_every_section() {
         assert_eq!(cell, t["breakdown"][c].as_u64().unwrap().to_string(), "{c}");
     }
     // The plan is `memplan plan`'s: same peaks, both curves drawn.
-    let (ok, out, err) = memplan(&[
+    let (ok, out, err) = common::run_memplan(&[
         "plan",
         m.to_str().unwrap(),
         "--batch",
@@ -382,7 +365,7 @@ fn the_page_is_well_formed_and_self_contained_with_every_section() {
 #[test]
 fn a_long_step_is_downsampled_and_keeps_its_peak() {
     let dir = tempfile::tempdir().unwrap();
-    let m = model("gpt2.onnx");
+    let m = common::shipped("gpt2.onnx");
     let t = training_json(&m, "2");
     let timeline = t["timeline"].as_array().unwrap();
     assert!(timeline.len() > 2000, "GPT-2's step is long");
@@ -434,7 +417,7 @@ fn a_long_step_is_downsampled_and_keeps_its_peak() {
 #[test]
 fn the_chart_alone_as_svg() {
     let dir = tempfile::tempdir().unwrap();
-    let m = model("resnet18.onnx");
+    let m = common::shipped("resnet18.onnx");
     let t = training_json(&m, "4");
     let (_, doc) = report(
         dir.path(),
@@ -461,7 +444,7 @@ fn bad_input_is_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("r.html");
     let o = out.to_str().unwrap();
-    let gpt2 = model("gpt2.onnx");
+    let gpt2 = common::shipped("gpt2.onnx");
     let g = gpt2.to_str().unwrap();
     let cases: [(Vec<&str>, &str); 5] = [
         (vec!["report", g, "-o", o], "--batch"),
@@ -485,7 +468,7 @@ fn bad_input_is_one_line() {
         ),
     ];
     for (args, needle) in cases {
-        let (ok, stdout, err) = memplan(&args);
+        let (ok, stdout, err) = common::run_memplan(&args);
         assert!(!ok, "{args:?} should fail");
         assert!(stdout.is_empty(), "{args:?}: {stdout}");
         let lines: Vec<&str> = err.lines().collect();
@@ -550,7 +533,7 @@ fn a_browser_renders_the_report() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let m = model("resnet50.onnx");
+    let m = common::shipped("resnet50.onnx");
     let t = training_json(&m, "8");
     let peak = t["peak_bytes"].as_u64().unwrap();
     let (page, _) = report(dir.path(), "r50.html", &m, &["--batch", "8"]);
@@ -629,10 +612,10 @@ fn a_browser_renders_the_report() {
 #[test]
 fn a_plan_file_and_a_checkpoint_preset_are_drawn() {
     let dir = tempfile::tempdir().unwrap();
-    let m = model("resnet18.onnx");
+    let m = common::shipped("resnet18.onnx");
     let ms = m.to_str().unwrap();
     let pf = dir.path().join("plan.json");
-    let (ok, out, err) = memplan(&[
+    let (ok, out, err) = common::run_memplan(&[
         "plan",
         ms,
         "--batch",
@@ -660,7 +643,8 @@ fn a_plan_file_and_a_checkpoint_preset_are_drawn() {
         pj["peak_bytes"].as_u64().unwrap().to_string()
     );
     // Another batch: the file does not fit, one line.
-    let (ok, _, err) = memplan(&["report", ms, "--batch", "8", "--plan", pf.to_str().unwrap()]);
+    let (ok, _, err) =
+        common::run_memplan(&["report", ms, "--batch", "8", "--plan", pf.to_str().unwrap()]);
     assert!(
         !ok && err.lines().count() == 1 && err.contains("made for batch 16"),
         "{err}"

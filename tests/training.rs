@@ -59,13 +59,7 @@ fn saved_activations_and_peak_match_pytorch() {
                 let s = build_schedule(&model, &inf, &opts).unwrap();
                 let peak = simulate(&s).peak().total();
                 let want_saved = x["saved_bytes_cuda_equivalent"].as_u64().unwrap();
-                // The peak a CUDA run would have: the CPU timeline's, what only a CPU
-                // run holds taken out at every instant (tests/finetune.rs,
-                // `device_equivalent_peak`).
-                let want_peak = x[key]["resident_bytes_before_step"].as_u64().unwrap()
-                    + x[key]["device_equivalent_step_peak_delta_bytes"]
-                        .as_u64()
-                        .expect("reference with the device-equivalent peak");
+                let want_peak = common::device_equivalent_peak(&x[key]);
                 let ds = s.saved_activation_bytes() as f64 / want_saved as f64 - 1.0;
                 let dp = peak as f64 / want_peak as f64 - 1.0;
                 report.push(format!(

@@ -18,7 +18,6 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::Command;
 
 use memplan::exec::train::StepOptions;
 use memplan::exec::verify::{verify, PlanSource, Step, VerifyOptions, VerifyReport};
@@ -250,26 +249,8 @@ fn vit_b_16_measured_equals_predicted() {
 
 // ---- the command ----
 
-fn run(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_memplan"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn ok_json(args: &[&str]) -> Value {
-    let (ok, out, err) = run(args);
-    assert!(ok, "{args:?}: {err}");
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
-}
-
 fn fails(args: &[&str], needles: &[&str]) {
-    let (ok, _, err) = run(args);
+    let (ok, _, err) = common::run_memplan(args);
     assert!(!ok, "{args:?} should fail");
     assert!(!err.contains("panicked"), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
@@ -308,7 +289,7 @@ fn plan_file_round_trip_and_costs() {
     let p = tmp("plan.json");
     let c = tmp("costs.json");
     let ps = p.to_str().unwrap();
-    let planned = ok_json(&[
+    let planned = common::memplan_json(&[
         "plan",
         &m,
         "--batch",
@@ -321,7 +302,7 @@ fn plan_file_round_trip_and_costs() {
         "-o",
         ps,
     ]);
-    let v = ok_json(&[
+    let v = common::memplan_json(&[
         "verify",
         &m,
         "--batch",
@@ -351,7 +332,7 @@ fn plan_file_round_trip_and_costs() {
         serde_json::from_slice(&std::fs::read(&c).unwrap()).unwrap();
     assert!(costs.values().all(|s| s.as_f64().unwrap() >= 0.0));
     assert!(costs.values().any(|s| s.as_f64().unwrap() > 0.0));
-    let with_costs = ok_json(&[
+    let with_costs = common::memplan_json(&[
         "plan",
         &m,
         "--batch",
@@ -367,7 +348,7 @@ fn plan_file_round_trip_and_costs() {
     assert_eq!(with_costs["cost_unit"], "seconds");
     assert_eq!(with_costs["feasible"], true);
     // --budget plans in place.
-    let v = ok_json(&[
+    let v = common::memplan_json(&[
         "verify",
         &m,
         "--batch",
@@ -390,7 +371,7 @@ fn bad_plans_are_rejected_before_running() {
     let m = cnn();
     let p = tmp("good.json");
     let ps = p.to_str().unwrap();
-    let (ok, _, err) = run(&[
+    let (ok, _, err) = common::run_memplan(&[
         "plan",
         &m,
         "--batch",
@@ -554,7 +535,7 @@ fn refusals() {
 fn device_cuda_without_a_gpu_is_one_line() {
     let m = cnn();
     let args = ["verify", &m, "--batch", "2", "--budget", "0.8", "--json"];
-    let cpu = ok_json(&args);
+    let cpu = common::memplan_json(&args);
     assert_eq!(cpu["device"], "cpu");
     assert!(cpu["device_name"].is_null() && cpu["cpu_max_rel_grad_diff"].is_null());
     for k in KEYS {
@@ -566,7 +547,7 @@ fn device_cuda_without_a_gpu_is_one_line() {
         fails(&a, &["--device cuda", "--features cuda"]);
         return;
     }
-    let (ok, out, err) = run(&a);
+    let (ok, out, err) = common::run_memplan(&a);
     if ok {
         let v: Value = serde_json::from_str(&out).unwrap();
         eprintln!("a GPU ran it: {}", v["device_name"]);
@@ -625,7 +606,7 @@ fn mlp_with_loss() -> String {
 #[test]
 fn graph_loss_trains_on_the_models_own_loss() {
     let m = mlp_with_loss();
-    let v = ok_json(&[
+    let v = common::memplan_json(&[
         "verify",
         &m,
         "--batch",
@@ -643,7 +624,7 @@ fn graph_loss_trains_on_the_models_own_loss() {
         v["baseline_measured_peak_bytes"],
         v["baseline_predicted_peak_bytes"]
     );
-    let p = ok_json(&[
+    let p = common::memplan_json(&[
         "profile", &m, "--batch", "4", "--train", "--loss", "graph", "--json",
     ]);
     assert!(p["training"]["peak_bytes"].as_u64().unwrap() > 0, "{p}");

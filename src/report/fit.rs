@@ -1,6 +1,6 @@
 //! `fit`'s text rendering (its JSON is `FitReport` itself).
 
-use crate::fit::FitReport;
+use crate::fit::{FitReport, Recommendation};
 use crate::units::human_bytes;
 
 /// `fit`'s table.
@@ -77,14 +77,9 @@ pub fn fit_text(r: &FitReport) -> String {
     }
     if let (Some(t), Some(rec)) = (r.target_batch, &r.recommendation) {
         s.push_str(&format!(
-            "\nrecommended for global batch {t}: {}\n  micro-batch {} × {} step{} × {} GPU{} = {}; peak {} per GPU; extra compute {:.1}%; communication {}/step; PCIe {}/step; host {}\n  {}\n",
+            "\nrecommended for global batch {t}: {}\n  {}; peak {} per GPU; extra compute {:.1}%; communication {}/step; PCIe {}/step; host {}\n  {}\n",
             rec.strategies.join(" + "),
-            rec.micro_batch,
-            rec.accumulation_steps,
-            if rec.accumulation_steps == 1 { "" } else { "s" },
-            r.gpus,
-            if r.gpus == 1 { "" } else { "s" },
-            rec.global_batch,
+            split_phrase(rec, r.gpus),
             human_bytes(rec.peak_bytes),
             rec.overhead * 100.0,
             human_bytes(rec.communication_bytes),
@@ -100,4 +95,18 @@ pub fn fit_text(r: &FitReport) -> String {
         s.push_str(&format!("\n{u}\n"));
     }
     s
+}
+
+/// How a recommendation splits the global batch: "micro-batch 64 × 8 steps × 1 GPU =
+/// 512" (the text and the HTML report say it alike).
+pub(crate) fn split_phrase(rec: &Recommendation, gpus: u64) -> String {
+    format!(
+        "micro-batch {} × {} step{} × {} GPU{} = {}",
+        rec.micro_batch,
+        rec.accumulation_steps,
+        if rec.accumulation_steps == 1 { "" } else { "s" },
+        gpus,
+        if gpus == 1 { "" } else { "s" },
+        rec.global_batch
+    )
 }

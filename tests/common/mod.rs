@@ -183,3 +183,42 @@ pub fn scalar_float(name: &str, v: f32) -> TensorProto {
         ..Default::default()
     }
 }
+
+/// Runs the memplan binary: (success, stdout, stderr).
+pub fn run_memplan(args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memplan"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Runs memplan, which must succeed, and parses what it prints as JSON.
+pub fn memplan_json(args: &[&str]) -> serde_json::Value {
+    let (ok, out, err) = run_memplan(args);
+    assert!(ok, "{args:?}: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
+}
+
+/// The step peak a CUDA run would have, as a PyTorch reference measured it
+/// (models/export.py, `_analyse_timeline`): the CPU timeline's peak after taking
+/// out, at every instant, what is alive there that a CUDA run would not hold: 3 of
+/// every 4 bytes of CPU dropout's float32 noise (CUDA keeps a 1-byte mask), the
+/// CPU RNG states that non-reentrant checkpoint calls keep (host memory on a GPU),
+/// copies a CPU convolution kernel makes of operands the dispatcher handed it
+/// contiguous (ResNet-50's every-block peak holds one of 24.5 MiB), and the
+/// scratch a CPU convolution kernel allocates itself and frees before it returns
+/// (oneDNN's weight reorders: ResNet-18 with a frozen stem peaks holding one of
+/// 9 MiB; the CPU conv3d's buffers). Taken at every instant, not only at the raw
+/// peak: by a backward peak most of forward's noise and many checkpoints' states
+/// are freed, and without the scratch the peak may move. `m`: one optimizer's entry.
+pub fn device_equivalent_peak(m: &serde_json::Value) -> u64 {
+    m["resident_bytes_before_step"].as_u64().unwrap()
+        + m["device_equivalent_step_peak_delta_bytes"]
+            .as_u64()
+            .expect("reference measured with the device-equivalent peak (models/export.py)")
+}

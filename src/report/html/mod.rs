@@ -489,14 +489,9 @@ fn fit_section(h: &mut String, r: &FitReport) {
     if let (Some(t), Some(rec)) = (r.target_batch, &r.recommendation) {
         let _ = write!(
             h,
-            "<p id=\"recommendation\"><strong>Recommended for global batch {t}:</strong> {}: micro-batch {} × {} step{} × {} GPU{} = {}; peak {} per GPU; {:.1}% extra compute. {}</p>",
+            "<p id=\"recommendation\"><strong>Recommended for global batch {t}:</strong> {}: {}; peak {} per GPU; {:.1}% extra compute. {}</p>",
             esc(&rec.strategies.join(" + ")),
-            rec.micro_batch,
-            rec.accumulation_steps,
-            if rec.accumulation_steps == 1 { "" } else { "s" },
-            r.gpus,
-            if r.gpus == 1 { "" } else { "s" },
-            rec.global_batch,
+            crate::report::fit::split_phrase(rec, r.gpus),
             human_bytes(rec.peak_bytes),
             rec.overhead * 100.0,
             esc(&rec.why)
