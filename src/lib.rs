@@ -28,11 +28,11 @@ pub use error::{Error, Result};
 
 // The COIN-OR `*-src` crates carry no Rust items anyone uses, only the static
 // libraries of CBC built from source; naming them keeps those libraries in the
-// link (otherwise it fails on undefined C++ symbols). `link_cplusplus` brings
-// libstdc++. (The team recipe this follows: cbc-from-source.md in the shared notes.)
+// link (otherwise it fails on undefined C++ symbols). build.rs links the C++
+// runtime they need. (The team recipe this follows: cbc-from-source.md in the
+// shared notes.)
 extern crate cbc_src;
 extern crate cgl_src;
 extern crate clp_src;
 extern crate coinutils_src;
-extern crate link_cplusplus;
 extern crate osi_src;
