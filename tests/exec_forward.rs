@@ -128,7 +128,7 @@ fn real_weight_models_match_onnxruntime() {
 fn fact_of(t: &Tensor) -> Fact {
     let mut f = Fact::new(t.dtype(), t.shape.clone());
     if !t.dtype().is_float() && t.numel() <= 64 {
-        f.value = Some(Value::ints(t.shape.clone(), t.to_i64s()));
+        f.value = Some(Box::new(Value::ints(t.shape.clone(), t.to_i64s())));
     }
     f
 }
@@ -191,10 +191,10 @@ fn run_op_full(
         .map(|(i, t)| {
             let mut f = fact_of(t);
             if consts.contains(&i) {
-                f.value = Some(Value {
+                f.value = Some(Box::new(Value {
                     shape: t.shape.clone(),
                     data: memplan::ir::Data::Float(t.to_f64s()),
-                });
+                }));
             }
             f
         })

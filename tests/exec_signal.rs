@@ -83,14 +83,14 @@ impl Run {
                 t.as_ref().map(|t| {
                     let mut f = Fact::new(t.dtype(), t.shape.clone());
                     if !t.dtype().is_float() || t.rank() == 0 {
-                        f.value = Some(Value {
+                        f.value = Some(Box::new(Value {
                             shape: t.shape.clone(),
                             data: if t.dtype().is_float() {
                                 memplan::ir::Data::Float(t.to_f64s())
                             } else {
                                 memplan::ir::Data::Int(t.to_i64s())
                             },
-                        });
+                        }));
                     }
                     f
                 })

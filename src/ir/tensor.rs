@@ -173,12 +173,14 @@ pub struct TensorInfo {
     pub kind: TensorKind,
     /// Declared element type (graph inputs/outputs, value_info, initializers), if any.
     pub declared_dtype: Option<DType>,
-    /// Declared dimensions, if the model gives a shape.
+    /// Declared dimensions, where the model declares a shape for a graph input or
+    /// output or in `value_info` (an initializer's dimensions are in `init`).
     pub declared_shape: Option<Vec<DimDecl>>,
     /// The node that writes it (`None` for inputs and initializers).
     pub producer: Option<NodeIndex>,
-    /// Initializer or Constant data.
-    pub init: Option<TensorData>,
+    /// Initializer or Constant data; boxed, so that the tensor table (mostly
+    /// activations, which have none) stays small.
+    pub init: Option<Box<TensorData>>,
 }
 
 #[cfg(test)]

@@ -235,7 +235,7 @@ impl Lowering {
             declared_dtype: init.as_ref().map(|d| d.dtype),
             declared_shape: None,
             producer: None,
-            init,
+            init: init.map(Box::new),
         });
         id
     }

@@ -12,8 +12,8 @@ use super::source::{AttrSrc, GraphSrc, InfoSrc, NodeSrc, TensorSrc};
 use super::{proto, wire};
 use crate::error::{Error, Result};
 use crate::ir::{
-    Attr, Attrs, DType, Data, DimDecl, Edge, Graph, Model, Name, Node, Payload, TensorData,
-    TensorId, TensorInfo, TensorKind,
+    Attr, Attrs, DType, Data, Edge, Graph, Model, Name, Node, Payload, TensorData, TensorId,
+    TensorInfo, TensorKind,
 };
 
 /// Maps a file read-only and wraps the mapping in [`Bytes`] (no copy).
@@ -353,14 +353,9 @@ fn build_graph<G: GraphSrc>(gp: &G, names: &Names) -> Result<Graph> {
             name,
             kind,
             declared_dtype: Some(data.dtype),
-            declared_shape: Some(
-                data.dims
-                    .iter()
-                    .map(|&d| DimDecl::Fixed(d as i64))
-                    .collect(),
-            ),
+            declared_shape: None,
             producer: None,
-            init: Some(data),
+            init: Some(Box::new(data)),
         });
     }
     if gp.has_sparse_initializers() {

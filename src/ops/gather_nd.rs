@@ -155,7 +155,7 @@ impl Op for GatherND {
         Ok(vec![Fact {
             dtype: x.dtype,
             shape: p.out,
-            value,
+            value: value.map(Box::new),
         }])
     }
     fn flops(&self, _cx: &Cx, _out: &[Fact]) -> u64 {

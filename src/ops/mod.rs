@@ -74,8 +74,9 @@ pub struct Fact {
     pub dtype: DType,
     /// Concrete shape.
     pub shape: Vec<usize>,
-    /// Folded value, when known and small.
-    pub value: Option<Value>,
+    /// Folded value, when known and small; boxed, so that a fact without one (most
+    /// of them) stays small.
+    pub value: Option<Box<Value>>,
 }
 
 impl Fact {
@@ -93,7 +94,7 @@ impl Fact {
         Fact {
             dtype,
             shape: value.shape.clone(),
-            value: Some(value),
+            value: Some(Box::new(value)),
         }
     }
 
@@ -183,7 +184,7 @@ impl<'a> Cx<'a> {
     pub fn value(&self, i: usize) -> RuleResult<&'a Value> {
         self.input(i)?
             .value
-            .as_ref()
+            .as_deref()
             .ok_or(RuleError::NotConstant(i))
     }
 

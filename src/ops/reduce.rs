@@ -103,7 +103,7 @@ impl Op for Reduce {
         Ok(vec![Fact {
             dtype: x.dtype,
             shape,
-            value,
+            value: value.map(Box::new),
         }])
     }
     fn flops(&self, cx: &Cx, _out: &[Fact]) -> u64 {
@@ -477,7 +477,7 @@ impl Op for CumSum {
         Ok(vec![Fact {
             dtype: x.dtype,
             shape: x.shape.clone(),
-            value,
+            value: value.map(Box::new),
         }])
     }
     fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {

@@ -169,12 +169,12 @@ impl Case {
             .map(|(i, t)| {
                 let mut f = Fact::new(t.dtype(), t.shape.clone());
                 if !t.dtype().is_float() && t.numel() <= 64 {
-                    f.value = Some(Value::ints(t.shape.clone(), t.to_i64s()));
+                    f.value = Some(Box::new(Value::ints(t.shape.clone(), t.to_i64s())));
                 } else if self.consts.contains(&i) {
-                    f.value = Some(Value {
+                    f.value = Some(Box::new(Value {
                         shape: t.shape.clone(),
                         data: Data::Float(t.to_f64s()),
-                    });
+                    }));
                 }
                 f
             })

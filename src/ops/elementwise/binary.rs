@@ -540,7 +540,7 @@ fn broadcast_fact(
     Ok(vec![Fact {
         dtype,
         shape,
-        value,
+        value: value.map(Box::new),
     }])
 }
 

@@ -20,7 +20,7 @@ impl Op for Variadic {
             .collect::<RuleResult<Vec<_>>>()?;
         let shapes: Vec<&[usize]> = ins.iter().map(|f| f.shape.as_slice()).collect();
         let shape = broadcast(&shapes)?;
-        let vals: Option<Vec<&Value>> = ins.iter().map(|f| f.value.as_ref()).collect();
+        let vals: Option<Vec<&Value>> = ins.iter().map(|f| f.value.as_deref()).collect();
         let float = ins[0].dtype.is_float();
         let value = vals.filter(|_| !self.mean).and_then(|vals| {
             let f = self.fold;
@@ -43,7 +43,7 @@ impl Op for Variadic {
         Ok(vec![Fact {
             dtype: ins[0].dtype,
             shape,
-            value,
+            value: value.map(Box::new),
         }])
     }
     fn flops(&self, cx: &Cx, out: &[Fact]) -> u64 {
@@ -124,7 +124,7 @@ impl Op for Where {
         Ok(vec![Fact {
             dtype: x.dtype,
             shape,
-            value,
+            value: value.map(Box::new),
         }])
     }
     fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {
@@ -221,7 +221,7 @@ impl Op for Cast {
         Ok(vec![Fact {
             dtype: to,
             shape: x.shape.clone(),
-            value,
+            value: value.map(Box::new),
         }])
     }
     fn flops(&self, _cx: &Cx, _out: &[Fact]) -> u64 {

@@ -697,7 +697,7 @@ impl Op for Unary {
         Ok(vec![Fact {
             dtype: x.dtype,
             shape: x.shape.clone(),
-            value,
+            value: value.map(Box::new),
         }])
     }
     fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {
@@ -795,7 +795,7 @@ impl Op for Predicate {
             value: x
                 .value
                 .as_ref()
-                .map(|v| map_value(v, x.dtype.is_float(), self.fold)),
+                .map(|v| Box::new(map_value(v, x.dtype.is_float(), self.fold))),
         }])
     }
     fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {

@@ -37,7 +37,7 @@ impl Op for Tile {
         Ok(vec![Fact {
             dtype: x.dtype,
             shape,
-            value,
+            value: value.map(Box::new),
         }])
     }
     no_flops!();

@@ -39,7 +39,7 @@ impl Op for Concat {
                 .checked_add(f.shape[a])
                 .ok_or("concatenated size overflows")?;
         }
-        let vals: Option<Vec<&Value>> = ins.iter().map(|f| f.value.as_ref()).collect();
+        let vals: Option<Vec<&Value>> = ins.iter().map(|f| f.value.as_deref()).collect();
         let value = vals
             .filter(|_| numel(&shape) as usize <= MAX_FOLD_ELEMS)
             .map(|vals| {
@@ -71,7 +71,7 @@ impl Op for Concat {
         Ok(vec![Fact {
             dtype: first.dtype,
             shape,
-            value,
+            value: value.map(Box::new),
         }])
     }
     no_flops!();
@@ -364,7 +364,7 @@ impl Op for Slice {
         Ok(vec![Fact {
             dtype: x.dtype,
             shape,
-            value,
+            value: value.map(Box::new),
         }])
     }
     no_flops!();
@@ -561,7 +561,7 @@ impl Op for Gather {
         Ok(vec![Fact {
             dtype: x.dtype,
             shape,
-            value,
+            value: value.map(Box::new),
         }])
     }
     no_flops!();

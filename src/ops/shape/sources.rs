@@ -13,7 +13,7 @@ pub fn literal_fact(t: &TensorData) -> Fact {
     Fact {
         dtype: t.dtype,
         shape: t.dims.clone(),
-        value: t.value(),
+        value: t.value().map(Box::new),
     }
 }
 
@@ -212,7 +212,7 @@ impl Op for ConstantOfShape {
         Ok(vec![Fact {
             dtype,
             shape,
-            value,
+            value: value.map(Box::new),
         }])
     }
     no_flops!();
@@ -286,7 +286,7 @@ impl Op for Range {
         Ok(vec![Fact {
             dtype,
             shape: vec![n],
-            value,
+            value: value.map(Box::new),
         }])
     }
     no_flops!();

@@ -57,7 +57,7 @@ impl Op for Reshape {
         Ok(vec![Fact {
             dtype: x.dtype,
             shape,
-            value,
+            value: value.map(Box::new),
         }])
     }
     no_flops!();
@@ -120,7 +120,7 @@ impl Op for Flatten {
         Ok(vec![Fact {
             dtype: x.dtype,
             shape,
-            value,
+            value: value.map(Box::new),
         }])
     }
     no_flops!();
@@ -191,7 +191,7 @@ impl Op for Transpose {
         Ok(vec![Fact {
             dtype: x.dtype,
             shape,
-            value,
+            value: value.map(Box::new),
         }])
     }
     no_flops!();
@@ -307,7 +307,7 @@ impl Op for Squeeze {
         Ok(vec![Fact {
             dtype: x.dtype,
             shape,
-            value,
+            value: value.map(Box::new),
         }])
     }
     no_flops!();
@@ -380,7 +380,7 @@ impl Op for Unsqueeze {
         Ok(vec![Fact {
             dtype: x.dtype,
             shape,
-            value,
+            value: value.map(Box::new),
         }])
     }
     no_flops!();
@@ -457,7 +457,7 @@ impl Op for Expand {
         Ok(vec![Fact {
             dtype: x.dtype,
             shape,
-            value,
+            value: value.map(Box::new),
         }])
     }
     no_flops!();
