@@ -106,7 +106,7 @@ fn real_weight_models_match_onnxruntime() {
         let outputs = exec.forward(&inputs).unwrap();
         let mut worst = 0f64;
         for (out_name, want) in case["outputs"].as_object().unwrap() {
-            let t = g.by_name[out_name.as_str()];
+            let t = g.tensor_id(out_name.as_str()).unwrap();
             let got = values[t].as_ref().unwrap();
             let want = tensor_from_json(want);
             assert_eq!(got.shape, want.shape, "{name} {out_name}");
@@ -758,14 +758,14 @@ fn seeded_parameters_are_deterministic() {
         },
     )
     .unwrap();
-    let t = model.graph.by_name["fc.weight"];
+    let t = model.graph.tensor_id("fc.weight").unwrap();
     let (pa, pb, pc) = (&a.params()[t], &b.params()[t], &c.params()[t]);
     assert_eq!(pa, pb);
     assert_ne!(pa, pc);
     let w = pa.as_ref().unwrap().as_f32().unwrap();
     let bound = 1.0 / (512f32).sqrt();
     assert!(w.iter().all(|&v| (-bound..bound).contains(&v)));
-    let var = &a.params()[model.graph.by_name["bn1.running_var"]];
+    let var = &a.params()[model.graph.tensor_id("bn1.running_var").unwrap()];
     assert!(var
         .as_ref()
         .unwrap()

@@ -69,7 +69,7 @@ fn external_data_is_described_not_read() {
     // weights.bin does not exist: loading must not need it.
     let p = write_tmp(&dir, "ext.onnx", &encode(&m));
     let model = load_model(&p).unwrap();
-    let t = &model.graph.tensors[model.graph.by_name["w"]];
+    let t = &model.graph.tensors[model.graph.tensor_id("w").unwrap()];
     match &t.init.as_ref().unwrap().payload {
         Payload::External {
             location,
@@ -112,7 +112,7 @@ fn shape_only_and_inputs_listing_initializers() {
     let p = write_tmp(&dir, "so.onnx", &encode(&m));
     let model = load_model(&p).unwrap();
     assert_eq!(model.graph.inputs.len(), 1);
-    let w = model.graph.by_name["w"];
+    let w = model.graph.tensor_id("w").unwrap();
     assert_eq!(model.graph.tensors[w].kind, TensorKind::Parameter);
     let inf = infer(
         &model,
@@ -122,7 +122,7 @@ fn shape_only_and_inputs_listing_initializers() {
         },
     )
     .unwrap();
-    let y = model.graph.by_name["y"];
+    let y = model.graph.tensor_id("y").unwrap();
     assert_eq!(inf.facts[y].shape, vec![5, 3]);
 }
 
@@ -152,7 +152,10 @@ fn omitted_optional_inputs_and_outputs() {
         },
     )
     .unwrap();
-    assert_eq!(inf.facts[model.graph.by_name["y"]].shape, vec![3, 4]);
+    assert_eq!(
+        inf.facts[model.graph.tensor_id("y").unwrap()].shape,
+        vec![3, 4]
+    );
 }
 
 #[test]

@@ -26,11 +26,11 @@ fn run(
 }
 
 fn shape_of(m: &memplan::ir::Model, inf: &memplan::infer::Inferred, t: &str) -> Vec<usize> {
-    inf.facts[m.graph.by_name[t]].shape.clone()
+    inf.facts[m.graph.tensor_id(t).unwrap()].shape.clone()
 }
 
 fn value_of(m: &memplan::ir::Model, inf: &memplan::infer::Inferred, t: &str) -> Vec<i64> {
-    inf.facts[m.graph.by_name[t]]
+    inf.facts[m.graph.tensor_id(t).unwrap()]
         .value
         .as_ref()
         .expect("folded")

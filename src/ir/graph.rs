@@ -4,7 +4,8 @@
 //! positions are never read from edges: each [`Node`] keeps its ordered
 //! `inputs` and `outputs` (tensor ids), and each [`Edge`] records the slot it feeds.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+use std::hash::BuildHasher;
 
 use petgraph::stable_graph::{NodeIndex, StableGraph};
 
@@ -62,8 +63,8 @@ pub struct Graph {
     pub model_order_is_topological: bool,
     /// Every tensor, indexed by [`TensorId`].
     pub tensors: Vec<TensorInfo>,
-    /// Tensor id by ONNX name.
-    pub by_name: HashMap<Name, TensorId, NameHash>,
+    /// Tensor id by ONNX name ([`Graph::tensor_id`]).
+    pub by_name: NameIndex,
     /// User-fed graph inputs (initializers excluded), in declaration order.
     pub inputs: Vec<TensorId>,
     /// Graph outputs, in declaration order.
@@ -75,6 +76,67 @@ pub struct Graph {
 /// the standard library's SipHash on short strings. Names come from the model file
 /// being read; resisting crafted collisions is not worth that time here.
 pub type NameHash = rustc_hash::FxBuildHasher;
+
+/// Tensor ids by ONNX name. The keys are the tensor table's own names: the index
+/// holds ids only, so each name is stored once (a second copy per tensor took a
+/// reference count at load and gave it back when the graph was dropped).
+#[derive(Clone, Default)]
+pub struct NameIndex(hashbrown::HashTable<TensorId>);
+
+fn name_hash(name: &str) -> u64 {
+    NameHash::default().hash_one(name)
+}
+
+impl NameIndex {
+    /// An empty index with room for `n` tensors.
+    pub fn with_capacity(n: usize) -> NameIndex {
+        NameIndex(hashbrown::HashTable::with_capacity(n))
+    }
+
+    /// Every tensor of `tensors` by its name (the last one where names repeat).
+    pub fn of(tensors: &[TensorInfo]) -> NameIndex {
+        let mut index = NameIndex::with_capacity(tensors.len());
+        for id in 0..tensors.len() {
+            index.insert(tensors, id);
+        }
+        index
+    }
+
+    /// The id of the tensor of `tensors` named `name`.
+    pub fn get(&self, tensors: &[TensorInfo], name: &str) -> Option<TensorId> {
+        self.0
+            .find(name_hash(name), |&t| &*tensors[t].name == name)
+            .copied()
+    }
+
+    /// Indexes `tensors[id]` by its name, in place of any tensor of that name.
+    pub fn insert(&mut self, tensors: &[TensorInfo], id: TensorId) {
+        let name: &str = &tensors[id].name;
+        match self.0.entry(
+            name_hash(name),
+            |&t| &*tensors[t].name == name,
+            |&t| name_hash(&tensors[t].name),
+        ) {
+            hashbrown::hash_table::Entry::Occupied(mut e) => *e.get_mut() = id,
+            hashbrown::hash_table::Entry::Vacant(e) => {
+                e.insert(id);
+            }
+        }
+    }
+
+    /// The ids indexed, in no particular order.
+    pub fn ids(&self) -> impl Iterator<Item = TensorId> + '_ {
+        self.0.iter().copied()
+    }
+}
+
+impl std::fmt::Debug for NameIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut ids: Vec<_> = self.ids().collect();
+        ids.sort_unstable();
+        f.debug_set().entries(ids).finish()
+    }
+}
 
 /// A loaded model: header facts and the graph.
 #[derive(Debug, Clone)]
@@ -105,6 +167,11 @@ impl Graph {
     /// The tensor with id `t`.
     pub fn tensor(&self, t: TensorId) -> &TensorInfo {
         &self.tensors[t]
+    }
+
+    /// The id of the tensor named `name`.
+    pub fn tensor_id(&self, name: &str) -> Option<TensorId> {
+        self.by_name.get(&self.tensors, name)
     }
 
     /// Ids of the tensors of a given kind.

@@ -11,7 +11,7 @@ pub mod value;
 
 pub use attr::{Attr, Attrs};
 pub use dtype::DType;
-pub use graph::{Edge, Graph, Inputs, Model, Name, NameHash, Node, Outputs, Slots};
+pub use graph::{Edge, Graph, Inputs, Model, Name, NameHash, NameIndex, Node, Outputs, Slots};
 pub use scope::{module_path, parameter_name};
 pub use tensor::{DimDecl, Payload, TensorData, TensorId, TensorInfo, TensorKind};
 pub use value::{Data, Value};

@@ -215,12 +215,12 @@ impl Lowering {
     // ---- building --------------------------------------------------------------
 
     fn fresh_name(&self, base: &str) -> String {
-        if !self.m.graph.by_name.contains_key(base) {
+        if self.m.graph.tensor_id(base).is_none() {
             return base.to_string();
         }
         (1..)
             .map(|k| format!("{base}#{k}"))
-            .find(|n| !self.m.graph.by_name.contains_key(n.as_str()))
+            .find(|n| self.m.graph.tensor_id(n).is_none())
             .expect("a free name")
     }
 
@@ -228,7 +228,6 @@ impl Lowering {
         let name = self.fresh_name(base);
         let id = self.m.graph.tensors.len();
         self.facts.push(init.as_ref().map(literal_fact));
-        self.m.graph.by_name.insert(name.clone().into(), id);
         self.m.graph.tensors.push(TensorInfo {
             name: name.into(),
             kind,
@@ -237,6 +236,7 @@ impl Lowering {
             producer: None,
             init: init.map(Box::new),
         });
+        self.m.graph.by_name.insert(&self.m.graph.tensors, id);
         id
     }
 
@@ -380,7 +380,7 @@ impl Lowering {
             .iter()
             .rev()
             .find_map(|s| s.get(name).copied())
-            .or_else(|| self.m.graph.by_name.get(name).copied())
+            .or_else(|| self.m.graph.tensor_id(name))
     }
 
     /// Inlines `body` with its inputs bound to `bound`; returns its outputs.
@@ -900,12 +900,7 @@ impl Lowering {
             }
         }
         g.tensors = tensors;
-        g.by_name = g
-            .tensors
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.name.clone(), i))
-            .collect();
+        g.by_name = crate::ir::NameIndex::of(&g.tensors);
         let map = |t: &mut TensorId| *t = new_id[*t];
         g.inputs.iter_mut().for_each(map);
         g.outputs.iter_mut().for_each(map);

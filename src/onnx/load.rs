@@ -1,7 +1,7 @@
 //! Memory-mapped, zero-copy loading of an ONNX file into the IR.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use bytes::Bytes;
@@ -12,8 +12,8 @@ use super::source::{AttrSrc, GraphSrc, InfoSrc, NodeSrc, TensorSrc};
 use super::{proto, wire};
 use crate::error::{Error, Result};
 use crate::ir::{
-    Attr, Attrs, DType, Data, Edge, Graph, Model, Name, Node, Payload, TensorData, TensorId,
-    TensorInfo, TensorKind,
+    Attr, Attrs, DType, Data, Edge, Graph, Model, Name, NameIndex, Node, Payload, TensorData,
+    TensorId, TensorInfo, TensorKind,
 };
 
 /// Maps a file read-only and wraps the mapping in [`Bytes`] (no copy).
@@ -311,8 +311,8 @@ struct Builder {
 impl Builder {
     fn add_tensor(&mut self, info: TensorInfo) -> TensorId {
         let id = self.g.tensors.len();
-        self.g.by_name.insert(info.name.clone(), id);
         self.g.tensors.push(info);
+        self.g.by_name.insert(&self.g.tensors, id);
         id
     }
 }
@@ -328,7 +328,7 @@ fn build_graph<G: GraphSrc>(gp: &G, names: &Names) -> Result<Graph> {
             name: gp.name().to_string(),
             nodes: StableGraph::with_capacity(n_nodes, 2 * n_nodes),
             tensors: Vec::with_capacity(n_tensors),
-            by_name: HashMap::with_capacity_and_hasher(n_tensors, Default::default()),
+            by_name: NameIndex::with_capacity(n_tensors),
             ..Default::default()
         },
     };
@@ -340,7 +340,7 @@ fn build_graph<G: GraphSrc>(gp: &G, names: &Names) -> Result<Graph> {
         if name.is_empty() {
             return Err(bad("an initializer has no name".into()));
         }
-        if b.g.by_name.contains_key(&*name) {
+        if b.g.tensor_id(&name).is_some() {
             return Err(bad(format!("initializer '{name}' is defined twice")));
         }
         let data = tensor_data_of(t).map_err(|e| bad(format!("initializer '{name}': {e}")))?;
@@ -367,7 +367,7 @@ fn build_graph<G: GraphSrc>(gp: &G, names: &Names) -> Result<Graph> {
         check_modelled(vi, "input")?;
         let name = vi.name().unwrap_or_default();
         let (dtype, shape) = vi.decl_type();
-        if let Some(&id) = b.g.by_name.get(name) {
+        if let Some(id) = b.g.tensor_id(name) {
             // An initializer listed as an input (older exporters): a default value.
             if b.g.tensors[id].producer.is_none() && b.g.tensors[id].init.is_some() {
                 continue;
@@ -413,7 +413,7 @@ fn build_graph<G: GraphSrc>(gp: &G, names: &Names) -> Result<Graph> {
                 outputs.push(None);
                 continue;
             }
-            if let Some(&prev) = b.g.by_name.get(o) {
+            if let Some(prev) = b.g.tensor_id(o) {
                 let who = match b.g.tensors[prev].producer {
                     Some(p) => format!("node '{}'", b.g.nodes[p].name),
                     None => "a graph input or initializer".to_string(),
@@ -449,7 +449,7 @@ fn build_graph<G: GraphSrc>(gp: &G, names: &Names) -> Result<Graph> {
                 inputs.push(None);
                 continue;
             }
-            let Some(&t) = b.g.by_name.get(inp) else {
+            let Some(t) = b.g.tensor_id(inp) else {
                 let node = &b.g.nodes[ix];
                 return Err(bad(format!(
                     "node '{}' ({}) reads undefined tensor '{inp}'",
@@ -468,7 +468,7 @@ fn build_graph<G: GraphSrc>(gp: &G, names: &Names) -> Result<Graph> {
     for vi in gp.outputs() {
         check_modelled(vi, "output")?;
         let name = vi.name().unwrap_or_default();
-        let Some(&t) = b.g.by_name.get(name) else {
+        let Some(t) = b.g.tensor_id(name) else {
             return Err(bad(format!(
                 "graph output '{name}' is not produced by any node"
             )));
@@ -485,7 +485,7 @@ fn build_graph<G: GraphSrc>(gp: &G, names: &Names) -> Result<Graph> {
         b.g.outputs.push(t);
     }
     for vi in gp.value_info() {
-        if let Some(&t) = vi.name().and_then(|n| b.g.by_name.get(n)) {
+        if let Some(t) = vi.name().and_then(|n| b.g.tensor_id(n)) {
             let (dtype, shape) = vi.decl_type();
             let info = &mut b.g.tensors[t];
             info.declared_dtype = info.declared_dtype.or(dtype);

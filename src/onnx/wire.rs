@@ -811,7 +811,7 @@ mod tests {
     /// Everything the IR holds, in an order that does not depend on hashing.
     fn ir_text(m: &Model) -> String {
         let g = &m.graph;
-        let mut by_name: Vec<_> = g.by_name.iter().collect();
+        let mut by_name: Vec<_> = g.by_name.ids().map(|t| (&g.tensors[t].name, t)).collect();
         by_name.sort();
         let nodes: Vec<_> = g.nodes.node_indices().map(|ix| &g.nodes[ix]).collect();
         let edges: Vec<_> = g
