@@ -405,6 +405,8 @@ pub(crate) fn infer_node(
     if f == u64::MAX {
         return Err(err("its FLOP count overflows 64 bits".into()));
     }
+    // The input facts are borrowed from `facts` until here.
+    drop(cx);
     for (slot, (t, f)) in node.outputs.iter().zip(out).enumerate() {
         let Some(t) = *t else { continue };
         if f.bytes().is_none() {

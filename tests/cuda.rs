@@ -845,7 +845,7 @@ fn device_coverage_of_models() {
             let rule = registry().get(&node.domain, &node.op_type).unwrap();
             let cx = Cx {
                 node,
-                inputs: facts.clone(),
+                inputs: facts.iter().copied().collect(),
                 opset: model.opset(),
             };
             let outs: Vec<Fact> = node

@@ -604,7 +604,7 @@ fn kernels_refuse_unsaved_tensors() {
     let mk = |saved: Vec<(Saved, &Tensor)>| -> Result<Vec<Option<Tensor>>, RuleError> {
         let cx = BackwardCx {
             node: &node,
-            inputs: vec![Some(&f), Some(&f)],
+            inputs: smallvec::smallvec![Some(&f), Some(&f)],
             outputs: vec![Some(&f)],
             opset: 17,
             saved,
@@ -629,7 +629,7 @@ fn kernels_refuse_unsaved_tensors() {
     let gy = Tensor::f32(vec![1, 1, 1, 1], vec![1.0]);
     let cx = BackwardCx {
         node: &lp,
-        inputs: vec![Some(&x)],
+        inputs: smallvec::smallvec![Some(&x)],
         outputs: vec![Some(&y)],
         opset: 17,
         saved: vec![],

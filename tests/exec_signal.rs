@@ -102,6 +102,7 @@ impl Run {
             opset,
         };
         let outs = registry().get("", op).unwrap().infer(&cx).unwrap();
+        drop(cx);
         Run {
             node,
             inputs,
@@ -310,7 +311,7 @@ fn bad_inputs_are_refused_in_one_line() {
     let zero = Fact::with_value(memplan::ir::DType::I64, Value::ints(vec![], vec![0]));
     let cx = Cx {
         node: &node,
-        inputs: vec![Some(&x), Some(&zero)],
+        inputs: smallvec::smallvec![Some(&x), Some(&zero)],
         opset: 17,
     };
     let e = registry().get("", "DFT").unwrap().infer(&cx).unwrap_err();

@@ -466,7 +466,7 @@ mod tests {
             );
             let cx = Cx {
                 node: &node,
-                inputs: vec![Some(&x), Some(&w)],
+                inputs: smallvec::smallvec![Some(&x), Some(&w)],
                 opset: 17,
             };
             ConvTranspose.infer(&cx).unwrap()[0].shape.clone()

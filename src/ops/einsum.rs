@@ -868,7 +868,7 @@ mod tests {
         let f = Fact::new(DType::F32, vec![2]);
         let cx = Cx {
             node: &n,
-            inputs: vec![Some(&f)],
+            inputs: smallvec::smallvec![Some(&f)],
             opset: 17,
         };
         assert!(Einsum
@@ -880,7 +880,7 @@ mod tests {
         let n = node("i,i->", 2);
         let cx = Cx {
             node: &n,
-            inputs: vec![Some(&f), Some(&g)],
+            inputs: smallvec::smallvec![Some(&f), Some(&g)],
             opset: 17,
         };
         assert!(Einsum
@@ -909,7 +909,7 @@ mod tests {
         let n = node("ii->i", 1);
         let cx = Cx {
             node: &n,
-            inputs: vec![Some(&facts[0])],
+            inputs: smallvec::smallvec![Some(&facts[0])],
             opset: 17,
         };
         assert!(Einsum.infer(&cx).is_err(), "3 ≠ 2");

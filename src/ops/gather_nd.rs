@@ -240,7 +240,7 @@ mod tests {
         let n = node(b);
         let cx = Cx {
             node: &n,
-            inputs: vec![Some(&x), Some(&ind)],
+            inputs: smallvec::smallvec![Some(&x), Some(&ind)],
             opset,
         };
         let out = GatherND.infer(&cx)?;
@@ -363,7 +363,7 @@ mod tests {
         let (x, ind) = (f(&[4, 5]), i(&[3, 1]));
         let cx = Cx {
             node: &n,
-            inputs: vec![Some(&x), Some(&ind)],
+            inputs: smallvec::smallvec![Some(&x), Some(&ind)],
             opset: 13,
         };
         let out = GatherND.infer(&cx).unwrap();
@@ -374,7 +374,7 @@ mod tests {
         let xi = i(&[4, 5]);
         let cx = Cx {
             node: &n,
-            inputs: vec![Some(&xi), Some(&ind)],
+            inputs: smallvec::smallvec![Some(&xi), Some(&ind)],
             opset: 13,
         };
         let out = GatherND.infer(&cx).unwrap();

@@ -749,7 +749,7 @@ mod tests {
         );
         let cx = Cx {
             node: &n,
-            inputs: vec![Some(&xf), Some(&gf)],
+            inputs: smallvec::smallvec![Some(&xf), Some(&gf)],
             opset,
         };
         let out = GridSample.infer(&cx)?;
@@ -844,7 +844,7 @@ mod tests {
         );
         let cx = Cx {
             node: &n,
-            inputs: vec![Some(&xf), Some(&gf)],
+            inputs: smallvec::smallvec![Some(&xf), Some(&gf)],
             opset: 16,
         };
         assert!(GridSample
@@ -856,7 +856,7 @@ mod tests {
         let xi = Fact::new(DType::I64, vec![1, 1, 2, 2]);
         let cx = Cx {
             node: &n,
-            inputs: vec![Some(&xi), Some(&gf)],
+            inputs: smallvec::smallvec![Some(&xi), Some(&gf)],
             opset: 16,
         };
         assert!(GridSample

@@ -152,13 +152,17 @@ impl Arity {
 pub struct Cx<'a> {
     /// The node.
     pub node: &'a Node,
-    /// Input facts in order; `None` for omitted optional inputs.
-    pub inputs: Vec<Option<&'a Fact>>,
+    /// Input facts in order; `None` for omitted optional inputs (inline up to four:
+    /// no allocation per node).
+    pub inputs: CxInputs<'a>,
     /// Version of the default ONNX domain.
     pub opset: i64,
 }
 
 pub use crate::numeric::{RuleError, RuleResult};
+
+/// [`Cx::inputs`].
+pub type CxInputs<'a> = smallvec::SmallVec<[Option<&'a Fact>; 4]>;
 
 impl<'a> Cx<'a> {
     /// The node's attributes.
@@ -556,8 +560,9 @@ pub fn no_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
 pub struct BackwardCx<'a> {
     /// The node.
     pub node: &'a Node,
-    /// Input facts in order; `None` for omitted optional inputs.
-    pub inputs: Vec<Option<&'a Fact>>,
+    /// Input facts in order; `None` for omitted optional inputs (inline up to four:
+    /// no allocation per node).
+    pub inputs: CxInputs<'a>,
     /// Output facts, one per declared output; `None` where omitted.
     pub outputs: Vec<Option<&'a Fact>>,
     /// Version of the default ONNX domain.

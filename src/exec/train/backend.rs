@@ -195,7 +195,6 @@ impl StepBackend for Cpu {
         wanted: Vec<usize>,
         opts: &StepOptions,
     ) -> Result<Vec<Option<Tensor>>> {
-        let (op, cx) = rule_cx(model, inf, node)?;
         // Half-precision values are computed in f32.
         let widen = |v: &Tensor| -> Result<Option<Tensor>> {
             if v.dtype().is_float() && v.dtype() != DType::F32 {
@@ -225,6 +224,7 @@ impl StepBackend for Cpu {
             .zip(&wide_grads)
             .map(|(g, w)| w.as_ref().or(*g))
             .collect();
+        let (op, cx) = rule_cx(model, inf, node)?;
         let bcx = BackwardCx {
             node,
             inputs: cx.inputs.clone(),

@@ -81,7 +81,7 @@ impl<'a> DevKernelCx<'a> {
     fn rule_cx(&self) -> Cx<'a> {
         Cx {
             node: self.node,
-            inputs: self.input_facts.clone(),
+            inputs: self.input_facts.iter().copied().collect(),
             opset: self.opset,
         }
     }
@@ -171,7 +171,7 @@ impl<'a> DevBackwardCx<'a> {
     fn rule_cx(&self) -> Cx<'a> {
         Cx {
             node: self.node,
-            inputs: self.inputs.clone(),
+            inputs: self.inputs.iter().copied().collect(),
             opset: self.opset,
         }
     }
@@ -486,7 +486,7 @@ fn host_backward(dev: &Device, cx: &DevBackwardCx) -> Result<Vec<Option<DeviceTe
         .collect::<Result<_>>()?;
     let bcx = BackwardCx {
         node: cx.node,
-        inputs: cx.inputs.clone(),
+        inputs: cx.inputs.iter().copied().collect(),
         outputs: cx.outputs.clone(),
         opset: cx.opset,
         saved: saved.iter().map(|(s, t)| (*s, t)).collect(),
