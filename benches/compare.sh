@@ -16,7 +16,7 @@ cargo build -q --release
 MEMPLAN_BENCH_MODELS="$list" cargo bench -q -p memplan-bench --bench profile -- end_to_end >/dev/null
 paths=()
 for m in "${models[@]}"; do paths+=("models/$m.onnx"); done
-python3 benches/py/onnx_infer.py "${paths[@]}" --iters 20 >target/onnx_py.jsonl
+python3 benches/py/onnx_infer.py "${paths[@]}" --iters 100 >target/onnx_py.jsonl
 python3 - "${models[@]}" <<'PY'
 import json, os, subprocess, sys, time
 py = {json.loads(l)["model"]: json.loads(l) for l in open("target/onnx_py.jsonl")}
