@@ -30,7 +30,7 @@ fn main() {
     // A CXXSTDLIB that names a library: the `cc` builds link it themselves.
     let chosen = env::var("CXXSTDLIB").unwrap_or_default();
     if chosen.is_empty() {
-        match static_libstdcxx().filter(|_| linux_gnu) {
+        match linux_gnu.then(static_libstdcxx).flatten() {
             Some(dir) => {
                 println!("cargo:rustc-link-search=native={}", dir.display());
                 println!("cargo:rustc-link-lib=static:-bundle=stdc++");

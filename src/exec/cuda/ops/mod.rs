@@ -44,7 +44,7 @@ pub struct DevKernelCx<'a> {
     /// Input values; `None` for omitted optional inputs.
     pub inputs: Vec<Option<&'a DeviceTensor>>,
     /// Input facts (dtype, shape, folded value).
-    pub input_facts: Vec<Option<&'a Fact>>,
+    pub input_facts: crate::ops::CxInputs<'a>,
     /// Inferred output facts; `None` where omitted.
     pub outputs: Vec<Option<&'a Fact>>,
     /// Default-domain opset.
@@ -81,7 +81,7 @@ impl<'a> DevKernelCx<'a> {
     fn rule_cx(&self) -> Cx<'a> {
         Cx {
             node: self.node,
-            inputs: self.input_facts.iter().copied().collect(),
+            inputs: self.input_facts.clone(),
             opset: self.opset,
         }
     }
@@ -92,7 +92,7 @@ pub struct DevBackwardCx<'a> {
     /// The node.
     pub node: &'a Node,
     /// Input facts.
-    pub inputs: Vec<Option<&'a Fact>>,
+    pub inputs: crate::ops::CxInputs<'a>,
     /// Output facts.
     pub outputs: Vec<Option<&'a Fact>>,
     /// Default-domain opset.
@@ -171,7 +171,7 @@ impl<'a> DevBackwardCx<'a> {
     fn rule_cx(&self) -> Cx<'a> {
         Cx {
             node: self.node,
-            inputs: self.inputs.iter().copied().collect(),
+            inputs: self.inputs.clone(),
             opset: self.opset,
         }
     }
@@ -486,6 +486,8 @@ fn host_backward(dev: &Device, cx: &DevBackwardCx) -> Result<Vec<Option<DeviceTe
         .collect::<Result<_>>()?;
     let bcx = BackwardCx {
         node: cx.node,
+        // A new list: `SmallVec` is invariant in its lifetime, so the clone's would
+        // have to outlive `saved` and `grads` below.
         inputs: cx.inputs.iter().copied().collect(),
         outputs: cx.outputs.clone(),
         opset: cx.opset,
