@@ -304,7 +304,9 @@ fn dtr_plans_replay_within_the_budget_and_tightening_keeps_the_cost() {
 /// The random layered points that were open before nested recomputation and the
 /// materialization floor (docs/BENCHMARKS.md): each is now planned or proven
 /// infeasible, within the benchmark's 10 s. (n250 at 80 / 70 % and n500 and
-/// n1000 at 70 / 50 % are still open.)
+/// n1000 at 70 / 50 % are still open.) Early gaps, the simulation's local search
+/// and hoisting brought n100 at 70 % from 1.6385 to 1.4549 and n1000 at 90 % from
+/// 1.0730 to 1.0127.
 #[test]
 fn random_layered_points_are_planned_or_below_the_floor() {
     let _cbc = serial();
@@ -312,13 +314,19 @@ fn random_layered_points_are_planned_or_below_the_floor() {
         ("random_layered_n100.json", &[0.9, 0.8, 0.7, 0.5][..], 2.0),
         ("random_layered_n250.json", &[0.9, 0.5], 5.0),
         ("random_layered_n500.json", &[0.9, 0.8], 5.0),
-        ("random_layered_n1000.json", &[0.8], 10.0),
+        ("random_layered_n1000.json", &[0.9, 0.8], 10.0),
     ] {
         let g = dag(name);
         let base = base_peak(&g);
         for &f in fracs {
             let budget = (base as f64 * f) as u64;
             let r = checked(&g, budget, Solver::Ilp, secs);
+            let was = match (name, f) {
+                ("random_layered_n100.json", 0.7) => 1.55,
+                ("random_layered_n1000.json", 0.9) => 1.04,
+                _ => f64::INFINITY,
+            };
+            assert!(r.overhead <= was, "{name} at {f}: {}", r.overhead);
             assert!(
                 r.feasible || budget < r.op_local_bound_bytes,
                 "{name} at {f}: open (lowest peak {:.3}, floor {:.3} of the baseline)",

@@ -45,8 +45,11 @@
 //! solver, and every plan it makes is an ordinary [`Instr`] list checked by
 //! [`replay`]. Its plans are not optimal, which is why it is one candidate among
 //! the gap MILP and Checkmate's MILP; the cheapest replayed plan wins. The
-//! heuristic parameters are a small grid ([`HEURISTICS`]) and then random ones
-//! ([`RANDOM_RUNS`]), within the share of the time limit the portfolio gives it.
+//! heuristic parameters are a small grid ([`HEURISTICS`]), then random ones
+//! ([`RANDOM_RUNS`]), then a local search from the best of those
+//! ([`STALL`]: per-value score factors mutated a few at a time, a change kept when
+//! the run is no worse), within the share of the time limit the portfolio gives
+//! it.
 //! Where it fails (random layered graphs at 70 % and below, whose nodes read up to
 //! 44 values across 20 layers) recomputing a dropped input needs a deep recursion
 //! with its siblings held, and the greedy eviction does not foresee it.
@@ -495,9 +498,17 @@ fn simulate_noisy(
     simulate_with(g, pr, h, noise, &[], strict, budget, cap, deadline).ok()
 }
 
-/// One run. `Err(Some(blame))`: a strict run overflowed, and these inputs of the
-/// node then running were missing; `Err(None)`: out of node runs or time, or a
-/// value could not be made resident.
+/// Why a run gave no plan.
+struct Fail {
+    /// A strict run overflowed, and these inputs of the node then running were
+    /// missing; `None`: out of node runs or time, or a value could not be made
+    /// resident.
+    blame: Option<Vec<ValueId>>,
+    /// The node of the schedule that was being run (how far the run got).
+    step: NodeId,
+}
+
+/// One run.
 #[allow(clippy::too_many_arguments)]
 fn simulate_with(
     g: &RematGraph,
@@ -509,7 +520,7 @@ fn simulate_with(
     budget: u64,
     cap: usize,
     deadline: Option<Instant>,
-) -> Result<Vec<Instr>, Option<Vec<ValueId>>> {
+) -> Result<Vec<Instr>, Fail> {
     let nv = g.values.len();
     let mut s = Sim {
         g,
@@ -550,7 +561,10 @@ fn simulate_with(
         s.missing_now
             .extend(pr.inputs[t].iter().copied().filter(|&u| !s.live[u]));
         if !s.run(t) {
-            return Err(s.blame.take());
+            return Err(Fail {
+                blame: s.blame.take(),
+                step: t,
+            });
         }
         s.step = t + 1;
         // Values nothing in the schedule reads after t: freed now when eager (or
@@ -805,7 +819,9 @@ pub fn plans_for(g: &RematGraph, budget: u64, peak_only: bool, deadline: Instant
                         best.consider(g, budget, p);
                         break;
                     }
-                    Err(Some(blame)) if blame.iter().any(|&v| !protect[v]) => {
+                    Err(Fail {
+                        blame: Some(blame), ..
+                    }) if blame.iter().any(|&v| !protect[v]) => {
                         for v in blame {
                             protect[v] = true;
                         }
@@ -832,6 +848,9 @@ pub fn plans_for(g: &RematGraph, budget: u64, peak_only: bool, deadline: Instant
         }
     }
     let mut rng = Rng(0x5EED ^ g.nodes.len() as u64);
+    // The parameters of the best run so far, where the search starts from: the
+    // cheapest plan within the budget, or else the run that got furthest.
+    let mut seed: Option<(Fitness, Params)> = None;
     let mut noise = vec![1.0; g.values.len()];
     for _ in 0..RANDOM_RUNS {
         if Instant::now() >= search_end {
@@ -852,18 +871,135 @@ pub fn plans_for(g: &RematGraph, budget: u64, peak_only: bool, deadline: Instant
             // Log-uniform in [-sigma, sigma].
             *x = (sigma * (2.0 * rng.unit() - 1.0)).exp();
         }
-        let b = if best.cheapest.is_some() {
-            scaled(1.0 + 0.15 * rng.unit())
+        let scale = if best.cheapest.is_some() {
+            1.0 + 0.15 * rng.unit()
         } else {
-            budget
+            1.0
         };
-        if let Some(p) = simulate_noisy(g, &pr, h, &noise, true, b, cap, Some(deadline)) {
-            best.consider(g, budget, p);
+        let p = Params {
+            h,
+            noise: noise.clone(),
+            scale,
+        };
+        let f = p.run(g, &pr, &mut best, budget, cap, deadline);
+        if seed.as_ref().is_none_or(|s| f > s.0) {
+            seed = Some((f, p));
         }
+    }
+    if let Some((f, p)) = seed {
+        local_search(g, &pr, &mut best, budget, cap, (f, p), &mut rng, search_end);
     }
     DtrPlans {
         cheapest: best.cheapest.map(|c| c.2),
         lowest: best.lowest.map(|c| c.2),
+    }
+}
+
+/// The parameters of one randomised run.
+#[derive(Clone)]
+struct Params {
+    h: Heuristic,
+    /// Per-value factors on the score.
+    noise: Vec<f64>,
+    /// The run aims at the budget times this (tightening can bring the plan under).
+    scale: f64,
+}
+
+/// How good a run was, ordered: a plan within the budget beats none, a cheaper
+/// plan a dearer one, and a run that got further before overflowing one that
+/// stopped sooner.
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
+enum Fitness {
+    /// Stopped at this node of the schedule.
+    Stopped(usize),
+    /// Within the budget, at minus this cost (so that cheaper is greater).
+    Fits(f64),
+}
+
+impl Params {
+    /// One strict run; its plan, if any, goes to `best`.
+    fn run(
+        &self,
+        g: &RematGraph,
+        pr: &Prepared,
+        best: &mut Best,
+        budget: u64,
+        cap: usize,
+        deadline: Instant,
+    ) -> Fitness {
+        let b = (budget as f64 * self.scale) as u64;
+        match simulate_with(
+            g,
+            pr,
+            self.h,
+            &self.noise,
+            &[],
+            true,
+            b,
+            cap,
+            Some(deadline),
+        ) {
+            Ok(p) => match best.consider(g, budget, p) {
+                Some(cost) => Fitness::Fits(-cost),
+                // Within the aim but not the budget: as far as a run can get.
+                None => Fitness::Stopped(g.nodes.len()),
+            },
+            Err(f) => Fitness::Stopped(f.step),
+        }
+    }
+}
+
+/// Mutations tried without improvement before [`local_search`] stops.
+pub const STALL: usize = 1000;
+
+/// A (1+1) local search over the randomised runs' parameters, from the best run of
+/// the random phase: each step multiplies the score factors of a few values by a
+/// random factor (the values whose order of eviction decides the plan are not
+/// known in advance, so they are drawn at random), sometimes changes the distance
+/// exponent or the budget aimed at, and keeps the change when the run is at least
+/// as good ([`Fitness`]). It stops at `end` or after [`STALL`] steps without
+/// improvement. The random phase samples parameters afresh each time; this phase
+/// refines the best of them, which is what brings random layered graphs near
+/// their optimum (the few decisive evictions are found one at a time).
+#[allow(clippy::too_many_arguments)]
+fn local_search(
+    g: &RematGraph,
+    pr: &Prepared,
+    best: &mut Best,
+    budget: u64,
+    cap: usize,
+    start: (Fitness, Params),
+    rng: &mut Rng,
+    end: Instant,
+) {
+    let cands: Vec<ValueId> = (0..g.values.len()).filter(|&v| pr.evictable[v]).collect();
+    if cands.is_empty() {
+        return;
+    }
+    let (mut cur_f, mut cur) = start;
+    let mut stall = 0;
+    while stall < STALL && Instant::now() < end {
+        let mut p = cur.clone();
+        let k = 1 + (rng.next() % 4) as usize;
+        for _ in 0..k {
+            let v = cands[(rng.next() % cands.len() as u64) as usize];
+            p.noise[v] *= (1.5 * (2.0 * rng.unit() - 1.0)).exp();
+        }
+        if rng.unit() < 0.1 {
+            p.h.dist_exp = (p.h.dist_exp + 0.6 * (rng.unit() - 0.5)).clamp(0.0, 3.0);
+        }
+        if matches!(cur_f, Fitness::Fits(_)) && rng.unit() < 0.1 {
+            p.scale = (p.scale + 0.06 * (rng.unit() - 0.5)).clamp(1.0, 1.2);
+        }
+        let f = p.run(g, pr, best, budget, cap, end);
+        if f > cur_f {
+            stall = 0;
+        } else {
+            stall += 1;
+        }
+        if f >= cur_f {
+            (cur_f, cur) = (f, p);
+        }
     }
 }
 
@@ -876,8 +1012,9 @@ struct Best {
 }
 
 impl Best {
-    fn consider(&mut self, g: &RematGraph, budget: u64, p: Vec<Instr>) {
-        let Ok(r) = replay(g, &p) else { return };
+    /// Takes `p` into account; its cost (after [`unrecompute`]) when it fits.
+    fn consider(&mut self, g: &RematGraph, budget: u64, p: Vec<Instr>) -> Option<f64> {
+        let Ok(r) = replay(g, &p) else { return None };
         // Within the budget: drop the recomputations it does not need.
         let (p, r) = if r.peak_bytes <= budget && r.recompute_cost > 0.0 {
             let q = unrecompute(g, &p, budget);
@@ -905,5 +1042,6 @@ impl Best {
         {
             self.lowest = Some((r.peak_bytes, r.recompute_cost, p));
         }
+        (r.peak_bytes <= budget).then_some(r.recompute_cost)
     }
 }

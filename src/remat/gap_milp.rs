@@ -24,8 +24,11 @@ pub(super) struct Gap {
     pub(super) v: ValueId,
     /// Freed right after this node.
     pub(super) a: NodeId,
-    /// Recomputed just before this node.
+    /// Read again by this node.
     pub(super) b: NodeId,
+    /// Recomputed just before this node: `b`, or earlier for an *early* gap,
+    /// while the writer's inputs are still resident (held from then to `b`).
+    pub(super) r: NodeId,
     /// Cost of the closure.
     pub(super) cost: f64,
     /// Bytes of the closure's other outputs, live at `b` only.
@@ -40,6 +43,10 @@ pub(super) struct Gaps {
     pub(super) readers: Vec<Vec<NodeId>>,
     /// Per value, per reader index `j`: the gap that ends at `readers[v][j]`.
     pub(super) at: Vec<Vec<Option<usize>>>,
+    /// The same, for the early gap (recomputed before `b`), where there is one.
+    pub(super) early_at: Vec<Vec<Option<usize>>>,
+    /// Per node: the early gaps recomputed just before it.
+    pub(super) early_before: Vec<Vec<usize>>,
     pub(super) list: Vec<Gap>,
 }
 
@@ -63,6 +70,8 @@ impl Gaps {
             }
         };
         let mut at: Vec<Vec<Option<usize>>> = readers.iter().map(|r| vec![None; r.len()]).collect();
+        let mut early_at = at.clone();
+        let mut early_before: Vec<Vec<usize>> = vec![Vec::new(); n];
         let mut list = Vec::new();
         let mut in_closure = vec![false; n];
         for (v, val) in g.values.iter().enumerate() {
@@ -113,22 +122,63 @@ impl Gaps {
                     for &q in &nodes {
                         in_closure[q] = false;
                     }
+                    // Early: the writer alone, at the last node before b where all
+                    // its inputs are still resident (when the closure at b needs
+                    // more than the writer).
+                    let early = (nodes.len() > 1)
+                        .then(|| {
+                            g.nodes[p]
+                                .inputs
+                                .iter()
+                                .filter(|&&u| !g.values[u].fixed && !g.values[u].held)
+                                .map(|&u| last[u])
+                                .min()
+                                .unwrap_or(b)
+                                .min(b - 1)
+                        })
+                        .filter(|&r| r > prev + 1);
                     if ok {
                         at[v][j] = Some(list.len());
                         list.push(Gap {
                             v,
                             a: prev,
                             b,
+                            r: b,
                             cost,
                             extra,
                             nodes,
+                        });
+                    }
+                    if let Some(r) = early {
+                        let extra = g.nodes[p]
+                            .outputs
+                            .iter()
+                            .filter(|&&u| u != v && !live_before(u, r))
+                            .map(|&u| g.values[u].bytes)
+                            .sum();
+                        early_at[v][j] = Some(list.len());
+                        early_before[r].push(list.len());
+                        list.push(Gap {
+                            v,
+                            a: prev,
+                            b,
+                            r,
+                            cost: g.nodes[p].cost,
+                            extra,
+                            nodes: vec![p],
                         });
                     }
                 }
                 prev = b;
             }
         }
-        Gaps { readers, at, list }
+        Gaps {
+            readers,
+            at,
+            early_at,
+            early_before,
+            list,
+        }
     }
 
     /// The gaps that [`plan_with_drops`] drops for a set of dropped values: in
@@ -143,7 +193,9 @@ impl Gaps {
             .unwrap_or(g.nodes.len());
         self.list
             .iter()
-            .map(|gp| dropped[gp.v] && (!phases || (gp.a < first_bw && gp.b >= first_bw)))
+            .map(|gp| {
+                dropped[gp.v] && gp.r == gp.b && (!phases || (gp.a < first_bw && gp.b >= first_bw))
+            })
             .collect()
     }
 
@@ -166,7 +218,7 @@ impl Gaps {
                     if u == gp.v {
                         continue;
                     }
-                    if let Some(h) = self.spanning(u, gp.b) {
+                    if let Some(h) = self.spanning(u, gp.r) {
                         if h != k && !seen.contains(&h) {
                             seen.push(h);
                             out.push((k, h));
@@ -190,6 +242,11 @@ impl Gaps {
         for i in 0..n {
             let node = &g.nodes[i];
             let before = plan.len();
+            for &k in &self.early_before[i] {
+                if on[k] {
+                    ensure(g, self.list[k].v, &mut live, &mut plan);
+                }
+            }
             for &u in &node.inputs {
                 ensure(g, u, &mut live, &mut plan);
             }
@@ -220,7 +277,10 @@ impl Gaps {
                 // dropped gap (for another closure) stays until its next use.
                 let release = match rs.get(j) {
                     None => true,
-                    Some(_) => self.at[v][j].is_some_and(|k| on[k] && self.list[k].a == i),
+                    Some(_) => [self.at[v][j], self.early_at[v][j]]
+                        .into_iter()
+                        .flatten()
+                        .any(|k| on[k] && self.list[k].a == i),
                 };
                 if release {
                     live[v] = false;
@@ -308,15 +368,15 @@ pub(super) fn gap_milp(
     let mut extra_at: Vec<Vec<usize>> = vec![Vec::new(); n];
     for (k, gp) in gaps.list.iter().enumerate() {
         boundary[gp.a + 1] = true;
-        boundary[gp.b] = true;
-        extra_at[gp.b].push(k);
+        boundary[gp.r] = true;
+        extra_at[gp.r].push(k);
     }
     // A pair (k, h) both dropped: h's value is recomputed at k's end and stays
     // until h's end.
     let pairs = gaps.pairs(g);
     let mut pairs_at: Vec<Vec<usize>> = vec![Vec::new(); n];
     for (i, &(k, h)) in pairs.iter().enumerate() {
-        let (from, to) = (gaps.list[k].b, gaps.list[h].b.max(gaps.list[k].b + 1));
+        let (from, to) = (gaps.list[k].r, gaps.list[h].r.max(gaps.list[k].r + 1));
         for at in &mut pairs_at[from..to] {
             at.push(i);
         }
@@ -324,7 +384,7 @@ pub(super) fn gap_milp(
     let pair_bytes = |i: usize, t: NodeId| -> u64 {
         let (k, h) = pairs[i];
         let h = &gaps.list[h];
-        g.values[h.v].bytes + if t == gaps.list[k].b { h.extra } else { 0 }
+        g.values[h.v].bytes + if t == gaps.list[k].r { h.extra } else { 0 }
     };
     let mut rows: Vec<NodeId> = Vec::new();
     let mut seg_best: Option<NodeId> = None;
@@ -391,6 +451,14 @@ pub(super) fn gap_milp(
         for (i, &(k, h)) in pairs.iter().enumerate() {
             cons.push((Expression::from(y[i]) - x[k] - x[h]).geq(-1.0));
         }
+        // A gap is dropped at most one way.
+        for (v, js) in gaps.early_at.iter().enumerate() {
+            for (j, e) in js.iter().enumerate() {
+                if let (Some(e), Some(k)) = (*e, gaps.at[v][j]) {
+                    cons.push((Expression::from(x[e]) + x[k]).leq(1.0));
+                }
+            }
+        }
         let mut active = Vec::new();
         let mut impossible = false;
         for &t in &rows {
@@ -407,7 +475,7 @@ pub(super) fn gap_milp(
                 if gp.a >= t {
                     break;
                 }
-                if gp.b > t {
+                if gp.r > t {
                     let c = (g.values[gp.v].bytes as f64 / unit).floor();
                     if c > 0.0 {
                         e.add_mul(c, x[k]);
@@ -545,7 +613,7 @@ pub(super) fn targeted_repair(
     let ratio = |k: usize| gaps.list[k].cost / g.values[gaps.list[k].v].bytes.max(1) as f64;
     while cur > budget && Instant::now() < deadline {
         let mut cands: Vec<usize> = (0..gaps.list.len())
-            .filter(|&k| !on[k] && gaps.list[k].a < at && at < gaps.list[k].b)
+            .filter(|&k| !on[k] && gaps.list[k].a < at && at < gaps.list[k].r)
             .collect();
         cands.sort_by(|&a, &b| ratio(a).total_cmp(&ratio(b)));
         let mut moved = false;
@@ -566,4 +634,75 @@ pub(super) fn targeted_repair(
         }
     }
     on
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::remat::graph::{RNode, RValue};
+
+    /// `s` (dear) feeds `x`, read at node 2 and again at node 6; the peak is at
+    /// nodes 3 and 4, while `big` is live; `s` is read for the last time at node 5.
+    /// Recomputing `x` just before node 6 needs `s` again (cost 101); recomputing
+    /// it before node 5, while `s` is still resident, costs 1.
+    pub(crate) fn early_graph() -> RematGraph {
+        let spec: [(&str, f64, u64, &[usize]); 7] = [
+            ("s", 100.0, 1, &[]),
+            ("x", 1.0, 10, &[0]),
+            ("y", 1.0, 1, &[1]),
+            ("big", 1.0, 50, &[2]),
+            ("y2", 1.0, 1, &[3]),
+            ("z", 1.0, 1, &[0, 4]),
+            ("w", 1.0, 1, &[1, 5]),
+        ];
+        let mut g = RematGraph {
+            name: "early".into(),
+            nodes: Vec::new(),
+            values: Vec::new(),
+        };
+        for (i, (name, cost, bytes, inputs)) in spec.into_iter().enumerate() {
+            g.values.push(RValue {
+                name: name.into(),
+                bytes,
+                producer: Some(i),
+                fixed: false,
+                held: false,
+            });
+            g.nodes.push(RNode {
+                name: name.into(),
+                cost,
+                inputs: inputs.to_vec(),
+                outputs: vec![i],
+                backward: false,
+                recomputable: true,
+            });
+        }
+        g
+    }
+
+    #[test]
+    fn an_early_gap_recomputes_while_the_inputs_are_resident() {
+        let g = early_graph();
+        let gaps = Gaps::new(&g);
+        let base = replay(&g, &g.no_recompute_plan()).unwrap();
+        assert_eq!(base.peak_bytes, 62);
+        // x's gap from node 2 to node 6: at 6 its closure needs s too; the early
+        // gap recomputes x alone before node 5.
+        let std = gaps.list.iter().position(|gp| gp.v == 1 && gp.r == gp.b);
+        let early = gaps.list.iter().position(|gp| gp.v == 1 && gp.r < gp.b);
+        let (std, early) = (std.unwrap(), early.unwrap());
+        assert_eq!((gaps.list[std].a, gaps.list[std].b), (2, 6));
+        assert_eq!(gaps.list[std].cost, 101.0);
+        assert_eq!((gaps.list[early].r, gaps.list[early].cost), (5, 1.0));
+        let mut on = vec![false; gaps.list.len()];
+        on[early] = true;
+        let r = replay(&g, &gaps.plan(&g, &on)).unwrap();
+        assert_eq!((r.peak_bytes, r.recompute_cost), (52, 1.0));
+        // The MILP picks the early gap at a budget only dropping x meets.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let on = gap_milp(&g, &gaps, 55, false, deadline).unwrap();
+        let r = replay(&g, &gaps.plan(&g, &on)).unwrap();
+        assert!(r.peak_bytes <= 55);
+        assert_eq!(r.recompute_cost, 1.0);
+    }
 }

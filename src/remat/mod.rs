@@ -11,6 +11,7 @@ pub mod from_schedule;
 pub mod gap_milp;
 pub mod graph;
 pub mod heuristics;
+pub mod hoist;
 pub mod module_plan;
 pub mod modules;
 pub mod pareto;

@@ -14,7 +14,11 @@
 //!   plus whatever of the writer's inputs is not live then, the *closure*). With
 //!   gaps as the decisions, the memory right after each node is the no-recompute
 //!   memory minus the bytes of the dropped gaps that span it, plus the closure's
-//!   transient bytes at `b`: linear. The gap MILP minimises the closures' cost
+//!   transient bytes at `b`: linear. Where the closure at `b` needs more than the
+//!   writer, an *early* gap is offered beside it: the writer alone runs again at the
+//!   last node before `b` where its inputs are still resident, and the value is
+//!   held from there to `b` (recompute intervals, as Moccasin has; at most one of
+//!   the two is dropped). The gap MILP minimises the closures' cost
 //!   under one memory row per stretch of nodes where the set of spanning gaps is
 //!   constant (the highest of them), which is what keeps it small (a few thousand
 //!   binaries for GPT-2's 3 000-node step).
@@ -36,6 +40,9 @@
 //!   Checkmate MILP, are all replayed; the cheapest plan within the budget wins, so
 //!   `ilp` never loses to a baseline and equals Checkmate wherever Checkmate
 //!   finishes.
+//! - **Hoisting.** The winning plan's re-runs are then moved earlier, one at a
+//!   time, to where their inputs are still resident, when [`super::hoist`]'s
+//!   replay finds that cheaper within the budget (source `hoisted`).
 //! - **Certificates.** Below the memory floor ([`super::bounds::memory_floor`]) no
 //!   plan exists; at or above it a point is planned, or left open (reported as
 //!   such by `memplan bench`).
@@ -59,6 +66,7 @@ use super::dtr;
 use super::gap_milp::*;
 use super::graph::{replay, Instr, RematGraph};
 use super::heuristics::{greedy_drops_until, plan_with_drops, sqrt_drops};
+use super::hoist::hoist;
 use crate::error::Result;
 
 /// Graphs up to this many nodes are also given to the full Checkmate MILP. Above
@@ -248,7 +256,7 @@ pub fn solve(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ScaleResu
                 .min_by(|a, b| a.peak.cmp(&b.peak).then(a.cost.total_cmp(&b.cost)))
         })
         .cloned();
-    let best = match best {
+    let mut best = match best {
         Some(b) => b,
         None => Cand {
             plan: nr,
@@ -257,6 +265,17 @@ pub fn solve(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ScaleResu
             source: "none",
         },
     };
+    // Re-runs moved earlier, to where their inputs are still resident
+    // ([`super::hoist`]), unless the plan is proven optimal already.
+    if best.peak <= budget && best.cost / base_cost > lower + 1e-12 {
+        let end = start + limit.mul_f64(0.9);
+        let p = hoist(g, best.plan.clone(), budget, end);
+        if let Some(c) = measure(g, p, "hoisted") {
+            if c.peak <= budget && c.cost < best.cost {
+                best = c;
+            }
+        }
+    }
     if std::env::var_os("MEMPLAN_DEBUG").is_some() {
         for c in &cands {
             eprintln!(
