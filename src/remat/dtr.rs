@@ -46,10 +46,10 @@
 //! [`replay`]. Its plans are not optimal, which is why it is one candidate among
 //! the gap MILP and Checkmate's MILP; the cheapest replayed plan wins. The
 //! heuristic parameters are a small grid ([`HEURISTICS`]), then random ones
-//! ([`RANDOM_RUNS`]), then a local search from the best of those
-//! ([`STALL`]: per-value score factors mutated a few at a time, a change kept when
-//! the run is no worse), within the share of the time limit the portfolio gives
-//! it.
+//! ([`RANDOM_RUNS`]), then a local search from the best of those (per-value score
+//! factors mutated a few at a time, a change kept when the run is no worse, until
+//! [`STALL`] tries bring no gain), within the share of the time limit the
+//! portfolio gives it.
 //! Where it fails (random layered graphs at 70 % and below, whose nodes read up to
 //! 44 values across 20 layers) recomputing a dropped input needs a deep recursion
 //! with its siblings held, and the greedy eviction does not foresee it.
@@ -949,7 +949,7 @@ impl Params {
     }
 }
 
-/// Mutations tried without improvement before [`local_search`] stops.
+/// Mutations tried without improvement before the local search stops.
 pub const STALL: usize = 1000;
 
 /// A (1+1) local search over the randomised runs' parameters, from the best run of
