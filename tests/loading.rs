@@ -225,3 +225,62 @@ fn dynamo_name_scopes_give_module_paths() {
     );
     assert_eq!(model.graph.node(model.graph.order[2]).name, "fc2");
 }
+
+/// A Transpose whose `perm` attribute is patched in the encoded file, for the
+/// in-place reader's late check of attributes (src/onnx/wire.rs).
+fn patched_transpose(patch: impl Fn(&mut Vec<u8>, usize)) -> Vec<u8> {
+    let n = with_ints(node("Transpose", "t", &["x"], &["y"]), "perm", &[1, 0]);
+    let m = model(
+        vec![n],
+        vec![],
+        vec![value_info("x", 1, &[D::N(2), D::N(3)])],
+        vec![value_info("y", 1, &[D::N(3), D::N(2)])],
+    );
+    let mut bytes = encode(&m);
+    let at = bytes
+        .windows(4)
+        .position(|w| w == b"perm")
+        .expect("the attribute's name is in the file");
+    patch(&mut bytes, at + 4);
+    bytes
+}
+
+#[test]
+fn an_attribute_the_in_place_reader_rejects_loads_through_prost() {
+    // The attribute's `type` field (tag 20, key bytes A0 01) renumbered to tag 24
+    // (C0 01), which AttributeProto does not use: prost skips the unknown field, the in-place reader does not accept
+    // it, and the builder falls back on the field that is set (`ints`).
+    let bytes = patched_transpose(|b, from| {
+        let k = from
+            + b[from..]
+                .windows(2)
+                .position(|w| w == [0xA0, 0x01])
+                .unwrap();
+        b[k] = 0xC0;
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let p = write_tmp(&dir, "unknown_field.onnx", &bytes);
+    let m = load_model(&p).unwrap_or_else(|e| panic!("{e}"));
+    let ix = m.graph.order[0];
+    assert_eq!(m.graph.node(ix).attrs.ints("perm"), Some(&[1i64, 0][..]));
+    let inf = infer(&m, &Bindings::default()).unwrap();
+    let y = m.graph.tensor_id("y").unwrap();
+    assert_eq!(inf.facts[y].shape, vec![3, 2]);
+}
+
+#[test]
+fn a_malformed_attribute_is_a_decode_error() {
+    // The `ints` field's key (tag 8) given wire type 7, which protobuf does not have.
+    let bytes = patched_transpose(|b, from| {
+        let k = from
+            + b[from..]
+                .iter()
+                .position(|&x| x == 0x40 || x == 0x42)
+                .unwrap();
+        b[k] = 0x47;
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let p = write_tmp(&dir, "bad_wire_type.onnx", &bytes);
+    let e = load_model(&p).unwrap_err().to_string();
+    assert!(e.contains("not a valid ONNX model"), "{e}");
+}

@@ -48,17 +48,22 @@ pub fn load_model(path: &Path) -> Result<Model> {
         return Err(not_onnx("file is empty".into()));
     }
     // Plain exported models are read in place; anything else goes through prost,
-    // which decodes it or names what is wrong (module docs of `wire`).
-    let built = match wire::model(&buf) {
-        Some(m) => build_model(Header {
+    // which decodes it or names what is wrong (module docs of `wire`). A model the
+    // in-place build rejects (a malformed attribute, or an invalid graph) is built
+    // again from prost's decoding, so that every error comes from that one path.
+    let in_place = wire::model(&buf).map(|m| {
+        build_model(Header {
             names: Names(buf.clone()),
             ir_version: m.ir_version,
             opsets: m.opsets,
             producer_name: m.producer_name,
             producer_version: m.producer_version,
             graph: m.graph.as_ref(),
-        }),
-        None => {
+        })
+    });
+    let built = match in_place {
+        Some(Ok(model)) => Ok(model),
+        _ => {
             let proto =
                 decode_model(buf).map_err(|e| not_onnx(format!("protobuf decode failed ({e})")))?;
             from_proto(proto)
@@ -259,6 +264,14 @@ fn attrs_from(node: &impl NodeSrc, node_name: &str, names: &Names) -> Result<Att
     use proto::attribute_proto::AttributeType as T;
     let mut out = Attrs::with_capacity(node.attribute_count());
     for a in node.attributes() {
+        if a.malformed() {
+            // Only from the in-place reader: `load_model` falls back on prost.
+            return Err(Error::node(
+                node_name,
+                node.op_type(),
+                "an attribute is malformed",
+            ));
+        }
         let name = names.name(a.name());
         let s = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
         // Prefer the declared type; old exporters sometimes omit it, so fall back on

@@ -92,6 +92,11 @@ pub(crate) trait AttrSrc {
     fn t(&self) -> Option<&Self::Tensor>;
     /// `g`, encoded as a `GraphProto`.
     fn g(&self) -> Option<Bytes>;
+    /// The in-place reader could not read it (`super::wire`): the model is loaded
+    /// through prost instead.
+    fn malformed(&self) -> bool {
+        false
+    }
 }
 
 /// A `TensorProto`.

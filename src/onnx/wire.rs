@@ -12,8 +12,12 @@
 //! does not know, a subgraph attribute, a non-tensor type, a training or function
 //! section, a singular message given twice, anything malformed) makes [`model`]
 //! return `None`, and loading falls back on prost, which decodes it, or reports the
-//! error, exactly as before. So this path never accepts a file prost rejects, and
-//! gives the same IR for every file it accepts.
+//! error, exactly as before. Attributes are the one part checked late: [`model`]
+//! checks that each is a length-delimited field and reads it only when the IR
+//! builder asks for it, once; one that does not read is [`AttrSrc::malformed`], the
+//! build stops there, and loading falls back on prost the same way. So this path
+//! never accepts a file prost rejects, and gives the same IR for every file it
+//! accepts.
 
 use std::borrow::Cow;
 
@@ -386,7 +390,8 @@ fn read_node<'a>(src: &'a Bytes, b: &'a [u8]) -> Option<NodeV<'a>> {
             (4, w) => n.op_type = Some(string(w)?),
             (7, w) => n.domain = Some(string(w)?),
             (5, w) => {
-                read_attr(src, message(w)?)?;
+                // Read (and checked) when the builder asks for it (module docs).
+                message(w)?;
                 span(&mut attrs);
                 n.n_attrs += 1;
             }
@@ -452,7 +457,11 @@ impl NodeSrc for NodeV<'_> {
         fields(self.attrs)
             .flatten()
             .filter(|&(t, _)| t == 5)
-            .filter_map(move |(_, w)| read_attr(src, message(w)?))
+            .map(move |(_, w)| {
+                message(w)
+                    .and_then(|b| read_attr(src, b))
+                    .unwrap_or(AttrV::MALFORMED)
+            })
     }
     fn metadata(&self, key: &str) -> Option<&str> {
         if self.tags & (1 << 9) == 0 {
@@ -478,6 +487,22 @@ pub(crate) struct AttrV<'a> {
     t: Option<TensorV<'a>>,
     /// The tags present, one bit each (all ≤ 21), to skip reading absent fields.
     tags: u32,
+    /// It did not read ([`AttrSrc::malformed`]).
+    bad: bool,
+}
+
+impl AttrV<'_> {
+    const MALFORMED: Self = AttrV {
+        raw: &[],
+        name: None,
+        kind: None,
+        i: None,
+        f: None,
+        s: None,
+        t: None,
+        tags: 0,
+        bad: true,
+    };
 }
 
 fn read_attr<'a>(src: &'a Bytes, b: &'a [u8]) -> Option<AttrV<'a>> {
@@ -490,6 +515,7 @@ fn read_attr<'a>(src: &'a Bytes, b: &'a [u8]) -> Option<AttrV<'a>> {
         s: None,
         t: None,
         tags: 0,
+        bad: false,
     };
     let mut t = None;
     for f in fields(b) {
@@ -561,6 +587,9 @@ impl<'a> AttrSrc for AttrV<'a> {
     fn g(&self) -> Option<Bytes> {
         // A subgraph makes the reader fall back on prost (`read_attr`).
         None
+    }
+    fn malformed(&self) -> bool {
+        self.bad
     }
 }
 
