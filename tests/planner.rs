@@ -305,8 +305,8 @@ fn dtr_plans_replay_within_the_budget_and_tightening_keeps_the_cost() {
 /// materialization floor (docs/BENCHMARKS.md): each is now planned or proven
 /// infeasible, within the benchmark's 10 s. (n250 at 80 / 70 % and n500 and
 /// n1000 at 70 / 50 % are still open.) Early gaps, the simulation's local search
-/// and hoisting brought n100 at 70 % from 1.6385 to 1.4549 and n1000 at 90 % from
-/// 1.0730 to 1.0127.
+/// and hoisting brought n100 at 70 % from 1.6385 to 1.47, n1000 at 90 % from
+/// 1.0730 to 1.0124 and at 80 % from 1.7029 to 1.12 (docs/BENCHMARKS.md).
 #[test]
 fn random_layered_points_are_planned_or_below_the_floor() {
     let _cbc = serial();
@@ -324,6 +324,7 @@ fn random_layered_points_are_planned_or_below_the_floor() {
             let was = match (name, f) {
                 ("random_layered_n100.json", 0.7) => 1.55,
                 ("random_layered_n1000.json", 0.9) => 1.04,
+                ("random_layered_n1000.json", 0.8) => 1.4,
                 _ => f64::INFINITY,
             };
             assert!(r.overhead <= was, "{name} at {f}: {}", r.overhead);

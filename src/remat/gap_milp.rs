@@ -18,6 +18,9 @@ use super::heuristics::{ensure, has_phases};
 /// Closures larger than this are not offered as gaps.
 pub(super) const MAX_CLOSURE: usize = 64;
 
+/// Early recompute points tried per gap.
+const EARLY_POINTS: usize = 4;
+
 /// A droppable stretch of a value's life.
 #[derive(Debug, Clone)]
 pub(super) struct Gap {
@@ -27,7 +30,8 @@ pub(super) struct Gap {
     /// Read again by this node.
     pub(super) b: NodeId,
     /// Recomputed just before this node: `b`, or earlier for an *early* gap,
-    /// while the writer's inputs are still resident (held from then to `b`).
+    /// before a node that reads an input of the closure for the last time (the
+    /// value is then held from `r` to `b`).
     pub(super) r: NodeId,
     /// Cost of the closure.
     pub(super) cost: f64,
@@ -43,8 +47,8 @@ pub(super) struct Gaps {
     pub(super) readers: Vec<Vec<NodeId>>,
     /// Per value, per reader index `j`: the gap that ends at `readers[v][j]`.
     pub(super) at: Vec<Vec<Option<usize>>>,
-    /// The same, for the early gap (recomputed before `b`), where there is one.
-    pub(super) early_at: Vec<Vec<Option<usize>>>,
+    /// The same, for the early gaps (recomputed before `b`).
+    pub(super) early_at: Vec<Vec<Vec<usize>>>,
     /// Per node: the early gaps recomputed just before it.
     pub(super) early_before: Vec<Vec<usize>>,
     pub(super) list: Vec<Gap>,
@@ -70,10 +74,60 @@ impl Gaps {
             }
         };
         let mut at: Vec<Vec<Option<usize>>> = readers.iter().map(|r| vec![None; r.len()]).collect();
-        let mut early_at = at.clone();
+        let mut early_at: Vec<Vec<Vec<usize>>> =
+            readers.iter().map(|r| vec![Vec::new(); r.len()]).collect();
         let mut early_before: Vec<Vec<usize>> = vec![Vec::new(); n];
         let mut list = Vec::new();
         let mut in_closure = vec![false; n];
+        // The closure of v's writer p recomputed just before node r, under baseline
+        // liveness: its nodes, their cost, and the bytes of their other outputs
+        // that are not live then; `None` past [`MAX_CLOSURE`] or where a node
+        // cannot run again.
+        let mut closure = |v: ValueId, p: NodeId, r: NodeId| {
+            let mut nodes = vec![p];
+            let mut stack = vec![p];
+            in_closure[p] = true;
+            let mut ok = true;
+            while let Some(q) = stack.pop() {
+                for &u in &g.nodes[q].inputs {
+                    if live_before(u, r) && u != v {
+                        continue;
+                    }
+                    let Some(w) = g.values[u].producer else {
+                        continue;
+                    };
+                    if in_closure[w] {
+                        continue;
+                    }
+                    if !g.nodes[w].recomputable || nodes.len() >= MAX_CLOSURE {
+                        ok = false;
+                        break;
+                    }
+                    in_closure[w] = true;
+                    nodes.push(w);
+                    stack.push(w);
+                }
+                if !ok {
+                    break;
+                }
+            }
+            for &q in &nodes {
+                in_closure[q] = false;
+            }
+            if !ok {
+                return None;
+            }
+            let cost: f64 = nodes.iter().map(|&q| g.nodes[q].cost).sum();
+            let mut extra_vals: Vec<ValueId> = nodes
+                .iter()
+                .flat_map(|&q| g.nodes[q].outputs.iter().copied())
+                .filter(|&u| u != v && !live_before(u, r))
+                .collect();
+            extra_vals.sort_unstable();
+            extra_vals.dedup();
+            let extra: u64 = extra_vals.iter().map(|&u| g.values[u].bytes).sum();
+            Some((nodes, cost, extra))
+        };
         for (v, val) in g.values.iter().enumerate() {
             let Some(p) = val.producer else { continue };
             if val.fixed || val.held || val.bytes == 0 || !g.nodes[p].recomputable {
@@ -82,62 +136,25 @@ impl Gaps {
             let mut prev = p;
             for (j, &b) in readers[v].iter().enumerate() {
                 if b > prev + 1 {
-                    // The closure of p at b under baseline liveness.
-                    let mut nodes = vec![p];
-                    let mut stack = vec![p];
-                    in_closure[p] = true;
-                    let mut ok = true;
-                    while let Some(q) = stack.pop() {
-                        for &u in &g.nodes[q].inputs {
-                            if live_before(u, b) && u != v {
-                                continue;
-                            }
-                            let Some(w) = g.values[u].producer else {
-                                continue;
-                            };
-                            if in_closure[w] {
-                                continue;
-                            }
-                            if !g.nodes[w].recomputable || nodes.len() >= MAX_CLOSURE {
-                                ok = false;
-                                break;
-                            }
-                            in_closure[w] = true;
-                            nodes.push(w);
-                            stack.push(w);
-                        }
-                        if !ok {
-                            break;
-                        }
-                    }
-                    let cost = nodes.iter().map(|&q| g.nodes[q].cost).sum();
-                    let mut extra_vals: Vec<ValueId> = nodes
+                    let at_b = closure(v, p, b);
+                    // Early points: where a value the closure reads is read for the
+                    // last time, so that recomputing before it needs less; the
+                    // latest first, each kept only if cheaper than every later one.
+                    let readers_of: Vec<NodeId> = match &at_b {
+                        Some((nodes, ..)) => nodes.clone(),
+                        None => vec![p],
+                    };
+                    let mut points: Vec<NodeId> = readers_of
                         .iter()
-                        .flat_map(|&q| g.nodes[q].outputs.iter().copied())
-                        .filter(|&u| u != v && !live_before(u, b))
+                        .flat_map(|&q| g.nodes[q].inputs.iter())
+                        .filter(|&&u| !g.values[u].fixed && !g.values[u].held)
+                        .map(|&u| last[u])
+                        .filter(|&r| r > prev + 1 && r < b)
                         .collect();
-                    extra_vals.sort_unstable();
-                    extra_vals.dedup();
-                    let extra = extra_vals.iter().map(|&u| g.values[u].bytes).sum();
-                    for &q in &nodes {
-                        in_closure[q] = false;
-                    }
-                    // Early: the writer alone, at the last node before b where all
-                    // its inputs are still resident (when the closure at b needs
-                    // more than the writer).
-                    let early = (nodes.len() > 1)
-                        .then(|| {
-                            g.nodes[p]
-                                .inputs
-                                .iter()
-                                .filter(|&&u| !g.values[u].fixed && !g.values[u].held)
-                                .map(|&u| last[u])
-                                .min()
-                                .unwrap_or(b)
-                                .min(b - 1)
-                        })
-                        .filter(|&r| r > prev + 1);
-                    if ok {
+                    points.sort_unstable_by(|x, y| y.cmp(x));
+                    points.dedup();
+                    let mut cheapest = at_b.as_ref().map_or(f64::INFINITY, |c| c.1);
+                    if let Some((nodes, cost, extra)) = at_b {
                         at[v][j] = Some(list.len());
                         list.push(Gap {
                             v,
@@ -149,23 +166,24 @@ impl Gaps {
                             nodes,
                         });
                     }
-                    if let Some(r) = early {
-                        let extra = g.nodes[p]
-                            .outputs
-                            .iter()
-                            .filter(|&&u| u != v && !live_before(u, r))
-                            .map(|&u| g.values[u].bytes)
-                            .sum();
-                        early_at[v][j] = Some(list.len());
+                    for r in points.into_iter().take(EARLY_POINTS) {
+                        let Some((nodes, cost, extra)) = closure(v, p, r) else {
+                            continue;
+                        };
+                        if cost >= cheapest * (1.0 - 1e-12) {
+                            continue;
+                        }
+                        cheapest = cost;
+                        early_at[v][j].push(list.len());
                         early_before[r].push(list.len());
                         list.push(Gap {
                             v,
                             a: prev,
                             b,
                             r,
-                            cost: g.nodes[p].cost,
+                            cost,
                             extra,
-                            nodes: vec![p],
+                            nodes,
                         });
                     }
                 }
@@ -277,10 +295,10 @@ impl Gaps {
                 // dropped gap (for another closure) stays until its next use.
                 let release = match rs.get(j) {
                     None => true,
-                    Some(_) => [self.at[v][j], self.early_at[v][j]]
-                        .into_iter()
-                        .flatten()
-                        .any(|k| on[k] && self.list[k].a == i),
+                    Some(_) => self.at[v][j]
+                        .iter()
+                        .chain(&self.early_at[v][j])
+                        .any(|&k| on[k] && self.list[k].a == i),
                 };
                 if release {
                     live[v] = false;
@@ -453,9 +471,13 @@ pub(super) fn gap_milp(
         }
         // A gap is dropped at most one way.
         for (v, js) in gaps.early_at.iter().enumerate() {
-            for (j, e) in js.iter().enumerate() {
-                if let (Some(e), Some(k)) = (*e, gaps.at[v][j]) {
-                    cons.push((Expression::from(x[e]) + x[k]).leq(1.0));
+            for (j, early) in js.iter().enumerate() {
+                if early.len() + usize::from(gaps.at[v][j].is_some()) > 1 {
+                    let mut e = Expression::default();
+                    for &k in early.iter().chain(&gaps.at[v][j]) {
+                        e.add_mul(1.0, x[k]);
+                    }
+                    cons.push(e.leq(1.0));
                 }
             }
         }

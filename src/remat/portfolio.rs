@@ -14,11 +14,11 @@
 //!   plus whatever of the writer's inputs is not live then, the *closure*). With
 //!   gaps as the decisions, the memory right after each node is the no-recompute
 //!   memory minus the bytes of the dropped gaps that span it, plus the closure's
-//!   transient bytes at `b`: linear. Where the closure at `b` needs more than the
-//!   writer, an *early* gap is offered beside it: the writer alone runs again at the
-//!   last node before `b` where its inputs are still resident, and the value is
-//!   held from there to `b` (recompute intervals, as Moccasin has; at most one of
-//!   the two is dropped). The gap MILP minimises the closures' cost
+//!   transient bytes at `b`: linear. Where the closure at `b` needs inputs that
+//!   are dead by then, *early* gaps are offered beside it: the closure runs just
+//!   before a node that reads one of those inputs for the last time, and the value
+//!   is held from there to `b` (recompute intervals, as Moccasin has; at most one
+//!   of a gap's variants is dropped). The gap MILP minimises the closures' cost
 //!   under one memory row per stretch of nodes where the set of spanning gaps is
 //!   constant (the highest of them), which is what keeps it small (a few thousand
 //!   binaries for GPT-2's 3 000-node step).
