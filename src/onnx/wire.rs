@@ -508,14 +508,8 @@ impl AttrV<'_> {
 fn read_attr<'a>(src: &'a Bytes, b: &'a [u8]) -> Option<AttrV<'a>> {
     let mut a = AttrV {
         raw: b,
-        name: None,
-        kind: None,
-        i: None,
-        f: None,
-        s: None,
-        t: None,
-        tags: 0,
         bad: false,
+        ..AttrV::MALFORMED
     };
     let mut t = None;
     for f in fields(b) {
