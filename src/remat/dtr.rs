@@ -851,7 +851,6 @@ pub fn plans_for(g: &RematGraph, budget: u64, peak_only: bool, deadline: Instant
     // The parameters of the best run so far, where the search starts from: the
     // cheapest plan within the budget, or else the run that got furthest.
     let mut seed: Option<(Fitness, Params)> = None;
-    let mut noise = vec![1.0; g.values.len()];
     for _ in 0..RANDOM_RUNS {
         if Instant::now() >= search_end {
             break;
@@ -867,20 +866,16 @@ pub fn plans_for(g: &RematGraph, budget: u64, peak_only: bool, deadline: Instant
             eager: rng.unit() < 0.3,
         };
         let sigma = 0.5 * rng.unit();
-        for x in noise.iter_mut() {
-            // Log-uniform in [-sigma, sigma].
-            *x = (sigma * (2.0 * rng.unit() - 1.0)).exp();
-        }
+        // Log-uniform in [-sigma, sigma].
+        let noise = (0..g.values.len())
+            .map(|_| (sigma * (2.0 * rng.unit() - 1.0)).exp())
+            .collect();
         let scale = if best.cheapest.is_some() {
             1.0 + 0.15 * rng.unit()
         } else {
             1.0
         };
-        let p = Params {
-            h,
-            noise: noise.clone(),
-            scale,
-        };
+        let p = Params { h, noise, scale };
         let f = p.run(g, &pr, &mut best, budget, cap, deadline);
         if seed.as_ref().is_none_or(|s| f > s.0) {
             seed = Some((f, p));

@@ -35,7 +35,7 @@ pub(super) struct Gap {
     pub(super) r: NodeId,
     /// Cost of the closure.
     pub(super) cost: f64,
-    /// Bytes of the closure's other outputs, live at `b` only.
+    /// Bytes of the closure's other outputs, live at `r` only.
     pub(super) extra: u64,
     /// Nodes of the closure.
     pub(super) nodes: Vec<NodeId>,
@@ -140,9 +140,9 @@ impl Gaps {
                     // Early points: where a value the closure reads is read for the
                     // last time, so that recomputing before it needs less; the
                     // latest first, each kept only if cheaper than every later one.
-                    let readers_of: Vec<NodeId> = match &at_b {
-                        Some((nodes, ..)) => nodes.clone(),
-                        None => vec![p],
+                    let readers_of: &[NodeId] = match &at_b {
+                        Some((nodes, ..)) => nodes,
+                        None => std::slice::from_ref(&p),
                     };
                     let mut points: Vec<NodeId> = readers_of
                         .iter()
