@@ -19,6 +19,10 @@ use memplan::infer::{infer, Bindings};
 use memplan::memory::profile_inference;
 use memplan::onnx::load_model;
 
+// The allocator the `memplan` binary runs on.
+#[global_allocator]
+static GLOBAL: memplan::Allocator = memplan::Allocator;
+
 fn model_path(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("..")

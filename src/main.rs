@@ -7,6 +7,9 @@ use clap::{Parser, Subcommand};
 
 mod cmd;
 
+#[global_allocator]
+static GLOBAL: memplan::Allocator = memplan::Allocator;
+
 /// Predicts the memory of running and training an ONNX model.
 #[derive(Parser)]
 #[command(version, about)]
