@@ -180,3 +180,79 @@ impl Attrs {
         self.get(name).is_some()
     }
 }
+
+/// Defines [`COMMON_ATTR_NAMES`] and [`common_attr_name`] from one list.
+macro_rules! common_attr_names {
+    ($($n:literal),* $(,)?) => {
+        /// The attribute names of the ONNX operators memplan reads most often, as
+        /// static strings: loading gives these names a [`Name::from_static`] (no
+        /// reference count to take and drop per attribute).
+        pub const COMMON_ATTR_NAMES: &[&str] = &[$($n),*];
+
+        /// `s` as a static name when it is one of [`COMMON_ATTR_NAMES`].
+        pub fn common_attr_name(s: &str) -> Option<Name> {
+            match s {
+                $($n => Some(Name::from_static($n)),)*
+                _ => None,
+            }
+        }
+    };
+}
+
+common_attr_names![
+    "allowzero",
+    "alpha",
+    "auto_pad",
+    "axes",
+    "axis",
+    "batch_dims",
+    "beta",
+    "ceil_mode",
+    "count_include_pad",
+    "dilations",
+    "direction",
+    "dtype",
+    "ends",
+    "epsilon",
+    "exclusive",
+    "group",
+    "hidden_size",
+    "keepdims",
+    "kernel_shape",
+    "mode",
+    "momentum",
+    "noop_with_empty_axes",
+    "num_outputs",
+    "output_padding",
+    "pads",
+    "perm",
+    "ratio",
+    "reverse",
+    "seed",
+    "split",
+    "stash_type",
+    "starts",
+    "strides",
+    "to",
+    "training_mode",
+    "transA",
+    "transB",
+    "value",
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn common_attr_names_are_distinct_and_found() {
+        let mut sorted = COMMON_ATTR_NAMES.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), COMMON_ATTR_NAMES.len(), "a name is listed twice");
+        for &n in COMMON_ATTR_NAMES {
+            assert_eq!(common_attr_name(n).as_deref(), Some(n));
+        }
+        assert!(common_attr_name("axis_").is_none());
+    }
+}

@@ -22,6 +22,11 @@ impl Name {
         Name(ByteString::new())
     }
 
+    /// The name `s`, a static string (no allocation, no reference count).
+    pub const fn from_static(s: &'static str) -> Name {
+        Name(ByteString::from_static(s))
+    }
+
     /// The name `s`, sharing `buf`'s storage when `s` lies inside `buf` (no copy),
     /// else a copy of `s`.
     pub fn from_utf8_slice(buf: &Bytes, s: &str) -> Name {

@@ -16,15 +16,27 @@ use crate::ir::{
     TensorId, TensorInfo, TensorKind,
 };
 
-/// Maps a file read-only and wraps the mapping in [`Bytes`] (no copy).
+/// Files up to this size are read into memory rather than mapped ([`map_file`]).
+pub const READ_BELOW: u64 = 1 << 20;
+
+/// Maps a file read-only and wraps the mapping in [`Bytes`] (no copy); a file of at
+/// most [`READ_BELOW`] bytes is read instead.
 pub fn map_file(path: &Path) -> Result<Bytes> {
     let io = |source| Error::Io {
         path: path.to_path_buf(),
         source,
     };
-    let file = std::fs::File::open(path).map_err(io)?;
-    if file.metadata().map_err(io)?.is_dir() {
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    if meta.is_dir() {
         return Err(io(std::io::Error::other("is a directory")));
+    }
+    // A small file (a model without its weights, or with external data) is read:
+    // one read costs less than mapping, faulting the pages in and unmapping.
+    if meta.len() <= READ_BELOW {
+        let mut buf = Vec::with_capacity(meta.len() as usize + 1);
+        std::io::Read::read_to_end(&mut file, &mut buf).map_err(io)?;
+        return Ok(Bytes::from(buf));
     }
     // SAFETY: the map is read-only. A concurrent truncation of the file by another
     // process could fault, as with any mmap-based reader; memplan never writes it.
@@ -272,7 +284,8 @@ fn attrs_from(node: &impl NodeSrc, node_name: &str, names: &Names) -> Result<Att
                 "an attribute is malformed",
             ));
         }
-        let name = names.name(a.name());
+        let name =
+            crate::ir::attr::common_attr_name(a.name()).unwrap_or_else(|| names.name(a.name()));
         let s = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
         // Prefer the declared type; old exporters sometimes omit it, so fall back on
         // whichever field is set.
@@ -414,7 +427,10 @@ fn build_graph<G: GraphSrc>(gp: &G, names: &Names) -> Result<Graph> {
         let attrs = attrs_from(n, &name, names)?;
         let ix = b.g.nodes.add_node(Node {
             name,
-            op_type: names.name(op_type),
+            op_type: match crate::ops::registry().static_name(op_type) {
+                Some(s) => Name::from_static(s),
+                None => names.name(op_type),
+            },
             domain,
             inputs: Default::default(),
             outputs: Default::default(),
