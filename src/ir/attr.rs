@@ -84,6 +84,11 @@ impl Attrs {
     /// Sets an attribute; returns the value it replaces, if any.
     pub fn insert(&mut self, name: impl Into<Name>, value: Attr) -> Option<Attr> {
         let name = name.into();
+        // Exporters write attributes sorted by name: then it goes last.
+        if self.0.last().is_none_or(|(k, _)| **k < *name) {
+            self.0.push((name, value));
+            return None;
+        }
         match self.0.binary_search_by(|(k, _)| (**k).cmp(&*name)) {
             Ok(i) => Some(std::mem::replace(&mut self.0[i].1, value)),
             Err(i) => {
@@ -245,11 +250,32 @@ mod tests {
     use super::*;
 
     #[test]
+    fn insert_keeps_names_sorted_and_replaces() {
+        let mut a = Attrs::default();
+        assert!(a.insert("b", Attr::Int(1)).is_none());
+        assert!(a.insert("c", Attr::Int(2)).is_none());
+        assert!(a.insert("a", Attr::Int(3)).is_none());
+        assert!(matches!(a.insert("c", Attr::Int(4)), Some(Attr::Int(2))));
+        let got: Vec<(&str, i64)> = a
+            .iter()
+            .map(|(k, v)| match v {
+                Attr::Int(i) => (k, *i),
+                _ => unreachable!(),
+            })
+            .collect();
+        assert_eq!(got, [("a", 3), ("b", 1), ("c", 4)]);
+    }
+
+    #[test]
     fn common_attr_names_are_distinct_and_found() {
         let mut sorted = COMMON_ATTR_NAMES.to_vec();
         sorted.sort_unstable();
         sorted.dedup();
-        assert_eq!(sorted.len(), COMMON_ATTR_NAMES.len(), "a name is listed twice");
+        assert_eq!(
+            sorted.len(),
+            COMMON_ATTR_NAMES.len(),
+            "a name is listed twice"
+        );
         for &n in COMMON_ATTR_NAMES {
             assert_eq!(common_attr_name(n).as_deref(), Some(n));
         }
