@@ -427,10 +427,7 @@ fn build_graph<G: GraphSrc>(gp: &G, names: &Names) -> Result<Graph> {
         let attrs = attrs_from(n, &name, names)?;
         let ix = b.g.nodes.add_node(Node {
             name,
-            op_type: match crate::ops::registry().static_name(op_type) {
-                Some(s) => Name::from_static(s),
-                None => names.name(op_type),
-            },
+            op_type: names.name(op_type),
             domain,
             inputs: Default::default(),
             outputs: Default::default(),

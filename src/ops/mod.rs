@@ -709,11 +709,6 @@ impl Registry {
         self.ops.get(op_type).map(|b| b.as_ref())
     }
 
-    /// `op_type` as the static string it is registered under (default domain).
-    pub fn static_name(&self, op_type: &str) -> Option<&'static str> {
-        self.ops.get_key_value(op_type).map(|(k, _)| *k)
-    }
-
     /// Names of all supported ops, sorted.
     pub fn names(&self) -> Vec<&'static str> {
         let mut v: Vec<_> = self.ops.keys().copied().collect();
