@@ -37,7 +37,7 @@ extern crate clp_src;
 extern crate coinutils_src;
 extern crate osi_src;
 
-/// The global allocator the `memplan` binary and the benches install
+/// The global allocator the `memplan` binary and the `profile` bench install
 /// (`#[global_allocator] static A: memplan::Allocator = memplan::Allocator;`):
 /// mimalloc, which serves loading's many small allocations faster than glibc's
 /// malloc. The library itself allocates through whatever the program installs.

@@ -9,9 +9,9 @@ use bytes::Bytes;
 use bytestring::ByteString;
 
 /// A name in the IR: an immutable UTF-8 string that derefs to `str`. Names read from
-/// a model file are slices of the mapped file ([`Name::from_utf8_slice`]), so loading
-/// allocates nothing per name and cloning one is a reference-count increment;
-/// `Name::from` copies a `&str` or takes a `String`. Compares, orders and hashes as
+/// a model file are slices of the file's buffer ([`Name::from_utf8_slice`]), so loading
+/// allocates nothing per name and cloning one is a reference-count increment; common
+/// attribute names are static ([`Name::from_static`]); `Name::from` copies a `&str` or takes a `String`. Compares, orders and hashes as
 /// its `str`, so a `HashMap<Name, _>` is looked up with a `&str`.
 #[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Name(ByteString);
