@@ -17,8 +17,10 @@
 //!   transient bytes at `b`: linear. Where the closure at `b` needs inputs that
 //!   are dead by then, *early* gaps are offered beside it: the closure runs just
 //!   before a node that reads one of those inputs for the last time, and the value
-//!   is held from there to `b` (recompute intervals, as Moccasin has; at most one
-//!   of a gap's variants is dropped). The gap MILP minimises the closures' cost
+//!   is held from there to `b` (recompute intervals, as Moccasin has); and
+//!   *held-input* gaps keep the writer's dead inputs resident from their last use
+//!   to `b` instead, so that the writer alone runs again (at most one of a gap's
+//!   variants is dropped). The gap MILP minimises the closures' cost
 //!   under one memory row per stretch of nodes where the set of spanning gaps is
 //!   constant (the highest of them), which is what keeps it small (a few thousand
 //!   binaries for GPT-2's 3 000-node step).
