@@ -8,8 +8,9 @@
 //! that reads one of the closure's inputs for the last time, and held from there;
 //! or with *held inputs*: the writer's inputs that are dead at the gap's end (and
 //! smaller together than the value) are kept resident from their last use to it,
-//! so that the writer alone runs again (or the writer and those of its dead inputs
-//! whose own inputs are live then). Held inputs are what Checkmate's optimum does
+//! so that the writer alone runs again (or with those of its dead inputs whose own
+//! inputs are live then, or whose own dead inputs are smaller still and are held in
+//! their place: three variants, see [`Rerun`]). Held inputs are what Checkmate's optimum does
 //! on the random layered graphs: keep a 370-byte input for twenty nodes to rebuild
 //! a 3 340-byte value from it, instead of keeping the value or rebuilding its
 //! inputs' ancestors. The held bytes enter the memory rows of their stretch as a
@@ -207,7 +208,7 @@ impl Gaps {
                     // from their last use to `b`, when they are smaller than `v`
                     // and the closure would be more than the writer.
                     let mut held_sets: Vec<Vec<ValueId>> = Vec::new();
-                    for rerun in [false, true] {
+                    for rerun in [Rerun::Never, Rerun::Live, Rerun::Deeper(1)] {
                         let Some(gp) = held_inputs(g, v, p, b, rerun, &live_before, &last) else {
                             continue;
                         };
@@ -355,18 +356,70 @@ impl Gaps {
     }
 }
 
+/// Which dead inputs a held-input gap recomputes instead of holding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rerun {
+    /// None: every dead input is held.
+    Never,
+    /// Those whose writer runs from values live at the gap's end.
+    Live,
+    /// Those too, and those whose writer's dead inputs, resolved the same way up to
+    /// this many levels, hold fewer bytes than they have.
+    Deeper(usize),
+}
+
+/// Makes dead input `u` available at `b`: its writer rerun (its own dead inputs
+/// resolved in turn) when that holds fewer bytes than `u`, else `u` held.
+fn resolve(
+    g: &RematGraph,
+    u: ValueId,
+    b: NodeId,
+    rerun: Rerun,
+    live_before: &impl Fn(ValueId, NodeId) -> bool,
+    nodes: &mut Vec<NodeId>,
+    hold: &mut Vec<ValueId>,
+) {
+    let (depth, live_only) = match rerun {
+        Rerun::Never => (0, true),
+        Rerun::Live => (1, true),
+        Rerun::Deeper(d) => (d, false),
+    };
+    let w = g.values[u].producer.filter(|&w| g.nodes[w].recomputable);
+    if let Some(w) = w.filter(|_| depth > 0) {
+        let (mut n2, mut h2) = (vec![w], Vec::new());
+        let inner = if live_only {
+            Rerun::Never
+        } else {
+            Rerun::Deeper(depth - 1)
+        };
+        for &x in &g.nodes[w].inputs {
+            if !live_before(x, b) && !h2.contains(&x) {
+                resolve(g, x, b, inner, live_before, &mut n2, &mut h2);
+            }
+        }
+        h2.sort_unstable();
+        h2.dedup();
+        let held: u64 = h2.iter().map(|&x| g.values[x].bytes).sum();
+        if (live_only && h2.is_empty()) || (!live_only && held < g.values[u].bytes) {
+            nodes.extend(n2);
+            hold.extend(h2);
+            return;
+        }
+    }
+    hold.push(u);
+}
+
 /// The held-input gap of value `v` (written by `p`) ending at `b`: `p` runs again
 /// before `b`, its inputs that are dead at `b` kept resident from their last use
-/// until then; with `rerun`, a dead input whose writer can run from values live at
-/// `b` is recomputed there instead of held. `None` when nothing is held (the
-/// ordinary gap covers it), when the held inputs are not smaller than `v`, or when
-/// one cannot be held.
+/// until then, or rerun there as `rerun` says ([`resolve`]). `None` when nothing is
+/// held (the ordinary gap covers it), when the held inputs are not smaller than `v`,
+/// or when one cannot be held.
 fn held_inputs(
     g: &RematGraph,
     v: ValueId,
     p: NodeId,
     b: NodeId,
-    rerun: bool,
+    rerun: Rerun,
     live_before: &impl Fn(ValueId, NodeId) -> bool,
     last: &[NodeId],
 ) -> Option<Gap> {
@@ -376,14 +429,7 @@ fn held_inputs(
         if u == v || live_before(u, b) {
             continue;
         }
-        let w = g.values[u].producer;
-        let runs = w.filter(|&w| {
-            rerun && g.nodes[w].recomputable && g.nodes[w].inputs.iter().all(|&x| live_before(x, b))
-        });
-        match runs {
-            Some(w) => nodes.push(w),
-            None => hold.push(u),
-        }
+        resolve(g, u, b, rerun, live_before, &mut nodes, &mut hold);
     }
     nodes.sort_unstable();
     nodes.dedup();
