@@ -52,8 +52,9 @@ pub(super) struct Gap {
     pub(super) extra: u64,
     /// Nodes of the closure.
     pub(super) nodes: Vec<NodeId>,
-    /// Inputs of the writer kept resident past their last use, to `r`, so that
-    /// the closure is the writer alone (a *held-input* gap; empty otherwise).
+    /// Values kept resident past their last use, to `r`, so that the closure is
+    /// the writer and few else (a *held-input* gap, see [`held_inputs`]; empty
+    /// otherwise).
     pub(super) hold: Vec<ValueId>,
 }
 
@@ -63,9 +64,10 @@ pub(super) struct Gaps {
     pub(super) readers: Vec<Vec<NodeId>>,
     /// Per value, per reader index `j`: the gap that ends at `readers[v][j]`.
     pub(super) at: Vec<Vec<Option<usize>>>,
-    /// The same, for the early gaps (recomputed before `b`).
+    /// The same, for the other ways to drop that gap: early gaps (recomputed
+    /// before `b`) and held-input gaps.
     pub(super) early_at: Vec<Vec<Vec<usize>>>,
-    /// Per node: the early gaps recomputed just before it.
+    /// Per node: the early and held-input gaps recomputed just before it.
     pub(super) early_before: Vec<Vec<usize>>,
     pub(super) list: Vec<Gap>,
 }
@@ -205,11 +207,11 @@ impl Gaps {
                         });
                     }
                     // Held inputs: the writer's inputs that are dead at `b` kept
-                    // from their last use to `b`, when they are smaller than `v`
-                    // and the closure would be more than the writer.
+                    // from their last use to `b` (or rebuilt, see `Rerun`), when
+                    // they are smaller than `v` and cheaper than the closures above.
                     let mut held_sets: Vec<Vec<ValueId>> = Vec::new();
                     for rerun in [Rerun::Never, Rerun::Live, Rerun::Deeper(1)] {
-                        let Some(gp) = held_inputs(g, v, p, b, rerun, &live_before, &last) else {
+                        let Some(gp) = held_inputs(g, v, p, b, rerun, &live_before) else {
                             continue;
                         };
                         if held_sets.contains(&gp.hold) || gp.cost >= cheapest * (1.0 - 1e-12) {
@@ -285,10 +287,11 @@ impl Gaps {
         out
     }
 
-    /// The plan that runs nodes in order, frees each value after its last reader,
-    /// and drops the gaps that are `on`: frees the value when a node at or after
-    /// the gap's start touches it, and recomputes it (and whatever it needs) just
-    /// before the gap's end.
+    /// The plan that runs nodes in order, frees each value after its last reader
+    /// (a held input of a dropped held-input gap: after that gap's end), and drops
+    /// the gaps that are `on`: frees the value when a node at or after the gap's
+    /// start touches it, and recomputes it (and whatever it needs) just before the
+    /// gap's end.
     pub(super) fn plan(&self, g: &RematGraph, on: &[bool]) -> Vec<Instr> {
         let n = g.nodes.len();
         let mut live: Vec<bool> = g.values.iter().map(|v| v.fixed).collect();
@@ -301,6 +304,12 @@ impl Gaps {
                 for &u in &gp.hold {
                     hold_to[u] = hold_to[u].max(gp.r);
                 }
+            }
+        }
+        let mut release_at: Vec<Vec<ValueId>> = vec![Vec::new(); n];
+        for (u, &to) in hold_to.iter().enumerate() {
+            if to > 0 {
+                release_at[to].push(u);
             }
         }
         for i in 0..n {
@@ -328,6 +337,9 @@ impl Gaps {
                     touched.extend(g.nodes[p].inputs.iter().chain(&g.nodes[p].outputs));
                 }
             }
+            // Held values are freed where their hold ends, whether or not the
+            // recomputation there read them.
+            touched.extend(release_at[i].iter().copied());
             touched.sort_unstable();
             touched.dedup();
             for &v in &touched {
@@ -412,8 +424,7 @@ fn resolve(
 /// The held-input gap of value `v` (written by `p`) ending at `b`: `p` runs again
 /// before `b`, its inputs that are dead at `b` kept resident from their last use
 /// until then, or rerun there as `rerun` says ([`resolve`]). `None` when nothing is
-/// held (the ordinary gap covers it), when the held inputs are not smaller than `v`,
-/// or when one cannot be held.
+/// held (the ordinary gap covers it) or the held values are not smaller than `v`.
 fn held_inputs(
     g: &RematGraph,
     v: ValueId,
@@ -421,7 +432,6 @@ fn held_inputs(
     b: NodeId,
     rerun: Rerun,
     live_before: &impl Fn(ValueId, NodeId) -> bool,
-    last: &[NodeId],
 ) -> Option<Gap> {
     let mut nodes = vec![p];
     let mut hold: Vec<ValueId> = Vec::new();
@@ -433,15 +443,13 @@ fn held_inputs(
     }
     nodes.sort_unstable();
     nodes.dedup();
+    // A value whose writer runs here is rebuilt, not held (one input resolved as
+    // held and another through it as rebuilt).
+    hold.retain(|&u| g.values[u].producer.is_none_or(|w| !nodes.contains(&w)));
     hold.sort_unstable();
     hold.dedup();
     let held: u64 = hold.iter().map(|&u| g.values[u].bytes).sum();
-    if hold.is_empty()
-        || held >= g.values[v].bytes
-        || hold
-            .iter()
-            .any(|&u| g.values[u].producer.is_none_or(|w| last[u] <= w))
-    {
+    if hold.is_empty() || held >= g.values[v].bytes {
         return None;
     }
     let mut outs: Vec<ValueId> = nodes

@@ -151,7 +151,8 @@ pub fn solve(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ScaleResu
         measure(g, plan_with_drops(g, &sqrt_drops(g)), "sqrt"),
         &mut cands,
     );
-    let all_on = vec![true; gaps.list.len()];
+    // Every ordinary and early gap (held-input gaps only add memory here).
+    let all_on: Vec<bool> = gaps.list.iter().map(|gp| gp.hold.is_empty()).collect();
     push(measure(g, gaps.plan(g, &all_on), "all-gaps"), &mut cands);
 
     // Multiple and nested recomputation by simulation ([`super::dtr`]): cheap, and
