@@ -135,15 +135,7 @@ impl Gaps {
             if !ok {
                 return None;
             }
-            let cost: f64 = nodes.iter().map(|&q| g.nodes[q].cost).sum();
-            let mut extra_vals: Vec<ValueId> = nodes
-                .iter()
-                .flat_map(|&q| g.nodes[q].outputs.iter().copied())
-                .filter(|&u| u != v && !live_before(u, r))
-                .collect();
-            extra_vals.sort_unstable();
-            extra_vals.dedup();
-            let extra: u64 = extra_vals.iter().map(|&u| g.values[u].bytes).sum();
+            let (cost, extra) = rerun_cost(g, &nodes, v, r, &live_before);
             Some((nodes, cost, extra))
         };
         for (v, val) in g.values.iter().enumerate() {
@@ -211,7 +203,7 @@ impl Gaps {
                     // they are smaller than `v` and cheaper than the closures above.
                     let mut held_sets: Vec<Vec<ValueId>> = Vec::new();
                     for rerun in [Rerun::Never, Rerun::Live, Rerun::Deeper(1)] {
-                        let Some(gp) = held_inputs(g, v, p, b, rerun, &live_before) else {
+                        let Some(gp) = held_inputs(g, v, p, prev, b, rerun, &live_before) else {
                             continue;
                         };
                         if held_sets.contains(&gp.hold) || gp.cost >= cheapest * (1.0 - 1e-12) {
@@ -220,7 +212,7 @@ impl Gaps {
                         held_sets.push(gp.hold.clone());
                         early_at[v][j].push(list.len());
                         early_before[b].push(list.len());
-                        list.push(Gap { a: prev, ..gp });
+                        list.push(gp);
                     }
                 }
                 prev = b;
@@ -421,7 +413,7 @@ fn resolve(
     hold.push(u);
 }
 
-/// The held-input gap of value `v` (written by `p`) ending at `b`: `p` runs again
+/// The held-input gap of value `v` (written by `p`) from `a` to `b`: `p` runs again
 /// before `b`, its inputs that are dead at `b` kept resident from their last use
 /// until then, or rerun there as `rerun` says ([`resolve`]). `None` when nothing is
 /// held (the ordinary gap covers it) or the held values are not smaller than `v`.
@@ -429,6 +421,7 @@ fn held_inputs(
     g: &RematGraph,
     v: ValueId,
     p: NodeId,
+    a: NodeId,
     b: NodeId,
     rerun: Rerun,
     live_before: &impl Fn(ValueId, NodeId) -> bool,
@@ -452,23 +445,38 @@ fn held_inputs(
     if hold.is_empty() || held >= g.values[v].bytes {
         return None;
     }
-    let mut outs: Vec<ValueId> = nodes
-        .iter()
-        .flat_map(|&q| g.nodes[q].outputs.iter().copied())
-        .filter(|&u| u != v && !live_before(u, b))
-        .collect();
-    outs.sort_unstable();
-    outs.dedup();
+    let (cost, extra) = rerun_cost(g, &nodes, v, b, live_before);
     Some(Gap {
         v,
-        a: 0,
+        a,
         b,
         r: b,
-        cost: nodes.iter().map(|&q| g.nodes[q].cost).sum(),
-        extra: outs.iter().map(|&u| g.values[u].bytes).sum(),
+        cost,
+        extra,
         nodes,
         hold,
     })
+}
+
+/// What running `nodes` again just before node `r` to rebuild `v` costs: their
+/// compute, and the bytes of their outputs other than `v` that are not live then
+/// (resident at `r` only).
+fn rerun_cost(
+    g: &RematGraph,
+    nodes: &[NodeId],
+    v: ValueId,
+    r: NodeId,
+    live_before: &impl Fn(ValueId, NodeId) -> bool,
+) -> (f64, u64) {
+    let cost = nodes.iter().map(|&q| g.nodes[q].cost).sum();
+    let mut outs: Vec<ValueId> = nodes
+        .iter()
+        .flat_map(|&q| g.nodes[q].outputs.iter().copied())
+        .filter(|&u| u != v && !live_before(u, r))
+        .collect();
+    outs.sort_unstable();
+    outs.dedup();
+    (cost, outs.iter().map(|&u| g.values[u].bytes).sum())
 }
 
 impl Gaps {
