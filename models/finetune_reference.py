@@ -24,7 +24,8 @@ A case (models/finetune_cases.json, a list):
   torch.utils.checkpoint.checkpoint(f, *args, use_reentrant=False, **kwargs). "every-block": the
   children of one parent whose names are 0, 1, ..., n-1 (n >= 2), outermost such level (ResNet's
   layerK.i, GPT-2's transformer.h.i). checkpoint_file: a Python file (as memplan writes it) with
-  CHECKPOINT_MODULES and apply(model); its apply() is called.
+  CHECKPOINT_MODULES and apply(model) (and SELECTIVE_MODULES, those of them checkpointed
+  selectively, recorded as selective_modules); its apply() is called.
 
 The step, the warm-up, the profiler memory timeline and the checks are export.py's
 (_measure_one_optimizer with a `prepare` hook): see models/README.md, "training_reference.json".
@@ -204,6 +205,7 @@ def make_prepare(case, rec, info):
             info["checkpointed"] = rec.wrap(model, list(getattr(plan, "CHECKPOINT_MODULES", [])),
                                             run_checkpoint=False)
             info["checkpoint_file"] = case["checkpoint_file"]
+            info["selective"] = list(getattr(plan, "SELECTIVE_MODULES", []))
         compile_budget = case.get("compile_budget")
         if compile_budget is not None:
             import torch
@@ -348,6 +350,8 @@ def measure_case(case, log, timing=True):
                 entry["checkpointed_modules"] = info["checkpointed"]
             if info.get("checkpoint_file"):
                 entry["checkpoint_file"] = info["checkpoint_file"]
+            if info.get("selective"):
+                entry["selective_modules"] = info["selective"]
             excl_hook = set(stor)
             ck_in = {p: nb for p, nb in rec.inputs.items() if p not in excl_hook}
             entry["_ck"] = (ck_in, sum(rec.inputs.values()), [d[2] for d in rec.dropout])

@@ -313,7 +313,7 @@ const CPU_EXCLUDED: [&str; 3] = ["lstm_lm", "gru_classifier", "rnn_tagger"];
 
 #[test]
 fn module_plans_match_pytorch() {
-    use memplan::remat::modules::module_plan_for;
+    use memplan::remat::modules::{module_plan_in, ModuleTree};
     use memplan::remat::step::build;
     let mut report = Vec::new();
     let mut checked = 0;
@@ -321,6 +321,7 @@ fn module_plans_match_pytorch() {
         "module_plan_reference.json",
         "finetune_reference.json",
         "module_plan_bench.json",
+        "module_plan_selective.json",
     ] {
         let text = std::fs::read_to_string(common::shipped(file)).unwrap();
         let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -329,6 +330,12 @@ fn module_plans_match_pytorch() {
                 continue;
             };
             let mods: Vec<&str> = mods.iter().map(|m| m.as_str().unwrap()).collect();
+            // Checkpointed selectively (the plan file's SELECTIVE_MODULES).
+            let sel: Vec<&str> = x["selective_modules"]
+                .as_array()
+                .map(|s| s.iter().map(|m| m.as_str().unwrap()).collect())
+                .unwrap_or_default();
+            let whole: Vec<&str> = mods.iter().copied().filter(|m| !sel.contains(m)).collect();
             let case = &x["case"];
             let model = load_model(&common::shipped(&format!(
                 "{}.onnx",
@@ -356,7 +363,7 @@ fn module_plans_match_pytorch() {
                 };
                 let step = build(&model, &bindings, &o, name).unwrap();
                 let g = &step.graph;
-                let p = module_plan_for(g, &mods).unwrap();
+                let p = module_plan_in(g, &ModuleTree::build(g), &whole, &sel).unwrap();
                 // Alive at forward end: kept for backward, plus the outputs and loss.
                 let outputs: u64 = g
                     .values

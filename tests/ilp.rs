@@ -35,6 +35,7 @@ fn node(name: String, cost: f64, inputs: Vec<usize>, outputs: Vec<usize>, backwa
         outputs,
         backward,
         recomputable: true,
+        op: String::new(),
     }
 }
 

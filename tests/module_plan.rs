@@ -8,7 +8,7 @@ mod common;
 use memplan::remat::graph::{replay, Instr, RNode, RValue, RematGraph};
 use memplan::remat::module_plan::{pytorch_module, search, PytorchHeader};
 use memplan::remat::modules::{
-    every_block, module_plan_for, repeated_blocks, saved_at_forward_end, ModuleTree,
+    every_block, module_plan_for, module_plan_in, repeated_blocks, saved_at_forward_end, ModuleTree,
 };
 
 /// Builds a graph from `(name, inputs, outputs, backward)` rows; values from
@@ -42,6 +42,12 @@ fn graph(
                 outputs: outs.iter().map(|v| id(v)).collect(),
                 backward,
                 recomputable: !backward,
+                op: name
+                    .trim_end_matches("/grad")
+                    .rsplit('/')
+                    .next()
+                    .unwrap()
+                    .into(),
             }
         })
         .collect();
@@ -186,6 +192,65 @@ fn checkpointing_keeps_inputs_drops_inner_and_stops_early() {
 }
 
 #[test]
+fn a_selective_checkpoint_keeps_matmul_outputs_and_reruns_the_rest() {
+    let g = chain();
+    let t = ModuleTree::build(&g);
+    let p = module_plan_in(&g, &t, &[], &["a"]).unwrap();
+    replay(&g, &p.plan).unwrap();
+    assert_eq!(p.modules, ["a"]);
+    assert_eq!(p.selective, ["a"]);
+    // Only act reruns: lin and out (MatMul) are served from the cache.
+    assert_eq!(computes(&p.plan, 1), 1);
+    assert_eq!(computes(&p.plan, 2), 2);
+    assert_eq!(computes(&p.plan, 3), 1);
+    assert_eq!(p.recompute_cost, 10.0);
+    // Forward keeps a's input h0 (the frame), lin's output h1 (the cache) and h3.
+    assert_eq!(p.saved_bytes, 16 + 32 + 128);
+    // The rerun of act reads the cached h1, which is then freed; h2 is rebuilt.
+    let live = live_before(&g, &p.plan, 8, 1);
+    assert!(live.contains(&"h2".to_string()), "{live:?}");
+    assert!(!live.contains(&"h1".to_string()), "{live:?}");
+    // out's output h3 lies past the early stop: the frame holds it to a's last
+    // unpacking backward node (lin's), after head's backward has read it.
+    let live = live_before(&g, &p.plan, 10, 1);
+    assert!(live.contains(&"h3".to_string()), "{live:?}");
+    let live = live_before(&g, &p.plan, 11, 1);
+    assert!(!live.contains(&"h3".to_string()), "{live:?}");
+    // Cheaper than the full checkpoint, which reruns lin too, and keeps more.
+    let full = module_plan_for(&g, &["a"]).unwrap();
+    assert!(p.recompute_cost < full.recompute_cost);
+    assert!(p.saved_bytes > full.saved_bytes);
+    // A module is checkpointed one way or the other.
+    let e = module_plan_in(&g, &t, &["a"], &["a"]).unwrap_err();
+    assert!(e.contains("twice"), "{e}");
+}
+
+#[test]
+fn the_search_may_choose_selective_checkpoints() {
+    let g = chain();
+    // The full checkpoint of `a` drops h2 and keeps h0; the selective one also
+    // keeps h1 and h3 to the end of a's backward. At the full plan's peak, the
+    // search with selective candidates is never costlier, and its plan replays.
+    let full = module_plan_for(&g, &["a"]).unwrap();
+    let off = search(&g, full.peak_bytes, false, 10.0).unwrap();
+    let on = search(&g, full.peak_bytes, true, 10.0).unwrap();
+    assert!(off.feasible && on.feasible);
+    assert!(on.best.recompute_cost <= off.best.recompute_cost);
+    replay(&g, &on.best.plan).unwrap();
+    assert!(
+        on.candidates > off.candidates,
+        "{} {}",
+        on.candidates,
+        off.candidates
+    );
+    // Each variant lies in the other: never both in one plan.
+    let mut m = on.best.modules.clone();
+    m.sort();
+    m.dedup();
+    assert_eq!(m.len(), on.best.modules.len());
+}
+
+#[test]
 fn a_leaf_checkpoint_reruns_only_what_its_backward_reads() {
     let g = chain();
     // a.out saves its input (a.out's arg) and W: nothing inside is rerun.
@@ -260,7 +325,7 @@ fn a_module_called_twice_is_not_a_candidate() {
     let p = every_block(&g).unwrap();
     assert_eq!(p.modules, ["layers.0", "layers.1"]);
     replay(&g, &p.plan).unwrap();
-    let s = search(&g, g.baseline_peak().unwrap() - 1, 10.0).unwrap();
+    let s = search(&g, g.baseline_peak().unwrap() - 1, false, 10.0).unwrap();
     assert!(s.excluded.contains(&"layers.0.relu".to_string()));
     assert_eq!(s.unscoped, ["Constant_7"]);
 }
@@ -269,7 +334,7 @@ fn a_module_called_twice_is_not_a_candidate() {
 fn the_search_is_exact_on_small_trees() {
     let g = chain();
     let base = g.baseline_peak().unwrap();
-    let s = search(&g, base, 10.0).unwrap();
+    let s = search(&g, base, false, 10.0).unwrap();
     assert!(s.feasible && s.proven_optimal);
     assert!(s.best.modules.is_empty());
     // Every antichain, by brute force: the cheapest that fits.
@@ -287,7 +352,7 @@ fn the_search_is_exact_on_small_trees() {
         .collect();
     let lowest = plans.iter().map(|p| p.peak_bytes).min().unwrap();
     assert!(lowest < base);
-    let s = search(&g, lowest, 10.0).unwrap();
+    let s = search(&g, lowest, false, 10.0).unwrap();
     assert!(s.feasible && s.proven_optimal, "{s:?}");
     let best = plans
         .iter()
@@ -299,7 +364,7 @@ fn the_search_is_exact_on_small_trees() {
         replay(&g, &s.best.plan).unwrap().peak_bytes,
         s.best.peak_bytes
     );
-    let s = search(&g, lowest - 1, 10.0).unwrap();
+    let s = search(&g, lowest - 1, false, 10.0).unwrap();
     assert!(!s.feasible && s.proven_optimal);
     assert_eq!(s.lowest_peak, lowest);
 }
@@ -313,7 +378,7 @@ fn the_pytorch_file_lists_the_modules() {
         peak_bytes: 1000,
         method: "module:greedy".into(),
     };
-    let py = pytorch_module(&h, &["layer1.0".into(), "transformer.h.\"x".into()]);
+    let py = pytorch_module(&h, &["layer1.0".into(), "transformer.h.\"x".into()], &[]);
     assert!(py.starts_with("\"\"\"Activation checkpointing plan made by memplan."));
     assert!(py.contains("model: models/resnet50.onnx\nbatch: 8\n"));
     assert!(
@@ -322,6 +387,23 @@ fn the_pytorch_file_lists_the_modules() {
     assert!(py.contains("def apply(model):"));
     assert!(py.contains("model.get_submodule(name)"));
     assert!(py.contains("use_reentrant=False"));
+    assert!(!py.contains("SELECTIVE_MODULES"));
+    // Selective modules: the policy and the context_fn, only for those listed.
+    let sel = pytorch_module(
+        &h,
+        &["layer1.0".into(), "layer2".into()],
+        &["layer2".into()],
+    );
+    assert!(sel.contains("import torch\nimport torch.utils.checkpoint\n"));
+    assert!(sel.contains("SELECTIVE_MODULES = [\n    \"layer2\",\n]"));
+    assert!(sel.contains("torch.ops.aten.convolution.default"));
+    assert!(sel.contains("CheckpointPolicy.MUST_SAVE"));
+    assert!(sel.contains("create_selective_checkpoint_contexts(_policy)"));
+    assert!(sel.contains(
+        "extra = {\"context_fn\": _selective_context} if name in SELECTIVE_MODULES else {}"
+    ));
+    assert!(sel.contains("_forward, *args, use_reentrant=False, **_extra, **kwargs"));
+    assert!(sel.contains("Modules in SELECTIVE_MODULES keep"));
 }
 
 #[test]

@@ -214,6 +214,7 @@ fn chain(k: usize) -> RematGraph {
             outputs: vec![id],
             backward,
             recomputable: true,
+            op: String::new(),
         });
         id
     };
@@ -392,6 +393,7 @@ fn the_materialization_floor_sees_past_the_op_local_bound() {
             outputs: vec![id],
             backward: false,
             recomputable: true,
+            op: String::new(),
         });
     }
     assert_eq!(g.op_local_bound(), 2);

@@ -34,7 +34,7 @@ pub struct PlanArgs {
     dims: Vec<String>,
     /// Budget: a size (`8GiB`) or, below 1, a fraction of the no-recompute peak.
     /// With --pareto: the lowest budget of the sweep (optional).
-    #[arg(long, required_unless_present_any = ["pareto", "checkpoint", "checkpoint_modules"])]
+    #[arg(long, required_unless_present_any = ["pareto", "checkpoint", "checkpoint_modules", "selective_modules"])]
     budget: Option<String>,
     /// Planner.
     #[arg(long, value_parser = choice::<Solver>(), default_value = "ilp")]
@@ -71,6 +71,15 @@ pub struct PlanArgs {
     /// `layer1.0,layer2.0`) instead of a search; no budget needed.
     #[arg(long, value_name = "PATHS", conflicts_with_all = ["pareto", "dag", "checkpoint"])]
     checkpoint_modules: Option<String>,
+    /// Module search: a module may also be checkpointed selectively (PyTorch's
+    /// create_selective_checkpoint_contexts): its convolutions' and matrix products'
+    /// outputs are kept, and only the ops between them run again.
+    #[arg(long, conflicts_with_all = ["pareto", "dag", "checkpoint", "checkpoint_modules"])]
+    selective: bool,
+    /// Checkpoint these modules selectively (comma-separated paths), beside
+    /// --checkpoint-modules, instead of a search; no budget needed.
+    #[arg(long, value_name = "PATHS", conflicts_with_all = ["pareto", "dag", "checkpoint"])]
+    selective_modules: Option<String>,
     /// Write the module plan as a Python module: CHECKPOINT_MODULES and apply(model).
     #[arg(long, value_name = "FILE.py", conflicts_with = "pareto")]
     pytorch: Option<PathBuf>,
@@ -98,6 +107,8 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         granularity,
         checkpoint,
         checkpoint_modules,
+        selective,
+        selective_modules,
         pytorch,
         training,
         device,
@@ -105,18 +116,26 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     if device.given() && dag.is_some() {
         bail!("--allocator, --alloc-conf, --gpu and --cuda-context describe a model's training step, not --dag");
     }
-    let chosen = match (checkpoint, &checkpoint_modules) {
-        (Some(p), _) => Chosen::Preset(p),
-        (None, Some(list)) => Chosen::Modules(
-            list.split(',')
-                .map(|x| x.trim().to_string())
-                .filter(|x| !x.is_empty())
-                .collect(),
-        ),
-        (None, None) => Chosen::Search,
+    let paths = |list: &Option<String>| -> Vec<String> {
+        list.iter()
+            .flat_map(|l| l.split(','))
+            .map(|x| x.trim().to_string())
+            .filter(|x| !x.is_empty())
+            .collect()
+    };
+    let chosen = match checkpoint {
+        Some(p) => Chosen::Preset(p),
+        None if checkpoint_modules.is_some() || selective_modules.is_some() => Chosen::Modules {
+            full: paths(&checkpoint_modules),
+            selective: paths(&selective_modules),
+        },
+        None => Chosen::Search { selective },
     };
     let opts = training.options()?;
-    let by_module = granularity == By::Module || chosen != Chosen::Search;
+    let by_module = granularity == By::Module || !matches!(chosen, Chosen::Search { .. });
+    if selective && !by_module {
+        bail!("--selective chooses module plans: give --granularity module");
+    }
     if pytorch.is_some() && !by_module {
         bail!("--pytorch writes a module plan: give --granularity module or --checkpoint");
     }
@@ -198,12 +217,13 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
                 peak_bytes: o.report.peak_bytes,
                 method: o.report.method.clone(),
             };
-            std::fs::write(py, pytorch_module(&h, &o.modules))
+            std::fs::write(py, pytorch_module(&h, &o.modules, &o.selective))
                 .with_context(|| format!("cannot write {}", py.display()))?;
         }
         let gran = Granularity {
             granularity: "module".into(),
             checkpoint_modules: o.modules,
+            selective_modules: o.selective,
             saved_bytes_at_forward_end: o.saved_bytes,
             proven_optimal: o.proven_optimal,
             module_candidates: o.searched.map(|x| x.0),

@@ -155,6 +155,7 @@ pub fn load_dag(path: &Path) -> Result<RematGraph> {
             outputs: vec![p],
             backward: n["backward"].as_bool().unwrap_or(false),
             recomputable: true,
+            op: String::new(),
         });
     }
     Ok(g)

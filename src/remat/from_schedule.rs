@@ -49,6 +49,12 @@ pub fn from_schedule(s: &Schedule, name: &str) -> RematGraph {
                 outputs: st.writes.clone(),
                 backward: !matches!(st.kind, StepKind::Forward),
                 recomputable: st.kind == StepKind::Forward,
+                // A node inside a fused kernel is not an op PyTorch dispatches.
+                op: if st.fused {
+                    String::new()
+                } else {
+                    st.op.clone()
+                },
             }
         })
         .collect();

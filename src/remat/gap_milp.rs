@@ -896,6 +896,7 @@ pub(crate) mod tests {
                 outputs: vec![i],
                 backward: false,
                 recomputable: true,
+                op: String::new(),
             });
         }
         g

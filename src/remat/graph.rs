@@ -34,6 +34,10 @@ pub struct RNode {
     /// Can be executed again (false for the loss, optimizer and gradient accumulation,
     /// whose re-execution would change results).
     pub recomputable: bool,
+    /// Op type (the ONNX `op_type` of a training step's node; empty in the benchmark
+    /// graphs): what a selective checkpoint keeps ([`super::modules`]).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub op: String,
 }
 
 /// A value (an allocation).

@@ -19,7 +19,11 @@
 //! the latter: a BatchNorm alone, which drops only its mean and inverse deviation,
 //! is not one),
 //! and whose parent has other forward nodes (a wrapper with one child is the same
-//! checkpoint). "Optimal" is among plans over the candidates.
+//! checkpoint). With `selective`, each such module is also a candidate as a
+//! selective checkpoint ([`super::modules`]: its convolutions' and matrix products'
+//! outputs kept) where that differs and drops something; a module's two variants
+//! exclude each other, and the search sees the selective one as nested in the full
+//! one. "Optimal" is among plans over the candidates.
 
 use std::time::{Duration, Instant};
 
@@ -80,10 +84,13 @@ impl Space<'_> {
     fn cost(&self, set: &[usize]) -> f64 {
         set.iter().map(|&k| self.cks[k].cost).sum()
     }
-    /// `set` with `k` added and every chosen candidate inside `k` removed; `None` when
-    /// `k` lies inside a chosen one.
+    /// `set` with `k` added and every chosen candidate inside `k` removed (the other
+    /// variant of `k`'s module too); `None` when `k` lies inside another chosen module.
     fn with(&self, set: &[usize], k: usize) -> Option<Vec<usize>> {
-        if set.iter().any(|&s| self.within[s][k]) {
+        if set
+            .iter()
+            .any(|&s| self.within[s][k] && self.cks[s].module != self.cks[k].module)
+        {
             return None;
         }
         let mut out: Vec<usize> = set
@@ -97,7 +104,10 @@ impl Space<'_> {
 }
 
 /// The candidates of a graph: the tree, their checkpoints, and the modules excluded.
-fn candidates(g: &RematGraph) -> Result<(ModuleTree, Vec<Checkpoint>, Vec<String>), String> {
+fn candidates(
+    g: &RematGraph,
+    selective: bool,
+) -> Result<(ModuleTree, Vec<Checkpoint>, Vec<String>), String> {
     let t = ModuleTree::build(g);
     let base = evaluate(g, &t, &[])?;
     let mut cks = Vec::new();
@@ -111,15 +121,23 @@ fn candidates(g: &RematGraph) -> Result<(ModuleTree, Vec<Checkpoint>, Vec<String
         {
             continue;
         }
-        let c = Checkpoint::new(g, &t, m)?;
-        if c.dropped.is_empty() {
-            continue;
-        }
-        let one = evaluate(g, &t, &[&c])?;
-        let saves = base.saved_bytes.saturating_sub(one.saved_bytes);
-        let lowers = base.peak_bytes.saturating_sub(one.peak_bytes);
-        if saves.max(lowers) > base.saved_bytes / 1000 {
-            cks.push(c);
+        let full = Checkpoint::new(g, &t, m)?;
+        let sel = if selective {
+            let s = Checkpoint::selective(g, &t, m)?;
+            Some(s).filter(|s| s.recompute != full.recompute)
+        } else {
+            None
+        };
+        for c in std::iter::once(full).chain(sel) {
+            if c.dropped.is_empty() {
+                continue;
+            }
+            let one = evaluate(g, &t, &[&c])?;
+            let saves = base.saved_bytes.saturating_sub(one.saved_bytes);
+            let lowers = base.peak_bytes.saturating_sub(one.peak_bytes);
+            if saves.max(lowers) > base.saved_bytes / 1000 {
+                cks.push(c);
+            }
         }
     }
     let excluded = t.excluded();
@@ -145,11 +163,54 @@ fn antichains(roots: &[usize], kids: &[Vec<usize>], cap: usize) -> Option<Vec<u1
     Some(acc)
 }
 
-/// Searches module plans of `g` under `budget` bytes.
-pub fn search(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ModuleSearch, String> {
+/// Searches module plans of `g` under `budget` bytes; with `selective`, selective
+/// checkpoints are candidates too. Their two variants per module put most trees past
+/// exhaustive search, so the search over whole modules runs first (half the time)
+/// and its plan seeds the wider one, which never returns a worse plan.
+pub fn search(
+    g: &RematGraph,
+    budget: u64,
+    selective: bool,
+    time_limit_s: f64,
+) -> Result<ModuleSearch, String> {
+    if !selective {
+        return search_in(g, budget, false, time_limit_s, &[]);
+    }
+    let t0 = Instant::now();
+    let whole = search_in(g, budget, false, time_limit_s / 2.0, &[])?;
+    let left = (time_limit_s - t0.elapsed().as_secs_f64()).max(0.0);
+    let wide = search_in(g, budget, true, left, &whole.best.modules)?;
+    let better = match (whole.feasible, wide.feasible) {
+        (true, true) => wide.best.recompute_cost < whole.best.recompute_cost,
+        (false, false) => wide.best.peak_bytes < whole.best.peak_bytes,
+        (fits, _) => !fits,
+    };
+    Ok(if better || wide.proven_optimal {
+        wide
+    } else {
+        ModuleSearch {
+            candidates: wide.candidates,
+            evaluated: whole.evaluated + wide.evaluated,
+            lowest_peak: whole.lowest_peak.min(wide.lowest_peak),
+            proven_optimal: false,
+            lower_bound_overhead: wide.lower_bound_overhead,
+            ..whole
+        }
+    })
+}
+
+/// [`search`] over one candidate set; `seed`: paths of a plan of whole modules to
+/// start the local improvement from too.
+fn search_in(
+    g: &RematGraph,
+    budget: u64,
+    selective: bool,
+    time_limit_s: f64,
+    seed: &[String],
+) -> Result<ModuleSearch, String> {
     let t0 = Instant::now();
     let limit = Duration::from_secs_f64(time_limit_s.max(0.0));
-    let (t, cks, excluded) = candidates(g)?;
+    let (t, cks, excluded) = candidates(g, selective)?;
     let n = cks.len();
     let within: Vec<Vec<bool>> = (0..n)
         .map(|a| {
@@ -166,13 +227,16 @@ pub fn search(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ModuleSe
         within,
         evaluated: 0,
     };
-    // The candidate forest: each candidate's nearest candidate ancestor.
+    // The candidate forest: each candidate's nearest candidate ancestor, a module's
+    // selective variant nested in its full one (so an antichain takes one of them,
+    // or modules inside).
     let mut kids: Vec<Vec<usize>> = vec![Vec::new(); n];
     let mut roots = Vec::new();
     for k in 0..n {
+        let same = |a: usize| sp.cks[a].module == sp.cks[k].module;
         let parent = (0..n)
-            .filter(|&a| a != k && sp.within[a][k])
-            .max_by_key(|&a| sp.t.modules[sp.cks[a].module].depth);
+            .filter(|&a| a != k && sp.within[a][k] && !(same(a) && sp.cks[a].selective))
+            .max_by_key(|&a| (sp.t.modules[sp.cks[a].module].depth, sp.cks[a].selective));
         match parent {
             Some(p) => kids[p].push(k),
             None => roots.push(k),
@@ -206,45 +270,55 @@ pub fn search(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ModuleSe
         return Ok(finish(&sp, empty, true, lowest, "exhaustive"));
     }
     // Greedy.
-    let mut set: Vec<usize> = Vec::new();
-    let mut cur = empty;
-    while cur.peak_bytes > budget && t0.elapsed() <= limit {
-        let mut pick: Option<(f64, u64, Vec<usize>, ModulePlan)> = None;
-        for k in 0..n {
-            let Some(s) = sp.with(&set, k) else { continue };
-            if s.len() == set.len() && set.contains(&k) {
-                continue;
-            }
-            let p = sp.eval(&s)?;
-            lowest = lowest.min(p.peak_bytes);
-            let dpeak = cur.peak_bytes.saturating_sub(p.peak_bytes) as f64;
-            let dsaved = cur.saved_bytes.saturating_sub(p.saved_bytes) as f64;
-            if dpeak <= 0.0 && dsaved <= 0.0 {
-                continue;
-            }
-            let dcost = (p.recompute_cost - cur.recompute_cost).max(base_cost * 1e-12);
-            let score = (dpeak + 1e-3 * dsaved) / dcost;
-            if pick.as_ref().is_none_or(|b| score > b.0) {
-                pick = Some((score, p.peak_bytes, s, p));
-            }
-        }
-        let Some((_, _, s, p)) = pick else { break };
-        set = s;
-        cur = p;
-    }
-    // Other starting points: the natural module sets; each one that fits is improved.
+    let (set, cur) = grow(&mut sp, Vec::new(), empty, budget, &mut lowest, t0, limit)?;
+    // Other starting points: the natural module sets (with selective candidates, the
+    // roots' selective variants too, and each start that does not fit is grown
+    // greedily first); each one that fits is improved.
     let blocks: Vec<usize> = repeated_blocks(&sp.t)
         .into_iter()
         .filter_map(|m| sp.cks.iter().position(|c| c.module == m))
         .collect();
-    let leaves: Vec<usize> = (0..n).filter(|&k| kids[k].is_empty()).collect();
+    // Leaves of the whole-module forest (a selective variant nests in its module).
+    let leaves: Vec<usize> = (0..n)
+        .filter(|&k| {
+            !sp.cks[k].selective
+                && kids[k]
+                    .iter()
+                    .all(|&c| sp.cks[c].module == sp.cks[k].module && kids[c].is_empty())
+        })
+        .collect();
+    let seeded: Vec<usize> = seed
+        .iter()
+        .filter_map(|p| {
+            sp.cks
+                .iter()
+                .position(|c| !c.selective && sp.t.modules[c.module].path == *p)
+        })
+        .collect();
+    let seeded = if seeded.len() == seed.len() {
+        seeded
+    } else {
+        Vec::new()
+    };
+    let sel_roots: Vec<usize> = roots
+        .iter()
+        .filter_map(|&r| {
+            let m = sp.cks[r].module;
+            (0..n).find(|&k| sp.cks[k].selective && sp.cks[k].module == m)
+        })
+        .collect();
     let mut starts = vec![(set, cur)];
-    for s in [roots.clone(), leaves, blocks] {
+    for s in [roots.clone(), leaves, blocks, seeded, sel_roots] {
         if s.is_empty() || starts.iter().any(|x| x.0 == s) {
             continue;
         }
         let p = sp.eval(&s)?;
         lowest = lowest.min(p.peak_bytes);
+        let (s, p) = if selective {
+            grow(&mut sp, s, p, budget, &mut lowest, t0, limit)?
+        } else {
+            (s, p)
+        };
         starts.push((s, p));
     }
     let mut best: Option<ModulePlan> = None;
@@ -314,6 +388,47 @@ pub fn search(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ModuleSe
     }
     let method = if complete { "exhaustive" } else { "greedy" };
     Ok(finish(&sp, best, complete, lowest, method))
+}
+
+/// Greedy growth of `set` until the budget holds: add the candidate (replacing chosen
+/// ones inside it, or the other variant of its module) with the most peak reduction
+/// per added cost (ties by bytes saved at forward end), until the plan fits, nothing
+/// helps, or the time is up.
+fn grow(
+    sp: &mut Space,
+    mut set: Vec<usize>,
+    mut cur: ModulePlan,
+    budget: u64,
+    lowest: &mut u64,
+    t0: Instant,
+    limit: Duration,
+) -> Result<(Vec<usize>, ModulePlan), String> {
+    let base_cost = sp.g.base_cost().max(f64::MIN_POSITIVE);
+    while cur.peak_bytes > budget && t0.elapsed() <= limit {
+        let mut pick: Option<(f64, Vec<usize>, ModulePlan)> = None;
+        for k in 0..sp.cks.len() {
+            let Some(s) = sp.with(&set, k) else { continue };
+            if set.contains(&k) {
+                continue;
+            }
+            let p = sp.eval(&s)?;
+            *lowest = (*lowest).min(p.peak_bytes);
+            let dpeak = cur.peak_bytes.saturating_sub(p.peak_bytes) as f64;
+            let dsaved = cur.saved_bytes.saturating_sub(p.saved_bytes) as f64;
+            if dpeak <= 0.0 && dsaved <= 0.0 {
+                continue;
+            }
+            let dcost = (p.recompute_cost - cur.recompute_cost).max(base_cost * 1e-12);
+            let score = (dpeak + 1e-3 * dsaved) / dcost;
+            if pick.as_ref().is_none_or(|b| score > b.0) {
+                pick = Some((score, s, p));
+            }
+        }
+        let Some((_, s, p)) = pick else { break };
+        set = s;
+        cur = p;
+    }
+    Ok((set, cur))
 }
 
 /// Local improvement of a set that fits: drop a module, or swap one for a cheaper
@@ -403,8 +518,68 @@ pub struct PytorchHeader {
 
 /// A self-contained Python module: `CHECKPOINT_MODULES` and `apply(model)`, which
 /// wraps each listed module's forward in
-/// `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`.
-pub fn pytorch_module(h: &PytorchHeader, modules: &[String]) -> String {
+/// `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`; those also in
+/// `selective` (then `SELECTIVE_MODULES`) get a `context_fn` whose policy saves the
+/// outputs of convolutions and matrix products (`aten.convolution`, `aten.mm`,
+/// `aten.addmm`, `aten.bmm`: [`super::modules::SELECTIVE_SAVED_OPS`]) and recomputes
+/// everything else.
+pub fn pytorch_module(h: &PytorchHeader, modules: &[String], selective: &[String]) -> String {
+    let text = pytorch_full(h, modules);
+    if selective.is_empty() {
+        return text;
+    }
+    let list = selective
+        .iter()
+        .map(|m| format!("    {},\n", serde_json::json!(m)))
+        .collect::<String>();
+    let policy = format!(
+        r#"
+# Of CHECKPOINT_MODULES, these are checkpointed selectively (PyTorch 2.4 or later):
+# the outputs of their convolutions and matrix products are kept from forward, and
+# only the ops between them run again in backward.
+SELECTIVE_MODULES = [
+{list}]
+
+_SAVED_OPS = {{
+    torch.ops.aten.convolution.default,
+    torch.ops.aten.mm.default,
+    torch.ops.aten.addmm.default,
+    torch.ops.aten.bmm.default,
+}}
+
+
+def _policy(ctx, op, *args, **kwargs):
+    if op in _SAVED_OPS:
+        return torch.utils.checkpoint.CheckpointPolicy.MUST_SAVE
+    return torch.utils.checkpoint.CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _selective_context():
+    return torch.utils.checkpoint.create_selective_checkpoint_contexts(_policy)
+
+"#
+    );
+    text.replacen("import torch.utils.checkpoint\n", "import torch\nimport torch.utils.checkpoint\n", 1)
+        .replacen("\n\ndef apply(model):", &format!("{policy}\ndef apply(model):"), 1)
+        .replacen(
+            "        forward = module.forward\n",
+            "        forward = module.forward\n        extra = {\"context_fn\": _selective_context} if name in SELECTIVE_MODULES else {}\n",
+            1,
+        )
+        .replacen(
+            "        def checkpointed(*args, _forward=forward, **kwargs):\n            return torch.utils.checkpoint.checkpoint(\n                _forward, *args, use_reentrant=False, **kwargs\n            )",
+            "        def checkpointed(*args, _forward=forward, _extra=extra, **kwargs):\n            return torch.utils.checkpoint.checkpoint(\n                _forward, *args, use_reentrant=False, **_extra, **kwargs\n            )",
+            1,
+        )
+        .replacen(
+            "statistics are then updated again, as with any use of torch.utils.checkpoint).\n",
+            "statistics are then updated again, as with any use of torch.utils.checkpoint).\nModules in SELECTIVE_MODULES keep their convolutions' and matrix products' outputs\ntoo, and rerun only the rest.\n",
+            1,
+        )
+}
+
+/// [`pytorch_module`] without selective checkpoints.
+fn pytorch_full(h: &PytorchHeader, modules: &[String]) -> String {
     use crate::units::human_bytes;
     let list = modules
         .iter()
@@ -473,8 +648,10 @@ pub struct ModuleOutcome {
     /// The plan's report (`method`: `module:exhaustive`, `module:greedy` or
     /// `module:every-block`; `solver` is the one asked for, unused here).
     pub report: super::plan::PlanReport,
-    /// Checkpointed modules, in execution order.
+    /// Checkpointed modules, in execution order (selective ones included).
     pub modules: Vec<String>,
+    /// Those of them checkpointed selectively.
+    pub selective: Vec<String>,
     /// Bytes saved at forward end ([`super::modules::saved_at_forward_end`]).
     pub saved_bytes: u64,
     /// Whether proven optimal among module plans (`None` for a preset).
@@ -490,12 +667,22 @@ pub struct ModuleOutcome {
 /// Which modules a module plan checkpoints.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Chosen {
-    /// The cheapest set found by [`search`] under the budget.
-    Search,
+    /// The cheapest set found by [`search`] under the budget; `selective`: selective
+    /// checkpoints are candidates too.
+    Search {
+        /// Whether selective checkpoints are candidates.
+        selective: bool,
+    },
     /// A named preset.
     Preset(Preset),
-    /// These module paths ([`super::modules::module_plan_for`]).
-    Modules(Vec<String>),
+    /// These module paths ([`super::modules::module_plan_in`]): checkpointed whole,
+    /// and checkpointed selectively.
+    Modules {
+        /// Checkpointed whole.
+        full: Vec<String>,
+        /// Checkpointed selectively.
+        selective: Vec<String>,
+    },
 }
 
 /// Plans `g` at module granularity: the search under `budget` (required), a preset, or
@@ -513,13 +700,15 @@ pub fn plan_modules(
     let base_cost = g.base_cost().max(f64::MIN_POSITIVE);
     let mut searched = None;
     let (best, lowest, lb, proven, method, unscoped, excluded) = match (chosen, budget) {
-        (Chosen::Preset(_) | Chosen::Modules(_), _) => {
+        (Chosen::Preset(_) | Chosen::Modules { .. }, _) => {
             let t = ModuleTree::build(g);
             let (p, method) = match chosen {
-                Chosen::Modules(list) => {
-                    let paths: Vec<&str> = list.iter().map(|x| x.as_str()).collect();
+                Chosen::Modules { full, selective } => {
+                    let paths: Vec<&str> = full.iter().map(|x| x.as_str()).collect();
+                    let sel: Vec<&str> = selective.iter().map(|x| x.as_str()).collect();
                     (
-                        super::modules::module_plan_in(g, &t, &paths).map_err(Error::Graph)?,
+                        super::modules::module_plan_in(g, &t, &paths, &sel)
+                            .map_err(Error::Graph)?,
                         "module:given",
                     )
                 }
@@ -541,8 +730,8 @@ pub fn plan_modules(
                 t.excluded(),
             )
         }
-        (Chosen::Search, Some(b)) => {
-            let s = search(g, b, time_limit_s).map_err(Error::Graph)?;
+        (Chosen::Search { selective }, Some(b)) => {
+            let s = search(g, b, *selective, time_limit_s).map_err(Error::Graph)?;
             searched = Some((s.candidates, s.evaluated));
             (
                 s.best,
@@ -554,7 +743,7 @@ pub fn plan_modules(
                 s.excluded,
             )
         }
-        (Chosen::Search, None) => {
+        (Chosen::Search { .. }, None) => {
             return Err(Error::Graph("a module search needs a budget".into()))
         }
     };
@@ -581,6 +770,7 @@ pub fn plan_modules(
     Ok(ModuleOutcome {
         report,
         modules: best.modules.clone(),
+        selective: best.selective.clone(),
         saved_bytes: best.saved_bytes,
         proven_optimal: proven,
         unscoped,

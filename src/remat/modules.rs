@@ -29,6 +29,15 @@
 //!   its last reader from there on (recompute nodes and later backward nodes), or at
 //!   once if none reads it.
 //!
+//! **Selective checkpoints** (`torch.utils.checkpoint.create_selective_checkpoint_contexts`
+//! with a policy that saves [`SELECTIVE_SAVED_OPS`] and recomputes the rest): the
+//! same, except that the outputs of M's convolutions and matrix products are kept
+//! from forward, as PyTorch's cache keeps them: they are not dropped and not run
+//! again; the recomputation reads them, and each is freed after its last reader
+//! (one past the early stop, which nothing reruns, when the frame lets go of it,
+//! at M's last unpack). Only the cheap ops between them are rerun, which is what
+//! lets a whole stage be checkpointed without rerunning its convolutions.
+//!
 //! One approximation: a recomputed value that is also still live (a value M writes and
 //! a backward node outside M reads later) is one allocation here, where PyTorch would
 //! briefly hold two copies.
@@ -279,11 +288,21 @@ impl ModuleTree {
     }
 }
 
+/// Op types whose outputs a selective checkpoint keeps: what PyTorch dispatches as
+/// `aten.convolution`, `aten.mm`, `aten.addmm` and `aten.bmm`, the ops the policy of
+/// the `--pytorch` file saves (`module_plan::pytorch_module`).
+pub const SELECTIVE_SAVED_OPS: [&str; 4] = ["Conv", "ConvTranspose", "MatMul", "Gemm"];
+
 /// What checkpointing one module does, precomputed.
 #[derive(Debug, Clone)]
 pub struct Checkpoint {
     /// The module.
     pub module: usize,
+    /// Selective: the outputs of its [`SELECTIVE_SAVED_OPS`] nodes are kept.
+    pub selective: bool,
+    /// Selective: kept outputs past the early stop, which the frame holds to
+    /// `release`.
+    pub kept: Vec<ValueId>,
     /// The backward node the recomputation runs before (`None`: nothing unpacked).
     pub trigger: Option<NodeId>,
     /// Forward nodes run again, in order (up to the early stop).
@@ -301,7 +320,23 @@ pub struct Checkpoint {
 impl Checkpoint {
     /// The checkpoint of module `m`; `Err` when it cannot be one call.
     pub fn new(g: &RematGraph, t: &ModuleTree, m: usize) -> Result<Checkpoint, String> {
+        Checkpoint::build(g, t, m, false)
+    }
+
+    /// The selective checkpoint of module `m` (its convolutions' and matrix
+    /// products' outputs kept); `Err` when it cannot be one call.
+    pub fn selective(g: &RematGraph, t: &ModuleTree, m: usize) -> Result<Checkpoint, String> {
+        Checkpoint::build(g, t, m, true)
+    }
+
+    fn build(
+        g: &RematGraph,
+        t: &ModuleTree,
+        m: usize,
+        selective: bool,
+    ) -> Result<Checkpoint, String> {
         let md = &t.modules[m];
+        let saves = |i: NodeId| selective && SELECTIVE_SAVED_OPS.contains(&g.nodes[i].op.as_str());
         if !md.contiguous {
             return Err(format!(
                 "module '{}' runs in more than one piece (called twice or shared): it cannot be checkpointed as one call",
@@ -329,16 +364,29 @@ impl Checkpoint {
             for &v in &g.nodes[i].outputs {
                 if read_back[v] && g.values[v].producer == Some(i) {
                     stop = k + 1;
-                    if !g.values[v].held && !dropped.contains(&v) {
+                    if !g.values[v].held && !saves(i) && !dropped.contains(&v) {
                         dropped.push(v);
                     }
                 }
             }
         }
         let recompute: Vec<NodeId> = if trigger.is_some() {
-            md.forward[..stop].to_vec()
+            md.forward[..stop]
+                .iter()
+                .copied()
+                .filter(|&i| !saves(i))
+                .collect()
         } else {
             Vec::new()
+        };
+        let kept: Vec<ValueId> = match trigger {
+            Some(_) => md.forward[stop..]
+                .iter()
+                .filter(|&&i| saves(i))
+                .flat_map(|&i| g.nodes[i].outputs.iter().copied())
+                .filter(|&v| !g.values[v].fixed && !g.values[v].held)
+                .collect(),
+            None => Vec::new(),
         };
         let mut args = Vec::new();
         for &i in &md.forward {
@@ -354,6 +402,8 @@ impl Checkpoint {
         }
         Ok(Checkpoint {
             module: m,
+            selective,
+            kept,
             trigger,
             cost: recompute.iter().map(|&i| g.nodes[i].cost).sum(),
             recompute,
@@ -367,8 +417,10 @@ impl Checkpoint {
 /// A module plan and its figures.
 #[derive(Debug, Clone, Serialize)]
 pub struct ModulePlan {
-    /// Checkpointed modules' paths.
+    /// Checkpointed modules' paths (selective ones included).
     pub modules: Vec<String>,
+    /// Those of them checkpointed selectively.
+    pub selective: Vec<String>,
     /// The plan.
     #[serde(skip)]
     pub plan: Vec<Instr>,
@@ -393,6 +445,7 @@ pub fn plan_of(g: &RematGraph, cks: &[&Checkpoint]) -> Vec<Instr> {
         }
         if let Some(r) = c.release {
             release_reads[r].extend(&c.args);
+            release_reads[r].extend(&c.kept);
         }
     }
     // (node, recompute?) in execution order.
@@ -504,6 +557,11 @@ pub fn evaluate(g: &RematGraph, t: &ModuleTree, cks: &[&Checkpoint]) -> Result<M
             .iter()
             .map(|c| t.modules[c.module].path.clone())
             .collect(),
+        selective: cks
+            .iter()
+            .filter(|c| c.selective)
+            .map(|c| t.modules[c.module].path.clone())
+            .collect(),
         saved_bytes: saved_at_forward_end(g, &plan),
         peak_bytes: r.peak_bytes,
         recompute_cost: r.recompute_cost,
@@ -515,22 +573,36 @@ pub fn evaluate(g: &RematGraph, t: &ModuleTree, cks: &[&Checkpoint]) -> Result<M
 /// every path must name a module that runs as one call, and no module may lie inside
 /// another listed one.
 pub fn module_plan_for(g: &RematGraph, paths: &[&str]) -> Result<ModulePlan, String> {
-    module_plan_in(g, &ModuleTree::build(g), paths)
+    module_plan_in(g, &ModuleTree::build(g), paths, &[])
 }
 
-/// [`module_plan_for`] over the tree `t` of `g`.
+/// [`module_plan_for`] over the tree `t` of `g`, with the modules at `selective`
+/// checkpointed selectively beside them.
 pub fn module_plan_in(
     g: &RematGraph,
     t: &ModuleTree,
     paths: &[&str],
+    selective: &[&str],
 ) -> Result<ModulePlan, String> {
     let mut cks = Vec::new();
-    for p in paths {
+    for (p, sel) in paths
+        .iter()
+        .map(|p| (p, false))
+        .chain(selective.iter().map(|p| (p, true)))
+    {
         let m = t
             .find(p)
             .ok_or_else(|| format!("no module '{p}' in this model's node names"))?;
-        cks.push(Checkpoint::new(g, t, m)?);
+        if cks.iter().any(|c: &Checkpoint| c.module == m) {
+            return Err(format!("module '{p}' is listed twice"));
+        }
+        cks.push(if sel {
+            Checkpoint::selective(g, t, m)?
+        } else {
+            Checkpoint::new(g, t, m)?
+        });
     }
+    cks.sort_by_key(|c| t.modules[c.module].forward.first().copied());
     for a in &cks {
         for b in &cks {
             if a.module != b.module && t.is_within(a.module, b.module) {

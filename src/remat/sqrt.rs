@@ -75,6 +75,7 @@ pub fn checkpoint_sqrt(s: &Schedule, segments: usize) -> Rewritten {
                             updates: Vec::new(),
                             grad_inputs: Vec::new(),
                             slots: f.slots.clone(),
+                            fused: f.fused,
                             flops: f.flops,
                         });
                     }

@@ -22,6 +22,10 @@ pub struct Granularity {
     /// The modules to wrap in `torch.utils.checkpoint` (empty for op plans: see
     /// `recomputed_modules` there, which checkpointing does not reproduce).
     pub checkpoint_modules: Vec<String>,
+    /// Module plans: those of `checkpoint_modules` checkpointed selectively (their
+    /// convolutions' and matrix products' outputs kept; `--selective`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub selective_modules: Vec<String>,
     /// Non-fixed, non-held bytes live when forward ends (what forward keeps for
     /// backward; inputs, parameters and model outputs not counted).
     pub saved_bytes_at_forward_end: u64,
@@ -188,7 +192,14 @@ pub fn plan_text(
             if gran.checkpoint_modules.is_empty() {
                 "(none)".to_string()
             } else {
-                gran.checkpoint_modules.join(", ")
+                gran.checkpoint_modules
+                    .iter()
+                    .map(|m| match gran.selective_modules.contains(m) {
+                        true => format!("{m} (selective)"),
+                        false => m.clone(),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
             }
         );
         if !gran.unscoped_nodes.is_empty() {

@@ -612,6 +612,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
             updates: Vec::new(),
             grad_inputs: Vec::new(),
             slots: slots.clone(),
+            fused: fusions.contains_key(&ix),
             flops: inf.flops[step],
         });
         read_as.push(slots);
@@ -647,6 +648,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         updates: Vec::new(),
         grad_inputs: Vec::new(),
         slots: Vec::new(),
+        fused: false,
         flops: n_out,
     });
     let mut grad: Vec<Option<StorageId>> = vec![None; n_t];
@@ -675,6 +677,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         updates: Vec::new(),
         grad_inputs: Vec::new(),
         slots: Vec::new(),
+        fused: false,
         flops: n_out,
     });
 
@@ -920,6 +923,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
             updates,
             grad_inputs,
             slots: Vec::new(),
+            fused: false,
             flops,
         });
     }
@@ -1038,6 +1042,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         updates: Vec::new(),
         grad_inputs: Vec::new(),
         slots: Vec::new(),
+        fused: false,
         flops: n_params.saturating_mul(per_elem),
     });
 

@@ -101,6 +101,7 @@ mod tests {
             updates: Vec::new(),
             grad_inputs: Vec::new(),
             slots: Vec::new(),
+            fused: false,
             flops: 0,
         }
     }

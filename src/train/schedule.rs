@@ -129,6 +129,9 @@ pub struct Step {
     pub slots: Vec<Option<StorageId>>,
     /// FLOPs.
     pub flops: u64,
+    /// Forward steps: the node is part of a fused pattern (`super::fusion`), which
+    /// PyTorch runs inside one kernel rather than as its own op.
+    pub fused: bool,
 }
 
 /// The training step: storages and ordered steps.
