@@ -222,7 +222,62 @@ fn a_selective_checkpoint_keeps_matmul_outputs_and_reruns_the_rest() {
     assert!(p.saved_bytes > full.saved_bytes);
     // A module is checkpointed one way or the other.
     let e = module_plan_in(&g, &t, &["a"], &["a"]).unwrap_err();
+    assert!(e.contains("both whole and selective"), "{e}");
+    let e = module_plan_in(&g, &t, &["a", "a"], &[]).unwrap_err();
     assert!(e.contains("twice"), "{e}");
+}
+
+#[test]
+fn a_selective_checkpoint_caches_until_the_recomputation() {
+    // m = mm (MatMul, h0 -> h1, read only by head's Add) then act (Relu, h0 -> h2,
+    // read by m's backward). The cache holds h1 until m's recomputation gives it
+    // back, although nothing reads it after head's Add.
+    let g = graph(
+        &[
+            ("x", 1, true, false),
+            ("W", 2, true, false),
+            ("h0", 16, false, false),
+            ("h1", 32, false, false),
+            ("h2", 64, false, false),
+            ("y", 8, false, true),
+            ("L", 4, false, true),
+            ("gy", 8, false, false),
+            ("g1", 8, false, false),
+            ("g2", 8, false, false),
+            ("ga", 8, false, false),
+            ("gb", 8, false, false),
+            ("gx", 8, false, false),
+        ],
+        &[
+            ("/pre/Relu", &["x"], &["h0"], false),
+            ("/m/mm/MatMul", &["h0", "W"], &["h1"], false),
+            ("/m/act/Relu", &["h0"], &["h2"], false),
+            ("/head/Add", &["h1", "h2"], &["y"], false),
+            ("loss", &["y"], &["L"], true),
+            ("loss/grad", &["L"], &["gy"], true),
+            ("/head/Add/grad", &["gy"], &["g1", "g2"], true),
+            ("/m/act/Relu/grad", &["g2", "h2"], &["ga"], true),
+            ("/m/mm/MatMul/grad", &["g1", "W"], &["gb"], true),
+            ("/pre/Relu/grad", &["ga", "gb", "x"], &["gx"], true),
+        ],
+    );
+    let t = ModuleTree::build(&g);
+    let p = module_plan_in(&g, &t, &[], &["m"]).unwrap();
+    replay(&g, &p.plan).unwrap();
+    assert_eq!(computes(&p.plan, 1), 1);
+    assert_eq!(computes(&p.plan, 2), 2);
+    // Held through head's backward to act's rerun, then given back and freed.
+    let live = live_before(&g, &p.plan, 2, 2);
+    assert!(live.contains(&"h1".to_string()), "{live:?}");
+    let live = live_before(&g, &p.plan, 7, 1);
+    assert!(!live.contains(&"h1".to_string()), "{live:?}");
+    // Whole, the module drops h1 after head's Add (its rerun writes it again).
+    let full = module_plan_for(&g, &["m"]).unwrap();
+    let live = live_before(&g, &full.plan, 6, 1);
+    assert!(!live.contains(&"h1".to_string()), "{live:?}");
+    // One module, one way.
+    let e = module_plan_in(&g, &t, &["m"], &["m"]).unwrap_err();
+    assert!(e.contains("both whole and selective"), "{e}");
 }
 
 #[test]

@@ -73,8 +73,9 @@ pub struct PlanArgs {
     checkpoint_modules: Option<String>,
     /// Module search: a module may also be checkpointed selectively (PyTorch's
     /// create_selective_checkpoint_contexts): its convolutions' and matrix products'
-    /// outputs are kept, and only the ops between them run again.
-    #[arg(long, conflicts_with_all = ["pareto", "dag", "checkpoint", "checkpoint_modules"])]
+    /// outputs are kept, and only the ops between them run again. The search over whole
+    /// modules then gets half of --time-limit and seeds the wider one.
+    #[arg(long, conflicts_with_all = ["pareto", "dag", "checkpoint", "checkpoint_modules", "selective_modules"])]
     selective: bool,
     /// Checkpoint these modules selectively (comma-separated paths), beside
     /// --checkpoint-modules, instead of a search; no budget needed.

@@ -185,14 +185,21 @@ pub fn search(
         (false, false) => wide.best.peak_bytes < whole.best.peak_bytes,
         (fits, _) => !fits,
     };
+    let evaluated = whole.evaluated + wide.evaluated;
+    let lowest_peak = whole.lowest_peak.min(wide.lowest_peak);
     Ok(if better || wide.proven_optimal {
-        wide
+        ModuleSearch {
+            evaluated,
+            lowest_peak,
+            ..wide
+        }
     } else {
         ModuleSearch {
             candidates: wide.candidates,
-            evaluated: whole.evaluated + wide.evaluated,
-            lowest_peak: whole.lowest_peak.min(wide.lowest_peak),
+            evaluated,
+            lowest_peak,
             proven_optimal: false,
+            method: "greedy",
             lower_bound_overhead: wide.lower_bound_overhead,
             ..whole
         }
@@ -404,11 +411,19 @@ fn grow(
     limit: Duration,
 ) -> Result<(Vec<usize>, ModulePlan), String> {
     let base_cost = sp.g.base_cost().max(f64::MIN_POSITIVE);
+    // Swapping a module's variants can undo a move: never return to a set.
+    let key = |s: &[usize]| {
+        let mut s = s.to_vec();
+        s.sort_unstable();
+        s
+    };
+    let mut seen: std::collections::HashSet<Vec<usize>> = std::collections::HashSet::new();
+    seen.insert(key(&set));
     while cur.peak_bytes > budget && t0.elapsed() <= limit {
         let mut pick: Option<(f64, Vec<usize>, ModulePlan)> = None;
         for k in 0..sp.cks.len() {
             let Some(s) = sp.with(&set, k) else { continue };
-            if set.contains(&k) {
+            if set.contains(&k) || seen.contains(&key(&s)) {
                 continue;
             }
             let p = sp.eval(&s)?;
@@ -425,6 +440,7 @@ fn grow(
             }
         }
         let Some((_, s, p)) = pick else { break };
+        seen.insert(key(&s));
         set = s;
         cur = p;
     }
@@ -555,6 +571,8 @@ def _policy(ctx, op, *args, **kwargs):
 
 
 def _selective_context():
+    if not hasattr(torch.utils.checkpoint, "create_selective_checkpoint_contexts"):
+        raise RuntimeError("SELECTIVE_MODULES need PyTorch 2.4 or later")
     return torch.utils.checkpoint.create_selective_checkpoint_contexts(_policy)
 
 "#

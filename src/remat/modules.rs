@@ -33,9 +33,12 @@
 //! with a policy that saves [`SELECTIVE_SAVED_OPS`] and recomputes the rest): the
 //! same, except that the outputs of M's convolutions and matrix products are kept
 //! from forward, as PyTorch's cache keeps them: they are not dropped and not run
-//! again; the recomputation reads them, and each is freed after its last reader
-//! (one past the early stop, which nothing reruns, when the frame lets go of it,
-//! at M's last unpack). Only the cheap ops between them are rerun, which is what
+//! again; the cache holds each until the recomputation (or, past the early stop,
+//! which nothing reruns, until the frame lets go of it at M's last unpack), and each
+//! is then freed after its last reader. PyTorch refuses a cached output that was
+//! modified in place (a `ReLU(inplace=True)` right after a convolution or a Linear
+//! inside M); the exported graph does not show that, so such a module fails in
+//! PyTorch rather than here. Only the cheap ops between them are rerun, which is what
 //! lets a whole stage be checkpointed without rerunning its convolutions.
 //!
 //! One approximation: a recomputed value that is also still live (a value M writes and
@@ -300,6 +303,9 @@ pub struct Checkpoint {
     pub module: usize,
     /// Selective: the outputs of its [`SELECTIVE_SAVED_OPS`] nodes are kept.
     pub selective: bool,
+    /// Selective: kept outputs up to the early stop, which the cache holds until the
+    /// recomputation takes them back (read at `trigger`).
+    pub cached: Vec<ValueId>,
     /// Selective: kept outputs past the early stop, which the frame holds to
     /// `release`.
     pub kept: Vec<ValueId>,
@@ -379,15 +385,19 @@ impl Checkpoint {
         } else {
             Vec::new()
         };
-        let kept: Vec<ValueId> = match trigger {
-            Some(_) => md.forward[stop..]
-                .iter()
-                .filter(|&&i| saves(i))
-                .flat_map(|&i| g.nodes[i].outputs.iter().copied())
-                .filter(|&v| !g.values[v].fixed && !g.values[v].held)
-                .collect(),
-            None => Vec::new(),
+        let saved_in = |nodes: &[NodeId]| -> Vec<ValueId> {
+            match trigger {
+                Some(_) => nodes
+                    .iter()
+                    .filter(|&&i| saves(i))
+                    .flat_map(|&i| g.nodes[i].outputs.iter().copied())
+                    .filter(|&v| !g.values[v].fixed && !g.values[v].held)
+                    .collect(),
+                None => Vec::new(),
+            }
         };
+        let cached = saved_in(&md.forward[..stop]);
+        let kept = saved_in(&md.forward[stop..]);
         let mut args = Vec::new();
         for &i in &md.forward {
             for &v in &g.nodes[i].inputs {
@@ -403,6 +413,7 @@ impl Checkpoint {
         Ok(Checkpoint {
             module: m,
             selective,
+            cached,
             kept,
             trigger,
             cost: recompute.iter().map(|&i| g.nodes[i].cost).sum(),
@@ -439,9 +450,15 @@ pub fn plan_of(g: &RematGraph, cks: &[&Checkpoint]) -> Vec<Instr> {
     let n = g.nodes.len();
     let mut before: Vec<Vec<NodeId>> = vec![Vec::new(); n];
     let mut release_reads: Vec<Vec<ValueId>> = vec![Vec::new(); n];
+    let mut cached_reads: Vec<Vec<ValueId>> = vec![Vec::new(); n];
     for c in cks {
         if let Some(t) = c.trigger {
             before[t].extend(&c.recompute);
+            // The cache gives its outputs back during the recomputation.
+            match c.recompute.last() {
+                Some(&r) => cached_reads[r].extend(&c.cached),
+                None => release_reads[t].extend(&c.cached),
+            }
         }
         if let Some(r) = c.release {
             release_reads[r].extend(&c.args);
@@ -470,7 +487,11 @@ pub fn plan_of(g: &RematGraph, cks: &[&Checkpoint]) -> Vec<Instr> {
             }
             read_seen[v] = false;
         }
-        let extra = if re { &[][..] } else { &release_reads[i][..] };
+        let extra = if re {
+            &cached_reads[i][..]
+        } else {
+            &release_reads[i][..]
+        };
         for &v in node.inputs.iter().chain(extra) {
             if !skip(v) && !read_seen[v] {
                 read_seen[v] = true;
@@ -593,8 +614,15 @@ pub fn module_plan_in(
         let m = t
             .find(p)
             .ok_or_else(|| format!("no module '{p}' in this model's node names"))?;
-        if cks.iter().any(|c: &Checkpoint| c.module == m) {
-            return Err(format!("module '{p}' is listed twice"));
+        if let Some(c) = cks.iter().find(|c: &&Checkpoint| c.module == m) {
+            return Err(match (c.selective, sel) {
+                (false, true) => {
+                    format!(
+                        "module '{p}' is listed both whole and selective: checkpoint it one way"
+                    )
+                }
+                _ => format!("module '{p}' is listed twice"),
+            });
         }
         cks.push(if sel {
             Checkpoint::selective(g, t, m)?
@@ -602,7 +630,9 @@ pub fn module_plan_in(
             Checkpoint::new(g, t, m)?
         });
     }
-    cks.sort_by_key(|c| t.modules[c.module].forward.first().copied());
+    if !selective.is_empty() {
+        cks.sort_by_key(|c| t.modules[c.module].forward.first().copied());
+    }
     for a in &cks {
         for b in &cks {
             if a.module != b.module && t.is_within(a.module, b.module) {
