@@ -53,6 +53,8 @@ def _policy(ctx, op, *args, **kwargs):
 
 
 def _selective_context():
+    if not hasattr(torch.utils.checkpoint, "create_selective_checkpoint_contexts"):
+        raise RuntimeError("SELECTIVE_MODULES need PyTorch 2.4 or later")
     return torch.utils.checkpoint.create_selective_checkpoint_contexts(_policy)
 
 
