@@ -180,11 +180,7 @@ pub fn search(
     let whole = search_in(g, budget, false, time_limit_s / 2.0, &[])?;
     let left = (time_limit_s - t0.elapsed().as_secs_f64()).max(0.0);
     let wide = search_in(g, budget, true, left, &whole.best.modules)?;
-    let better = match (whole.feasible, wide.feasible) {
-        (true, true) => wide.best.recompute_cost < whole.best.recompute_cost,
-        (false, false) => wide.best.peak_bytes < whole.best.peak_bytes,
-        (fits, _) => !fits,
-    };
+    let better = beats(&wide.best, &whole.best, budget);
     let evaluated = whole.evaluated + wide.evaluated;
     let lowest_peak = whole.lowest_peak.min(wide.lowest_peak);
     Ok(if better || wide.proven_optimal {
@@ -335,14 +331,7 @@ fn search_in(
         } else {
             p
         };
-        let better = match &best {
-            None => true,
-            Some(b) if b.peak_bytes <= budget => {
-                p.peak_bytes <= budget && p.recompute_cost < b.recompute_cost
-            }
-            Some(b) => p.peak_bytes < b.peak_bytes,
-        };
-        if better {
+        if best.as_ref().is_none_or(|b| beats(&p, b, budget)) {
             best = Some(p);
         }
     }
@@ -395,6 +384,16 @@ fn search_in(
     }
     let method = if complete { "exhaustive" } else { "greedy" };
     Ok(finish(&sp, best, complete, lowest, method))
+}
+
+/// Whether plan `p` is better than `b` under `budget`: cheaper when `b` fits (and
+/// `p` does), else a lower peak.
+fn beats(p: &ModulePlan, b: &ModulePlan, budget: u64) -> bool {
+    if b.peak_bytes <= budget {
+        p.peak_bytes <= budget && p.recompute_cost < b.recompute_cost
+    } else {
+        p.peak_bytes < b.peak_bytes
+    }
 }
 
 /// Greedy growth of `set` until the budget holds: add the candidate (replacing chosen
@@ -540,16 +539,17 @@ pub struct PytorchHeader {
 /// `aten.addmm`, `aten.bmm`: [`super::modules::SELECTIVE_SAVED_OPS`]) and recomputes
 /// everything else.
 pub fn pytorch_module(h: &PytorchHeader, modules: &[String], selective: &[String]) -> String {
-    let text = pytorch_full(h, modules);
-    if selective.is_empty() {
-        return text;
-    }
-    let list = selective
-        .iter()
-        .map(|m| format!("    {},\n", serde_json::json!(m)))
-        .collect::<String>();
-    let policy = format!(
-        r#"
+    use crate::units::human_bytes;
+    let py_list = |items: &[String]| {
+        items
+            .iter()
+            .map(|m| format!("    {},\n", serde_json::json!(m)))
+            .collect::<String>()
+    };
+    let sel = !selective.is_empty();
+    let policy = if sel {
+        format!(
+            r#"
 # Of CHECKPOINT_MODULES, these are checkpointed selectively (PyTorch 2.4 or later):
 # the outputs of their convolutions and matrix products are kept from forward, and
 # only the ops between them run again in backward.
@@ -574,35 +574,14 @@ def _selective_context():
     if not hasattr(torch.utils.checkpoint, "create_selective_checkpoint_contexts"):
         raise RuntimeError("SELECTIVE_MODULES need PyTorch 2.4 or later")
     return torch.utils.checkpoint.create_selective_checkpoint_contexts(_policy)
-
-"#
-    );
-    text.replacen("import torch.utils.checkpoint\n", "import torch\nimport torch.utils.checkpoint\n", 1)
-        .replacen("\n\ndef apply(model):", &format!("{policy}\ndef apply(model):"), 1)
-        .replacen(
-            "        forward = module.forward\n",
-            "        forward = module.forward\n        extra = {\"context_fn\": _selective_context} if name in SELECTIVE_MODULES else {}\n",
-            1,
+"#,
+            list = py_list(selective)
         )
-        .replacen(
-            "        def checkpointed(*args, _forward=forward, **kwargs):\n            return torch.utils.checkpoint.checkpoint(\n                _forward, *args, use_reentrant=False, **kwargs\n            )",
-            "        def checkpointed(*args, _forward=forward, _extra=extra, **kwargs):\n            return torch.utils.checkpoint.checkpoint(\n                _forward, *args, use_reentrant=False, **_extra, **kwargs\n            )",
-            1,
-        )
-        .replacen(
-            "statistics are then updated again, as with any use of torch.utils.checkpoint).\n",
-            "statistics are then updated again, as with any use of torch.utils.checkpoint).\nModules in SELECTIVE_MODULES keep their convolutions' and matrix products' outputs\ntoo, and rerun only the rest.\n",
-            1,
-        )
-}
-
-/// [`pytorch_module`] without selective checkpoints.
-fn pytorch_full(h: &PytorchHeader, modules: &[String]) -> String {
-    use crate::units::human_bytes;
-    let list = modules
-        .iter()
-        .map(|m| format!("    {},\n", serde_json::json!(m)))
-        .collect::<String>();
+    } else {
+        String::new()
+    };
+    // The pieces only a plan with selective modules has.
+    let pick = |x: &'static str| if sel { x } else { "" };
     format!(
         r#""""Activation checkpointing plan made by memplan.
 
@@ -616,15 +595,15 @@ apply(model) wraps each module below so that its forward runs through
 torch.utils.checkpoint.checkpoint(..., use_reentrant=False): the module keeps only
 its inputs for backward and runs again when backward reaches it (BatchNorm running
 statistics are then updated again, as with any use of torch.utils.checkpoint).
-"""
+{doc_sel}"""
 
 import functools
 
-import torch.utils.checkpoint
+{import_torch}import torch.utils.checkpoint
 
 CHECKPOINT_MODULES = [
 {list}]
-
+{policy}
 
 def apply(model):
     """Checkpoints every module of CHECKPOINT_MODULES in `model`; returns `model`."""
@@ -633,11 +612,11 @@ def apply(model):
         if getattr(module, "_memplan_checkpointed", False):
             continue
         forward = module.forward
-
+{extra}
         @functools.wraps(forward)
-        def checkpointed(*args, _forward=forward, **kwargs):
+        def checkpointed(*args, _forward=forward{extra_param}, **kwargs):
             return torch.utils.checkpoint.checkpoint(
-                _forward, *args, use_reentrant=False, **kwargs
+                _forward, *args, use_reentrant=False{extra_kw}, **kwargs
             )
 
         module.forward = checkpointed
@@ -657,6 +636,16 @@ def apply(model):
             _ => "",
         },
         method = h.method,
+        list = py_list(modules),
+        doc_sel = pick(
+            "Modules in SELECTIVE_MODULES keep their convolutions' and matrix products' outputs\ntoo, and rerun only the rest.\n"
+        ),
+        import_torch = pick("import torch\n"),
+        extra = pick(
+            "        extra = {\"context_fn\": _selective_context} if name in SELECTIVE_MODULES else {}\n"
+        ),
+        extra_param = pick(", _extra=extra"),
+        extra_kw = pick(", **_extra"),
     )
 }
 
