@@ -282,6 +282,17 @@ impl Prepared {
     }
 }
 
+impl Prepared {
+    /// The memory that making `v` resident from nothing needs (every evictable
+    /// value gone, its writer's inputs rebuilt one after another in Sethi–Ullman
+    /// order, each kept until the writer runs), its own bytes included. The
+    /// largest over a graph's values is a peak that a schedule is sure to reach
+    /// when every node may run again; such a schedule may be exponentially long.
+    pub fn need_from_nothing(&self, v: ValueId) -> u64 {
+        self.need[v]
+    }
+}
+
 /// Deepest nesting of recomputations a run may reach (a run that needs more
 /// fails): keeps the recursion well within a test thread's 2 MiB stack.
 pub const MAX_DEPTH: usize = 1500;
@@ -885,12 +896,16 @@ pub fn plans_for(g: &RematGraph, budget: u64, peak_only: bool, deadline: Instant
     // lowest peak (before the random runs, which may not leave them time).
     if best.cheapest.is_none() {
         // Aiming a little above the budget overflows less deep on some graphs.
+        // These runs get at most half of the time left: where they thrash, the
+        // runs below need it.
+        let now = Instant::now();
+        let half = now + deadline.saturating_duration_since(now) / 2;
         for s in [1.2, 1.0, 1.1] {
-            for k in [8, 6, 3, 0, 11, 10] {
-                if Instant::now() >= deadline {
+            for k in [8, 6, 3, 0] {
+                if Instant::now() >= half {
                     break;
                 }
-                let (h, b, d) = (HEURISTICS[k], scaled(s), Some(deadline));
+                let (h, b, d) = (HEURISTICS[k], scaled(s), Some(half));
                 if let Some(p) = simulate_noisy(g, &pr, h, &[], false, b, long_cap, d) {
                     best.consider(g, budget, p);
                 }
@@ -898,7 +913,19 @@ pub fn plans_for(g: &RematGraph, budget: u64, peak_only: bool, deadline: Instant
         }
         // Runs aimed at the floor thrash (each node rebuilt from nothing) and stop
         // at the cap on large graphs; aim instead a little under the lowest peak
-        // found, lower while that still brings it down.
+        // found, lower while that still brings it down. When every run so far
+        // stopped at the cap, first find a peak from higher up.
+        for s in [1.4, 1.7, 2.0, 3.0] {
+            if best.lowest.is_some() || Instant::now() >= deadline {
+                break;
+            }
+            for k in [11, 10] {
+                let (h, b, d) = (HEURISTICS[k], scaled(s), Some(deadline));
+                if let Some(p) = simulate_noisy(g, &pr, h, &[], false, b, long_cap, d) {
+                    best.consider(g, budget, p);
+                }
+            }
+        }
         let mut last = u64::MAX;
         while let Some(low) = best.lowest.as_ref().map(|l| l.0) {
             if low >= last || Instant::now() >= deadline {
@@ -918,6 +945,18 @@ pub fn plans_for(g: &RematGraph, budget: u64, peak_only: bool, deadline: Instant
                     if let Some(p) = simulate_noisy(g, &pr, h, &[], false, b, long_cap, d) {
                         best.consider(g, budget, p);
                     }
+                }
+            }
+        }
+        // The lazy rules aimed at the floor too (where they do not thrash).
+        for s in [1.2, 1.0, 1.1] {
+            for k in [11, 10] {
+                if Instant::now() >= deadline {
+                    break;
+                }
+                let (h, b, d) = (HEURISTICS[k], scaled(s), Some(deadline));
+                if let Some(p) = simulate_noisy(g, &pr, h, &[], false, b, long_cap, d) {
+                    best.consider(g, budget, p);
                 }
             }
         }
