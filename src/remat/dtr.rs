@@ -978,7 +978,7 @@ pub fn plans_for(g: &RematGraph, budget: u64, peak_only: bool, deadline: Instant
             dist_exp: 2.5 * rng.unit(),
             stale_exp: if rng.unit() < 0.5 { 0.0 } else { rng.unit() },
             eager: rng.unit() < 0.3,
-            lazy: rng.unit() < 0.3,
+            lazy: false,
         };
         let sigma = 0.5 * rng.unit();
         // Log-uniform in [-sigma, sigma].
@@ -1097,9 +1097,6 @@ fn local_search(
         }
         if rng.unit() < 0.1 {
             p.h.dist_exp = (p.h.dist_exp + 0.6 * (rng.unit() - 0.5)).clamp(0.0, 3.0);
-        }
-        if rng.unit() < 0.05 {
-            p.h.lazy = !p.h.lazy;
         }
         if matches!(cur_f, Fitness::Fits(_)) && rng.unit() < 0.1 {
             p.scale = (p.scale + 0.06 * (rng.unit() - 0.5)).clamp(1.0, 1.2);
