@@ -307,21 +307,27 @@ fn dtr_plans_replay_within_the_budget_and_tightening_keeps_the_cost() {
 /// no-recompute peak, where the same rules pinning first stay above 90 %.
 #[test]
 fn lazy_pinning_reaches_lower_peaks_than_pinning_first() {
-    use memplan::remat::dtr::{simulate, Prepared, HEURISTICS};
+    use memplan::remat::dtr::{simulate, Prepared, HEURISTICS, LAZY_COST, LAZY_MEMORY};
     let g = dag("random_layered_n250.json");
-    let budget = (base_peak(&g) as f64 * 0.8) as u64;
+    let base = base_peak(&g);
+    let budget = (base as f64 * 0.8) as u64;
     let pr = Prepared::new(&g);
     let peak = |k: usize| {
         let p = simulate(&g, &pr, HEURISTICS[k], budget, 1 << 24, None).unwrap();
         replay(&g, &p).unwrap().peak_bytes
     };
-    // HEURISTICS[10] and [11] are [0] (cost) and [8] (memory), pinning lazily.
-    for (first, lazy) in [(0, 10), (8, 11)] {
-        assert!(!HEURISTICS[first].lazy && HEURISTICS[lazy].lazy);
-        assert_eq!(HEURISTICS[first].weight, HEURISTICS[lazy].weight);
+    // The lazy rules are [0] (cost) and [8] (memory), pinning lazily.
+    for (first, lazy) in [(0, LAZY_COST), (8, LAZY_MEMORY)] {
+        let (f, l) = (HEURISTICS[first], HEURISTICS[lazy]);
+        assert!(!f.lazy && l.lazy);
+        assert_eq!(f.weight, l.weight);
+        assert_eq!(
+            (f.dist_exp, f.stale_exp, f.eager),
+            (l.dist_exp, l.stale_exp, l.eager)
+        );
         let (a, b) = (peak(first), peak(lazy));
         assert!(b <= budget, "lazy rule {lazy}: {b} > {budget}");
-        assert!(a as f64 > 1.1 * budget as f64, "rule {first}: {a}");
+        assert!(a as f64 > 0.9 * base as f64, "rule {first}: {a}");
     }
 }
 
@@ -354,7 +360,8 @@ fn building_each_node_from_nothing_bounds_the_lowest_peak() {
 /// materialization floor (docs/BENCHMARKS.md): each is now planned or proven
 /// infeasible, within the benchmark's 10 s. (n250 at 70 %, n500 at 50 % and
 /// n1000 at 70 / 50 % are still open; n250 at 80 % is planned by lazy pinning,
-/// checked above, at an absurd cost.) Early gaps, the simulation's local search
+/// at an absurd cost: the rule's run is checked above, the whole planner is not
+/// here, as it needs most of the 10 s.) Early gaps, the simulation's local search
 /// and hoisting brought n100 at 70 % from 1.6385 to 1.47, n1000 at 90 % from
 /// 1.0730 to 1.0124 and at 80 % from 1.7029 to 1.12; held-input gaps brought n100
 /// at 80 % from 1.0693 to Checkmate's proven optimum, 1.0230 (HiGHS, 718 s), and

@@ -88,8 +88,9 @@ pub struct Heuristic {
     /// resident ones included (true), or pin the resident inputs first (false).
     /// Lazy pinning lets an input that is resident but cheap to rebuild be evicted
     /// while a sibling that needs more transient memory is made resident, and be
-    /// rebuilt after it: the order in which a node's inputs are best materialised
-    /// from nothing, which reaches lower peaks at the price of more recomputation.
+    /// rebuilt after it: the order that needs the least memory to make the inputs
+    /// resident from nothing when they share no ancestors (exact for trees), which
+    /// reaches lower peaks at the price of more recomputation.
     pub lazy: bool,
 }
 
@@ -105,7 +106,17 @@ pub enum Weight {
     Size,
 }
 
-/// The grid of rules tried, cheapest to reach first (the last two pin lazily).
+/// Index in [`HEURISTICS`] of the cost rule `[0]` pinning lazily.
+pub const LAZY_COST: usize = 10;
+/// Index in [`HEURISTICS`] of the memory rule `[8]` pinning lazily.
+pub const LAZY_MEMORY: usize = 11;
+/// The lazy rules, in the order the runs for the lowest peak try them.
+const LAZY: [usize; 2] = [LAZY_MEMORY, LAZY_COST];
+/// The rules that pin first which the runs for the lowest peak aim at the floor.
+const PEAK_RULES: [usize; 4] = [8, 6, 3, 0];
+
+/// The grid of rules tried, cheapest to reach first (the last two pin lazily:
+/// [`LAZY_COST`], [`LAZY_MEMORY`]).
 pub const HEURISTICS: [Heuristic; 12] = [
     Heuristic {
         weight: Weight::Cost,
@@ -285,9 +296,13 @@ impl Prepared {
 impl Prepared {
     /// The memory that making `v` resident from nothing needs (every evictable
     /// value gone, its writer's inputs rebuilt one after another in Sethi–Ullman
-    /// order, each kept until the writer runs), its own bytes included. The
-    /// largest over a graph's values is a peak that a schedule is sure to reach
-    /// when every node may run again; such a schedule may be exponentially long.
+    /// order, each kept until the writer runs), its own bytes included; inputs
+    /// that cannot be evicted (fixed or held values, outputs of nodes that cannot
+    /// run again) are not counted. Where every value is evictable and none is
+    /// fixed (the benchmark graphs), the largest over the values is therefore a
+    /// peak that some schedule stays within (each node in turn computed from
+    /// nothing): an upper bound on the lowest peak, reached by a schedule that may
+    /// be exponentially long.
     pub fn need_from_nothing(&self, v: ValueId) -> u64 {
         self.need[v]
     }
@@ -329,9 +344,11 @@ struct Sim<'a> {
     budget: u64,
     live: Vec<bool>,
     pins: Vec<u32>,
-    /// Missing inputs of the nodes being prepared: when one becomes resident on
-    /// the way (a shared ancestor), it is evicted last, so that a skip connection
-    /// is not recomputed twice per level (exponential in depth).
+    /// Inputs of the nodes being prepared that are not pinned yet (the missing
+    /// ones; with lazy pinning the resident ones waiting their turn too): when one
+    /// is resident, or becomes resident on the way (a shared ancestor), it is
+    /// evicted last, so that a skip connection is not recomputed twice per level
+    /// (exponential in depth).
     wanted: Vec<u32>,
     last_use: Vec<u64>,
     /// Live, non-fixed values, and each one's position in it.
@@ -480,22 +497,23 @@ impl Sim<'_> {
                 }
             }
         }
-        // With lazy pinning every input is taken in turn (a resident one is pinned
-        // at its turn, or rebuilt then if it was evicted meanwhile).
-        let mut missing: Vec<ValueId> = ins
+        // The inputs still to pin, in turn: the missing ones, or with lazy pinning
+        // every one (a resident one is pinned at its turn, or rebuilt then if it was
+        // evicted meanwhile).
+        let mut order: Vec<ValueId> = ins
             .iter()
             .copied()
             .filter(|&u| lazy || !self.live[u])
             .collect();
-        missing.sort_by_key(|&u| std::cmp::Reverse(pr.su_key[u]));
-        for &u in &missing {
+        order.sort_by_key(|&u| std::cmp::Reverse(pr.su_key[u]));
+        for &u in &order {
             self.wanted[u] += 1;
         }
         let mut ok = true;
-        for (k, &u) in missing.iter().enumerate() {
+        for (k, &u) in order.iter().enumerate() {
             self.wanted[u] -= 1;
             if !self.materialize(u) {
-                for &w in &missing[k + 1..] {
+                for &w in &order[k + 1..] {
                     self.wanted[w] -= 1;
                 }
                 ok = false;
@@ -900,63 +918,53 @@ pub fn plans_for(g: &RematGraph, budget: u64, peak_only: bool, deadline: Instant
         // runs below need it.
         let now = Instant::now();
         let half = now + deadline.saturating_duration_since(now) / 2;
-        for s in [1.2, 1.0, 1.1] {
-            for k in [8, 6, 3, 0] {
-                if Instant::now() >= half {
-                    break;
-                }
-                let (h, b, d) = (HEURISTICS[k], scaled(s), Some(half));
-                if let Some(p) = simulate_noisy(g, &pr, h, &[], false, b, long_cap, d) {
-                    best.consider(g, budget, p);
+        'floor: for s in [1.2, 1.0, 1.1] {
+            for k in PEAK_RULES {
+                if !peak_run(g, &pr, &mut best, budget, k, scaled(s), long_cap, half) {
+                    break 'floor;
                 }
             }
         }
         // Runs aimed at the floor thrash (each node rebuilt from nothing) and stop
         // at the cap on large graphs; aim instead a little under the lowest peak
-        // found, lower while that still brings it down. When every run so far
-        // stopped at the cap, first find a peak from higher up.
-        for s in [1.4, 1.7, 2.0, 3.0] {
-            if best.lowest.is_some() || Instant::now() >= deadline {
-                break;
+        // found, lower while that still brings it down. Where the runs so far
+        // stopped at the cap or stayed high, first find a peak from nearer the top
+        // (fractions of the no-recompute peak; the floor may be far below anything
+        // reachable).
+        let base = replay(g, &g.no_recompute_plan()).map_or(0, |r| r.peak_bytes);
+        'seed: for f in [0.8, 0.9, 1.0] {
+            let aim = (base as f64 * f) as u64;
+            let low = best.lowest.as_ref().map_or(u64::MAX, |l| l.0);
+            if aim <= budget || aim >= low {
+                continue;
             }
-            for k in [11, 10] {
-                let (h, b, d) = (HEURISTICS[k], scaled(s), Some(deadline));
-                if let Some(p) = simulate_noisy(g, &pr, h, &[], false, b, long_cap, d) {
-                    best.consider(g, budget, p);
-                }
+            match lazy_runs(g, &pr, &mut best, budget, aim, long_cap, deadline) {
+                None => break 'seed,
+                Some(true) => break,
+                Some(false) => {}
             }
         }
         let mut last = u64::MAX;
-        while let Some(low) = best.lowest.as_ref().map(|l| l.0) {
-            if low >= last || Instant::now() >= deadline {
+        'ladder: while let Some(low) = best.lowest.as_ref().map(|l| l.0) {
+            if low >= last {
                 break;
             }
             last = low;
             for f in [0.97, 0.93, 0.88] {
-                let b = (low as f64 * f) as u64;
-                if b <= budget {
+                let aim = (low as f64 * f) as u64;
+                if aim <= budget {
                     break;
                 }
-                for k in [11, 10] {
-                    if Instant::now() >= deadline {
-                        break;
-                    }
-                    let (h, d) = (HEURISTICS[k], Some(deadline));
-                    if let Some(p) = simulate_noisy(g, &pr, h, &[], false, b, long_cap, d) {
-                        best.consider(g, budget, p);
-                    }
+                if lazy_runs(g, &pr, &mut best, budget, aim, long_cap, deadline).is_none() {
+                    break 'ladder;
                 }
             }
         }
         // The lazy rules aimed at the floor too (where they do not thrash).
-        for s in [1.2, 1.0, 1.1] {
-            for k in [11, 10] {
-                if Instant::now() >= deadline {
-                    break;
-                }
-                let (h, b, d) = (HEURISTICS[k], scaled(s), Some(deadline));
-                if let Some(p) = simulate_noisy(g, &pr, h, &[], false, b, long_cap, d) {
-                    best.consider(g, budget, p);
+        'lazy: for s in [1.2, 1.0, 1.1] {
+            for k in LAZY {
+                if !peak_run(g, &pr, &mut best, budget, k, scaled(s), long_cap, deadline) {
+                    break 'lazy;
                 }
             }
         }
@@ -1003,6 +1011,55 @@ pub fn plans_for(g: &RematGraph, budget: u64, peak_only: bool, deadline: Instant
         cheapest: best.cheapest.map(|c| c.2),
         lowest: best.lowest.map(|c| c.2),
     }
+}
+
+/// One run of rule `HEURISTICS[k]` for the lowest peak, aimed at `aim` bytes (it
+/// goes over where it must); its plan, if any, goes to `best`. False, with nothing
+/// run, once `until` has passed.
+#[allow(clippy::too_many_arguments)]
+fn peak_run(
+    g: &RematGraph,
+    pr: &Prepared,
+    best: &mut Best,
+    budget: u64,
+    k: usize,
+    aim: u64,
+    cap: usize,
+    until: Instant,
+) -> bool {
+    if Instant::now() >= until {
+        return false;
+    }
+    if let Some(p) = simulate_noisy(g, pr, HEURISTICS[k], &[], false, aim, cap, Some(until)) {
+        best.consider(g, budget, p);
+    }
+    true
+}
+
+/// [`peak_run`]s of the [`LAZY`] rules aimed at `aim`, each only where the one
+/// before did not lower the lowest peak (a rule that thrashes takes the time to
+/// its cap): whether one did, `None` once `until` has passed.
+#[allow(clippy::too_many_arguments)]
+fn lazy_runs(
+    g: &RematGraph,
+    pr: &Prepared,
+    best: &mut Best,
+    budget: u64,
+    aim: u64,
+    cap: usize,
+    until: Instant,
+) -> Option<bool> {
+    let low = |b: &Best| b.lowest.as_ref().map_or(u64::MAX, |l| l.0);
+    let before = low(best);
+    for k in LAZY {
+        if !peak_run(g, pr, best, budget, k, aim, cap, until) {
+            return None;
+        }
+        if low(best) < before {
+            return Some(true);
+        }
+    }
+    Some(false)
 }
 
 /// The parameters of one randomised run.
