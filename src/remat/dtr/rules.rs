@@ -45,16 +45,35 @@ pub(super) const LAZY: [usize; 2] = [LAZY_MEMORY, LAZY_COST];
 /// The rules that pin first which the runs for the lowest peak aim at the floor.
 pub(super) const PEAK_RULES: [usize; 4] = [8, 6, 3, 0];
 
+impl Heuristic {
+    /// The same rule, pinning lazily.
+    pub const fn pinning_lazily(self) -> Heuristic {
+        Heuristic { lazy: true, ..self }
+    }
+}
+
+/// The cost rule, `HEURISTICS[0]`.
+const COST: Heuristic = Heuristic {
+    weight: Weight::Cost,
+    dist_exp: 1.0,
+    stale_exp: 0.0,
+    eager: false,
+    lazy: false,
+};
+
+/// The memory rule, `HEURISTICS[8]`.
+const MEMORY: Heuristic = Heuristic {
+    weight: Weight::Memory,
+    dist_exp: 1.0,
+    stale_exp: 0.0,
+    eager: false,
+    lazy: false,
+};
+
 /// The grid of rules tried, cheapest to reach first (the last two pin lazily:
 /// [`LAZY_COST`], [`LAZY_MEMORY`]).
 pub const HEURISTICS: [Heuristic; 12] = [
-    Heuristic {
-        weight: Weight::Cost,
-        dist_exp: 1.0,
-        stale_exp: 0.0,
-        eager: false,
-        lazy: false,
-    },
+    COST,
     Heuristic {
         weight: Weight::Cost,
         dist_exp: 1.0,
@@ -104,13 +123,7 @@ pub const HEURISTICS: [Heuristic; 12] = [
         eager: true,
         lazy: false,
     },
-    Heuristic {
-        weight: Weight::Memory,
-        dist_exp: 1.0,
-        stale_exp: 0.0,
-        eager: false,
-        lazy: false,
-    },
+    MEMORY,
     Heuristic {
         weight: Weight::Memory,
         dist_exp: 0.0,
@@ -118,18 +131,6 @@ pub const HEURISTICS: [Heuristic; 12] = [
         eager: false,
         lazy: false,
     },
-    Heuristic {
-        weight: Weight::Cost,
-        dist_exp: 1.0,
-        stale_exp: 0.0,
-        eager: false,
-        lazy: true,
-    },
-    Heuristic {
-        weight: Weight::Memory,
-        dist_exp: 1.0,
-        stale_exp: 0.0,
-        eager: false,
-        lazy: true,
-    },
+    COST.pinning_lazily(),
+    MEMORY.pinning_lazily(),
 ];
