@@ -1409,7 +1409,9 @@ def _alloc_kind(chain, size):
     'dropout_noise': CPU dropout's float noise (at::native::dropout: empty_like(input).bernoulli_,
     then input * noise), 4 bytes per element where CUDA's native_dropout keeps a 1-byte mask;
     'rng_state': a CPU RNG state kept by checkpoint (host memory on a GPU run); 'cpu_kernel_copy': see
-    _CPU_CONV_KERNELS; None otherwise."""
+    _CPU_CONV_KERNELS; None otherwise. A TorchDispatchMode (memplan's op-plan runtime) shows in the
+    chain as 'PythonDispatchMode' between an op and what it calls: left out."""
+    chain = tuple(op for op in chain if op != "PythonDispatchMode")
     if size > 0 and any(op in chain for op in _DROPOUT_OPS) and chain[-1] in (
             "aten::empty_like", "aten::empty_strided", "aten::empty"):
         i = max(i for i, op in enumerate(chain) if op in _DROPOUT_OPS)

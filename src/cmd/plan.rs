@@ -81,7 +81,9 @@ pub struct PlanArgs {
     /// --checkpoint-modules, instead of a search; no budget needed.
     #[arg(long, value_name = "PATHS", conflicts_with_all = ["pareto", "dag", "checkpoint"])]
     selective_modules: Option<String>,
-    /// Write the module plan as a Python module: CHECKPOINT_MODULES and apply(model).
+    /// Write the plan as a Python module with apply(model). A module plan:
+    /// CHECKPOINT_MODULES, wrapped in torch.utils.checkpoint. An op plan: RECOMPUTE,
+    /// the values dropped after forward and recomputed in backward (saved-tensor hooks).
     #[arg(long, value_name = "FILE.py", conflicts_with = "pareto")]
     pytorch: Option<PathBuf>,
     #[command(flatten)]
@@ -137,8 +139,8 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     if selective && !by_module {
         bail!("--selective chooses module plans: give --granularity module");
     }
-    if pytorch.is_some() && !by_module {
-        bail!("--pytorch writes a module plan: give --granularity module or --checkpoint");
+    if pytorch.is_some() && dag.is_some() {
+        bail!("--pytorch writes a plan for a PyTorch model: it needs an ONNX model, not --dag");
     }
     if pareto && by_module {
         bail!("--pareto sweeps op plans: it does not take --granularity module");
@@ -236,6 +238,18 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     } else {
         let budget_bytes = budget_bytes.context("--budget is required without --pareto")?;
         let r = plan(&g, budget_bytes, solver, time_limit).with_context(|| path.clone())?;
+        if let Some(py) = &pytorch {
+            use memplan::remat::pytorch_ops::{pytorch_op_module, reruns};
+            let h = PytorchHeader {
+                model: path.clone(),
+                batch,
+                budget_bytes: Some(budget_bytes),
+                peak_bytes: r.peak_bytes,
+                method: r.method.clone(),
+            };
+            std::fs::write(py, pytorch_op_module(&h, &reruns(&g, &r.plan)))
+                .with_context(|| format!("cannot write {}", py.display()))?;
+        }
         let gran = Granularity {
             granularity: "op".into(),
             saved_bytes_at_forward_end: saved_at_forward_end(&g, &r.plan),

@@ -18,6 +18,7 @@ pub mod pareto;
 pub mod plan;
 pub mod planfile;
 pub mod portfolio;
+pub mod pytorch_ops;
 pub mod rewrite;
 pub mod sqrt;
 pub mod step;

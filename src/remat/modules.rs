@@ -509,12 +509,21 @@ pub fn plan_of(g: &RematGraph, cks: &[&Checkpoint]) -> Vec<Instr> {
 
 /// Non-fixed, non-held bytes live after the last forward node's compute and frees.
 pub fn saved_at_forward_end(g: &RematGraph, plan: &[Instr]) -> u64 {
-    let Some(last) = (0..g.nodes.len()).rev().find(|&i| !g.nodes[i].backward) else {
-        return 0;
-    };
+    live_at_forward_end(g, plan)
+        .iter()
+        .enumerate()
+        .filter(|&(v, &l)| l && !g.values[v].fixed && !g.values[v].held)
+        .map(|(v, _)| g.values[v].bytes)
+        .sum()
+}
+
+/// Per value: live after the last forward node's compute and frees (fixed values
+/// only if some node writes them).
+pub fn live_at_forward_end(g: &RematGraph, plan: &[Instr]) -> Vec<bool> {
     let mut live = vec![false; g.values.len()];
-    let mut cur = 0u64;
-    let counted = |v: ValueId| !g.values[v].fixed && !g.values[v].held;
+    let Some(last) = (0..g.nodes.len()).rev().find(|&i| !g.nodes[i].backward) else {
+        return live;
+    };
     let mut seen_last = false;
     for op in plan {
         match *op {
@@ -524,21 +533,13 @@ pub fn saved_at_forward_end(g: &RematGraph, plan: &[Instr]) -> u64 {
                 }
                 seen_last = i == last;
                 for &v in &g.nodes[i].outputs {
-                    if counted(v) && !live[v] {
-                        live[v] = true;
-                        cur += g.values[v].bytes;
-                    }
+                    live[v] = true;
                 }
             }
-            Instr::Free(v) => {
-                if live[v] {
-                    live[v] = false;
-                    cur -= g.values[v].bytes;
-                }
-            }
+            Instr::Free(v) => live[v] = false,
         }
     }
-    cur
+    live
 }
 
 /// Live bytes (fixed included) right after each compute of `plan`, which must be

@@ -1,0 +1,463 @@
+"""Recompute plan made by memplan (op granularity).
+
+model: models/resnet50.onnx
+batch: 8
+budget: 544.00 MiB (570425344 bytes)
+predicted peak: 543.56 MiB (569960772 bytes)
+method: ilp:gap-milp
+
+apply(model) makes every training forward of `model` drop the 75 values below after
+forward and compute them again from their inputs when backward needs them (saved-tensor
+hooks; the values are bitwise the same, BatchNorm's running statistics are not updated
+again). Each entry: the module call (the exporter's scope; `relu_2` is the third call of
+`relu`), the ONNX op, its rank among that call's ops of that kind, its bytes, its name.
+PyTorch 2.1 or later; eager mode.
+"""
+
+RECOMPUTE = [
+    ("bn1", "BatchNormalization", 0, 25690112, "/bn1/BatchNormalization_output_0", False),
+    ("relu", "Relu", 0, 25690112, "/relu/Relu_output_0", False),
+    ("maxpool", "MaxPool", 0, 6422528, "/maxpool/MaxPool_output_0", True),
+    ("layer1.0.bn1", "BatchNormalization", 0, 6422528, "/layer1/layer1.0/bn1/BatchNormalization_output_0", False),
+    ("layer1.0.relu", "Relu", 0, 6422528, "/layer1/layer1.0/relu/Relu_output_0", False),
+    ("layer1.0.bn2", "BatchNormalization", 0, 6422528, "/layer1/layer1.0/bn2/BatchNormalization_output_0", False),
+    ("layer1.0.relu_1", "Relu", 0, 6422528, "/layer1/layer1.0/relu_1/Relu_output_0", False),
+    ("layer1.0.bn3", "BatchNormalization", 0, 25690112, "/layer1/layer1.0/bn3/BatchNormalization_output_0", False),
+    ("layer1.0.downsample.0", "Conv", 0, 25690112, "/layer1/layer1.0/downsample/downsample.0/Conv_output_0", False),
+    ("layer1.0.downsample.1", "BatchNormalization", 0, 25690112, "/layer1/layer1.0/downsample/downsample.1/BatchNormalization_output_0", False),
+    ("layer1.0", "Add", 0, 25690112, "/layer1/layer1.0/Add_output_0", False),
+    ("layer1.0.relu_2", "Relu", 0, 25690112, "/layer1/layer1.0/relu_2/Relu_output_0", False),
+    ("layer1.1.bn1", "BatchNormalization", 0, 6422528, "/layer1/layer1.1/bn1/BatchNormalization_output_0", False),
+    ("layer1.1.relu", "Relu", 0, 6422528, "/layer1/layer1.1/relu/Relu_output_0", False),
+    ("layer1.1.bn2", "BatchNormalization", 0, 6422528, "/layer1/layer1.1/bn2/BatchNormalization_output_0", False),
+    ("layer1.1.relu_1", "Relu", 0, 6422528, "/layer1/layer1.1/relu_1/Relu_output_0", False),
+    ("layer1.1.bn3", "BatchNormalization", 0, 25690112, "/layer1/layer1.1/bn3/BatchNormalization_output_0", False),
+    ("layer1.1", "Add", 0, 25690112, "/layer1/layer1.1/Add_output_0", False),
+    ("layer1.1.relu_2", "Relu", 0, 25690112, "/layer1/layer1.1/relu_2/Relu_output_0", False),
+    ("layer1.2.bn1", "BatchNormalization", 0, 6422528, "/layer1/layer1.2/bn1/BatchNormalization_output_0", False),
+    ("layer1.2.relu", "Relu", 0, 6422528, "/layer1/layer1.2/relu/Relu_output_0", False),
+    ("layer1.2.bn2", "BatchNormalization", 0, 6422528, "/layer1/layer1.2/bn2/BatchNormalization_output_0", False),
+    ("layer1.2.relu_1", "Relu", 0, 6422528, "/layer1/layer1.2/relu_1/Relu_output_0", False),
+    ("layer2.0.bn1", "BatchNormalization", 0, 12845056, "/layer2/layer2.0/bn1/BatchNormalization_output_0", False),
+    ("layer2.0.relu", "Relu", 0, 12845056, "/layer2/layer2.0/relu/Relu_output_0", False),
+    ("layer2.0.bn2", "BatchNormalization", 0, 3211264, "/layer2/layer2.0/bn2/BatchNormalization_output_0", False),
+    ("layer2.0.relu_1", "Relu", 0, 3211264, "/layer2/layer2.0/relu_1/Relu_output_0", False),
+    ("layer2.0.bn3", "BatchNormalization", 0, 12845056, "/layer2/layer2.0/bn3/BatchNormalization_output_0", False),
+    ("layer2.0.downsample.1", "BatchNormalization", 0, 12845056, "/layer2/layer2.0/downsample/downsample.1/BatchNormalization_output_0", False),
+    ("layer2.0", "Add", 0, 12845056, "/layer2/layer2.0/Add_output_0", False),
+    ("layer2.0.relu_2", "Relu", 0, 12845056, "/layer2/layer2.0/relu_2/Relu_output_0", False),
+    ("layer2.1.bn1", "BatchNormalization", 0, 3211264, "/layer2/layer2.1/bn1/BatchNormalization_output_0", False),
+    ("layer2.1.relu", "Relu", 0, 3211264, "/layer2/layer2.1/relu/Relu_output_0", False),
+    ("layer2.1.bn2", "BatchNormalization", 0, 3211264, "/layer2/layer2.1/bn2/BatchNormalization_output_0", False),
+    ("layer2.1.relu_1", "Relu", 0, 3211264, "/layer2/layer2.1/relu_1/Relu_output_0", False),
+    ("layer2.1.bn3", "BatchNormalization", 0, 12845056, "/layer2/layer2.1/bn3/BatchNormalization_output_0", False),
+    ("layer2.1", "Add", 0, 12845056, "/layer2/layer2.1/Add_output_0", False),
+    ("layer2.1.relu_2", "Relu", 0, 12845056, "/layer2/layer2.1/relu_2/Relu_output_0", False),
+    ("layer2.2.bn1", "BatchNormalization", 0, 3211264, "/layer2/layer2.2/bn1/BatchNormalization_output_0", False),
+    ("layer2.2.relu", "Relu", 0, 3211264, "/layer2/layer2.2/relu/Relu_output_0", False),
+    ("layer2.2.bn2", "BatchNormalization", 0, 3211264, "/layer2/layer2.2/bn2/BatchNormalization_output_0", False),
+    ("layer2.2.relu_1", "Relu", 0, 3211264, "/layer2/layer2.2/relu_1/Relu_output_0", False),
+    ("layer2.2.bn3", "BatchNormalization", 0, 12845056, "/layer2/layer2.2/bn3/BatchNormalization_output_0", False),
+    ("layer2.2", "Add", 0, 12845056, "/layer2/layer2.2/Add_output_0", False),
+    ("layer2.2.relu_2", "Relu", 0, 12845056, "/layer2/layer2.2/relu_2/Relu_output_0", False),
+    ("layer2.3.bn1", "BatchNormalization", 0, 3211264, "/layer2/layer2.3/bn1/BatchNormalization_output_0", False),
+    ("layer2.3.relu", "Relu", 0, 3211264, "/layer2/layer2.3/relu/Relu_output_0", False),
+    ("layer2.3.bn2", "BatchNormalization", 0, 3211264, "/layer2/layer2.3/bn2/BatchNormalization_output_0", False),
+    ("layer2.3.relu_1", "Relu", 0, 3211264, "/layer2/layer2.3/relu_1/Relu_output_0", False),
+    ("layer3.0.bn1", "BatchNormalization", 0, 6422528, "/layer3/layer3.0/bn1/BatchNormalization_output_0", False),
+    ("layer3.0.relu", "Relu", 0, 6422528, "/layer3/layer3.0/relu/Relu_output_0", False),
+    ("layer3.0.bn2", "BatchNormalization", 0, 1605632, "/layer3/layer3.0/bn2/BatchNormalization_output_0", False),
+    ("layer3.0.relu_1", "Relu", 0, 1605632, "/layer3/layer3.0/relu_1/Relu_output_0", False),
+    ("layer3.1.bn1", "BatchNormalization", 0, 1605632, "/layer3/layer3.1/bn1/BatchNormalization_output_0", False),
+    ("layer3.1.relu", "Relu", 0, 1605632, "/layer3/layer3.1/relu/Relu_output_0", False),
+    ("layer3.1.bn2", "BatchNormalization", 0, 1605632, "/layer3/layer3.1/bn2/BatchNormalization_output_0", False),
+    ("layer3.1.relu_1", "Relu", 0, 1605632, "/layer3/layer3.1/relu_1/Relu_output_0", False),
+    ("layer3.1.bn3", "BatchNormalization", 0, 6422528, "/layer3/layer3.1/bn3/BatchNormalization_output_0", False),
+    ("layer3.1", "Add", 0, 6422528, "/layer3/layer3.1/Add_output_0", False),
+    ("layer3.1.relu_2", "Relu", 0, 6422528, "/layer3/layer3.1/relu_2/Relu_output_0", False),
+    ("layer3.2.bn1", "BatchNormalization", 0, 1605632, "/layer3/layer3.2/bn1/BatchNormalization_output_0", False),
+    ("layer3.2.relu", "Relu", 0, 1605632, "/layer3/layer3.2/relu/Relu_output_0", False),
+    ("layer3.2.bn3", "BatchNormalization", 0, 6422528, "/layer3/layer3.2/bn3/BatchNormalization_output_0", False),
+    ("layer3.2", "Add", 0, 6422528, "/layer3/layer3.2/Add_output_0", False),
+    ("layer3.2.relu_2", "Relu", 0, 6422528, "/layer3/layer3.2/relu_2/Relu_output_0", False),
+    ("layer3.3.bn2", "BatchNormalization", 0, 1605632, "/layer3/layer3.3/bn2/BatchNormalization_output_0", False),
+    ("layer3.3.relu_1", "Relu", 0, 1605632, "/layer3/layer3.3/relu_1/Relu_output_0", False),
+    ("layer3.4.bn1", "BatchNormalization", 0, 1605632, "/layer3/layer3.4/bn1/BatchNormalization_output_0", False),
+    ("layer3.4.relu", "Relu", 0, 1605632, "/layer3/layer3.4/relu/Relu_output_0", False),
+    ("layer3.4.bn2", "BatchNormalization", 0, 1605632, "/layer3/layer3.4/bn2/BatchNormalization_output_0", False),
+    ("layer3.4.relu_1", "Relu", 0, 1605632, "/layer3/layer3.4/relu_1/Relu_output_0", False),
+    ("layer3.5.bn1", "BatchNormalization", 0, 1605632, "/layer3/layer3.5/bn1/BatchNormalization_output_0", False),
+    ("layer3.5.relu", "Relu", 0, 1605632, "/layer3/layer3.5/relu/Relu_output_0", False),
+    ("layer3.5.bn2", "BatchNormalization", 0, 1605632, "/layer3/layer3.5/bn2/BatchNormalization_output_0", False),
+    ("layer3.5.relu_1", "Relu", 0, 1605632, "/layer3/layer3.5/relu_1/Relu_output_0", False),
+]
+
+# ---- memplan's runtime for op plans (src/remat/pytorch_rerun.py) --------------------
+#
+# How a value of RECOMPUTE is found: module forward hooks keep the stack of module calls
+# (each module's calls counted, as the TorchScript exporter's scopes `relu`, `relu_1`,
+# `relu_2` name them), and a TorchDispatchMode sees every aten op of the forward. The
+# k-th aten op of the entry's kind and output size run directly inside the entry's
+# module call computes it. For each such op a recipe is kept: the op and its arguments,
+# arguments that are themselves recomputed as their recipes. The saved-tensor hooks
+# then pack a recipe instead of the tensor, so nothing but the recipe refers to the
+# tensor after forward and it is freed. Backward's first unpack runs the recipe (nested
+# recipes run first; an in-place op runs out of place unless its input was just
+# computed by the recipe; BatchNorm with batch statistics, its running statistics left
+# alone), and the result is kept until the last backward node that saved it has
+# unpacked it. The values are bitwise the same as forward's: dropout reapplies the mask
+# (CPU: the noise) forward drew, which its backward keeps anyway; other random ops are
+# never rerun. A tensor a recipe reads that forward later changes in place is copied
+# first (the plan keeps that value).
+
+import collections
+import contextlib
+import re
+import warnings
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
+from torch.utils.weak import WeakTensorKeyDictionary
+
+# ONNX op type -> the aten ops (overload packet names; in-place ones end with "_") that
+# compute it in eager PyTorch.
+_ATEN = {
+    "Add": ("add", "add_"),
+    "AveragePool": ("avg_pool2d", "avg_pool1d", "avg_pool3d"),
+    "BatchNormalization": ("native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional"),
+    "Conv": ("convolution",),
+    "Div": ("div", "div_"),
+    "Dropout": ("native_dropout",),
+    "Elu": ("elu", "elu_"),
+    "Erf": ("erf", "erf_"),
+    "Gather": ("embedding",),
+    "Gelu": ("gelu", "gelu_"),
+    "HardSigmoid": ("hardsigmoid", "hardsigmoid_"),
+    "HardSwish": ("hardswish", "hardswish_"),
+    "LayerNormalization": ("native_layer_norm",),
+    "LeakyRelu": ("leaky_relu", "leaky_relu_"),
+    "MaxPool": ("max_pool2d_with_indices", "max_pool3d_with_indices", "max_pool1d_with_indices"),
+    "Mul": ("mul", "mul_"),
+    "Neg": ("neg", "neg_"),
+    "Pow": ("pow", "pow_"),
+    "Relu": ("relu", "relu_"),
+    "Sigmoid": ("sigmoid", "sigmoid_"),
+    "Softmax": ("_softmax",),
+    "Sqrt": ("sqrt", "sqrt_"),
+    "Sub": ("sub", "sub_"),
+    "Tanh": ("tanh", "tanh_"),
+}
+_KIND = {a: k for k, names in _ATEN.items() for a in names}
+_BATCH_NORM = ("native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional")
+# Further outputs of these kinds, dropped with the first where the plan drops the node's
+# other outputs too (an entry's `rest`): MaxPool's indices, BatchNorm's batch mean and
+# inverse deviation, dropout's mask (drawn again from the random state forward used).
+_ALSO = {"MaxPool": (1,), "BatchNormalization": (1, 2), "Dropout": (1,)}
+_RANDOM = ("bernoulli", "bernoulli_", "dropout", "rand", "randn", "rand_like", "randn_like")
+
+
+class _Held:
+    """A tensor a recipe reads, as it was when the recipe was made."""
+
+    __slots__ = ("value", "__weakref__")
+
+    def __init__(self, value):
+        self.value = value
+
+
+class _Recipe:
+    """A value dropped after forward and computed again when backward unpacks it."""
+
+    __slots__ = ("func", "args", "kwargs", "index", "pending", "cache", "siblings", "rng", "__weakref__")
+
+    def __init__(self, func, args, kwargs, index, siblings, rng=None):
+        self.func, self.args, self.kwargs, self.index = func, args, kwargs, index
+        self.pending, self.cache, self.siblings, self.rng = 0, None, siblings, rng
+
+    def run(self):
+        """(value, fresh): fresh when nothing else holds the value (ours to change)."""
+        if self.cache is not None:
+            return self.cache, False
+        fresh = []
+
+        def value(a):
+            if isinstance(a, _Recipe):
+                v, new = a.run()
+                fresh.append(new)
+                return v
+            if isinstance(a, _Held):
+                fresh.append(False)
+                return a.value
+            return a
+
+        args = tree_map(value, self.args)
+        name = self.func.overloadpacket.__name__
+        if self.rng is not None:
+            # a random op: drawn again from the state forward drew it from
+            with _random_state(self.rng):
+                out = self.func(*args, **self.kwargs)
+        elif name == "native_dropout":
+            # the mask forward drew, as the CPU kernel applies it (never drawn again)
+            x, mask, p = args
+            out = x.mul(mask).mul_(0.0 if p == 1 else 1.0 / (1.0 - p))
+        elif name in _BATCH_NORM:
+            x, w, b, momentum, eps = args[0], args[1], args[2], args[-2], args[-1]
+            out = torch.ops.aten.native_batch_norm.default(x, w, b, None, None, True, momentum, eps)
+        else:
+            func = self.func
+            if name.endswith("_") and not (fresh and fresh[0]):
+                func = getattr(getattr(torch.ops.aten, name[:-1]), self.func._overloadname)
+            out = func(*args, **self.kwargs)
+        if isinstance(out, (tuple, list)):
+            for ref in self.siblings:  # the other outputs, kept for the nodes that saved them
+                r = ref()
+                if r is not None and r is not self and r.pending > 0 and r.cache is None:
+                    r.cache = out[r.index]
+            out = out[self.index]
+        if self.pending > 0:
+            # also saved by a backward node that has not run yet: kept for it
+            self.cache = out
+        return out, self.cache is None
+
+
+def _rng_state(t):
+    """The random state an op on `t`'s device draws from now."""
+    if t.device.type == "cuda":
+        return t.device, torch.cuda.get_rng_state(t.device)
+    return t.device, torch.get_rng_state()
+
+
+@contextlib.contextmanager
+def _random_state(rng):
+    device, state = rng
+    cuda = device.type == "cuda"
+    with torch.random.fork_rng(devices=[device] if cuda else [], device_type="cuda" if cuda else "cpu"):
+        if cuda:
+            torch.cuda.set_rng_state(state, device)
+        else:
+            torch.set_rng_state(state)
+        yield
+
+
+class _Noise(_Recipe):
+    """CPU dropout's noise: empty_like, bernoulli_ and div_, drawn again."""
+
+    __slots__ = ("like", "p", "div")
+
+    def __init__(self, like, rng, p):
+        super().__init__(None, (), {}, 0, [], rng)
+        self.like = (like.size(), like.stride(), like.dtype, like.device)
+        self.p, self.div = p, None
+
+    def run(self):
+        if self.cache is not None:
+            return self.cache, False
+        size, stride, dtype, device = self.like
+        with _random_state(self.rng):
+            out = torch.empty_strided(size, stride, dtype=dtype, device=device).bernoulli_(self.p)
+        if self.div is not None:
+            out.div_(self.div)
+        if self.pending > 0:
+            self.cache = out
+        return out, self.cache is None
+
+
+class _Forward:
+    """One forward pass: the module calls, the recipes, the tensors recipes hold."""
+
+    def __init__(self, wanted):
+        self.wanted = wanted
+        self.frames = []
+        self.calls = collections.Counter()
+        self.recipes = WeakTensorKeyDictionary()
+        self.held = WeakTensorKeyDictionary()
+        self.found = set()
+        self.noise = WeakTensorKeyDictionary()  # CPU dropout's noise tensors (bernoulli_)
+
+    def capture(self, a):
+        if not isinstance(a, torch.Tensor):
+            return a
+        r = self.recipes.get(a)
+        if r is not None:
+            return r
+        h = _Held(a)
+        self.held.setdefault(a, []).append(weakref.ref(h))
+        return h
+
+    def before_mutation(self, t):
+        holders = [h for h in (r() for r in self.held.pop(t, ())) if h is not None]
+        if holders:
+            with torch.no_grad():
+                copy = t.detach().clone()
+            for h in holders:
+                h.value = copy
+
+    def pack(self, t):
+        r = self.recipes.get(t)
+        if r is not None:
+            r.pending += 1
+            return r
+        if t._base is not None:
+            # a view of a recomputed value (a reshape before a matrix product): the
+            # same view of the recomputed value
+            r = self.recipes.get(t._base)
+            if r is not None:
+                r.pending += 1
+                return _View(r, t.size(), t.stride(), t.storage_offset())
+        return t
+
+
+class _View:
+    """A saved view of a recomputed value."""
+
+    __slots__ = ("recipe", "size", "stride", "offset")
+
+    def __init__(self, recipe, size, stride, offset):
+        self.recipe, self.size, self.stride, self.offset = recipe, size, stride, offset
+
+
+def _unpack(p):
+    view = None
+    if isinstance(p, _View):
+        view, p = p, p.recipe
+    elif not isinstance(p, _Recipe):
+        return p
+    v, _ = p.run()
+    p.pending -= 1
+    p.cache = v if p.pending > 0 else None
+    return v if view is None else v.as_strided(view.size, view.stride, view.offset)
+
+
+class _Mode(TorchDispatchMode):
+    def __init__(self, fwd):
+        super().__init__()
+        self.fwd = fwd
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        f = self.fwd
+        name = func.overloadpacket.__name__
+        kind = _KIND.get(name)
+        first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        # Dropout on CPU is empty_like, bernoulli_ of that noise, div_ of the noise, and a
+        # mul of the input by it: that mul is the ONNX Dropout, the div_ no ONNX op.
+        noise = [a for a in args[:2] if isinstance(a, torch.Tensor) and a in f.noise]
+        if noise:
+            kind = "Dropout" if name == "mul" else None
+        rng = _rng_state(first) if name in ("bernoulli_", "native_dropout") and first is not None else None
+        mutates = name.endswith("_") and first is not None
+        if mutates:
+            f.before_mutation(first)
+        out = func(*args, **kwargs)
+        if name == "bernoulli_":
+            f.noise[first] = _Noise(first, rng, args[1] if len(args) > 1 else kwargs.get("p", 0.5))
+        elif name == "div_" and first in f.noise and f.frames:
+            # the noise is complete; autograd packs it when the mul is recorded, before
+            # that mul reaches this mode: drop it now if the plan drops that Dropout's mask
+            f.noise[first].div = args[1]
+            frame, counts = f.frames[-1]
+            size = first.numel() * first.element_size()
+            want = f.wanted.get((frame, "Dropout", size, counts["Dropout", size]))
+            if want is not None and want[1]:
+                f.recipes[first] = f.noise[first]
+        t = out[0] if isinstance(out, (tuple, list)) else out
+        key = None
+        if kind is not None and f.frames and isinstance(t, torch.Tensor):
+            frame, counts = f.frames[-1]
+            size = t.numel() * t.element_size()
+            key = (frame, kind, size, counts[kind, size])
+            counts[kind, size] += 1
+        want = f.wanted.get(key) if key is not None else None
+        if want is not None and name not in _RANDOM:
+            rest = want[1]
+            rargs, rkw = tree_map(f.capture, args), tree_map(f.capture, kwargs)
+            if name == "native_dropout" and not rest:
+                # the mask stays: applied again as the CPU kernel applies it
+                rargs, rkw = (rargs[0], _Held(out[1]), args[1]), {}
+            elif noise:
+                # the noise: drawn again where the plan drops it too, else kept
+                rargs = tuple((f.noise[a] if rest else _Held(a)) if isinstance(a, torch.Tensor) and a in f.noise
+                              else r for a, r in zip(args, rargs))
+            siblings = []
+            for i in (0,) + (_ALSO.get(kind, ()) if rest else ()):
+                if i == 0 or (isinstance(out, (tuple, list)) and i < len(out) and isinstance(out[i], torch.Tensor)):
+                    r = _Recipe(func, rargs, rkw, i, siblings, rng if name == "native_dropout" and rest else None)
+                    siblings.append(weakref.ref(r))  # no cycle: freed with the graph
+                    f.recipes[out[i] if i else t] = r
+            f.found.add(key)
+        elif mutates and first not in f.noise:
+            f.recipes.pop(first, None)  # changed: its recipe no longer computes it
+        return out
+
+
+def _resolve(names, raw):
+    """An exporter scope path -> (module path, call number), or None."""
+    if raw in names:
+        return raw, 0
+    m = re.fullmatch(r"(.*)_(\d+)", raw)
+    if m and m.group(1) in names:
+        return m.group(1), int(m.group(2))
+    return None
+
+
+def apply(model):
+    """Recomputes the values of RECOMPUTE in `model`'s training steps; returns `model`.
+
+    Every forward pass of `model` (with autograd recording) then drops those values
+    and backward computes them again. `model.memplan_missing` lists the entries the
+    last forward did not find (kept, as without the plan)."""
+    if getattr(model, "_memplan_recompute", False):
+        return model
+    names = dict(model.named_modules())
+    wanted = {}
+    unknown = []
+    for scope, op, rank, size, value, rest in RECOMPUTE:
+        at = _resolve(names, scope)
+        if at is None:
+            unknown.append(value)
+        else:
+            wanted[at, op, size, rank] = (value, rest)
+    live = []
+
+    def enter(mod, args, _path):
+        if live:
+            f = live[-1]
+            n = f.calls[_path]
+            f.calls[_path] = n + 1
+            f.frames.append(((_path, n), collections.Counter()))
+
+    def leave(mod, args, out):
+        if live and live[-1].frames:
+            live[-1].frames.pop()
+
+    def root_enter(mod, args):
+        if live or not torch.is_grad_enabled():
+            return
+        f = _Forward(wanted)
+        f.ctx = (torch.autograd.graph.saved_tensors_hooks(f.pack, _unpack), _Mode(f))
+        for c in f.ctx:
+            c.__enter__()
+        live.append(f)
+
+    def root_leave(mod, args, out):
+        if not live or len(live[-1].frames) > 0:
+            return
+        f = live.pop()
+        for c in reversed(f.ctx):
+            c.__exit__(None, None, None)
+        model.memplan_missing = unknown + [v[0] for k, v in wanted.items() if k not in f.found]
+        if model.memplan_missing and not getattr(model, "_memplan_warned", False):
+            model._memplan_warned = True
+            warnings.warn("memplan: %d of %d values to recompute were not found in this model's forward "
+                          "and are kept (model.memplan_missing)" % (len(model.memplan_missing), len(RECOMPUTE)))
+        f.ctx = f.recipes = f.held = None  # forward is over
+
+    model.register_forward_pre_hook(root_enter)
+    for path, m in names.items():
+        m.register_forward_pre_hook(lambda mod, args, _p=path: enter(mod, args, _p))
+        m.register_forward_hook(leave)
+    model.register_forward_hook(root_leave)
+    model._memplan_recompute = True
+    return model

@@ -1,0 +1,213 @@
+//! An op plan as a Python module a PyTorch user applies: `plan --pytorch FILE`
+//! without `--granularity module`.
+//!
+//! `torch.utils.checkpoint` reruns whole regions: it cannot drop one BatchNorm's
+//! output and keep the convolution before it, which is what an op plan does. The file
+//! does it with PyTorch's saved-tensor hooks (`torch.autograd.graph.saved_tensors_hooks`):
+//! a value the plan recomputes is packed as a recipe (its aten op and arguments) instead
+//! of the tensor, freed after forward, and computed again when backward first unpacks
+//! it. The values are found in eager PyTorch by the module call the exporter's scope
+//! names (`/layer1/layer1.0/relu_2/Relu`: the third call of `layer1.0.relu`), the ONNX
+//! op's aten kind, and its rank among that call's ops of that kind
+//! ([`Rerun`]); the runtime (src/remat/pytorch_rerun.py) is written into the file.
+//!
+//! What the file reproduces of the plan: which forward values are dropped after forward
+//! and recomputed in backward, each from its inputs. When: PyTorch recomputes a value at
+//! its first backward use and frees it after its last, where the plan may run it a little
+//! earlier ([`super::hoist`]) or twice.
+
+use crate::ir::scope::{join, scopes};
+
+use super::graph::{Instr, RematGraph};
+use super::module_plan::PytorchHeader;
+
+/// The runtime written into every op-plan file.
+pub const RUNTIME: &str = include_str!("pytorch_rerun.py");
+
+/// One forward value the plan recomputes, as the runtime finds it in eager PyTorch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rerun {
+    /// The module call that computes it: the exporter's scopes joined as module paths,
+    /// a repeated call's suffix kept (`layer1.0.relu_2`); empty for the model itself.
+    pub scope: String,
+    /// ONNX op type.
+    pub op: String,
+    /// Rank among the nodes of this op type and output size directly in this scope, in
+    /// graph order (sizes keep shape arithmetic, which exporters fold and PyTorch may
+    /// run as aten ops, out of the count).
+    pub rank: usize,
+    /// Bytes of the value (its first output).
+    pub bytes: u64,
+    /// The value's name in the ONNX graph.
+    pub value: String,
+    /// Whether the node's other outputs are dropped after forward too (the plan has
+    /// none of them live when forward ends): BatchNorm's batch statistics, MaxPool's
+    /// indices, dropout's mask (drawn again from the random state forward used).
+    pub rest: bool,
+}
+
+/// The forward nodes `plan` runs more than once, first output each (the one the
+/// aten op returns first), in graph order.
+pub fn reruns(g: &RematGraph, plan: &[Instr]) -> Vec<Rerun> {
+    let mut count = vec![0u32; g.nodes.len()];
+    for op in plan {
+        if let Instr::Compute(i) = op {
+            count[*i] += 1;
+        }
+    }
+    let live = super::modules::live_at_forward_end(g, plan);
+    let mut seen: std::collections::HashMap<(String, String, u64), usize> = Default::default();
+    let mut out = Vec::new();
+    for (i, n) in g.nodes.iter().enumerate() {
+        if n.backward || n.op.is_empty() {
+            continue;
+        }
+        let Some(&v) = n.outputs.first() else {
+            continue;
+        };
+        let sc = scopes(&n.name);
+        let rank = seen
+            .entry((sc.join("/"), n.op.clone(), g.values[v].bytes))
+            .or_insert(0);
+        let r = *rank;
+        *rank += 1;
+        if count[i] < 2 {
+            continue;
+        }
+        out.push(Rerun {
+            scope: sc.iter().fold(String::new(), |q, c| join(&q, c)),
+            op: n.op.clone(),
+            rank: r,
+            bytes: g.values[v].bytes,
+            value: g.values[v].name.clone(),
+            rest: n.outputs.len() > 1 && n.outputs[1..].iter().all(|&w| !live[w]),
+        });
+    }
+    out
+}
+
+/// The Python module for an op plan: `RECOMPUTE` (scope, op, rank, bytes, value name,
+/// rest per [`Rerun`]) and `apply(model)`, which installs the hooks.
+pub fn pytorch_op_module(h: &PytorchHeader, reruns: &[Rerun]) -> String {
+    use crate::units::human_bytes;
+    let list: String = reruns
+        .iter()
+        .map(|r| {
+            format!(
+                "    ({}, {}, {}, {}, {}, {}),\n",
+                serde_json::json!(r.scope),
+                serde_json::json!(r.op),
+                r.rank,
+                r.bytes,
+                serde_json::json!(r.value),
+                if r.rest { "True" } else { "False" }
+            )
+        })
+        .collect();
+    format!(
+        r#""""Recompute plan made by memplan (op granularity).
+
+model: {model}
+batch: {batch}
+budget: {budget}
+predicted peak: {peak} ({peak_b} bytes){over}
+method: {method}
+
+apply(model) makes every training forward of `model` drop the {n} values below after
+forward and compute them again from their inputs when backward needs them (saved-tensor
+hooks; the values are bitwise the same, BatchNorm's running statistics are not updated
+again). Each entry: the module call (the exporter's scope; `relu_2` is the third call of
+`relu`), the ONNX op, its rank among that call's ops of that kind and size, its bytes,
+its name, and whether the op's other outputs (BatchNorm's batch statistics, MaxPool's
+indices, dropout's mask) are dropped too.
+PyTorch 2.1 or later; eager mode.
+"""
+
+RECOMPUTE = [
+{list}]
+{runtime}"#,
+        model = h.model,
+        batch = h.batch.map_or("the model's own".into(), |b| b.to_string()),
+        budget = h.budget_bytes.map_or("none given".into(), |b| format!(
+            "{} ({b} bytes)",
+            human_bytes(b)
+        )),
+        peak = human_bytes(h.peak_bytes),
+        peak_b = h.peak_bytes,
+        over = match h.budget_bytes {
+            Some(b) if h.peak_bytes > b => ", over the budget: the lowest peak found",
+            _ => "",
+        },
+        method = h.method,
+        n = reruns.len(),
+        runtime = RUNTIME,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::remat::graph::{RNode, RValue};
+
+    fn node(name: &str, op: &str, inputs: Vec<usize>, out: usize) -> RNode {
+        RNode {
+            name: name.into(),
+            cost: 1.0,
+            inputs,
+            outputs: vec![out],
+            backward: false,
+            recomputable: true,
+            op: op.into(),
+        }
+    }
+
+    #[test]
+    fn reruns_name_the_module_call_and_rank() {
+        let value = |name: &str, producer| RValue {
+            name: name.into(),
+            bytes: 64,
+            producer,
+            fixed: producer.is_none(),
+            held: false,
+        };
+        let g = RematGraph {
+            name: "t".into(),
+            nodes: vec![
+                node("/layer1/layer1.0/relu/Relu", "Relu", vec![0], 1),
+                node("/layer1/layer1.0/Add", "Add", vec![1, 0], 2),
+                node("/layer1/layer1.0/Add_1", "Add", vec![2, 0], 3),
+                node("/layer1/layer1.0/relu_2/Relu", "Relu", vec![3], 4),
+            ],
+            values: vec![
+                value("x", None),
+                value("a", Some(0)),
+                value("b", Some(1)),
+                value("c", Some(2)),
+                value("d", Some(3)),
+            ],
+        };
+        let plan: Vec<Instr> = [0, 1, 2, 3, 2, 3].into_iter().map(Instr::Compute).collect();
+        let r = reruns(&g, &plan);
+        assert_eq!(r.len(), 2);
+        assert_eq!(
+            (r[0].scope.as_str(), r[0].op.as_str(), r[0].rank),
+            ("layer1.0", "Add", 1)
+        );
+        assert_eq!(
+            (r[1].scope.as_str(), r[1].op.as_str(), r[1].rank),
+            ("layer1.0.relu_2", "Relu", 0)
+        );
+        let text = pytorch_op_module(
+            &PytorchHeader {
+                model: "m.onnx".into(),
+                batch: Some(8),
+                budget_bytes: Some(1000),
+                peak_bytes: 900,
+                method: "ilp".into(),
+            },
+            &r,
+        );
+        assert!(text.contains("    (\"layer1.0\", \"Add\", 1, 64, \"c\", False),\n"));
+        assert!(text.contains("def apply(model):"));
+    }
+}
