@@ -507,9 +507,44 @@ fn cli_module_plans_keep_every_key() {
             < op["saved_bytes_at_forward_end"].as_u64().unwrap()
             || op["feasible"] == false
     );
-    let (ok, _, err) =
-        common::run_memplan(&["plan", m, "--budget", "0.7", "--pytorch", "/dev/null"]);
-    assert!(!ok && err.contains("--granularity module"), "{err}");
+    // An op plan as Python: one RECOMPUTE entry per recomputed forward node.
+    let py = std::env::temp_dir().join(format!("memplan-op-{}.py", std::process::id()));
+    let o = common::memplan_json(&[
+        "plan",
+        m,
+        "--batch",
+        "64",
+        "--budget",
+        "0.7",
+        "--json",
+        "--pytorch",
+        py.to_str().unwrap(),
+    ]);
+    let text = std::fs::read_to_string(&py).unwrap();
+    let _ = std::fs::remove_file(&py);
+    assert!(text.contains("\nRECOMPUTE = [\n") && text.contains("\ndef apply(model):"));
+    let entries = text.matches("\n    (\"").count();
+    assert!(o["recomputed"].as_array().unwrap().len() >= entries, "{o}");
+    assert_eq!(
+        entries > 0,
+        o["recompute_flops"].as_f64().unwrap() > 0.0,
+        "{o}"
+    );
+    let dag = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/remat-graphs/vgg16_train.json");
+    let (ok, _, err) = common::run_memplan(&[
+        "plan",
+        "--dag",
+        dag.to_str().unwrap(),
+        "--budget",
+        "0.9",
+        "--pytorch",
+        "/dev/null",
+    ]);
+    assert!(
+        !ok && err.contains("needs an ONNX model") && err.trim().lines().count() == 1,
+        "{err}"
+    );
 }
 
 #[test]
