@@ -247,8 +247,12 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
                 peak_bytes: r.peak_bytes,
                 method: r.method.clone(),
             };
-            std::fs::write(py, pytorch_op_module(&h, &reruns(&g, &r.plan)))
+            let rr = reruns(&g, &r.plan);
+            std::fs::write(py, pytorch_op_module(&h, &rr))
                 .with_context(|| format!("cannot write {}", py.display()))?;
+            if let Some(note) = memplan::remat::pytorch_ops::unreachable_note(&rr) {
+                eprintln!("note: {}: {note}", py.display());
+            }
         }
         let gran = Granularity {
             granularity: "op".into(),

@@ -21,6 +21,69 @@ use crate::ir::scope::{join, scopes};
 use super::graph::{Instr, RematGraph};
 use super::module_plan::PytorchHeader;
 
+/// The ONNX op types the runtime finds in eager PyTorch (its `_ATEN` table); a value
+/// of another op is kept by the file (and listed in `model.memplan_missing`).
+pub const RUNTIME_OPS: [&str; 24] = [
+    "Add",
+    "AveragePool",
+    "BatchNormalization",
+    "Conv",
+    "Div",
+    "Dropout",
+    "Elu",
+    "Erf",
+    "Gather",
+    "Gelu",
+    "HardSigmoid",
+    "HardSwish",
+    "LayerNormalization",
+    "LeakyRelu",
+    "MaxPool",
+    "Mul",
+    "Neg",
+    "Pow",
+    "Relu",
+    "Sigmoid",
+    "Softmax",
+    "Sqrt",
+    "Sub",
+    "Tanh",
+];
+
+/// The values of `reruns` the runtime cannot find, as a one-line note (`None` if it
+/// finds them all): ops outside [`RUNTIME_OPS`], and values with no module scope.
+pub fn unreachable_note(reruns: &[Rerun]) -> Option<String> {
+    let mut ops: Vec<&str> = reruns
+        .iter()
+        .filter(|r| !RUNTIME_OPS.contains(&r.op.as_str()))
+        .map(|r| r.op.as_str())
+        .collect();
+    let n_ops = ops.len();
+    ops.sort_unstable();
+    ops.dedup();
+    let unscoped = reruns.iter().filter(|r| r.scope.is_empty()).count();
+    if n_ops == 0 && unscoped == 0 {
+        return None;
+    }
+    let mut parts = Vec::new();
+    if n_ops > 0 {
+        parts.push(format!(
+            "{n_ops} are ops it does not rerun ({})",
+            ops.join(", ")
+        ));
+    }
+    if unscoped > 0 {
+        parts.push(format!(
+            "{unscoped} have no module scope in their node names and are looked for in the model's own forward"
+        ));
+    }
+    Some(format!(
+        "of {} values to recompute, {}; PyTorch keeps those it does not find (model.memplan_missing)",
+        reruns.len(),
+        parts.join(", ")
+    ))
+}
+
 /// The runtime written into every op-plan file.
 pub const RUNTIME: &str = include_str!("pytorch_rerun.py");
 
@@ -46,8 +109,9 @@ pub struct Rerun {
     pub rest: bool,
 }
 
-/// The forward nodes `plan` runs more than once, first output each (the one the
-/// aten op returns first), in graph order.
+/// The forward nodes `plan` runs more than once whose first output (the one the aten
+/// op returns first) is not live when forward ends, in graph order: the values the
+/// plan drops after forward and recomputes in backward.
 pub fn reruns(g: &RematGraph, plan: &[Instr]) -> Vec<Rerun> {
     let mut count = vec![0u32; g.nodes.len()];
     for op in plan {
@@ -71,7 +135,7 @@ pub fn reruns(g: &RematGraph, plan: &[Instr]) -> Vec<Rerun> {
             .or_insert(0);
         let r = *rank;
         *rank += 1;
-        if count[i] < 2 {
+        if count[i] < 2 || live[v] {
             continue;
         }
         out.push(Rerun {
@@ -186,7 +250,18 @@ mod tests {
                 value("d", Some(3)),
             ],
         };
-        let plan: Vec<Instr> = [0, 1, 2, 3, 2, 3].into_iter().map(Instr::Compute).collect();
+        // c and d dropped after forward (the last forward node is 3) and run again.
+        use Instr::{Compute, Free};
+        let plan = vec![
+            Compute(0),
+            Compute(1),
+            Compute(2),
+            Compute(3),
+            Free(3),
+            Free(4),
+            Compute(2),
+            Compute(3),
+        ];
         let r = reruns(&g, &plan);
         assert_eq!(r.len(), 2);
         assert_eq!(
@@ -209,5 +284,20 @@ mod tests {
         );
         assert!(text.contains("    (\"layer1.0\", \"Add\", 1, 64, \"c\", False),\n"));
         assert!(text.contains("def apply(model):"));
+    }
+}
+
+#[cfg(test)]
+mod runtime_tests {
+    use super::{RUNTIME, RUNTIME_OPS};
+
+    #[test]
+    fn the_runtime_knows_the_ops_listed() {
+        for op in RUNTIME_OPS {
+            assert!(RUNTIME.contains(&format!("    \"{op}\": (")), "{op}");
+        }
+        let table = &RUNTIME[RUNTIME.find("_ATEN = {").unwrap()..];
+        let table = &table[..table.find("\n}").unwrap()];
+        assert_eq!(table.matches("\": (").count(), RUNTIME_OPS.len());
     }
 }

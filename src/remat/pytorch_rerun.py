@@ -5,17 +5,29 @@
 # (each module's calls counted, as the TorchScript exporter's scopes `relu`, `relu_1`,
 # `relu_2` name them), and a TorchDispatchMode sees every aten op of the forward. The
 # k-th aten op of the entry's kind and output size run directly inside the entry's
-# module call computes it. For each such op a recipe is kept: the op and its arguments,
-# arguments that are themselves recomputed as their recipes. The saved-tensor hooks
-# then pack a recipe instead of the tensor, so nothing but the recipe refers to the
-# tensor after forward and it is freed. Backward's first unpack runs the recipe (nested
-# recipes run first; an in-place op runs out of place unless its input was just
-# computed by the recipe; BatchNorm with batch statistics, its running statistics left
-# alone), and the result is kept until the last backward node that saved it has
-# unpacked it. The values are bitwise the same as forward's: dropout reapplies the mask
-# (CPU: the noise) forward drew, which its backward keeps anyway; other random ops are
-# never rerun. A tensor a recipe reads that forward later changes in place is copied
-# first (the plan keeps that value).
+# module call computes it (sizes are compared, not shapes: an op of the same kind and
+# size in the same call can stand in for another where the two graphs count ops
+# differently; the values are still right, only what is dropped differs).
+#
+# For each such op a recipe is kept: the op and its arguments (a recomputed argument as
+# its recipe, a view of one as that view). The saved-tensor hooks then pack the recipe
+# instead of the tensor, so nothing but the recipe refers to the tensor after forward
+# and it is freed. Backward's first unpack runs the recipe (nested recipes first) and
+# the result is kept until the last backward node that saved it has unpacked it; a
+# saved view of a recomputed value is that view of the result.
+#
+# The values are bitwise the same as forward's:
+# - an in-place op reruns out of place (or on a copy), unless its input was just
+#   computed by a nested recipe that nothing else holds; its recipe reads its input as
+#   it was before the op, and a tensor a recipe reads that forward changes in place
+#   later is copied first (the plan keeps that value);
+# - BatchNorm reruns the same aten op, its running statistics copied where the op
+#   would update them (training mode: the output reads the batch statistics only);
+# - dropout reapplies the mask (CPU: the noise) forward drew, kept or, where the plan
+#   drops it too, drawn again from the random state forward drew it from.
+# A tensor modified in place between forward and backward is an error, as in PyTorch
+# without hooks. These hooks take precedence over saved-tensor hooks set around the
+# model call (`save_on_cpu`, an outer checkpoint) inside the model's forward.
 
 import collections
 import contextlib
@@ -33,7 +45,8 @@ from torch.utils.weak import WeakTensorKeyDictionary
 _ATEN = {
     "Add": ("add", "add_"),
     "AveragePool": ("avg_pool2d", "avg_pool1d", "avg_pool3d"),
-    "BatchNormalization": ("native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional"),
+    "BatchNormalization": ("native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
+                           "cudnn_batch_norm", "miopen_batch_norm", "_batch_norm_with_update"),
     "Conv": ("convolution",),
     "Div": ("div", "div_"),
     "Dropout": ("native_dropout",),
@@ -57,21 +70,63 @@ _ATEN = {
     "Tanh": ("tanh", "tanh_"),
 }
 _KIND = {a: k for k, names in _ATEN.items() for a in names}
-_BATCH_NORM = ("native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional")
+# BatchNorm's aten ops (CPU, CUDA with and without cuDNN, ROCm). A rerun calls the same
+# op with copies of the running statistics where it would update them: in training mode
+# the output reads only the batch statistics, in eval mode the same running ones.
+_BATCH_NORM = ("native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
+               "cudnn_batch_norm", "miopen_batch_norm", "_batch_norm_with_update")
+# In-place ops whose out-of-place op has the same overload (relu_.default -> relu.default);
+# any other in-place op reruns on a copy of its input.
+_SAME_OVERLOAD = ("add_", "sub_", "mul_", "div_", "relu_", "sigmoid_", "tanh_", "hardswish_",
+                  "hardsigmoid_", "leaky_relu_", "elu_", "gelu_", "neg_", "sqrt_", "erf_")
 # Further outputs of these kinds, dropped with the first where the plan drops the node's
 # other outputs too (an entry's `rest`): MaxPool's indices, BatchNorm's batch mean and
 # inverse deviation, dropout's mask (drawn again from the random state forward used).
 _ALSO = {"MaxPool": (1,), "BatchNormalization": (1, 2), "Dropout": (1,)}
-_RANDOM = ("bernoulli", "bernoulli_", "dropout", "rand", "randn", "rand_like", "randn_like")
 
 
 class _Held:
-    """A tensor a recipe reads, as it was when the recipe was made."""
+    """A tensor a recipe reads, as it was when the recipe was made. `version`: its
+    version counter then (None: not checked, a BatchNorm's running statistics)."""
 
-    __slots__ = ("value", "__weakref__")
+    __slots__ = ("value", "version", "__weakref__")
+
+    def __init__(self, value, version=None):
+        self.value, self.version = value, version
+
+    def get(self):
+        if self.version is not None and self.value._version != self.version:
+            raise RuntimeError(
+                "memplan: a tensor that a recomputed value is computed from was modified by an "
+                "inplace operation after forward (version %d, expected %d)" % (self.value._version, self.version))
+        return self.value
+
+
+class _View:
+    """A view of a recomputed value (a reshape before a matrix product), saved or read
+    by a recipe: the same view of the value computed again."""
+
+    __slots__ = ("recipe", "size", "stride", "offset", "base")
+
+    def __init__(self, recipe, t):
+        self.recipe, self.size, self.stride, self.offset = recipe, t.size(), t.stride(), t.storage_offset()
+        self.base = (t._base.size(), t._base.stride(), t._base.storage_offset())
+
+    def of(self, v):
+        if (v.size(), v.stride(), v.storage_offset()) != self.base:
+            raise RuntimeError("memplan: a recomputed value came out with another layout than forward's, "
+                               "so a view of it cannot be taken again")
+        return v.as_strided(self.size, self.stride, self.offset)
+
+
+class _Saved:
+    """A tensor saved as it is, with its version counter: PyTorch checks that a saved
+    tensor was not modified in place only where no saved-tensor hooks are set."""
+
+    __slots__ = ("value", "version")
 
     def __init__(self, value):
-        self.value = value
+        self.value, self.version = value, value._version
 
 
 class _Recipe:
@@ -94,29 +149,35 @@ class _Recipe:
                 v, new = a.run()
                 fresh.append(new)
                 return v
+            if isinstance(a, _View):
+                fresh.append(False)
+                return a.of(a.recipe.run()[0])
             if isinstance(a, _Held):
                 fresh.append(False)
-                return a.value
+                return a.get()
             return a
 
         args = tree_map(value, self.args)
+        kwargs = tree_map(value, self.kwargs)
         name = self.func.overloadpacket.__name__
         if self.rng is not None:
             # a random op: drawn again from the state forward drew it from
             with _random_state(self.rng):
-                out = self.func(*args, **self.kwargs)
+                out = self.func(*args, **kwargs)
         elif name == "native_dropout":
             # the mask forward drew, as the CPU kernel applies it (never drawn again)
             x, mask, p = args
             out = x.mul(mask).mul_(0.0 if p == 1 else 1.0 / (1.0 - p))
         elif name in _BATCH_NORM:
-            x, w, b, momentum, eps = args[0], args[1], args[2], args[-2], args[-1]
-            out = torch.ops.aten.native_batch_norm.default(x, w, b, None, None, True, momentum, eps)
+            out = self.func(*_batch_norm_args(self.func, args), **kwargs)
+        elif name.endswith("_") and not (fresh and fresh[0]):
+            # an in-place op on a value that is not ours to change
+            if name in _SAME_OVERLOAD:
+                out = getattr(getattr(torch.ops.aten, name[:-1]), self.func._overloadname)(*args, **kwargs)
+            else:
+                out = self.func(args[0].clone(), *args[1:], **kwargs)
         else:
-            func = self.func
-            if name.endswith("_") and not (fresh and fresh[0]):
-                func = getattr(getattr(torch.ops.aten, name[:-1]), self.func._overloadname)
-            out = func(*args, **self.kwargs)
+            out = self.func(*args, **kwargs)
         if isinstance(out, (tuple, list)):
             for ref in self.siblings:  # the other outputs, kept for the nodes that saved them
                 r = ref()
@@ -127,6 +188,19 @@ class _Recipe:
             # also saved by a backward node that has not run yet: kept for it
             self.cache = out
         return out, self.cache is None
+
+
+def _batch_norm_args(func, args):
+    """BatchNorm's arguments for a rerun: its running statistics copied where the op
+    updates them (training mode), so that the rerun leaves them alone."""
+    name, args = func.overloadpacket.__name__, list(args)
+    if func._overloadname == "no_stats" or name == "_native_batch_norm_legit_functional":
+        return args
+    if name == "_batch_norm_with_update" or (len(args) > 5 and args[5] is True):
+        for i in (3, 4):
+            if isinstance(args[i], torch.Tensor):
+                args[i] = args[i].clone()
+    return args
 
 
 def _rng_state(t):
@@ -183,23 +257,38 @@ class _Forward:
         self.found = set()
         self.noise = WeakTensorKeyDictionary()  # CPU dropout's noise tensors (bernoulli_)
 
-    def capture(self, a):
+    def capture(self, a, checked=True):
+        """What a recipe keeps of argument `a`: its recipe, a view of one, or the tensor."""
         if not isinstance(a, torch.Tensor):
             return a
         r = self.recipes.get(a)
         if r is not None:
             return r
-        h = _Held(a)
+        if a._base is not None and self.recipes.get(a._base) is not None:
+            return _View(self.recipes.get(a._base), a)
+        h = _Held(a, a._version if checked else None)
         self.held.setdefault(a, []).append(weakref.ref(h))
         return h
 
     def before_mutation(self, t):
-        holders = [h for h in (r() for r in self.held.pop(t, ())) if h is not None]
-        if holders:
-            with torch.no_grad():
-                copy = t.detach().clone()
-            for h in holders:
-                h.value = copy
+        """`t` is about to change in place: recipes holding it (or its base) get a copy."""
+        for x in (t, t._base):
+            if x is None:
+                continue
+            holders = [h for h in (r() for r in self.held.pop(x, ())) if h is not None]
+            if holders:
+                with torch.no_grad():
+                    copy = x.detach().clone()
+                for h in holders:
+                    h.value = copy
+                    if h.version is not None:
+                        h.version = copy._version
+
+    def changed(self, t):
+        """`t` changed in place: the recipes of it and of its base no longer compute it."""
+        for x in (t, t._base):
+            if x is not None and x not in self.noise:
+                self.recipes.pop(x, None)
 
     def pack(self, t):
         r = self.recipes.get(t)
@@ -207,34 +296,27 @@ class _Forward:
             r.pending += 1
             return r
         if t._base is not None:
-            # a view of a recomputed value (a reshape before a matrix product): the
-            # same view of the recomputed value
             r = self.recipes.get(t._base)
             if r is not None:
                 r.pending += 1
-                return _View(r, t.size(), t.stride(), t.storage_offset())
-        return t
-
-
-class _View:
-    """A saved view of a recomputed value."""
-
-    __slots__ = ("recipe", "size", "stride", "offset")
-
-    def __init__(self, recipe, size, stride, offset):
-        self.recipe, self.size, self.stride, self.offset = recipe, size, stride, offset
+                return _View(r, t)
+        return _Saved(t)
 
 
 def _unpack(p):
+    if isinstance(p, _Saved):
+        if p.value._version != p.version:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an inplace "
+                "operation (memplan's saved-tensor hooks: version %d, expected %d)" % (p.value._version, p.version))
+        return p.value
     view = None
     if isinstance(p, _View):
         view, p = p, p.recipe
-    elif not isinstance(p, _Recipe):
-        return p
     v, _ = p.run()
     p.pending -= 1
     p.cache = v if p.pending > 0 else None
-    return v if view is None else v.as_strided(view.size, view.stride, view.offset)
+    return v if view is None else view.of(v)
 
 
 class _Mode(TorchDispatchMode):
@@ -255,6 +337,22 @@ class _Mode(TorchDispatchMode):
             kind = "Dropout" if name == "mul" else None
         rng = _rng_state(first) if name in ("bernoulli_", "native_dropout") and first is not None else None
         mutates = name.endswith("_") and first is not None
+
+        def key_of(t):
+            frame, counts = f.frames[-1]
+            size = t.numel() * t.element_size()
+            k = (frame, kind, size, counts[kind, size])
+            counts[kind, size] += 1
+            return k
+
+        key = want = captured = None
+        if mutates and kind is not None and f.frames:
+            # an in-place op: its output is its first argument, and the recipe must read
+            # that argument as it is now, before the op changes it
+            key = key_of(first)
+            want = f.wanted.get(key)
+            if want is not None:
+                captured = self.capture(func, args, kwargs, want)
         if mutates:
             f.before_mutation(first)
         out = func(*args, **kwargs)
@@ -266,37 +364,48 @@ class _Mode(TorchDispatchMode):
             f.noise[first].div = args[1]
             frame, counts = f.frames[-1]
             size = first.numel() * first.element_size()
-            want = f.wanted.get((frame, "Dropout", size, counts["Dropout", size]))
-            if want is not None and want[1]:
+            w = f.wanted.get((frame, "Dropout", size, counts["Dropout", size]))
+            if w is not None and w[1]:
                 f.recipes[first] = f.noise[first]
         t = out[0] if isinstance(out, (tuple, list)) else out
-        key = None
-        if kind is not None and f.frames and isinstance(t, torch.Tensor):
-            frame, counts = f.frames[-1]
-            size = t.numel() * t.element_size()
-            key = (frame, kind, size, counts[kind, size])
-            counts[kind, size] += 1
-        want = f.wanted.get(key) if key is not None else None
-        if want is not None and name not in _RANDOM:
+        if not mutates and kind is not None and f.frames and isinstance(t, torch.Tensor):
+            key = key_of(t)
+            want = f.wanted.get(key)
+            if want is not None:
+                captured = self.capture(func, args, kwargs, want, out)
+        if want is not None:
             rest = want[1]
-            rargs, rkw = tree_map(f.capture, args), tree_map(f.capture, kwargs)
-            if name == "native_dropout" and not rest:
-                # the mask stays: applied again as the CPU kernel applies it
-                rargs, rkw = (rargs[0], _Held(out[1]), args[1]), {}
-            elif noise:
-                # the noise: drawn again where the plan drops it too, else kept
-                rargs = tuple((f.noise[a] if rest else _Held(a)) if isinstance(a, torch.Tensor) and a in f.noise
-                              else r for a, r in zip(args, rargs))
+            rargs, rkw = captured
             siblings = []
             for i in (0,) + (_ALSO.get(kind, ()) if rest else ()):
                 if i == 0 or (isinstance(out, (tuple, list)) and i < len(out) and isinstance(out[i], torch.Tensor)):
                     r = _Recipe(func, rargs, rkw, i, siblings, rng if name == "native_dropout" and rest else None)
-                    siblings.append(weakref.ref(r))  # no cycle: freed with the graph
+                    # weak references: siblings do not keep each other alive
+                    siblings.append(weakref.ref(r))
                     f.recipes[out[i] if i else t] = r
             f.found.add(key)
-        elif mutates and first not in f.noise:
-            f.recipes.pop(first, None)  # changed: its recipe no longer computes it
+        elif mutates:
+            f.changed(first)
         return out
+
+    def capture(self, func, args, kwargs, want, out=None):
+        """The arguments a recipe keeps (see _Forward.capture)."""
+        f = self.fwd
+        name, rest = func.overloadpacket.__name__, want[1]
+        if name == "native_dropout" and not rest:
+            # the mask stays: applied again as the CPU kernel applies it
+            return (f.capture(args[0]), _Held(out[1]), args[1]), {}
+        rargs = []
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor) and a in f.noise:
+                # CPU dropout's noise: drawn again where the plan drops it too, else kept
+                rargs.append(f.noise[a] if rest else _Held(a, a._version))
+            elif name in _BATCH_NORM and i in (3, 4):
+                # running statistics: the kernel updates them, the rerun does not read them
+                rargs.append(f.capture(a, checked=False))
+            else:
+                rargs.append(tree_map(f.capture, a))
+        return tuple(rargs), tree_map(f.capture, kwargs)
 
 
 def _resolve(names, raw):
@@ -326,7 +435,8 @@ def apply(model):
             unknown.append(value)
         else:
             wanted[at, op, size, rank] = (value, rest)
-    live = []
+    live = []  # the forward being recorded, if any
+    depth = [0]  # calls of the model itself under way (a model that calls itself)
 
     def enter(mod, args, _path):
         if live:
@@ -340,7 +450,8 @@ def apply(model):
             live[-1].frames.pop()
 
     def root_enter(mod, args):
-        if live or not torch.is_grad_enabled():
+        depth[0] += 1
+        if live or depth[0] > 1 or not torch.is_grad_enabled():
             return
         f = _Forward(wanted)
         f.ctx = (torch.autograd.graph.saved_tensors_hooks(f.pack, _unpack), _Mode(f))
@@ -349,22 +460,27 @@ def apply(model):
         live.append(f)
 
     def root_leave(mod, args, out):
-        if not live or len(live[-1].frames) > 0:
+        # also called when forward raises (always_call): the hooks are taken off then too
+        depth[0] -= 1
+        if not live or depth[0] > 0:
             return
         f = live.pop()
         for c in reversed(f.ctx):
             c.__exit__(None, None, None)
+        if out is None:  # forward raised: nothing to report
+            f.ctx = f.recipes = f.held = f.noise = f.frames = None
+            return
         model.memplan_missing = unknown + [v[0] for k, v in wanted.items() if k not in f.found]
         if model.memplan_missing and not getattr(model, "_memplan_warned", False):
             model._memplan_warned = True
             warnings.warn("memplan: %d of %d values to recompute were not found in this model's forward "
                           "and are kept (model.memplan_missing)" % (len(model.memplan_missing), len(RECOMPUTE)))
-        f.ctx = f.recipes = f.held = None  # forward is over
+        f.ctx = f.recipes = f.held = f.noise = f.frames = None  # forward is over
 
     model.register_forward_pre_hook(root_enter)
     for path, m in names.items():
         m.register_forward_pre_hook(lambda mod, args, _p=path: enter(mod, args, _p))
-        m.register_forward_hook(leave)
-    model.register_forward_hook(root_leave)
+        m.register_forward_hook(leave, always_call=True)
+    model.register_forward_hook(root_leave, always_call=True)
     model._memplan_recompute = True
     return model
