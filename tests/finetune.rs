@@ -488,15 +488,7 @@ fn op_plans_match_pytorch() {
         assert!(rr.len() > 50, "{name}: {} reruns", rr.len());
         assert_eq!(py.matches("\n    (\"").count(), rr.len(), "{name}");
         for e in &rr {
-            let line = format!(
-                "    ({}, {}, {}, {}, {}, {}),\n",
-                serde_json::json!(e.scope),
-                serde_json::json!(e.op),
-                e.rank,
-                e.bytes,
-                serde_json::json!(e.value),
-                if e.rest { "True" } else { "False" }
-            );
+            let line = e.python_line();
             assert!(py.contains(&line), "{name}: {py_path} lacks {line}");
         }
         let m = &x["sgd"];

@@ -177,8 +177,10 @@ _ALSO = {"MaxPool": (1,), "BatchNormalization": (1, 2), "Dropout": (1,)}
 
 
 class _Held:
-    """A tensor a recipe reads, as it was when the recipe was made. `version`: its
-    version counter then (None: not checked, a BatchNorm's running statistics)."""
+    """A tensor saved as it is, or one a recipe reads, as it was then. `version`: its
+    version counter then (None: not checked, a BatchNorm's running statistics).
+    PyTorch checks that a saved tensor was not modified in place only where no
+    saved-tensor hooks are set, so these hooks check it here."""
 
     __slots__ = ("value", "version", "__weakref__")
 
@@ -188,8 +190,8 @@ class _Held:
     def get(self):
         if self.version is not None and self.value._version != self.version:
             raise RuntimeError(
-                "memplan: a tensor that a recomputed value is computed from was modified by an "
-                "inplace operation after forward (version %d, expected %d)" % (self.value._version, self.version))
+                "one of the variables needed for gradient computation has been modified by an inplace "
+                "operation (memplan's saved-tensor hooks: version %d, expected %d)" % (self.value._version, self.version))
         return self.value
 
 
@@ -208,16 +210,6 @@ class _View:
             raise RuntimeError("memplan: a recomputed value came out with another layout than forward's, "
                                "so a view of it cannot be taken again")
         return v.as_strided(self.size, self.stride, self.offset)
-
-
-class _Saved:
-    """A tensor saved as it is, with its version counter: PyTorch checks that a saved
-    tensor was not modified in place only where no saved-tensor hooks are set."""
-
-    __slots__ = ("value", "version")
-
-    def __init__(self, value):
-        self.value, self.version = value, value._version
 
 
 class _Recipe:
@@ -391,16 +383,12 @@ class _Forward:
             if r is not None:
                 r.pending += 1
                 return _View(r, t)
-        return _Saved(t)
+        return _Held(t, t._version)
 
 
 def _unpack(p):
-    if isinstance(p, _Saved):
-        if p.value._version != p.version:
-            raise RuntimeError(
-                "one of the variables needed for gradient computation has been modified by an inplace "
-                "operation (memplan's saved-tensor hooks: version %d, expected %d)" % (p.value._version, p.version))
-        return p.value
+    if isinstance(p, _Held):
+        return p.get()
     view = None
     if isinstance(p, _View):
         view, p = p, p.recipe
@@ -429,12 +417,14 @@ class _Mode(TorchDispatchMode):
         rng = _rng_state(first) if name in ("bernoulli_", "native_dropout") and first is not None else None
         mutates = name.endswith("_") and first is not None
 
-        def key_of(t):
+        def key_of(t, k=kind, advance=True):
+            """(module call, kind, size, rank) of an op of kind `k` writing `t`."""
             frame, counts = f.frames[-1]
             size = t.numel() * t.element_size()
-            k = (frame, kind, size, counts[kind, size])
-            counts[kind, size] += 1
-            return k
+            key = (frame, k, size, counts[k, size])
+            if advance:
+                counts[k, size] += 1
+            return key
 
         key = want = captured = None
         if mutates and kind is not None and f.frames:
@@ -453,9 +443,7 @@ class _Mode(TorchDispatchMode):
             # the noise is complete; autograd packs it when the mul is recorded, before
             # that mul reaches this mode: drop it now if the plan drops that Dropout's mask
             f.noise[first].div = args[1]
-            frame, counts = f.frames[-1]
-            size = first.numel() * first.element_size()
-            w = f.wanted.get((frame, "Dropout", size, counts["Dropout", size]))
+            w = f.wanted.get(key_of(first, "Dropout", advance=False))
             if w is not None and w[1]:
                 f.recipes[first] = f.noise[first]
         t = out[0] if isinstance(out, (tuple, list)) else out

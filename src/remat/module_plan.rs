@@ -531,6 +531,31 @@ pub struct PytorchHeader {
     pub method: String,
 }
 
+impl PytorchHeader {
+    /// The docstring lines every plan file starts with: model, batch, budget,
+    /// predicted peak and method.
+    pub fn lines(&self) -> String {
+        use crate::units::human_bytes;
+        let h = self;
+        format!(
+            "model: {model}\nbatch: {batch}\nbudget: {budget}\npredicted peak: {peak} ({peak_b} bytes){over}\nmethod: {method}\n",
+        model = h.model,
+        batch = h.batch.map_or("the model's own".into(), |b| b.to_string()),
+        budget = h.budget_bytes.map_or("none given".into(), |b| format!(
+            "{} ({b} bytes)",
+            human_bytes(b)
+        )),
+        peak = human_bytes(h.peak_bytes),
+        peak_b = h.peak_bytes,
+        over = match h.budget_bytes {
+            Some(b) if h.peak_bytes > b => ", over the budget: the lowest peak found",
+            _ => "",
+        },
+        method = h.method,
+        )
+    }
+}
+
 /// A self-contained Python module: `CHECKPOINT_MODULES` and `apply(model)`, which
 /// wraps each listed module's forward in
 /// `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`; those also in
@@ -539,7 +564,6 @@ pub struct PytorchHeader {
 /// `aten.addmm`, `aten.bmm`: [`super::modules::SELECTIVE_SAVED_OPS`]) and recomputes
 /// everything else.
 pub fn pytorch_module(h: &PytorchHeader, modules: &[String], selective: &[String]) -> String {
-    use crate::units::human_bytes;
     let py_list = |items: &[String]| {
         items
             .iter()
@@ -585,12 +609,7 @@ def _selective_context():
     format!(
         r#""""Activation checkpointing plan made by memplan.
 
-model: {model}
-batch: {batch}
-budget: {budget}
-predicted peak: {peak} ({peak_b} bytes){over}
-method: {method}
-
+{header}
 apply(model) wraps each module below so that its forward runs through
 torch.utils.checkpoint.checkpoint(..., use_reentrant=False): the module keeps only
 its inputs for backward and runs again when backward reaches it (BatchNorm running
@@ -623,19 +642,7 @@ def apply(model):
         module._memplan_checkpointed = True
     return model
 "#,
-        model = h.model,
-        batch = h.batch.map_or("the model's own".into(), |b| b.to_string()),
-        budget = h.budget_bytes.map_or("none given".into(), |b| format!(
-            "{} ({b} bytes)",
-            human_bytes(b)
-        )),
-        peak = human_bytes(h.peak_bytes),
-        peak_b = h.peak_bytes,
-        over = match h.budget_bytes {
-            Some(b) if h.peak_bytes > b => ", over the budget: the lowest peak found",
-            _ => "",
-        },
-        method = h.method,
+        header = h.lines(),
         list = py_list(modules),
         doc_sel = pick(
             "Modules in SELECTIVE_MODULES keep their convolutions' and matrix products' outputs\ntoo, and rerun only the rest.\n"

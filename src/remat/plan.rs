@@ -155,15 +155,21 @@ pub fn plan(g: &RematGraph, budget: u64, solver: Solver, time_limit_s: f64) -> R
     })
 }
 
-/// Names of the values a plan computes more than once (the outputs of nodes it
-/// computes again), in node order.
-pub fn recomputed_values(g: &RematGraph, plan: &[Instr]) -> Vec<String> {
+/// How many times `plan` runs each node.
+pub fn run_counts(g: &RematGraph, plan: &[Instr]) -> Vec<u32> {
     let mut count = vec![0u32; g.nodes.len()];
     for op in plan {
         if let Instr::Compute(i) = op {
             count[*i] += 1;
         }
     }
+    count
+}
+
+/// Names of the values a plan computes more than once (the outputs of nodes it
+/// computes again), in node order.
+pub fn recomputed_values(g: &RematGraph, plan: &[Instr]) -> Vec<String> {
+    let count = run_counts(g, plan);
     g.nodes
         .iter()
         .enumerate()
@@ -177,12 +183,7 @@ pub fn recomputed_values(g: &RematGraph, plan: &[Instr]) -> Vec<String> {
 /// the modules to wrap in `torch.utils.checkpoint` or to mark recompute in a
 /// selective-checkpoint policy.
 pub fn recomputed_modules(g: &RematGraph, plan: &[Instr]) -> Vec<String> {
-    let mut count = vec![0u32; g.nodes.len()];
-    for op in plan {
-        if let Instr::Compute(i) = op {
-            count[*i] += 1;
-        }
-    }
+    let count = run_counts(g, plan);
     let mut out: Vec<String> = Vec::new();
     for (i, n) in g.nodes.iter().enumerate() {
         if count[i] < 2 {

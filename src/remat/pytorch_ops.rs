@@ -109,16 +109,26 @@ pub struct Rerun {
     pub rest: bool,
 }
 
+impl Rerun {
+    /// Its line in the file's `RECOMPUTE` list.
+    pub fn python_line(&self) -> String {
+        format!(
+            "    ({}, {}, {}, {}, {}, {}),\n",
+            serde_json::json!(self.scope),
+            serde_json::json!(self.op),
+            self.rank,
+            self.bytes,
+            serde_json::json!(self.value),
+            if self.rest { "True" } else { "False" }
+        )
+    }
+}
+
 /// The forward nodes `plan` runs more than once whose first output (the one the aten
 /// op returns first) is not live when forward ends, in graph order: the values the
 /// plan drops after forward and recomputes in backward.
 pub fn reruns(g: &RematGraph, plan: &[Instr]) -> Vec<Rerun> {
-    let mut count = vec![0u32; g.nodes.len()];
-    for op in plan {
-        if let Instr::Compute(i) = op {
-            count[*i] += 1;
-        }
-    }
+    let count = super::plan::run_counts(g, plan);
     let live = super::modules::live_at_forward_end(g, plan);
     let mut seen: std::collections::HashMap<(String, String, u64), usize> = Default::default();
     let mut out = Vec::new();
@@ -153,30 +163,11 @@ pub fn reruns(g: &RematGraph, plan: &[Instr]) -> Vec<Rerun> {
 /// The Python module for an op plan: `RECOMPUTE` (scope, op, rank, bytes, value name,
 /// rest per [`Rerun`]) and `apply(model)`, which installs the hooks.
 pub fn pytorch_op_module(h: &PytorchHeader, reruns: &[Rerun]) -> String {
-    use crate::units::human_bytes;
-    let list: String = reruns
-        .iter()
-        .map(|r| {
-            format!(
-                "    ({}, {}, {}, {}, {}, {}),\n",
-                serde_json::json!(r.scope),
-                serde_json::json!(r.op),
-                r.rank,
-                r.bytes,
-                serde_json::json!(r.value),
-                if r.rest { "True" } else { "False" }
-            )
-        })
-        .collect();
+    let list: String = reruns.iter().map(Rerun::python_line).collect();
     format!(
         r#""""Recompute plan made by memplan (op granularity).
 
-model: {model}
-batch: {batch}
-budget: {budget}
-predicted peak: {peak} ({peak_b} bytes){over}
-method: {method}
-
+{header}
 apply(model) makes every training forward of `model` drop the {n} values below after
 forward and compute them again from their inputs when backward needs them (saved-tensor
 hooks; the values are bitwise the same, BatchNorm's running statistics are not updated
@@ -190,19 +181,7 @@ PyTorch 2.1 or later; eager mode.
 RECOMPUTE = [
 {list}]
 {runtime}"#,
-        model = h.model,
-        batch = h.batch.map_or("the model's own".into(), |b| b.to_string()),
-        budget = h.budget_bytes.map_or("none given".into(), |b| format!(
-            "{} ({b} bytes)",
-            human_bytes(b)
-        )),
-        peak = human_bytes(h.peak_bytes),
-        peak_b = h.peak_bytes,
-        over = match h.budget_bytes {
-            Some(b) if h.peak_bytes > b => ", over the budget: the lowest peak found",
-            _ => "",
-        },
-        method = h.method,
+        header = h.lines(),
         n = reruns.len(),
         runtime = RUNTIME,
     )
