@@ -166,8 +166,12 @@ RECOMPUTE = [
 #   computed by a nested recipe that nothing else holds; its recipe reads its input as
 #   it was before the op, and a tensor a recipe reads that forward changes in place
 #   later is copied first (the plan keeps that value);
-# - BatchNorm reruns the same aten op, its running statistics copied where the op
-#   would update them (training mode: the output reads the batch statistics only);
+# - BatchNorm in training mode reruns as one pass from forward's batch statistics (the
+#   mean and inverse deviation its backward keeps anyway): addcmul(beta, x, alpha), the
+#   fused multiply-add the CPU kernel computes. That it gives forward's output to the
+#   bit is checked once per process on a forward output of each kind (device, dtype,
+#   layout, shape); where it does not, and in eval mode, BatchNorm reruns the same aten
+#   op, its running statistics copied where the op would update them;
 # - dropout reapplies the mask (CPU: the noise) forward drew, kept or, where the plan
 #   drops it too, drawn again from the random state forward drew it from.
 # A tensor modified in place between forward and backward is an error, as in PyTorch
@@ -269,11 +273,13 @@ class _View:
 class _Recipe:
     """A value dropped after forward and computed again when backward unpacks it."""
 
-    __slots__ = ("func", "args", "kwargs", "index", "pending", "cache", "siblings", "rng", "__weakref__")
+    __slots__ = ("func", "args", "kwargs", "index", "pending", "cache", "siblings", "rng", "stats", "__weakref__")
 
-    def __init__(self, func, args, kwargs, index, siblings, rng=None):
+    def __init__(self, func, args, kwargs, index, siblings, rng=None, stats=None):
         self.func, self.args, self.kwargs, self.index = func, args, kwargs, index
         self.pending, self.cache, self.siblings, self.rng = 0, None, siblings, rng
+        # a training-mode BatchNorm's output: forward's batch mean and inverse deviation
+        self.stats = stats
 
     def run(self):
         """(value, fresh): fresh when nothing else holds the value (ours to change)."""
@@ -305,6 +311,8 @@ class _Recipe:
             # the mask forward drew, as the CPU kernel applies it (never drawn again)
             x, mask, p = args
             out = x.mul(mask).mul_(0.0 if p == 1 else 1.0 / (1.0 - p))
+        elif self.stats is not None:
+            out = _normalize(args[0], args[1], args[2], *(h.get() for h in self.stats))
         elif name in _BATCH_NORM:
             out = self.func(*_batch_norm_args(self.func, args), **kwargs)
         elif name.endswith("_") and not (fresh and fresh[0]):
@@ -338,6 +346,42 @@ def _batch_norm_args(func, args):
             if isinstance(args[i], torch.Tensor):
                 args[i] = args[i].clone()
     return args
+
+
+def _normalize(x, weight, bias, mean, invstd):
+    """A training-mode BatchNorm's output from its batch statistics, as the CPU kernel
+    computes it: alpha = invstd * weight, beta = fma(-mean, alpha, bias), out = fma(x,
+    alpha, beta) (addcmul's kernel contracts its multiply and add into one fma)."""
+    alpha = invstd if weight is None else invstd * weight
+    beta = torch.addcmul(torch.zeros_like(mean) if bias is None else bias, -mean, alpha)
+    shape = (1, -1) + (1,) * (x.dim() - 2)
+    return torch.addcmul(beta.view(shape), x, alpha.view(shape))
+
+
+# (device, dtype, shape, strides) -> whether _normalize gives the kernel's output to the bit
+_NORMALIZE_EXACT = {}
+
+
+def _batch_norm_stats(func, args, out):
+    """Forward's batch mean and inverse deviation, where a rerun may compute the output
+    from them alone (_normalize): a training-mode BatchNorm whose output _normalize was
+    found to reproduce bitwise for this kind of input; None otherwise."""
+    name = func.overloadpacket.__name__
+    training = name == "_batch_norm_with_update" or (
+        len(args) > 5 and args[3 if func._overloadname == "no_stats" else 5] is True)
+    x = args[0]
+    if not training or not isinstance(out, (tuple, list)) or len(out) < 3 or x.dim() < 2:
+        return None
+    mean, invstd = out[1], out[2]
+    if not all(isinstance(t, torch.Tensor) and t.shape == (x.shape[1],) for t in (mean, invstd)):
+        return None
+    key = (x.device, x.dtype, mean.dtype, tuple(x.shape), x.stride(), args[1] is None, args[2] is None)
+    exact = _NORMALIZE_EXACT.get(key)
+    if exact is None:
+        with torch.no_grad():
+            exact = torch.equal(_normalize(x, args[1], args[2], mean, invstd), out[0])
+        _NORMALIZE_EXACT[key] = exact
+    return (_Held(mean, mean._version), _Held(invstd, invstd._version)) if exact else None
 
 
 def _rng_state(t):
@@ -509,10 +553,13 @@ class _Mode(TorchDispatchMode):
         if want is not None:
             rest = want[1]
             rargs, rkw = captured
+            # a BatchNorm whose statistics stay reruns from them (see _normalize)
+            stats = _batch_norm_stats(func, args, out) if name in _BATCH_NORM and not rest else None
             siblings = []
             for i in (0,) + (_ALSO.get(kind, ()) if rest else ()):
                 if i == 0 or (isinstance(out, (tuple, list)) and i < len(out) and isinstance(out[i], torch.Tensor)):
-                    r = _Recipe(func, rargs, rkw, i, siblings, rng if name == "native_dropout" and rest else None)
+                    r = _Recipe(func, rargs, rkw, i, siblings, rng if name == "native_dropout" and rest else None,
+                                stats)
                     # weak references: siblings do not keep each other alive
                     siblings.append(weakref.ref(r))
                     f.recipes[out[i] if i else t] = r
