@@ -62,3 +62,29 @@ pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
     }
     Ok(bytes as u64)
 }
+
+/// Parses a rate per second: a positive number with an optional SI prefix (`94G`,
+/// `1.7T`, `9.4e10`; k, M, G, T are powers of 1000).
+pub fn parse_rate(text: &str) -> std::result::Result<f64, String> {
+    let t = text.trim();
+    let expected = || format!("'{text}': expected a rate per second such as 94G");
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() && t[..i].trim().parse::<f64>().is_ok() => {
+            let mult = match c {
+                'k' | 'K' => 1e3,
+                'M' => 1e6,
+                'G' => 1e9,
+                'T' => 1e12,
+                _ => return Err(format!("'{text}': unknown prefix '{c}' (k, M, G or T)")),
+            };
+            (&t[..i], mult)
+        }
+        _ => (t, 1.0),
+    };
+    let v: f64 = num.trim().parse().map_err(|_| expected())?;
+    let rate = v * mult;
+    if !(rate.is_finite() && rate > 0.0) {
+        return Err(format!("'{text}': a rate must be a positive number"));
+    }
+    Ok(rate)
+}

@@ -1,5 +1,6 @@
-//! `memplan plan --costs FILE` (measured costs replace FLOPs) and `plan --pareto` (the
-//! budget sweep), through the built binary and the library.
+//! `memplan plan --costs FILE` (measured costs replace FLOPs), `plan --roofline`
+//! (modelled seconds) and `plan --pareto` (the budget sweep), through the built binary
+//! and the library.
 
 mod common;
 
@@ -7,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use memplan::infer::{infer, Bindings};
 use memplan::onnx::load_model;
-use memplan::remat::costs::{apply_costs, parse_costs, Costs};
+use memplan::remat::costs::{apply_costs, apply_roofline, parse_costs, Costs, Roofline};
 use memplan::remat::dag::load_dag;
 use memplan::remat::from_schedule::from_schedule;
 use memplan::remat::graph::{replay, RematGraph};
@@ -188,6 +189,123 @@ fn measured_costs_replace_flops_and_change_the_plan() {
         "--json",
     ]);
     assert_eq!(v["cost_unit"], "benchmark");
+}
+
+/// `--roofline FLOPS,BYTES`: each node costs the longer of its FLOPs at FLOPS per
+/// second and of the bytes it reads and writes at BYTES per second.
+#[test]
+fn roofline_costs_are_the_longer_of_compute_and_memory_time() {
+    let g = model_graph("resnet18", 8);
+    let moved = |g: &RematGraph, i: usize| -> f64 {
+        let n = &g.nodes[i];
+        let mut v: Vec<usize> = n.inputs.iter().chain(&n.outputs).copied().collect();
+        v.sort_unstable();
+        v.dedup();
+        v.iter().map(|&v| g.values[v].bytes).sum::<u64>() as f64
+    };
+    let rates = |f: f64, b: f64| Roofline {
+        flops_per_second: f,
+        bytes_per_second: b,
+    };
+    let r = rates(100e9, 20e9);
+    let mut g2 = g.clone();
+    apply_roofline(&mut g2, r);
+    let (mut compute_bound, mut memory_bound) = (0, 0);
+    for (i, (a, b)) in g.nodes.iter().zip(&g2.nodes).enumerate() {
+        let (c, m) = (a.cost / 100e9, moved(&g, i) / 20e9);
+        assert_eq!(b.cost, c.max(m), "{}", a.name);
+        if c > m {
+            compute_bound += 1;
+        } else {
+            memory_bound += 1;
+        }
+        if a.op == "Relu" || a.op == "Add" {
+            assert_eq!(b.cost, m, "{}: an elementwise op is memory-bound", a.name);
+        }
+    }
+    // resnet18 has both kinds: its convolutions are compute-bound at this balance.
+    assert!(
+        compute_bound > 10 && memory_bound > 10,
+        "{compute_bound} / {memory_bound}"
+    );
+    // One rate infinite: the other alone decides.
+    let mut only_bytes = g.clone();
+    apply_roofline(&mut only_bytes, rates(f64::MAX, 1.0));
+    assert!((0..g.nodes.len()).all(|i| only_bytes.nodes[i].cost == moved(&g, i)));
+
+    // Through the CLI: modelled seconds, in the unit's own name, and the plan the
+    // library makes on the modelled graph.
+    let model = common::shipped("resnet18.onnx");
+    let model = model.to_str().unwrap();
+    let base = [
+        "plan",
+        model,
+        "--batch",
+        "8",
+        "--budget",
+        "0.9",
+        "--solver",
+        "greedy",
+        "--json",
+        "--roofline",
+        "100G,20G",
+    ];
+    let v = common::memplan_json(&base);
+    assert_eq!(v["cost_unit"], "roofline");
+    assert!(v["feasible"].as_bool().unwrap());
+    assert_eq!(v["baseline_flops"].as_f64().unwrap(), g2.base_cost());
+    let lib = plan(
+        &g2,
+        v["budget_bytes"].as_u64().unwrap(),
+        Solver::Greedy,
+        10.0,
+    )
+    .unwrap();
+    assert_eq!(lib.recompute_flops, v["recompute_flops"].as_f64().unwrap());
+    let text: Vec<&str> = base.iter().copied().filter(|a| *a != "--json").collect();
+    let (ok, out, err) = common::run_memplan(&text);
+    assert!(ok, "{err}");
+    assert!(out.contains("(roofline)"), "{out}");
+
+    // Bad rates and conflicting cost sources: one line each.
+    let with = |rates: &str| -> Vec<String> {
+        [
+            "plan",
+            model,
+            "--batch",
+            "8",
+            "--budget",
+            "0.9",
+            "--roofline",
+            rates,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    for (rates, needle) in [
+        ("94G", "FLOPS,BYTES"),
+        ("0,17G", "positive"),
+        ("94G,17X", "unknown prefix"),
+        ("94G,fast", "rate per second"),
+    ] {
+        let args = with(rates);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        fails(&args, &[needle]);
+    }
+    let dag = bench_dag("vgg16_train.json");
+    fails(
+        &[
+            "plan",
+            "--dag",
+            dag.to_str().unwrap(),
+            "--budget",
+            "0.9",
+            "--roofline",
+            "1G,1G",
+        ],
+        &["--roofline"],
+    );
 }
 
 #[test]

@@ -56,6 +56,12 @@ pub struct PlanArgs {
     /// FLOPs (recompute_flops and baseline_flops are then seconds; docs/PLAN_FORMAT.md).
     #[arg(long, value_name = "FILE")]
     costs: Option<PathBuf>,
+    /// Model each node's cost as the longer of its FLOPs at FLOPS per second and of
+    /// the bytes it reads and writes at BYTES per second (e.g. 94G,17G), instead of
+    /// FLOPs: the cost of rerunning an op in eager PyTorch, where every rerun is its
+    /// own pass over memory. Costs are then seconds (cost_unit "roofline").
+    #[arg(long, value_name = "FLOPS,BYTES", conflicts_with_all = ["costs", "dag"])]
+    roofline: Option<memplan::remat::costs::Roofline>,
     /// Sweep budgets from the no-recompute peak down to the lowest reachable one (or
     /// to --budget) and print the curve: budget, peak, overhead, lower bound, feasible.
     #[arg(long, conflicts_with_all = ["output", "rewrite"])]
@@ -106,6 +112,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         output,
         rewrite,
         costs,
+        roofline,
         pareto,
         granularity,
         checkpoint,
@@ -145,12 +152,13 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     if pareto && by_module {
         bail!("--pareto sweeps op plans: it does not take --granularity module");
     }
-    use memplan::remat::costs::{apply_costs, load_costs, CostUnit};
+    use memplan::remat::costs::{apply_costs, apply_roofline, load_costs, CostUnit};
     use memplan::remat::pareto::{pareto as sweep, DEFAULT_POINTS};
-    let unit = match (&costs, &dag) {
-        (Some(_), _) => CostUnit::Seconds,
-        (None, Some(_)) => CostUnit::Benchmark,
-        (None, None) => CostUnit::Flops,
+    let unit = match (&costs, &dag, &roofline) {
+        (Some(_), _, _) => CostUnit::Seconds,
+        (None, Some(_), _) => CostUnit::Benchmark,
+        (None, None, Some(_)) => CostUnit::Roofline,
+        (None, None, None) => CostUnit::Flops,
     };
     if rewrite.is_some() && dag.is_some() {
         bail!("--rewrite writes ONNX: it needs an ONNX model, not --dag");
@@ -179,6 +187,9 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     if let Some(c) = &costs {
         let at = || c.display().to_string();
         apply_costs(&mut g, &load_costs(c).with_context(at)?).with_context(at)?;
+    }
+    if let Some(r) = roofline {
+        apply_roofline(&mut g, r);
     }
     if !(time_limit > 0.0 && time_limit <= 86400.0) {
         bail!("--time-limit must be between 0 and 86400 seconds");

@@ -1,4 +1,5 @@
-//! Measured node costs (`memplan plan --costs FILE`).
+//! Node costs other than FLOPs: measured (`memplan plan --costs FILE`) or modelled
+//! by a roofline (`memplan plan --roofline FLOPS,BYTES`).
 //!
 //! The file is one JSON object mapping node names to seconds, e.g.
 //! `{"/conv1/Conv": 0.0012, "/conv1/Conv/grad": 0.0025, "loss": 1e-5, ...}`. Node names
@@ -31,6 +32,8 @@ pub enum CostUnit {
     Flops,
     /// Measured seconds (`--costs`).
     Seconds,
+    /// Seconds modelled from FLOPs and bytes moved at a machine's rates (`--roofline`).
+    Roofline,
     /// The benchmark file's own compute-cost units (`--dag`).
     Benchmark,
 }
@@ -40,6 +43,7 @@ impl fmt::Display for CostUnit {
         f.write_str(match self {
             CostUnit::Flops => "flops",
             CostUnit::Seconds => "seconds",
+            CostUnit::Roofline => "roofline",
             CostUnit::Benchmark => "benchmark",
         })
     }
@@ -193,4 +197,51 @@ pub fn apply_costs(g: &mut RematGraph, costs: &Costs) -> Result<()> {
         n.cost = c.expect("checked");
     }
     Ok(())
+}
+
+/// A machine's rates for the roofline cost model (`plan --roofline FLOPS,BYTES`): the
+/// FLOP rate its compute-bound kernels reach and the bytes per second its
+/// memory-bound ones move.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Roofline {
+    /// FLOPs per second (multiply-add = 2).
+    pub flops_per_second: f64,
+    /// Bytes read and written per second.
+    pub bytes_per_second: f64,
+}
+
+impl std::str::FromStr for Roofline {
+    type Err = String;
+
+    /// `FLOPS,BYTES`: two rates per second, each a number with an optional SI
+    /// prefix (`94G,17G`, `9.4e10,1.7e10`).
+    fn from_str(text: &str) -> std::result::Result<Self, String> {
+        let (f, b) = text
+            .split_once(',')
+            .ok_or_else(|| format!("'{text}': expected FLOPS,BYTES per second, e.g. 94G,17G"))?;
+        Ok(Roofline {
+            flops_per_second: crate::units::parse_rate(f)?,
+            bytes_per_second: crate::units::parse_rate(b)?,
+        })
+    }
+}
+
+/// Replaces every node's FLOP cost by the seconds a roofline model gives it: the
+/// longer of its FLOPs at the FLOP rate and of the bytes it reads and writes (each
+/// input and output value once, weights included) at the byte rate.
+///
+/// Why: an op rerun in eager PyTorch is its own kernel and its own pass over memory.
+/// Counted in FLOPs, a ReLU or an addition is nearly free beside a convolution, so
+/// a FLOP-costed plan drops many elementwise outputs; on a CPU each such rerun costs
+/// a pass over its tensor (ResNet-50 at batch 8 on two cores: a 525 MiB plan costs
+/// +7.4 % step time FLOP-costed, +2.4 % roofline-costed; docs/BENCHMARKS.md).
+pub fn apply_roofline(g: &mut RematGraph, r: Roofline) {
+    let values = &g.values;
+    for n in &mut g.nodes {
+        let mut seen: Vec<usize> = n.inputs.iter().chain(&n.outputs).copied().collect();
+        seen.sort_unstable();
+        seen.dedup();
+        let bytes: u64 = seen.iter().map(|&v| values[v].bytes).sum();
+        n.cost = (n.cost / r.flops_per_second).max(bytes as f64 / r.bytes_per_second);
+    }
 }

@@ -206,7 +206,7 @@ impl ParetoCurve {
 pub fn fmt_cost(c: f64, unit: CostUnit) -> String {
     match unit {
         CostUnit::Flops => format!("{:.2} GFLOP", c / 1e9),
-        CostUnit::Seconds => format!("{c:.6} s"),
+        CostUnit::Seconds | CostUnit::Roofline => format!("{c:.6} s"),
         CostUnit::Benchmark => format!("{c:.4} units"),
     }
 }
