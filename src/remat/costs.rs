@@ -233,8 +233,9 @@ impl std::str::FromStr for Roofline {
 /// Why: an op rerun in eager PyTorch is its own kernel and its own pass over memory.
 /// Counted in FLOPs, a ReLU or an addition is nearly free beside a convolution, so
 /// a FLOP-costed plan drops many elementwise outputs; on a CPU each such rerun costs
-/// a pass over its tensor (ResNet-50 at batch 8 on two cores: a 525 MiB plan costs
-/// +7.4 % step time FLOP-costed, +2.4 % roofline-costed; docs/BENCHMARKS.md).
+/// a pass over its tensor. (ResNet-50 at batch 8, 525 MiB, on two cores: the
+/// roofline-costed plan reruns 64 values where the FLOP-costed one reruns 78, at the
+/// same peak; docs/BENCHMARKS.md, "Roofline costs", times both.)
 pub fn apply_roofline(g: &mut RematGraph, r: Roofline) {
     let values = &g.values;
     for n in &mut g.nodes {
