@@ -7,7 +7,8 @@ Usage:
     python models/op_plan_grads.py MODEL BATCH FILE.py [FILE.py ...]
     (MODEL: a models/export.py MODELS name, e.g. resnet50, gpt2)
 
-For each file: builds the model twice with the same weights (train mode), applies the file
+For each file: builds the model twice with the same weights (train mode; BatchNorm's
+weight and bias drawn at random rather than left at ones and zeros), applies the file
 to one, runs forward (torch.manual_seed(1) before each, so dropout draws alike) and
 backward of out.mean() on both, and compares every parameter's gradient with torch.equal.
 Prints the values the file did not find (model.memplan_missing) and the gradients that
@@ -40,6 +41,14 @@ def main():
         spec.loader.exec_module(plan)
         model, make_inputs, _, _ = E.build(name)
         model.train()
+        # BatchNorm's weight and bias made random (a fresh model's ones and zeros would
+        # let a BatchNorm rerun that rounds its shift another way pass unnoticed)
+        gen = torch.Generator().manual_seed(2)
+        with torch.no_grad():
+            for m in model.modules():
+                if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.affine:
+                    m.weight.copy_(torch.rand(m.weight.shape, generator=gen) + 0.5)
+                    m.bias.copy_(torch.randn(m.bias.shape, generator=gen))
         ref, _, _, _ = E.build(name)
         ref.train()
         ref.load_state_dict(model.state_dict())

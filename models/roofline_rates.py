@@ -10,7 +10,7 @@ FLOPS: the FLOP rate of fp32 convolutions the size of ResNet-50's at batch 8 (a 
 2), the kind of op whose rerun is compute-bound. BYTES: the bytes per second that
 elementwise kernels move (relu, add, addcmul on 25.7 MB tensors; inputs read plus
 output written), the kind whose rerun is one pass over memory. Each is the median of
-20 runs after a warm-up. Prints `FLOPS,BYTES` as --roofline takes them, e.g. 94G,17G.
+20 runs after a warm-up. Prints `FLOPS,BYTES` as --roofline takes them, e.g. 123.3G,27.5G.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def main():
             moved += traffic * size
     f_rate, b_rate = flops / seconds, moved / spent
     print("convolutions: %.1f GFLOP/s; elementwise: %.1f GB/s" % (f_rate / 1e9, b_rate / 1e9))
-    print("--roofline %.0fG,%.0fG" % (f_rate / 1e9, b_rate / 1e9))
+    print("--roofline %.4gG,%.4gG" % (f_rate / 1e9, b_rate / 1e9))
 
 
 if __name__ == "__main__":

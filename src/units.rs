@@ -63,8 +63,9 @@ pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
     Ok(bytes as u64)
 }
 
-/// Parses a rate per second: a positive number with an optional SI prefix (`94G`,
-/// `1.7T`, `9.4e10`; k, M, G, T are powers of 1000).
+/// Parses a rate per second: a number of at least 1 with an optional SI prefix
+/// (`94G`, `1.7T`, `9.4e10`; k, M, G, T are powers of 1000, and k, g, t may be
+/// lowercase; m is not taken, it would read as milli).
 pub fn parse_rate(text: &str) -> std::result::Result<f64, String> {
     let t = text.trim();
     let expected = || format!("'{text}': expected a rate per second such as 94G");
@@ -73,8 +74,8 @@ pub fn parse_rate(text: &str) -> std::result::Result<f64, String> {
             let mult = match c {
                 'k' | 'K' => 1e3,
                 'M' => 1e6,
-                'G' => 1e9,
-                'T' => 1e12,
+                'G' | 'g' => 1e9,
+                'T' | 't' => 1e12,
                 _ => return Err(format!("'{text}': unknown prefix '{c}' (k, M, G or T)")),
             };
             (&t[..i], mult)
@@ -83,8 +84,44 @@ pub fn parse_rate(text: &str) -> std::result::Result<f64, String> {
     };
     let v: f64 = num.trim().parse().map_err(|_| expected())?;
     let rate = v * mult;
-    if !(rate.is_finite() && rate > 0.0) {
-        return Err(format!("'{text}': a rate must be a positive number"));
+    if !(rate.is_finite() && rate >= 1.0) {
+        return Err(format!(
+            "'{text}': a rate must be a number of at least 1 per second"
+        ));
     }
     Ok(rate)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_rate;
+
+    #[test]
+    fn rates() {
+        for (text, want) in [
+            ("94G", 94e9),
+            (" 1.5 T ", 1.5e12),
+            ("27g", 27e9),
+            ("9.4e10", 9.4e10),
+            ("1e9", 1e9),
+            ("250k", 250e3),
+            ("3M", 3e6),
+        ] {
+            assert_eq!(parse_rate(text), Ok(want), "{text}");
+        }
+        for (text, needle) in [
+            ("0", "at least 1"),
+            ("1e-300", "at least 1"),
+            ("-5G", "at least 1"),
+            ("inf", "at least 1"),
+            ("NaN", "at least 1"),
+            ("5m", "unknown prefix 'm'"),
+            ("1.5e", "unknown prefix 'e'"),
+            ("fast", "rate per second"),
+            ("", "rate per second"),
+        ] {
+            let e = parse_rate(text).unwrap_err();
+            assert!(e.contains(needle), "{text}: {e}");
+        }
+    }
 }

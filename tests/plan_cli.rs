@@ -210,8 +210,15 @@ fn roofline_costs_are_the_longer_of_compute_and_memory_time() {
     let r = rates(100e9, 20e9);
     let mut g2 = g.clone();
     apply_roofline(&mut g2, r);
-    let (mut compute_bound, mut memory_bound) = (0, 0);
+    let is_view = |i: usize| g.nodes[i].outputs.is_empty() && g.nodes[i].cost == 0.0;
+    let (mut compute_bound, mut memory_bound, mut views) = (0, 0, 0);
     for (i, (a, b)) in g.nodes.iter().zip(&g2.nodes).enumerate() {
+        if is_view(i) {
+            // a view (resnet18's Flatten): no kernel, no cost
+            assert_eq!(b.cost, 0.0, "{}", a.name);
+            views += 1;
+            continue;
+        }
         let (c, m) = (a.cost / 100e9, moved(&g, i) / 20e9);
         assert_eq!(b.cost, c.max(m), "{}", a.name);
         if c > m {
@@ -228,10 +235,13 @@ fn roofline_costs_are_the_longer_of_compute_and_memory_time() {
         compute_bound > 10 && memory_bound > 10,
         "{compute_bound} / {memory_bound}"
     );
+    assert!(views >= 1, "no view in resnet18's step");
     // One rate infinite: the other alone decides.
     let mut only_bytes = g.clone();
     apply_roofline(&mut only_bytes, rates(f64::MAX, 1.0));
-    assert!((0..g.nodes.len()).all(|i| only_bytes.nodes[i].cost == moved(&g, i)));
+    assert!((0..g.nodes.len())
+        .filter(|&i| !is_view(i))
+        .all(|i| only_bytes.nodes[i].cost == moved(&g, i)));
 
     // Through the CLI: modelled seconds, in the unit's own name, and the plan the
     // library makes on the modelled graph.
@@ -285,7 +295,7 @@ fn roofline_costs_are_the_longer_of_compute_and_memory_time() {
     };
     for (rates, needle) in [
         ("94G", "FLOPS,BYTES"),
-        ("0,17G", "positive"),
+        ("0,17G", "at least 1"),
         ("94G,17X", "unknown prefix"),
         ("94G,fast", "rate per second"),
     ] {

@@ -164,10 +164,11 @@ RECOMPUTE = [
 #   later is copied first (the plan keeps that value);
 # - BatchNorm in training mode reruns as one pass from forward's batch statistics (the
 #   mean and inverse deviation its backward keeps anyway): addcmul(beta, x, alpha), the
-#   fused multiply-add the CPU kernel computes. That it gives forward's output to the
-#   bit is checked once per process on a forward output of each kind (device, dtype,
-#   layout, shape); where it does not, and in eval mode, BatchNorm reruns the same aten
-#   op, its running statistics copied where the op would update them;
+#   fused multiply-add the CPU kernel computes. That it gives the op's output to the
+#   bit is checked once per process and kind of input (op, device, dtypes, shape,
+#   strides), on forward's output and on a run with random weight and bias; where it
+#   does not, and in eval mode, BatchNorm reruns the same aten op, its running
+#   statistics copied where the op would update them;
 # - dropout reapplies the mask (CPU: the noise) forward drew, kept or, where the plan
 #   drops it too, drawn again from the random state forward drew it from.
 # A tensor modified in place between forward and backward is an error, as in PyTorch
@@ -354,11 +355,41 @@ def _normalize(x, weight, bias, mean, invstd):
     return torch.addcmul(beta.view(shape), x, alpha.view(shape))
 
 
-# (device, dtype, shape, strides) -> whether _normalize gives the kernel's output to the bit
+# (op, device, dtypes, shape, strides, weight and bias given) -> whether _normalize
+# gives the kernel's output to the bit
 _NORMALIZE_EXACT = {}
 
 
-def _batch_norm_stats(func, args, out):
+def _normalize_exact(func, args, kwargs, out):
+    """Whether _normalize reproduces this training-mode BatchNorm, dtype and strides
+    included: compared with forward's own output, and with the op run again on the same
+    input with random weight and bias (a fresh model's ones and zeros would hide a beta
+    rounded another way), its running statistics copied and the global random state
+    left alone. Any error counts as no. Costs up to three output-sized temporaries,
+    once per kind of input and process."""
+    x, weight, bias = args[0], args[1], args[2]
+
+    def same(a, b):
+        return a.dtype == b.dtype and a.stride() == b.stride() and torch.equal(a, b)
+
+    try:
+        with torch.no_grad():
+            if not same(_normalize(x, weight, bias, out[1], out[2]), out[0]):
+                return False
+            gen = torch.Generator().manual_seed(0)
+            trial = list(args)
+            for i, p in ((1, weight), (2, bias)):
+                if isinstance(p, torch.Tensor):
+                    r = torch.rand(p.shape, generator=gen, dtype=torch.float64) + 0.5 if i == 1 else \
+                        torch.randn(p.shape, generator=gen, dtype=torch.float64)
+                    trial[i] = r.to(dtype=p.dtype, device=p.device)
+            o = func(*_batch_norm_args(func, trial), **kwargs)
+            return same(_normalize(x, trial[1], trial[2], o[1], o[2]), o[0])
+    except Exception:  # noqa: BLE001 (whatever fails, the aten op reruns instead)
+        return False
+
+
+def _batch_norm_stats(func, args, kwargs, out):
     """Forward's batch mean and inverse deviation, where a rerun may compute the output
     from them alone (_normalize): a training-mode BatchNorm whose output _normalize was
     found to reproduce bitwise for this kind of input; None otherwise."""
@@ -371,12 +402,12 @@ def _batch_norm_stats(func, args, out):
     mean, invstd = out[1], out[2]
     if not all(isinstance(t, torch.Tensor) and t.shape == (x.shape[1],) for t in (mean, invstd)):
         return None
-    key = (x.device, x.dtype, mean.dtype, tuple(x.shape), x.stride(), args[1] is None, args[2] is None)
+    w, b = args[1], args[2]
+    key = (func, x.device, x.dtype, mean.dtype, None if w is None else w.dtype, tuple(x.shape), x.stride(),
+           b is None)
     exact = _NORMALIZE_EXACT.get(key)
     if exact is None:
-        with torch.no_grad():
-            exact = torch.equal(_normalize(x, args[1], args[2], mean, invstd), out[0])
-        _NORMALIZE_EXACT[key] = exact
+        exact = _NORMALIZE_EXACT[key] = _normalize_exact(func, args, kwargs, out)
     return (_Held(mean, mean._version), _Held(invstd, invstd._version)) if exact else None
 
 
@@ -550,7 +581,7 @@ class _Mode(TorchDispatchMode):
             rest = want[1]
             rargs, rkw = captured
             # a BatchNorm whose statistics stay reruns from them (see _normalize)
-            stats = _batch_norm_stats(func, args, out) if name in _BATCH_NORM and not rest else None
+            stats = _batch_norm_stats(func, args, kwargs, out) if name in _BATCH_NORM and not rest else None
             siblings = []
             for i in (0,) + (_ALSO.get(kind, ()) if rest else ()):
                 if i == 0 or (isinstance(out, (tuple, list)) and i < len(out) and isinstance(out[i], torch.Tensor)):

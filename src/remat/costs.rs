@@ -228,7 +228,9 @@ impl std::str::FromStr for Roofline {
 
 /// Replaces every node's FLOP cost by the seconds a roofline model gives it: the
 /// longer of its FLOPs at the FLOP rate and of the bytes it reads and writes (each
-/// input and output value once, weights included) at the byte rate.
+/// input and output value once, weights included) at the byte rate. A step that
+/// computes nothing and writes nothing (a view, a reshape, a constant) costs 0: no
+/// kernel runs for it.
 ///
 /// Why: an op rerun in eager PyTorch is its own kernel and its own pass over memory.
 /// Counted in FLOPs, a ReLU or an addition is nearly free beside a convolution, so
@@ -239,6 +241,9 @@ impl std::str::FromStr for Roofline {
 pub fn apply_roofline(g: &mut RematGraph, r: Roofline) {
     let values = &g.values;
     for n in &mut g.nodes {
+        if n.outputs.is_empty() && n.cost == 0.0 {
+            continue;
+        }
         let mut seen: Vec<usize> = n.inputs.iter().chain(&n.outputs).copied().collect();
         seen.sort_unstable();
         seen.dedup();
