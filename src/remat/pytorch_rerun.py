@@ -191,13 +191,19 @@ class _Recipe:
         return out, self.cache is None
 
 
+def _batch_norm_training(func, args):
+    """Whether this BatchNorm call normalises with the batch's own statistics."""
+    return func.overloadpacket.__name__ == "_batch_norm_with_update" or (
+        len(args) > 5 and args[3 if func._overloadname == "no_stats" else 5] is True)
+
+
 def _batch_norm_args(func, args):
     """BatchNorm's arguments for a rerun: its running statistics copied where the op
     updates them (training mode), so that the rerun leaves them alone."""
     name, args = func.overloadpacket.__name__, list(args)
     if func._overloadname == "no_stats" or name == "_native_batch_norm_legit_functional":
         return args
-    if name == "_batch_norm_with_update" or (len(args) > 5 and args[5] is True):
+    if _batch_norm_training(func, args):
         for i in (3, 4):
             if isinstance(args[i], torch.Tensor):
                 args[i] = args[i].clone()
@@ -252,11 +258,8 @@ def _batch_norm_stats(func, args, kwargs, out):
     """Forward's batch mean and inverse deviation, where a rerun may compute the output
     from them alone (_normalize): a training-mode BatchNorm whose output _normalize was
     found to reproduce bitwise for this kind of input; None otherwise."""
-    name = func.overloadpacket.__name__
-    training = name == "_batch_norm_with_update" or (
-        len(args) > 5 and args[3 if func._overloadname == "no_stats" else 5] is True)
     x = args[0]
-    if not training or not isinstance(out, (tuple, list)) or len(out) < 3 or x.dim() < 2:
+    if not _batch_norm_training(func, args) or not isinstance(out, (tuple, list)) or len(out) < 3 or x.dim() < 2:
         return None
     mean, invstd = out[1], out[2]
     if not all(isinstance(t, torch.Tensor) and t.shape == (x.shape[1],) for t in (mean, invstd)):
