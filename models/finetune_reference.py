@@ -26,6 +26,10 @@ A case (models/finetune_cases.json, a list):
   layerK.i, GPT-2's transformer.h.i). checkpoint_file: a Python file (as memplan writes it) with
   CHECKPOINT_MODULES and apply(model) (and SELECTIVE_MODULES, those of them checkpointed
   selectively, recorded as selective_modules); its apply() is called.
+* "compile_plan": true, with an op plan's checkpoint_file and "compile_budget": 1.0: the file's
+  compile_policy(model, *inputs) is called instead of apply() (one eager forward on the case's
+  inputs finds the plan's ops; a selective activation checkpoint marks them MUST_RECOMPUTE),
+  then the model is compiled; what the compiler's trace marked is recorded as compile_policy.
 
 The step, the warm-up, the profiler memory timeline and the checks are export.py's
 (_measure_one_optimizer with a `prepare` hook): see models/README.md, "training_reference.json".
@@ -199,7 +203,13 @@ def make_prepare(case, rec, info):
             ck = every_block(model)
         if ck:
             info["checkpointed"] = rec.wrap(model, ck)
-        if case.get("checkpoint_file"):
+        if case.get("checkpoint_file") and case.get("compile_plan"):
+            # an op plan given to torch.compile: its values are marked for the compiler to recompute
+            plan = load_checkpoint_file(case["checkpoint_file"])
+            plan.compile_policy(model, *E.build(case["model"])[1](case["batch"]))
+            info["checkpoint_file"] = case["checkpoint_file"]
+            info["compile_policy"] = model.memplan_compiled  # filled in when the compiler traces
+        elif case.get("checkpoint_file"):
             plan = load_checkpoint_file(case["checkpoint_file"])
             plan.apply(model)
             info["checkpointed"] = rec.wrap(model, list(getattr(plan, "CHECKPOINT_MODULES", [])),
@@ -352,6 +362,8 @@ def measure_case(case, log, timing=True):
                 entry["checkpoint_file"] = info["checkpoint_file"]
             if info.get("selective"):
                 entry["selective_modules"] = info["selective"]
+            if info.get("compile_policy"):
+                entry["compile_policy"] = dict(info["compile_policy"])
             excl_hook = set(stor)
             ck_in = {p: nb for p, nb in rec.inputs.items() if p not in excl_hook}
             entry["_ck"] = (ck_in, sum(rec.inputs.values()), [d[2] for d in rec.dropout])

@@ -11,7 +11,9 @@ forward and compute them again from their inputs when backward needs them (saved
 hooks; the values are bitwise the same, BatchNorm's running statistics are not updated
 again). Each entry: the module call (the exporter's scope; `relu_2` is the third call of
 `relu`), the ONNX op, its rank among that call's ops of that kind, its bytes, its name.
-PyTorch 2.1 or later; eager mode.
+PyTorch 2.1 or later; eager mode. For torch.compile (PyTorch 2.4 or later) call
+compile_policy(model, *example_inputs) instead, before compiling: the compiler then
+recomputes the same values, fused with their neighbours.
 """
 
 RECOMPUTE = [
@@ -482,9 +484,11 @@ def _unpack(p):
 
 
 class _Mode(TorchDispatchMode):
-    def __init__(self, fwd):
+    def __init__(self, fwd, stream=None):
         super().__init__()
         self.fwd = fwd
+        self.stream = stream  # compile_policy: (kind, taken) of every op counted, in order
+        self.kinds = _Kinds() if stream is not None else None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -551,6 +555,15 @@ class _Mode(TorchDispatchMode):
             f.found.add(key)
         elif mutates:
             f.changed(first)
+        if self.stream is not None:
+            k = self.kinds(func, args)
+            if k is not None:
+                # dropout is left to the compiler, which saves its 1-byte mask or
+                # recomputes the product itself: marking the op would have it draw the
+                # random numbers again in backward, off its fused random-number path
+                self.stream.append((k, want is not None and kind != "Dropout"))
+                if want is not None and kind == "Dropout":
+                    self.stream.left += 1
         return out
 
     def capture(self, func, args, kwargs, want, out=None):
@@ -583,14 +596,8 @@ def _resolve(names, raw):
     return None
 
 
-def apply(model):
-    """Recomputes the values of RECOMPUTE in `model`'s training steps; returns `model`.
-
-    Every forward pass of `model` (with autograd recording) then drops those values
-    and backward computes them again. `model.memplan_missing` lists the entries the
-    last forward did not find (kept, as without the plan)."""
-    if getattr(model, "_memplan_recompute", False):
-        return model
+def _install(model, stream=None):
+    """Installs the plan's hooks on `model`; returns (handles, unknown, wanted)."""
     names = dict(model.named_modules())
     wanted = {}
     unknown = []
@@ -619,7 +626,7 @@ def apply(model):
         if live or depth[0] > 1 or not torch.is_grad_enabled():
             return
         f = _Forward(wanted)
-        f.ctx = (torch.autograd.graph.saved_tensors_hooks(f.pack, _unpack), _Mode(f))
+        f.ctx = (torch.autograd.graph.saved_tensors_hooks(f.pack, _unpack), _Mode(f, stream))
         for c in f.ctx:
             c.__enter__()
         live.append(f)
@@ -642,10 +649,144 @@ def apply(model):
                           "and are kept (model.memplan_missing)" % (len(model.memplan_missing), len(RECOMPUTE)))
         f.ctx = f.recipes = f.held = f.noise = f.frames = None  # forward is over
 
-    model.register_forward_pre_hook(root_enter)
+    handles = [model.register_forward_pre_hook(root_enter)]
     for path, m in names.items():
-        m.register_forward_pre_hook(lambda mod, args, _p=path: enter(mod, args, _p))
-        m.register_forward_hook(leave, always_call=True)
-    model.register_forward_hook(root_leave, always_call=True)
+        handles.append(m.register_forward_pre_hook(lambda mod, args, _p=path: enter(mod, args, _p)))
+        handles.append(m.register_forward_hook(leave, always_call=True))
+    handles.append(model.register_forward_hook(root_leave, always_call=True))
+    return handles
+
+
+def apply(model):
+    """Recomputes the values of RECOMPUTE in `model`'s training steps; returns `model`.
+
+    Every forward pass of `model` (with autograd recording) then drops those values
+    and backward computes them again. `model.memplan_missing` lists the entries the
+    last forward did not find (kept, as without the plan). Eager mode: for
+    torch.compile see compile_policy."""
+    if getattr(model, "_memplan_recompute", False):
+        return model
+    _install(model)
     model._memplan_recompute = True
+    return model
+
+
+class _Kinds:
+    """Names the aten ops of one forward as compile_policy matches them: BatchNorm's
+    variants are one kind, an in-place op counts as its out-of-place one, and CPU
+    dropout's empty_like, bernoulli_, div_ of the noise and mul are one "dropout", as
+    native_dropout is (torch.compile traces either). None: an op not counted."""
+
+    def __init__(self):
+        self.noise = {}  # id -> the noise tensors of CPU dropout (held: ids stay unique)
+
+    def __call__(self, func, args):
+        name = func.overloadpacket.__name__
+        if name == "empty_like":
+            return None
+        if name == "bernoulli_" and args and isinstance(args[0], torch.Tensor):
+            self.noise[id(args[0])] = args[0]
+            return None
+        if any(isinstance(a, torch.Tensor) and id(a) in self.noise for a in args[:2]):
+            return "dropout" if name == "mul" else None
+        if name in _BATCH_NORM:
+            return "batch_norm"
+        if name == "native_dropout":
+            return "dropout"
+        if name == "_unsafe_view":
+            return "view"
+        return name[:-1] if name.endswith("_") else name
+
+
+class _Stream(list):
+    """The (kind, taken) of every op counted in one forward, and the dropouts left out."""
+
+    left = 0
+
+
+def compile_policy(model, *args, **kwargs):
+    """For torch.compile: makes the compiler recompute the values of RECOMPUTE; returns `model`.
+
+    Runs one forward of `model` on `args` and `kwargs` (eager, with autograd; the
+    random state and the buffers, such as BatchNorm's running statistics, are put
+    back after it) to find the aten ops that compute those values, as apply() finds
+    them. Then wraps `model.forward` in a selective activation checkpoint
+    (torch.utils.checkpoint with create_selective_checkpoint_contexts) whose policy
+    marks those ops MUST_RECOMPUTE and leaves every other op to the compiler
+    (PREFER_SAVE), dropout too. Call it before `model.compile()` or
+    `torch.compile(model)`; the compiler's partitioner then reruns those ops in
+    backward, fused with their neighbours, instead of saving them.
+
+    The compiler's ops are matched to the eager forward's by kind and rank (the k-th
+    convolution), BatchNorm's variants one kind, CPU dropout's four ops one.
+    `model.memplan_missing` lists the values the eager forward did not find;
+    `model.memplan_compiled` says what was found and what the compiler's last trace did:
+    "to_mark", the ops found, "dropouts_left" and "missing", the values not marked, and
+    "marked", the ops the trace marked; "first_difference" is None where its ops came in
+    the eager forward's order, else (index, its op, the eager forward's op).
+    In eager mode use apply(): without the compiler a selective checkpoint reruns the
+    whole forward in backward. PyTorch 2.4 or later."""
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+    if getattr(model, "_memplan_recompute", False):
+        raise ValueError("memplan: compile_policy() on a model apply() has already changed")
+    stream = _Stream()
+    devices = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    handles = _install(model, stream)
+    try:
+        with torch.random.fork_rng(devices=devices), torch.enable_grad():
+            model(*args, **kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
+    counts = collections.Counter()
+    taken = set()
+    for n, t in stream:
+        if t:
+            taken.add((n, counts[n]))
+        counts[n] += 1
+    kinds = {n for n, _ in taken}
+    order = [n for n, _ in stream]
+    stats = model.memplan_compiled = {"marked": 0, "to_mark": len(taken), "dropouts_left": stream.left,
+                                      "missing": len(model.memplan_missing), "first_difference": None}
+
+    def context():
+        kind_of = _Kinds()
+        seen = collections.Counter()
+        over = set()  # kinds of op the compiled forward runs more often than the eager one
+        stats["marked"] = 0
+        stats["first_difference"] = None
+        at = [0]
+
+        def policy(ctx, func, *a, **kw):
+            n = kind_of(func, a)
+            if n is None:
+                return CheckpointPolicy.PREFER_SAVE
+            k = seen[n]
+            seen[n] += 1
+            i = at[0]
+            at[0] += 1
+            if stats["first_difference"] is None and (i >= len(order) or order[i] != n):
+                stats["first_difference"] = (i, n, order[i] if i < len(order) else None)
+            if k == counts[n] and n in kinds and n not in over:
+                over.add(n)
+                warnings.warn("memplan: the compiled forward runs %s more often than the eager one (%d times); "
+                              "its values are left to the compiler" % (n, counts[n]))
+            if (n, k) in taken and n not in over:
+                stats["marked"] += 1
+                return CheckpointPolicy.MUST_RECOMPUTE
+            return CheckpointPolicy.PREFER_SAVE
+
+        return create_selective_checkpoint_contexts(policy)
+
+    forward = model.forward
+
+    def checkpointed(*a, **kw):
+        return checkpoint(forward, *a, use_reentrant=False, context_fn=context, **kw)
+
+    model.forward = checkpointed
     return model

@@ -175,7 +175,9 @@ again). Each entry: the module call (the exporter's scope; `relu_2` is the third
 `relu`), the ONNX op, its rank among that call's ops of that kind and size, its bytes,
 its name, and whether the op's other outputs (BatchNorm's batch statistics, MaxPool's
 indices, dropout's mask) are dropped too.
-PyTorch 2.1 or later; eager mode.
+PyTorch 2.1 or later; eager mode. For torch.compile (PyTorch 2.4 or later) call
+compile_policy(model, *example_inputs) instead, before compiling: the compiler then
+recomputes the same values, fused with their neighbours.
 """
 
 RECOMPUTE = [
