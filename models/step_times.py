@@ -22,7 +22,11 @@ So, unless --system-malloc is given, the script re-executes itself with
 which makes glibc behave like a caching allocator. Peaks are not measured here (the profiler's
 timeline counts tensor bytes, not the allocator's pages: finetune_reference.py measures them).
 
-Every configuration's model is built (and, for --compile, compiled and warmed) once. Then
+Every configuration's model is built (and, for --compile, compiled and warmed) once. Compiled
+configurations compile again, untimed, before each of their blocks of steps, from an empty dynamo
+cache and under their own activation_memory_budget (before 2026-12-04 they did not: every
+compiled model then ran whatever dynamo had cached last, compiled under the budget set last, so
+step times of compiled configurations measured together before that day are not theirs). Then
 `--rounds` rounds each time `--steps` steps of every configuration in turn, so that drift of the
 machine falls on all of them alike. step_seconds is the median of all timed steps of a
 configuration (step_cpu_seconds: the same in process CPU time); see `baseline` for what each is
@@ -117,6 +121,14 @@ def main():
     for r in range(a.rounds):
         for c in cases:
             model, opt, inputs = built[c["name"]]
+            if c.get("compile_budget") is not None:
+                # Compiled configurations share dynamo's code cache: instances of one model
+                # class pass each other's guards, and activation_memory_budget is read when
+                # compiling, not guarded. So each configuration's steps start from an empty
+                # cache, under its own budget, with one untimed step that compiles again.
+                torch._dynamo.reset()
+                torch._functorch.config.activation_memory_budget = c["compile_budget"]
+                E._train_step(model, opt, inputs, E._NullPhase())
             for _ in range(a.steps):
                 t0, c0 = time.perf_counter(), time.process_time()
                 E._train_step(model, opt, inputs, E._NullPhase())

@@ -499,7 +499,7 @@ def _resolve(names, raw):
 
 
 def _install(model, stream=None):
-    """Installs the plan's hooks on `model`; returns (handles, unknown, wanted)."""
+    """Installs the plan's hooks on `model`; returns their handles."""
     names = dict(model.named_modules())
     wanted = {}
     unknown = []
@@ -568,6 +568,8 @@ def apply(model):
     torch.compile see compile_policy."""
     if getattr(model, "_memplan_recompute", False):
         return model
+    if getattr(model, "_memplan_compile_policy", False):
+        raise ValueError("memplan: apply() on a model compile_policy() has already changed")
     _install(model)
     model._memplan_recompute = True
     return model
@@ -626,12 +628,13 @@ def compile_policy(model, *args, **kwargs):
     "to_mark", the ops found, "dropouts_left" and "missing", the values not marked, and
     "marked", the ops the trace marked; "first_difference" is None where its ops came in
     the eager forward's order, else (index, its op, the eager forward's op).
-    In eager mode use apply(): without the compiler a selective checkpoint reruns the
-    whole forward in backward. PyTorch 2.4 or later."""
+    In eager mode use apply(): run eagerly, this selective checkpoint keeps every op's
+    output and reruns the forward in backward (it warns once). PyTorch 2.4 or later;
+    measured with 2.15."""
     from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-    if getattr(model, "_memplan_recompute", False):
-        raise ValueError("memplan: compile_policy() on a model apply() has already changed")
+    if getattr(model, "_memplan_recompute", False) or getattr(model, "_memplan_compile_policy", False):
+        raise ValueError("memplan: compile_policy() on a model apply() or compile_policy() has already changed")
     stream = _Stream()
     devices = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
     buffers = [(b, b.detach().clone()) for b in model.buffers()]
@@ -657,38 +660,49 @@ def compile_policy(model, *args, **kwargs):
                                       "missing": len(model.memplan_missing), "first_difference": None}
 
     def context():
-        kind_of = _Kinds()
-        seen = collections.Counter()
+        kind_of = (_Kinds(), _Kinds())  # forward, and the rerun (PyTorch that calls the policy again)
+        seen = (collections.Counter(), collections.Counter())
         over = set()  # kinds of op the compiled forward runs more often than the eager one
         stats["marked"] = 0
         stats["first_difference"] = None
         at = [0]
 
         def policy(ctx, func, *a, **kw):
-            n = kind_of(func, a)
+            r = int(bool(getattr(ctx, "is_recompute", False)))
+            n = kind_of[r](func, a)
             if n is None:
                 return CheckpointPolicy.PREFER_SAVE
-            k = seen[n]
-            seen[n] += 1
-            i = at[0]
-            at[0] += 1
-            if stats["first_difference"] is None and (i >= len(order) or order[i] != n):
-                stats["first_difference"] = (i, n, order[i] if i < len(order) else None)
-            if k == counts[n] and n in kinds and n not in over:
-                over.add(n)
-                warnings.warn("memplan: the compiled forward runs %s more often than the eager one (%d times); "
-                              "its values are left to the compiler" % (n, counts[n]))
+            k = seen[r][n]
+            seen[r][n] += 1
+            if not r:
+                i = at[0]
+                at[0] += 1
+                if stats["first_difference"] is None and (i >= len(order) or order[i] != n):
+                    stats["first_difference"] = (i, n, order[i] if i < len(order) else None)
+                    warnings.warn("memplan: the compiled forward's op %d is %s where the eager forward ran %s; "
+                                  "values are still matched by kind and rank (model.memplan_compiled)"
+                                  % stats["first_difference"])
+                if k == counts[n] and n in kinds and n not in over:
+                    over.add(n)
+                    warnings.warn("memplan: the compiled forward runs %s more often than the eager one (%d "
+                                  "times); its further ops are left to the compiler" % (n, counts[n]))
             if (n, k) in taken and n not in over:
-                stats["marked"] += 1
+                stats["marked"] += 1 - r
                 return CheckpointPolicy.MUST_RECOMPUTE
             return CheckpointPolicy.PREFER_SAVE
 
         return create_selective_checkpoint_contexts(policy)
 
     forward = model.forward
+    warned = []
 
     def checkpointed(*a, **kw):
-        return checkpoint(forward, *a, use_reentrant=False, context_fn=context, **kw)
+        if not torch.compiler.is_compiling() and not warned:
+            warned.append(True)
+            warnings.warn("memplan: compile_policy() is for torch.compile; run eagerly, the selective "
+                          "checkpoint keeps every op's output (use apply() in eager mode)")
+        return checkpoint(lambda *x: forward(*x, **kw), *a, use_reentrant=False, context_fn=context)
 
+    model._memplan_compile_policy = True
     model.forward = checkpointed
     return model
