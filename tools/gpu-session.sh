@@ -21,28 +21,51 @@ for m in map(json.loads, sys.stdin):
     if m.get("executable") and m.get("target", {}).get("name") in ("cuda", "cuda_step"):
         print(m["target"]["name"], m["executable"])' \
         | while read -r name exe; do strip -o "$carry/$name-tests" "$exe"; done
+    # The working tree and gpu-carry travel together, 64 MiB at most: compressed.
+    gzip -9 "$carry"/*
     du -sh "$carry"
     ;;
 run)
     shift
+    args=("$@") # the loop below reuses "$@"
+    # Every step has its own time limit, so the whole run ends inside one device
+    # call (10 minutes at most) and its results come back even when a step hangs.
+    # A device call returns at most 8 files: everything is written to $work and
+    # packed into $out/gpu-session.tgz, and the main logs are copied beside it.
     out="${OUT:-gpu-out}"
-    mkdir -p "$out"
-    nvidia-smi | tee "$out/nvidia-smi.txt" || true
+    work="${TMPDIR:-/tmp}/gpu-session"
+    rm -rf "$work" && mkdir -p "$out" "$work"
+    pack() {
+        tar czf "$out/gpu-session.tgz" -C "$work" .
+        for f in nvidia-smi.txt cuda-tests.txt cuda-step-tests.txt allocator-check.txt; do
+            [ -f "$work/$f" ] && cp "$work/$f" "$out/" || true
+        done
+    }
+    trap pack EXIT
+    for f in "$carry"/*.gz; do [ -e "$f" ] && gunzip -f "$f"; done
+    nvidia-smi 2>&1 | tee "$work/nvidia-smi.txt" || true
     # 1. kernels, ops, models forward; the training step and verify (tests/cuda*.rs)
-    tools/cuda-gpu-check.sh "$carry/cuda-tests" 2>&1 | tee "$out/cuda-tests.txt" || true
-    tools/cuda-gpu-check.sh "$carry/cuda_step-tests" 2>&1 | tee "$out/cuda-step-tests.txt" || true
-    # 2. verify --device cuda on models/ (the same library paths as step 1)
+    timeout 150 tools/cuda-gpu-check.sh "$carry/cuda-tests" 2>&1 | tee "$work/cuda-tests.txt" || true
+    timeout 120 tools/cuda-gpu-check.sh "$carry/cuda_step-tests" 2>&1 | tee "$work/cuda-step-tests.txt" || true
+    # 2. verify --device cuda on models/ (the same library paths as step 1), 100 s in all
     export LD_LIBRARY_PATH="${TMPDIR:-/tmp}/memplan-cuda-libs:${LD_LIBRARY_PATH:-}"
+    # The library directories cuda-gpu-check.sh found (NVRTC dlopens its builtins by name).
+    for f in "${TMPDIR:-/tmp}"/memplan-cuda-libs/*.so; do
+        [ -e "$f" ] && LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$(readlink -f "$f")")"
+    done
+    deadline=$((SECONDS + 100))
     for spec in "mlp 4" "cnn 8" "transformer 4" "resnet18 8" "mobilenet_v2 8" "gpt2 2" "bert_base 4"; do
         set -- $spec
         for budget in 0.9 0.7; do
-            timeout 120 "$carry/memplan" verify "models/$1.onnx" --batch "$2" --budget "$budget" \
-                --device cuda --json > "$out/verify-$1-b$2-$budget.json" 2> "$out/verify-$1-b$2-$budget.err" || true
+            left=$((deadline - SECONDS))
+            [ "$left" -gt 5 ] || { echo "verify $1 $budget: skipped (time)" >> "$work/verify-skipped.txt"; continue; }
+            timeout "$((left < 40 ? left : 40))" "$carry/memplan" verify "models/$1.onnx" --batch "$2" --budget "$budget" \
+                --device cuda --json > "$work/verify-$1-b$2-$budget.json" 2> "$work/verify-$1-b$2-$budget.err" || true
         done
     done
     # 3. PyTorch's allocator against memplan's (docs/ALLOCATOR.md)
-    python3 tools/gpu-allocator-check.py --memplan "$carry/memplan" --expandable "$@" \
-        --out "$out/allocator-check.json" 2>&1 | tee "$out/allocator-check.txt" || true
+    timeout 180 python3 tools/gpu-allocator-check.py --memplan "$carry/memplan" --expandable "${args[@]}" \
+        --out "$work/allocator-check.json" 2>&1 | tee "$work/allocator-check.txt" || true
     ;;
 *)
     echo "usage: tools/gpu-session.sh prepare | run [--gpu NAME]" >&2
