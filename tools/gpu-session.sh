@@ -23,6 +23,8 @@ for m in map(json.loads, sys.stdin):
         | while read -r name exe; do strip -o "$carry/$name-tests" "$exe"; done
     # The working tree and gpu-carry travel together, 64 MiB at most: compressed.
     gzip -9 "$carry"/*
+    # The test binaries find models/ through the build's CARGO_MANIFEST_DIR.
+    pwd > "$carry/manifest-dir"
     du -sh "$carry"
     ;;
 run)
@@ -43,6 +45,10 @@ run)
     }
     trap pack EXIT
     for f in "$carry"/*.gz; do [ -e "$f" ] && gunzip -f "$f"; done
+    if [ -f "$carry/manifest-dir" ]; then
+        m="$(cat "$carry/manifest-dir")"
+        [ -e "$m" ] || { mkdir -p "$(dirname "$m")" && ln -s "$PWD" "$m"; } || true
+    fi
     nvidia-smi 2>&1 | tee "$work/nvidia-smi.txt" || true
     # 1. kernels, ops, models forward; the training step and verify (tests/cuda*.rs)
     timeout 150 tools/cuda-gpu-check.sh "$carry/cuda-tests" 2>&1 | tee "$work/cuda-tests.txt" || true
