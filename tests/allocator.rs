@@ -492,4 +492,66 @@ mod training {
             "{err}"
         );
     }
+
+    /// The replay against PyTorch on an H200 (models/allocator_h200.json: 24 runs
+    /// of six models at two batches, default and expandable segments, plus the
+    /// diagnostic variants; measured 4 December 2026 with
+    /// tools/gpu-allocator-check.py, docs/ALLOCATOR.md). What the process holds
+    /// (nvidia-smi) is the reserved bytes plus the H200's measured context.
+    #[test]
+    fn replay_matches_pytorch_on_an_h200() {
+        let path = common::shipped("allocator_h200.json");
+        let data: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let h200 = Gpu::named("h200").unwrap();
+        let mut checked = 0;
+        for row in data["rows"].as_array().unwrap() {
+            let model = row["model"].as_str().unwrap();
+            let batch = row["batch"].as_u64().unwrap();
+            let expandable = row["expandable"].as_bool().unwrap();
+            let variant = row["variant"].as_str().unwrap();
+            // How close the allocated peak must be: PyTorch's own kernels
+            // allocate what the exported graph does not show in two cases.
+            let alloc_tol = match (model, batch, variant) {
+                // cuDNN's convolution workspaces (through the caching allocator):
+                // 350 MiB more at batch 256. Without cuDNN (the no-cudnn row) it
+                // agrees to 0.4 %. memplan does not model cuDNN's workspaces.
+                ("cnn", 256, "") => continue,
+                // A diagnostic: the math attention kernel keeps more than the
+                // exported graph does; PyTorch's default kernel is the row above.
+                (_, _, "math-sdpa") => continue,
+                // 3.2 % and 5.0 % below PyTorch; where it comes from is not found.
+                ("vit_b_16", _, _) => 0.06,
+                _ => 0.02,
+            };
+            let s = schedule(&format!("{model}.onnx"), batch);
+            let conf = if expandable {
+                AllocConf::parse("expandable_segments:True").unwrap()
+            } else {
+                AllocConf::default()
+            };
+            let d = DeviceModel::new(conf, Some(h200), None);
+            let r = replay_schedule(&s, &d).unwrap();
+            let rel = |ours: u64, theirs: u64| ours as f64 / theirs as f64 - 1.0;
+            let what = format!("{model} batch {batch} expandable {expandable} {variant}");
+            let alloc = rel(
+                r.allocated_peak_bytes,
+                row["max_memory_allocated"].as_u64().unwrap(),
+            );
+            assert!(alloc.abs() <= alloc_tol, "{what}: allocated {alloc:+.3}");
+            // Reserved: the default allocator's holes differ by up to 8.7 %
+            // (mobilenet_v2 at batch 32); expandable segments agree closer.
+            let reserved = rel(
+                r.reserved_bytes,
+                row["max_memory_reserved"].as_u64().unwrap(),
+            );
+            let res_tol = if expandable { 0.07 } else { 0.10 };
+            assert!(reserved.abs() <= res_tol, "{what}: reserved {reserved:+.3}");
+            let smi = row["nvidia_smi_mib"].as_u64().unwrap() << 20;
+            let device = rel(r.reserved_bytes + d.context_bytes, smi);
+            assert!(device.abs() <= 0.08, "{what}: device {device:+.3}");
+            checked += 1;
+        }
+        assert_eq!(checked, 25, "rows compared");
+    }
 }

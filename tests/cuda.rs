@@ -669,10 +669,17 @@ fn allocator_counts_and_cross_checks() {
         "driver check: {c:?}, workspace {} bytes",
         dev.memory().workspace_bytes
     );
-    // The driver rounds to pages: at least the counted bytes, within 2 MiB per allocation.
-    assert!(c.mem_get_info_peak_delta_bytes >= (4 << 20), "{c:?}");
+    // cudarc allocates with cuMemAllocAsync from the device's default memory
+    // pool, which takes memory from the driver in chunks: 32 MiB at a time on
+    // an H200 (measured 4 December 2026: 4 MiB of tensors moved cuMemGetInfo by
+    // 32 MiB; resnet18's 334 MiB step by 352 MiB). So the driver's delta is at
+    // least the tensors' bytes (the workspace was allocated before the mark) and
+    // at most those bytes rounded up to such chunks, with one chunk to spare.
+    const POOL_CHUNK: u64 = 32 << 20;
+    let tensors = (4 << 20) + 120;
+    assert!(c.mem_get_info_peak_delta_bytes >= tensors, "{c:?}");
     assert!(
-        c.mem_get_info_peak_delta_bytes <= (4 << 20) + (4 << 20),
+        c.mem_get_info_peak_delta_bytes <= tensors.div_ceil(POOL_CHUNK) * POOL_CHUNK + POOL_CHUNK,
         "{c:?}"
     );
     assert_eq!(

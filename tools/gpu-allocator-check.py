@@ -42,11 +42,26 @@ def smi_used_mib(pid):
     return None
 
 
-def measure(name, batch, expandable):
+VARIANTS = {
+    "": "PyTorch's defaults",
+    "no-cudnn": "torch.backends.cudnn.enabled = False (convolutions without cuDNN and its workspaces)",
+    "math-sdpa": "scaled_dot_product_attention's math kernel only (attention as matmul and softmax)",
+}
+
+
+def measure(name, batch, expandable, variant=""):
     """One model in this process: the PyTorch figures (run as a child process)."""
     if expandable:
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     import torch
+
+    if variant == "no-cudnn":
+        torch.backends.cudnn.enabled = False
+    elif variant == "math-sdpa":
+        torch.backends.cuda.enable_flash_sdp(False)
+        torch.backends.cuda.enable_mem_efficient_sdp(False)
+        torch.backends.cuda.enable_cudnn_sdp(False)
+        torch.backends.cuda.enable_math_sdp(True)
 
     sys.path.insert(0, os.path.join(ROOT, "models"))
     import export
@@ -59,7 +74,10 @@ def measure(name, batch, expandable):
     free1, _ = torch.cuda.mem_get_info()
     reserved1 = torch.cuda.memory_reserved()
     ctx_smi = smi_used_mib(os.getpid())
-    context = (free0 - free1) - reserved1 if free0 > free1 else None
+    # The context as docs/ALLOCATOR.md defines it: the process's memory (nvidia-smi)
+    # after the first tensor and matmul, less what the allocator reserved by then.
+    # mem_get_info's change misses the context itself: the first call makes it.
+    context = (ctx_smi << 20) - reserved1 if ctx_smi else None
     del a
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
@@ -72,12 +90,20 @@ def measure(name, batch, expandable):
         export._train_step(model, opt, inputs, export._NullPhase())
     torch.cuda.synchronize()
     smi = smi_used_mib(os.getpid())
+    reserved_end = torch.cuda.memory_reserved()
     return {
+        "variant": variant,
+        "reserved_after_context": reserved1,
+        "context_mem_get_info_bytes": (free0 - free1) - reserved1,
+        "reserved_at_end": reserved_end,
+        # What the process holds beyond the allocator while it trains: the context
+        # with every module loaded lazily by then (cuDNN's, cuBLAS's kernels).
+        "process_minus_reserved_bytes": (smi << 20) - reserved_end if smi else None,
         "max_memory_allocated": torch.cuda.max_memory_allocated(),
         "max_memory_reserved": torch.cuda.max_memory_reserved(),
         "nvidia_smi_mib": smi,
         "context_smi_mib": ctx_smi,
-        "context_bytes_mem_get_info": context,
+        "context_bytes": context,
         "device_total_bytes": total,
         "device_name": torch.cuda.get_device_name(),
         "torch": torch.__version__,
@@ -107,18 +133,21 @@ def main():
     ap.add_argument("--gpu", help="memplan's --gpu name of this card (h100, a100-80gb, ...)")
     ap.add_argument("--cases", default=DEFAULT_CASES, help="model:batch,batch;... (default: %(default)s)")
     ap.add_argument("--expandable", action="store_true", help="also with expandable_segments:True")
+    ap.add_argument("--variant", default="", choices=list(VARIANTS),
+                    help="PyTorch run differently, to find what a difference comes from: "
+                    + "; ".join(f"{k}: {v}" for k, v in VARIANTS.items() if k))
     ap.add_argument("--out", default="allocator-check.json")
-    ap.add_argument("--child", nargs=3, metavar=("MODEL", "BATCH", "EXPANDABLE"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=4, metavar=("MODEL", "BATCH", "EXPANDABLE", "VARIANT"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        print(json.dumps(measure(a.child[0], int(a.child[1]), a.child[2] == "1")))
+        print(json.dumps(measure(a.child[0], int(a.child[1]), a.child[2] == "1", a.child[3])))
         return
     results = []
     for case in a.cases.split(";"):
         name, batches = case.split(":")
         for b in (int(x) for x in batches.split(",")):
             for exp in ([False, True] if a.expandable else [False]):
-                child = subprocess.run([sys.executable, __file__, "--child", name, str(b), "1" if exp else "0"],
+                child = subprocess.run([sys.executable, __file__, "--child", name, str(b), "1" if exp else "0", a.variant],
                                        capture_output=True, text=True)
                 if child.returncode != 0:
                     tail = (child.stderr.strip().splitlines() or ["?"])[-1]
@@ -126,15 +155,15 @@ def main():
                     print(f"{name} b{b}{' exp' if exp else ''}: PyTorch failed: {tail}", flush=True)
                     continue
                 t = json.loads(child.stdout.strip().splitlines()[-1])
-                m = memplan(a.memplan, name, b, a.gpu, t["context_bytes_mem_get_info"], exp)
-                row = {"model": name, "batch": b, "expandable": exp, "torch": t, "memplan": m}
+                m = memplan(a.memplan, name, b, a.gpu, t["context_bytes"], exp)
+                row = {"model": name, "batch": b, "expandable": exp, "variant": a.variant, "torch": t, "memplan": m}
                 if "reserved_bytes" in m:
                     row["reserved_rel_diff"] = m["reserved_bytes"] / t["max_memory_reserved"] - 1
                     row["allocated_rel_diff"] = m["allocated_peak_bytes"] / t["max_memory_allocated"] - 1
                     if t["nvidia_smi_mib"]:
                         row["device_rel_diff"] = m["device_bytes"] / (t["nvidia_smi_mib"] << 20) - 1
                 results.append(row)
-                print(f"{name} b{b}{' exp' if exp else ''}: torch allocated {t['max_memory_allocated']} "
+                print(f"{name} b{b}{' exp' if exp else ''}{' ' + a.variant if a.variant else ''}: torch allocated {t['max_memory_allocated']} "
                       f"reserved {t['max_memory_reserved']} smi {t['nvidia_smi_mib']} MiB | memplan "
                       f"allocated {m.get('allocated_peak_bytes')} reserved {m.get('reserved_bytes')} "
                       f"device {m.get('device_bytes')} | reserved diff "
