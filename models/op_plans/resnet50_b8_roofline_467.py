@@ -554,12 +554,9 @@ class _Mode(TorchDispatchMode):
         if self.stream is not None:
             k = self.kinds(func, args)
             if k is not None:
-                # dropout is left to the compiler, which saves its 1-byte mask or
-                # recomputes the product itself: marking the op would have it draw the
-                # random numbers again in backward, off its fused random-number path
-                self.stream.append((k, want is not None and kind != "Dropout"))
-                if want is not None and kind == "Dropout":
-                    self.stream.left += 1
+                # dropout is marked too: inductor reruns it from the seed forward drew
+                # its mask from (compile_policy's checkpoint keeps no random state)
+                self.stream.append((k, want is not None))
         return out
 
     def capture(self, func, args, kwargs, want, out=None):
@@ -697,9 +694,7 @@ class _Kinds:
 
 
 class _Stream(list):
-    """The (kind, taken) of every op counted in one forward, and the dropouts left out."""
-
-    left = 0
+    """The (kind, taken) of every op counted in one forward."""
 
 
 def compile_policy(model, *args, **kwargs):
@@ -711,20 +706,25 @@ def compile_policy(model, *args, **kwargs):
     them. Then wraps `model.forward` in a selective activation checkpoint
     (torch.utils.checkpoint with create_selective_checkpoint_contexts) whose policy
     marks those ops MUST_RECOMPUTE and leaves every other op to the compiler
-    (PREFER_SAVE), dropout too. Call it before `model.compile()` or
-    `torch.compile(model)`; the compiler's partitioner then reruns those ops in
-    backward, fused with their neighbours, instead of saving them.
+    (PREFER_SAVE). Call it before `model.compile()` or `torch.compile(model)`; the
+    compiler's partitioner then reruns those ops in backward, fused with their
+    neighbours, instead of saving them. A marked dropout reruns from the seed its
+    forward drew the mask from (inductor's own random numbers), so the checkpoint keeps
+    no random state (preserve_rng_state=False): keeping it made the compiler draw the
+    numbers again through run_and_save_rng_state, a slower path. With
+    torch._inductor.config.fallback_random set, dropout is not marked (its rerun would
+    draw other numbers).
 
     The compiler's ops are matched to the eager forward's by kind and rank (the k-th
     convolution), BatchNorm's variants one kind, CPU dropout's four ops one.
     `model.memplan_missing` lists the values the eager forward did not find;
     `model.memplan_compiled` says what was found and what the compiler's last trace did:
-    "to_mark", the ops found, "dropouts_left" and "missing", the values not marked, and
-    "marked", the ops the trace marked; "first_difference" is None where its ops came in
-    the eager forward's order, else (index, its op, the eager forward's op).
-    In eager mode use apply(): run eagerly, this selective checkpoint keeps every op's
-    output and reruns the forward in backward (it warns once). PyTorch 2.4 or later;
-    measured with 2.15."""
+    "to_mark", the ops found, "dropouts_left" (dropouts not marked: fallback_random) and
+    "missing", the values not marked, and "marked", the ops the trace marked;
+    "first_difference" is None where its ops came in the eager forward's order, else
+    (index, its op, the eager forward's op).
+    In eager mode use apply(): run eagerly, the wrapped forward is the plain one (it
+    warns once). PyTorch 2.4 or later; measured with 2.15."""
     from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
     if getattr(model, "_memplan_recompute", False) or getattr(model, "_memplan_compile_policy", False):
@@ -750,7 +750,7 @@ def compile_policy(model, *args, **kwargs):
         counts[n] += 1
     kinds = {n for n, _ in taken}
     order = [n for n, _ in stream]
-    stats = model.memplan_compiled = {"marked": 0, "to_mark": len(taken), "dropouts_left": stream.left,
+    stats = model.memplan_compiled = {"marked": 0, "to_mark": len(taken), "dropouts_left": 0,
                                       "missing": len(model.memplan_missing), "first_difference": None}
 
     def context():
@@ -758,8 +758,12 @@ def compile_policy(model, *args, **kwargs):
         seen = (collections.Counter(), collections.Counter())
         over = set()  # kinds of op the compiled forward runs more often than the eager one
         stats["marked"] = 0
+        stats["dropouts_left"] = 0
         stats["first_difference"] = None
         at = [0]
+        import torch._inductor.config as inductor_config
+
+        keep_dropout = bool(inductor_config.fallback_random)
 
         def policy(ctx, func, *a, **kw):
             r = int(bool(getattr(ctx, "is_recompute", False)))
@@ -781,6 +785,9 @@ def compile_policy(model, *args, **kwargs):
                     warnings.warn("memplan: the compiled forward runs %s more often than the eager one (%d "
                                   "times); its further ops are left to the compiler" % (n, counts[n]))
             if (n, k) in taken and n not in over:
+                if n == "dropout" and keep_dropout:
+                    stats["dropouts_left"] += 1 - r
+                    return CheckpointPolicy.PREFER_SAVE
                 stats["marked"] += 1 - r
                 return CheckpointPolicy.MUST_RECOMPUTE
             return CheckpointPolicy.PREFER_SAVE
@@ -791,11 +798,15 @@ def compile_policy(model, *args, **kwargs):
     warned = []
 
     def checkpointed(*a, **kw):
-        if not torch.compiler.is_compiling() and not warned:
-            warned.append(True)
-            warnings.warn("memplan: compile_policy() is for torch.compile; run eagerly, the selective "
-                          "checkpoint keeps every op's output (use apply() in eager mode)")
-        return checkpoint(lambda *x: forward(*x, **kw), *a, use_reentrant=False, context_fn=context)
+        if not torch.compiler.is_compiling():
+            # eagerly, a marked dropout would rerun from other random numbers
+            if not warned:
+                warned.append(True)
+                warnings.warn("memplan: compile_policy() is for torch.compile; run eagerly, the model "
+                              "keeps every op's output (use apply() in eager mode)")
+            return forward(*a, **kw)
+        return checkpoint(lambda *x: forward(*x, **kw), *a, use_reentrant=False, context_fn=context,
+                          preserve_rng_state=False)
 
     model._memplan_compile_policy = True
     model.forward = checkpointed
