@@ -74,9 +74,10 @@ def measure(name, batch, expandable, variant=""):
     free1, _ = torch.cuda.mem_get_info()
     reserved1 = torch.cuda.memory_reserved()
     ctx_smi = smi_used_mib(os.getpid())
-    # The context as docs/ALLOCATOR.md defines it: the process's memory (nvidia-smi)
-    # after the first tensor and matmul, less what the allocator reserved by then.
-    # mem_get_info's change misses the context itself: the first call makes it.
+    # The context at start: the process's memory (nvidia-smi) after the first tensor
+    # and matmul, less what the allocator reserved by then (mem_get_info's change
+    # misses the context itself: the first call makes it). Modules loaded later
+    # (cuDNN's, more of cuBLAS's) add to it: see process_minus_reserved_bytes.
     context = (ctx_smi << 20) - reserved1 if ctx_smi else None
     del a
     torch.cuda.empty_cache()
@@ -151,11 +152,15 @@ def main():
                                        capture_output=True, text=True)
                 if child.returncode != 0:
                     tail = (child.stderr.strip().splitlines() or ["?"])[-1]
-                    results.append({"model": name, "batch": b, "expandable": exp, "torch_error": tail})
-                    print(f"{name} b{b}{' exp' if exp else ''}: PyTorch failed: {tail}", flush=True)
+                    results.append({"model": name, "batch": b, "expandable": exp, "variant": a.variant,
+                                    "torch_error": tail})
+                    print(f"{name} b{b}{' exp' if exp else ''}{' ' + a.variant if a.variant else ''}: "
+                          f"PyTorch failed: {tail}", flush=True)
                     continue
                 t = json.loads(child.stdout.strip().splitlines()[-1])
-                m = memplan(a.memplan, name, b, a.gpu, t["context_bytes"], exp)
+                # the context as memplan's --gpu default is measured: what the process
+                # holds beyond the allocator while training (else right after start)
+                m = memplan(a.memplan, name, b, a.gpu, t.get("process_minus_reserved_bytes") or t["context_bytes"], exp)
                 row = {"model": name, "batch": b, "expandable": exp, "variant": a.variant, "torch": t, "memplan": m}
                 if "reserved_bytes" in m:
                     row["reserved_rel_diff"] = m["reserved_bytes"] / t["max_memory_reserved"] - 1
@@ -168,8 +173,9 @@ def main():
                       f"allocated {m.get('allocated_peak_bytes')} reserved {m.get('reserved_bytes')} "
                       f"device {m.get('device_bytes')} | reserved diff "
                       f"{row.get('reserved_rel_diff', float('nan')) * 100:+.1f}%", flush=True)
-                with open(a.out, "w") as f:
+                with open(a.out + ".tmp", "w") as f:  # whole or not at all, if killed
                     json.dump(results, f, indent=1)
+                os.replace(a.out + ".tmp", a.out)
 
 
 if __name__ == "__main__":

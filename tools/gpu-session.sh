@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The prepared GPU session (docs/CUDA.md, "The prepared GPU session"): every check
-# that needs a GPU, in one run of about 10 minutes, writing what it measures under
-# $OUT (default ./gpu-out).
+# that needs a GPU, in one device call of at most about 9 minutes, packed into
+# $OUT/gpu-session.tgz (default ./gpu-out) with the main logs beside it.
 #
 #   # here (no GPU): build and strip what the GPU machine runs, into gpu-carry/
 #   tools/gpu-session.sh prepare
@@ -51,8 +51,8 @@ run)
     fi
     nvidia-smi 2>&1 | tee "$work/nvidia-smi.txt" || true
     # 1. kernels, ops, models forward; the training step and verify (tests/cuda*.rs)
-    timeout 90 tools/cuda-gpu-check.sh "$carry/cuda-tests" 2>&1 | tee "$work/cuda-tests.txt" || true
-    timeout 90 tools/cuda-gpu-check.sh "$carry/cuda_step-tests" 2>&1 | tee "$work/cuda-step-tests.txt" || true
+    timeout -k 10 90 tools/cuda-gpu-check.sh "$carry/cuda-tests" 2>&1 | tee "$work/cuda-tests.txt" || true
+    timeout -k 10 90 tools/cuda-gpu-check.sh "$carry/cuda_step-tests" 2>&1 | tee "$work/cuda-step-tests.txt" || true
     # 2. verify --device cuda on models/ (the same library paths as step 1), 120 s in all
     export LD_LIBRARY_PATH="${TMPDIR:-/tmp}/memplan-cuda-libs:${LD_LIBRARY_PATH:-}"
     # The library directories cuda-gpu-check.sh found (NVRTC dlopens its builtins by name).
@@ -68,12 +68,13 @@ run)
         set -- $spec
         left=$((deadline - SECONDS))
         [ "$left" -gt 5 ] || { echo "verify $1 $3: skipped (time)" >> "$work/verify-skipped.txt"; continue; }
-        timeout "$((left < 45 ? left : 45))" "$carry/memplan" verify "models/$1.onnx" --batch "$2" --budget "$3" \
+        timeout -k 5 "$((left < 45 ? left : 45))" "$carry/memplan" verify "models/$1.onnx" --batch "$2" --budget "$3" \
             --device cuda --json > "$work/verify-$1-b$2-$3.json" 2> "$work/verify-$1-b$2-$3.err" || true
     done
-    # 3. PyTorch's allocator against memplan's (docs/ALLOCATOR.md); about 15 s a case on an
-    # H200, so the last of the 24 cases may be cut (each case is written as it ends)
-    timeout 240 python3 tools/gpu-allocator-check.py --memplan "$carry/memplan" --expandable "${args[@]}" \
+    # 3. PyTorch's allocator against memplan's (docs/ALLOCATOR.md): 10 to 15 s a case on
+    # the H200 (4 December 2026), so about 16 of the 24 cases fit in 240 s; each case is
+    # written as it ends, and `--cases` runs the rest in another call
+    timeout -k 10 240 python3 tools/gpu-allocator-check.py --memplan "$carry/memplan" --expandable ${args[@]+"${args[@]}"} \
         --out "$work/allocator-check.json" 2>&1 | tee "$work/allocator-check.txt" || true
     ;;
 *)

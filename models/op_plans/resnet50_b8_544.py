@@ -712,15 +712,16 @@ def compile_policy(model, *args, **kwargs):
     neighbours, instead of saving them. A marked dropout reruns from the seed its
     forward drew the mask from (inductor's own random numbers), so the checkpoint keeps
     no random state (preserve_rng_state=False): keeping it made the compiler draw the
-    numbers again through run_and_save_rng_state, a slower path. With
-    torch._inductor.config.fallback_random set, dropout is not marked (its rerun would
-    draw other numbers).
+    numbers again through run_and_save_rng_state, a slower path. Dropout is not marked
+    where its rerun may not come from that seed: with
+    torch._inductor.config.fallback_random set (eager random numbers), and where
+    dynamo runs the checkpoint eagerly (a graph break inside the forward).
 
     The compiler's ops are matched to the eager forward's by kind and rank (the k-th
     convolution), BatchNorm's variants one kind, CPU dropout's four ops one.
     `model.memplan_missing` lists the values the eager forward did not find;
     `model.memplan_compiled` says what was found and what the compiler's last trace did:
-    "to_mark", the ops found, "dropouts_left" (dropouts not marked: fallback_random) and
+    "to_mark", the ops found, "dropouts_left" (dropouts kept, see above) and
     "missing", the values not marked, and "marked", the ops the trace marked;
     "first_difference" is None where its ops came in the eager forward's order, else
     (index, its op, the eager forward's op).
@@ -786,7 +787,9 @@ def compile_policy(model, *args, **kwargs):
                     warnings.warn("memplan: the compiled forward runs %s more often than the eager one (%d "
                                   "times); its further ops are left to the compiler" % (n, counts[n]))
             if (n, k) in taken and n not in over:
-                if n == "dropout" and keep_dropout:
+                # outside the compiler (dynamo ran the checkpoint eagerly, at a graph
+                # break) a rerun would draw other numbers: dropout is then kept
+                if n == "dropout" and (keep_dropout or not torch.compiler.is_compiling()):
                     stats["dropouts_left"] += 1 - r
                     return CheckpointPolicy.PREFER_SAVE
                 stats["marked"] += 1 - r
