@@ -585,7 +585,8 @@ fn compiled_op_plans_match_their_plans() {
         let f = op_plan_file(name, x);
         let policy = &x["compile_policy"];
         // every value is marked or reported missing; dropout too (inductor reruns it
-        // from its forward's seed; only with fallback_random is it left unmarked)
+        // from its forward's seed; left unmarked only with fallback_random or where
+        // dynamo runs the checkpoint eagerly)
         let n = |k: &str| policy[k].as_u64().unwrap();
         assert_eq!(
             n("to_mark") + n("missing"),

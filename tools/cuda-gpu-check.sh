@@ -60,6 +60,8 @@ for stem in cuda nvrtc cublas cublasLt; do
         echo "cuda-gpu-check: lib$stem not found" >&2
     fi
 done
+# Kept for later commands on this machine (tools/gpu-session.sh runs memplan with it).
+echo "$links$extra" > "$links/ld-library-path"
 export LD_LIBRARY_PATH="$links$extra${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
 # The GPU tests (skips would mean the device did not open: the line says why).

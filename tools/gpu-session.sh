@@ -29,7 +29,6 @@ for m in map(json.loads, sys.stdin):
     ;;
 run)
     shift
-    args=("$@") # the loop below reuses "$@"
     # Every step has its own time limit, so the whole run ends inside one device
     # call (10 minutes at most) and its results come back even when a step hangs.
     # A device call returns at most 8 files: everything is written to $work and
@@ -54,27 +53,26 @@ run)
     timeout -k 10 90 tools/cuda-gpu-check.sh "$carry/cuda-tests" 2>&1 | tee "$work/cuda-tests.txt" || true
     timeout -k 10 90 tools/cuda-gpu-check.sh "$carry/cuda_step-tests" 2>&1 | tee "$work/cuda-step-tests.txt" || true
     # 2. verify --device cuda on models/ (the same library paths as step 1), 120 s in all
-    export LD_LIBRARY_PATH="${TMPDIR:-/tmp}/memplan-cuda-libs:${LD_LIBRARY_PATH:-}"
     # The library directories cuda-gpu-check.sh found (NVRTC dlopens its builtins by name).
-    for f in "${TMPDIR:-/tmp}"/memplan-cuda-libs/*.so; do
-        [ -e "$f" ] && LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$(readlink -f "$f")")"
-    done
+    links="${TMPDIR:-/tmp}/memplan-cuda-libs"
+    export LD_LIBRARY_PATH="$(cat "$links/ld-library-path" 2>/dev/null || echo "$links")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     deadline=$((SECONDS + 120))
     # Budgets each model can reach (4 December 2026: mlp, transformer at batch 4,
     # gpt2 at batch 2 and bert_base at batch 4 peak in the optimizer step, where
     # recomputation cannot help, and a budget of 0.9 there is refused).
     for spec in "cnn 8 0.9" "cnn 8 0.7" "transformer 8 0.8" "resnet18 8 0.9" "mobilenet_v2 8 0.7" \
         "resnet50 8 0.8" "gpt2 8 0.9" "bert_base 32 0.9"; do
-        set -- $spec
+        read -r model batch budget <<< "$spec"
+        run="verify-$model-b$batch-$budget"
         left=$((deadline - SECONDS))
-        [ "$left" -gt 5 ] || { echo "verify $1 $3: skipped (time)" >> "$work/verify-skipped.txt"; continue; }
-        timeout -k 5 "$((left < 45 ? left : 45))" "$carry/memplan" verify "models/$1.onnx" --batch "$2" --budget "$3" \
-            --device cuda --json > "$work/verify-$1-b$2-$3.json" 2> "$work/verify-$1-b$2-$3.err" || true
+        [ "$left" -gt 5 ] || { echo "$run: skipped (time)" >> "$work/verify-skipped.txt"; continue; }
+        timeout -k 5 "$((left < 45 ? left : 45))" "$carry/memplan" verify "models/$model.onnx" --batch "$batch" \
+            --budget "$budget" --device cuda --json > "$work/$run.json" 2> "$work/$run.err" || true
     done
     # 3. PyTorch's allocator against memplan's (docs/ALLOCATOR.md): 10 to 15 s a case on
     # the H200 (4 December 2026), so about 16 of the 24 cases fit in 240 s; each case is
     # written as it ends, and `--cases` runs the rest in another call
-    timeout -k 10 240 python3 tools/gpu-allocator-check.py --memplan "$carry/memplan" --expandable ${args[@]+"${args[@]}"} \
+    timeout -k 10 240 python3 tools/gpu-allocator-check.py --memplan "$carry/memplan" --expandable "$@" \
         --out "$work/allocator-check.json" 2>&1 | tee "$work/allocator-check.txt" || true
     ;;
 *)
