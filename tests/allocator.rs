@@ -522,7 +522,9 @@ mod training {
                 // A diagnostic: the math attention kernel keeps more than the
                 // exported graph does; PyTorch's default kernel is the row above.
                 (_, _, "math-sdpa") => continue,
-                // 3.2 % and 5.0 % below PyTorch; where it comes from is not found.
+                // 3.2 % and 5.0 % below PyTorch: on the GPU the attention output and
+                // its reshaped copy are both saved, one tensor a layer more than on
+                // the CPU (docs/ALLOCATOR.md); memplan's graph has no layouts.
                 ("vit_b_16", _, _) => 0.06,
                 _ => 0.02,
             };
