@@ -575,7 +575,11 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
             if g.outputs.contains(&t) {
                 b.storages[s].held = true;
             }
-            if let Some(l) = fusions.get(&ix).and_then(|f| f.out_layout.as_ref()) {
+            let layout = fusions.get(&ix).and_then(|f| match &f.out_layout_f32 {
+                Some(l) if b.storages[s].dtype == DType::F32 => Some(l),
+                _ => f.out_layout.as_ref(),
+            });
+            if let Some(l) = layout {
                 if k == 0 && l.len() == inf.facts[t].rank() {
                     strides[t] = Some(layout::permuted(&inf.facts[t].shape, l));
                 }

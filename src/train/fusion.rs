@@ -21,8 +21,8 @@ use crate::ops::{Backward, Fact, Grad, Saved};
 pub enum FusedKind {
     /// Exact GELU (`F.gelu`): saves only its input.
     Gelu,
-    /// `scaled_dot_product_attention` (flash attention): saves q, k, v, the output
-    /// and the per-row logsumexp.
+    /// `scaled_dot_product_attention` (flash attention; in float32 the memory-efficient
+    /// kernel, [`SDPA_F32_LAYOUT`]): saves q, k, v, the output and the per-row logsumexp.
     Sdpa,
     /// SiLU (`F.silu`, `nn.SiLU`): saves only its input.
     Silu,
@@ -272,7 +272,22 @@ pub(super) struct Fusion {
     pub(super) extras: Vec<Fact>,
     /// Physical dim order of the node's output, when not contiguous-as-shaped.
     pub(super) out_layout: Option<Vec<usize>>,
+    /// The same where the output is float32, when that differs (SDPA: [`SDPA_F32_LAYOUT`]).
+    pub(super) out_layout_f32: Option<Vec<usize>>,
 }
+
+/// Physical dim order of `scaled_dot_product_attention`'s `[B, H, S, D]` output in
+/// float32 on a GPU: `[B, S, H, D]`. PyTorch's CUDA SDPA runs float32 through the
+/// memory-efficient kernel (flash attention takes half precision only), which
+/// allocates its output as `[B, S, H, D]` whatever the query's layout
+/// (`_efficient_attention_forward`, aten/src/ATen/native/transformers/cuda/
+/// attention.cu); flash attention and the CPU kernel write the query's layout
+/// ([`FusedPattern::out_layout`]). Where the model's following transpose does not
+/// restore `[B, S, H, D]` (`nn.MultiheadAttention`'s `permute(2, 0, 1, 3)`), the
+/// reshape after it copies, and `out_proj` saves the copy beside the output the
+/// kernel saves: one tensor a layer more than on the CPU (vit_b_16 on an H200,
+/// models/training_reference_cuda_h200.json).
+pub const SDPA_F32_LAYOUT: [usize; 4] = [0, 2, 1, 3];
 
 /// The per-node view of the patterns (fake quantization apart: its nodes keep
 /// rules of their own, [`FakeQuant::rule`]).
@@ -288,6 +303,7 @@ pub(super) fn per_node(patterns: &[FusedPattern]) -> HashMap<NodeIndex, Fusion> 
                 reads: p.reads.clone(),
                 extras: p.extras.clone(),
                 out_layout: p.out_layout.clone(),
+                out_layout_f32: (p.kind == FusedKind::Sdpa).then(|| SDPA_F32_LAYOUT.to_vec()),
             },
         );
     }
@@ -503,8 +519,8 @@ fn find_tanh_gelu(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
 /// `scaled_dot_product_attention`: `MatMul(Mul(q, √s), Mul(kᵀ, √s))` → [Add mask] →
 /// Softmax → [Dropout] → `MatMul(·, v)`. PyTorch runs it as one fused kernel
 /// (flash attention) that saves q, k, v, the output and the per-row logsumexp
-/// (float32, `[batch, heads, queries]`), and writes its output in `[B, S, H, D]`
-/// order. Eager attention (HF BERT/GPT-2: `q @ kᵀ` then a division) does not match
+/// (float32, `[batch, heads, queries]`), and writes its output in the query's layout
+/// (half precision; in float32 `[B, S, H, D]`, [`SDPA_F32_LAYOUT`]). Eager attention (HF BERT/GPT-2: `q @ kᵀ` then a division) does not match
 /// and is differentiated op by op, as PyTorch does.
 fn find_sdpa(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
     let g = &model.graph;

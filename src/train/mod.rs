@@ -14,6 +14,7 @@ pub mod schedule;
 pub use autodiff::build_schedule;
 pub use fusion::{
     fake_quant_roles, fused_patterns, FakeQuant, FakeQuantRole, FusedKind, FusedPattern,
+    SDPA_F32_LAYOUT,
 };
 pub use params::ParamSelection;
 pub use policy::Precision;
