@@ -71,7 +71,8 @@ fn saved_activations_and_peak_match_pytorch() {
                 let s = build_schedule(&model, &inf, &opts).unwrap();
                 let peak = simulate(&s).peak().total();
                 // memplan models the GPU: where it was measured there, that is the
-                // figure (the CPU's equivalent differs on vit_b_16 alone).
+                // figure (the CPU's equivalent differs on vit_b_16, by its attention
+                // layout, and on cait_tiny by 0.08 %, the GPU kernel's padded logsumexp).
                 let want_saved = gpu
                     .get(name)
                     .and_then(|m| m[format!("batch_{b}")]["saved_bytes"].as_u64())
@@ -125,19 +126,17 @@ fn saved_activations_and_peak_match_pytorch() {
 /// layout and the reshape is a view. vit_b_16 saved 6.2 % more on an H200 than on the
 /// CPU; memplan's figure is the GPU's, to within the kernel's padded logsumexp and
 /// seed (about 2.6 KB a layer at batch 2). Every other model saved the same bytes on
-/// both (27 models measured on the GPU), and memplan stays within 2 % of them.
+/// both (28 models measured on the GPU; cait_tiny 0.08 % more, the kernel's logsumexp
+/// padded to a multiple of 32 tokens), and memplan is within 0.1 % of every one.
 #[test]
 fn saved_activations_match_an_h200() {
     let gpu = gpu_reference();
     let mut checked = 0;
+    let mut worst = (0.0f64, String::new());
     for (name, r) in gpu.iter().filter(|(k, _)| !k.starts_with('_')) {
-        let Ok(model) = load_model(&common::shipped(&format!("{name}.onnx"))) else {
-            continue;
-        };
+        let model = load_model(&common::shipped(&format!("{name}.onnx"))).unwrap();
         for b in [2u64, 4] {
-            let Some(want) = r[format!("batch_{b}")]["saved_bytes"].as_u64() else {
-                continue;
-            };
+            let want = r[format!("batch_{b}")]["saved_bytes"].as_u64().unwrap();
             let loss = match r[format!("batch_{b}")]["loss"].as_str() {
                 Some("graph") => memplan::train::Loss::Graph,
                 _ => memplan::train::Loss::Mean,
@@ -148,16 +147,19 @@ fn saved_activations_match_an_h200() {
             };
             let got = schedule_of(&model, b, &opts).saved_activation_bytes();
             let d = got as f64 / want as f64 - 1.0;
-            let tol = if name == "vit_b_16" { 0.001 } else { 0.02 };
             assert!(
-                d.abs() <= tol,
+                d.abs() <= 0.001,
                 "{name} batch {b}: saved {got} vs the H200's {want} ({:+.3}%)",
                 d * 100.0
             );
+            if d.abs() > worst.0 {
+                worst = (d.abs(), format!("{name} batch {b}"));
+            }
             checked += 1;
         }
     }
-    assert!(checked >= 50, "{checked} cases");
+    println!("worst: {:.4}% ({})", worst.0 * 100.0, worst.1);
+    assert_eq!(checked, 56, "cases (28 models, 2 batches)");
 }
 
 fn schedule(name: &str, b: u64, opts: TrainOptions) -> memplan::train::Schedule {

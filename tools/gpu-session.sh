@@ -74,8 +74,8 @@ run)
     # written as it ends, and `--cases` runs the rest in another call
     timeout -k 10 240 python3 tools/gpu-allocator-check.py --memplan "$carry/memplan" --expandable "$@" \
         --out "$work/allocator-check.json" 2>&1 | tee "$work/allocator-check.txt" || true
-    # 4. what PyTorch holds at its allocated peak (vit_b_16 is 3-5 % above memplan, the
-    # others within 1.6 %: 4 December 2026), about 15 s a case
+    # 4. what PyTorch holds at its allocated peak, by phase and frame (it found vit_b_16's
+    # attention layout on 4 December 2026), about 15 s a case
     timeout -k 10 90 python3 tools/gpu-peak-snapshot.py --cases "vit_b_16:8;resnet50:8;gpt2:8" \
         --out "$work/peak-snapshot.json" 2>&1 | tee "$work/peak-snapshot.txt" || true
     ;;

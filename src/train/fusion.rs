@@ -278,11 +278,13 @@ pub(super) struct Fusion {
 
 /// Physical dim order of `scaled_dot_product_attention`'s `[B, H, S, D]` output in
 /// float32 on a GPU: `[B, S, H, D]`. PyTorch's CUDA SDPA runs float32 through the
-/// memory-efficient kernel (flash attention takes half precision only), which
-/// allocates its output as `[B, S, H, D]` whatever the query's layout
+/// memory-efficient kernel (flash attention takes half precision only, and no
+/// mask), which allocates its output as `[B, S, H, D]` whatever the query's layout
 /// (`_efficient_attention_forward`, aten/src/ATen/native/transformers/cuda/
 /// attention.cu); flash attention and the CPU kernel write the query's layout
-/// ([`FusedPattern::out_layout`]). Where the model's following transpose does not
+/// ([`FusedPattern::out_layout`]). Measured in float32 only (an H200); the half
+/// precision rule (flash attention, or cuDNN's kernel where PyTorch picks it) is
+/// read from PyTorch's source, not measured. Where the model's following transpose does not
 /// restore `[B, S, H, D]` (`nn.MultiheadAttention`'s `permute(2, 0, 1, 3)`), the
 /// reshape after it copies, and `out_proj` saves the copy beside the output the
 /// kernel saves: one tensor a layer more than on the CPU (vit_b_16 on an H200,
@@ -543,7 +545,8 @@ fn find_sdpa(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
         else {
             continue;
         };
-        if g.node(src).op_type == "Add" {
+        let masked = g.node(src).op_type == "Add";
+        if masked {
             pattern.push(src);
             let next = g
                 .node(src)
@@ -603,10 +606,13 @@ fn find_sdpa(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
         pattern.push(m1);
         pattern.push(*m2);
         let lse = Fact::new(DType::F32, shape[..3].to_vec());
-        // The kernel writes its output in its query's memory layout, which is the
-        // layout the model's following transpose (back to tokens × features) restores:
-        // that transpose and reshape are then views, as in PyTorch.
+        // Flash attention writes its output in its query's memory layout, which is
+        // the layout the model's following transpose (back to tokens × features)
+        // restores: that transpose and reshape are then views, as in PyTorch. With a
+        // mask, flash attention does not apply and the memory-efficient kernel runs in
+        // every precision ([`SDPA_F32_LAYOUT`]).
         let out_layout = match consumers(model, o).as_slice() {
+            _ if masked => Some(SDPA_F32_LAYOUT.to_vec()),
             [t] if g.node(*t).op_type == "Transpose" => g
                 .node(*t)
                 .attrs
