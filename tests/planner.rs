@@ -353,7 +353,36 @@ fn building_each_node_from_nothing_bounds_the_lowest_peak() {
         assert!((f - frac).abs() < 0.001, "{name}: {f}");
         // A peak some schedule reaches: never under the proven memory floor.
         assert!(most >= memory_floor(&g), "{name}");
+        // Nothing is fixed or held in these graphs: the whole schedule's peak.
+        assert_eq!(pr.from_nothing_peak(&g), Some(most), "{name}");
     }
+}
+
+/// `memplan bench`'s certificates. n1000 at 70 % is `feasible` (a schedule exists,
+/// too long to write out) where it used to be `open`; at 50 % nothing is known.
+#[test]
+fn bench_status_says_what_is_proven() {
+    use memplan::remat::bench::status;
+    assert_eq!(status(true, 10, 20, None, Solver::Ilp), "planned");
+    assert_eq!(status(false, 10, 20, Some(5), Solver::Ilp), "infeasible");
+    assert_eq!(status(false, 30, 20, Some(25), Solver::Ilp), "feasible");
+    assert_eq!(status(false, 30, 20, Some(35), Solver::Checkmate), "open");
+    assert_eq!(status(false, 30, 20, None, Solver::Ilp), "open");
+    assert_eq!(status(false, 30, 20, Some(25), Solver::Greedy), "no plan");
+    let g = dag("random_layered_n1000.json");
+    let (base, floor) = (base_peak(&g), memory_floor(&g));
+    let from_nothing = memplan::remat::dtr::Prepared::new(&g).from_nothing_peak(&g);
+    let at = |f: f64| {
+        status(
+            false,
+            (base as f64 * f) as u64,
+            floor,
+            from_nothing,
+            Solver::Ilp,
+        )
+    };
+    assert_eq!(at(0.7), "feasible");
+    assert_eq!(at(0.5), "open");
 }
 
 /// The random layered points that were open before nested recomputation and the

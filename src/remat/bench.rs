@@ -39,11 +39,42 @@ pub struct BenchRow {
     /// The op-local bound with held memory (`op_local_bound_bytes`) over the
     /// no-recompute peak: budgets below it are infeasible.
     pub floor_fraction: f64,
-    /// `planned` (a plan within the budget), `infeasible` (the budget is below the
-    /// memory floor, `floor_fraction`: no plan exists), `open` (neither, for the
-    /// solvers that bound the optimum: `ilp`, `checkmate`) or `no plan` (neither,
-    /// for the baselines, which claim nothing about the point).
+    /// A peak that some schedule is known to stay within without planning (each
+    /// node computed from nothing, `dtr::Prepared::from_nothing_peak`), over the
+    /// no-recompute peak; `null` where the graph has values that allow no such
+    /// schedule. A budget at or above it is feasible even where no plan is found.
+    pub from_nothing_fraction: Option<f64>,
+    /// [`status`]: `planned`, `infeasible`, `feasible` (no plan found, but one
+    /// exists: the budget is at or above `from_nothing_fraction`), `open` or
+    /// `no plan`.
     pub status: &'static str,
+}
+
+/// A benchmark point's certificate: `planned` (a plan within the budget),
+/// `infeasible` (the budget is below the memory floor: no plan exists), and
+/// otherwise, for the solvers that bound the optimum (`ilp`, `checkmate`),
+/// `feasible` (no plan found, but a schedule within the budget is known to exist,
+/// exponentially long: `from_nothing`, the peak of computing each node from nothing)
+/// or `open` (neither known); for the baselines, which claim nothing about the
+/// point, `no plan`.
+pub fn status(
+    planned: bool,
+    budget: u64,
+    floor: u64,
+    from_nothing: Option<u64>,
+    solver: Solver,
+) -> &'static str {
+    if planned {
+        "planned"
+    } else if budget < floor {
+        "infeasible"
+    } else if !matches!(solver, Solver::Ilp | Solver::Checkmate) {
+        "no plan"
+    } else if from_nothing.is_some_and(|p| p <= budget) {
+        "feasible"
+    } else {
+        "open"
+    }
 }
 
 /// Loads a model (`.onnx`, training step at `batch`) or a benchmark DAG (`.json`).
@@ -81,19 +112,12 @@ pub fn run_bench(
     let mut rows = Vec::new();
     for g in graphs {
         let base = g.baseline_peak().map_err(Error::Graph)?;
+        let from_nothing = super::dtr::Prepared::new(g).from_nothing_peak(g);
         for &b in budgets {
             let budget = (base as f64 * b) as u64;
             for &s in solvers {
                 let r = plan(g, budget, s, time_limit_s)?;
-                let status = if r.feasible {
-                    "planned"
-                } else if budget < r.op_local_bound_bytes {
-                    "infeasible"
-                } else if matches!(s, Solver::Ilp | Solver::Checkmate) {
-                    "open"
-                } else {
-                    "no plan"
-                };
+                let status = status(r.feasible, budget, r.op_local_bound_bytes, from_nothing, s);
                 rows.push(BenchRow {
                     graph: g.name.clone(),
                     nodes: g.nodes.len(),
@@ -106,6 +130,7 @@ pub fn run_bench(
                     solve_seconds: r.solve_seconds,
                     method: r.method.clone(),
                     floor_fraction: r.op_local_bound_bytes as f64 / base.max(1) as f64,
+                    from_nothing_fraction: from_nothing.map(|p| p as f64 / base.max(1) as f64),
                     status,
                 });
             }

@@ -53,6 +53,10 @@ pub fn bench_text(rows: &[BenchRow]) -> String {
             r.solve_seconds,
             match r.status {
                 "infeasible" => format!("infeasible (floor {:.1}%)", r.floor_fraction * 100.0),
+                "feasible" => format!(
+                    "feasible (a schedule within {:.1}% exists, exponentially long; no plan found)",
+                    r.from_nothing_fraction.unwrap_or(f64::NAN) * 100.0
+                ),
                 s => s.to_string(),
             }
         );

@@ -177,6 +177,27 @@ impl Prepared {
     pub fn need_from_nothing(&self, v: ValueId) -> u64 {
         self.need[v]
     }
+
+    /// A peak that some schedule of `g` (the graph these tables were made for) stays
+    /// within, known without planning: each node in turn computed from nothing, its
+    /// inputs rebuilt as [`Self::need_from_nothing`] says, and everything neither
+    /// fixed nor held freed after it; fixed values and the held values written so far
+    /// stay resident. Only where every value is fixed, held or evictable (the
+    /// benchmark graphs; `None` elsewhere). The schedule may be exponentially long
+    /// (a shared ancestor is rebuilt once per path to it): it proves a budget
+    /// feasible, and is no plan.
+    pub fn from_nothing_peak(&self, g: &RematGraph) -> Option<u64> {
+        let mut kept = 0u64;
+        for (v, val) in g.values.iter().enumerate() {
+            if val.fixed || val.held {
+                kept = kept.saturating_add(val.bytes);
+            } else if !self.evictable[v] {
+                return None;
+            }
+        }
+        let most = self.need.iter().copied().max().unwrap_or(0);
+        Some(kept.saturating_add(most))
+    }
 }
 
 /// Deepest nesting of recomputations a run may reach (a run that needs more
