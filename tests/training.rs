@@ -439,3 +439,35 @@ fn arithmetic_backward_holds_its_temporaries() {
     assert_eq!(scratch("div/grad"), 4 * (4 * 16 - 16 - 2));
     assert_eq!(scratch("a/grad"), 0);
 }
+
+/// The other side of the layout rule: in half precision PyTorch's attention kernels
+/// write the query's layout (cuDNN's under autocast on an H200, 12 of 12 layers a
+/// view: tools/gpu-sdpa-layout.py; flash attention likewise), so vit_b_16's reshape
+/// before `out_proj` stays a view there and saves no copy. In float32 each of the 12
+/// layers saves one `[tokens × batch, 768]` copy more.
+#[test]
+fn half_precision_attention_keeps_the_query_layout() {
+    use memplan::train::{Precision, StorageKind};
+    let copies = |precision| {
+        let s = schedule(
+            "vit_b_16",
+            2,
+            TrainOptions {
+                precision,
+                ..Default::default()
+            },
+        );
+        s.storages
+            .iter()
+            .filter(|st| st.saved && st.kind == StorageKind::Activation)
+            .filter(|st| st.shape == [197 * 2, 768])
+            .count()
+    };
+    let (fp32, amp_bf16, amp_fp16) = (
+        copies(Precision::Fp32),
+        copies(Precision::AmpBf16),
+        copies(Precision::AmpFp16),
+    );
+    assert_eq!(fp32, amp_bf16 + 12, "fp32 {fp32}, amp-bf16 {amp_bf16}");
+    assert_eq!(amp_fp16, amp_bf16);
+}
