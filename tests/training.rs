@@ -32,6 +32,15 @@ fn read_reference(file: &str) -> serde_json::Map<String, Value> {
         .clone()
 }
 
+/// The loss a reference entry was measured with: a model whose first output is its
+/// own loss was measured with `loss = out` (the reference says `"loss": "graph"`).
+fn loss_of(x: &Value) -> memplan::train::Loss {
+    match x["loss"].as_str() {
+        Some("graph") => memplan::train::Loss::Graph,
+        _ => memplan::train::Loss::Mean,
+    }
+}
+
 /// The same measurement on a GPU (`python models/export.py --training --device cuda`,
 /// one H200, 4 December 2026): what autograd saved there, where the CPU's
 /// equivalent is not the GPU's (vit_b_16's attention output layout).
@@ -57,15 +66,9 @@ fn saved_activations_and_peak_match_pytorch() {
             )
             .unwrap();
             for (key, optimizer) in [("sgd", Optimizer::Sgd), ("adam", Optimizer::Adam)] {
-                // A model whose first output is its own loss was measured with
-                // `loss = out` (the reference says `"loss": "graph"`).
-                let loss = match x["loss"].as_str() {
-                    Some("graph") => memplan::train::Loss::Graph,
-                    _ => memplan::train::Loss::Mean,
-                };
                 let opts = TrainOptions {
                     optimizer,
-                    loss,
+                    loss: loss_of(x),
                     ..Default::default()
                 };
                 let s = build_schedule(&model, &inf, &opts).unwrap();
@@ -136,13 +139,10 @@ fn saved_activations_match_an_h200() {
     for (name, r) in gpu.iter().filter(|(k, _)| !k.starts_with('_')) {
         let model = load_model(&common::shipped(&format!("{name}.onnx"))).unwrap();
         for b in [2u64, 4] {
-            let want = r[format!("batch_{b}")]["saved_bytes"].as_u64().unwrap();
-            let loss = match r[format!("batch_{b}")]["loss"].as_str() {
-                Some("graph") => memplan::train::Loss::Graph,
-                _ => memplan::train::Loss::Mean,
-            };
+            let x = &r[format!("batch_{b}")];
+            let want = x["saved_bytes"].as_u64().unwrap();
             let opts = TrainOptions {
-                loss,
+                loss: loss_of(x),
                 ..Default::default()
             };
             let got = schedule_of(&model, b, &opts).saved_activation_bytes();

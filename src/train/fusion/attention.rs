@@ -117,15 +117,18 @@ pub(super) fn find_sdpa(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
         // restores: that transpose and reshape are then views, as in PyTorch. With a
         // mask, flash attention does not apply and the memory-efficient kernel runs in
         // every precision ([`SDPA_F32_LAYOUT`]).
-        let out_layout = match consumers(model, o).as_slice() {
-            _ if masked => Some(SDPA_F32_LAYOUT.to_vec()),
-            [t] if g.node(*t).op_type == "Transpose" => g
-                .node(*t)
-                .attrs
-                .ints("perm")
-                .filter(|p| p.len() == 4)
-                .map(|p| p.iter().map(|&d| d as usize).collect()),
-            _ => None,
+        let out_layout = if masked {
+            Some(SDPA_F32_LAYOUT.to_vec())
+        } else {
+            match consumers(model, o).as_slice() {
+                [t] if g.node(*t).op_type == "Transpose" => g
+                    .node(*t)
+                    .attrs
+                    .ints("perm")
+                    .filter(|p| p.len() == 4)
+                    .map(|p| p.iter().map(|&d| d as usize).collect()),
+                _ => None,
+            }
         };
         out.push(FusedPattern {
             kind: FusedKind::Sdpa,
