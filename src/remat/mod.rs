@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod bounds;
+pub mod chain;
 pub mod checkmate;
 pub mod costs;
 pub mod dag;

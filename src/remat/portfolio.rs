@@ -37,6 +37,11 @@
 //!   depth. It is what reaches budgets near the memory floor (random layered
 //!   graphs, the lowest peaks of mobilenet and resnet50); below the floor it runs
 //!   at the floor, for the lowest peak.
+//! - **Backwards.** Where nothing fits after the simulation, [`super::chain`]
+//!   searches the reverse pebble game: which set of values must be resident before
+//!   the last computation, and before that one, down to nothing. It plans budgets
+//!   the forward rules miss (random layered n250 and n1000 at 70 %), at a high
+//!   cost, and bisects for the lowest peak when no plan fits.
 //! - **Portfolio.** The greedy and √n baselines, the simulation's plans, the gap
 //!   MILP's plan, and on graphs of at most [`EXACT_NODES`] nodes the full
 //!   Checkmate MILP, are all replayed; the cheapest plan within the budget wins, so
@@ -49,13 +54,15 @@
 //!   plan exists; at or above it a point is planned, or left open (reported as
 //!   such by `memplan bench`).
 //! - **Lower bound.** For schedules that run nodes first in the graph's order (as
-//!   every plan here and Checkmate's do), at the moment node `t` first runs the
+//!   every plan here but the chain search's, and Checkmate's, do), at the moment node `t` first runs the
 //!   memory holds the fixed values, every held value written so far, `t`'s inputs
 //!   and outputs, and whatever else is kept for later; each value written before `t`
 //!   and read after it that is not kept costs at least one more run of its writer.
 //!   The cheapest such set at each `t` is a knapsack; its fractional relaxation
 //!   gives a valid bound per node, and the largest over nodes bounds the whole
-//!   plan. Checkmate's LP relaxation and CBC's bound replace it when larger.
+//!   plan. Checkmate's LP relaxation and CBC's bound replace it when larger. A
+//!   chain plan may first run nodes in another order, which this bound does not
+//!   cover; the bound reported is never above the cost of the plan returned.
 
 // Node indices address several per-node tables at once.
 #![allow(clippy::needless_range_loop)]
@@ -63,6 +70,7 @@
 use std::time::{Duration, Instant};
 
 use super::bounds::{memory_floor, stage_lower_bound};
+use super::chain;
 use super::checkmate::{solve_checkmate, IlpOptions, GRACE};
 use super::dtr;
 use super::gap_milp::*;
@@ -168,6 +176,15 @@ pub fn solve(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ScaleResu
         push(measure(g, p, "dtr-min-peak"), &mut cands);
     }
 
+    // Tight budgets the simulation misses: the reverse chain search ([`super::chain`]),
+    // only where nothing fits yet.
+    if budget >= floor && chain::applies(g) && !cands.iter().any(|c| c.peak <= budget) {
+        let end = (Instant::now() + limit.mul_f64(0.25)).min(deadline);
+        if let Some(p) = chain::plan_within(g, budget, end) {
+            push(measure(g, p, "chain"), &mut cands);
+        }
+    }
+
     // The gap MILP, tightened until its plan replays within the budget.
     if stage_lower_bound(g, budget).is_some() && !gaps.list.is_empty() {
         let share = if g.nodes.len() <= EXACT_NODES {
@@ -231,6 +248,18 @@ pub fn solve(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ScaleResu
     // It always gets a share of the time: a budget the lowest-peak plan meets must
     // not be reported infeasible.
     // Skipped when a plan is at the memory floor already (no plan goes lower).
+    // The chain search bisects for it first, on a fifth of the time.
+    if !cands.iter().any(|c| c.peak <= budget.max(floor)) && chain::applies(g) {
+        let hi = cands
+            .iter()
+            .map(|c| c.peak)
+            .min()
+            .unwrap_or(nr_rep.peak_bytes);
+        let end = Instant::now() + limit.mul_f64(0.2);
+        if let Some(p) = chain::lowest_plan(g, budget.max(floor), hi.saturating_sub(1), end) {
+            push(measure(g, p, "chain-min-peak"), &mut cands);
+        }
+    }
     if !cands.iter().any(|c| c.peak <= budget.max(floor)) && !gaps.list.is_empty() {
         let now = Instant::now();
         let end = (start + limit.mul_f64(0.97)).max(now + limit.mul_f64(0.05));
