@@ -177,8 +177,14 @@ pub fn solve(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ScaleResu
     }
 
     // Tight budgets the simulation misses: the reverse chain search ([`super::chain`]),
-    // only where nothing fits yet.
-    if budget >= floor && chain::applies(g) && !cands.iter().any(|c| c.peak <= budget) {
+    // where nothing fits yet or only a plan that runs the step more than 1.5 times
+    // (a budget the chain plans below may be met by a thrashing simulation).
+    let fitting = cands
+        .iter()
+        .filter(|c| c.peak <= budget)
+        .map(|c| c.cost / base_cost)
+        .fold(f64::INFINITY, f64::min);
+    if budget >= floor && chain::applies(g) && fitting > 0.5 {
         let end = (Instant::now() + limit.mul_f64(0.25)).min(deadline);
         if let Some(p) = chain::plan_within(g, budget, end) {
             push(measure(g, p, "chain"), &mut cands);
