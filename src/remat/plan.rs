@@ -52,7 +52,8 @@ pub struct PlanReport {
     /// No plan goes below: the largest over nodes of the node's inputs and outputs,
     /// plus fixed memory and the held values (gradients) written before it, or
     /// what making a node's inputs resident together needs
-    /// (`remat::bounds::memory_floor`).
+    /// (`remat::bounds::memory_floor`), or one more than a budget the chain search
+    /// proved impossible (`remat::chain`).
     pub op_local_bound_bytes: u64,
     /// Cost of recomputation, in the graph's cost unit despite the name: FLOPs for
     /// ONNX models, seconds with measured costs (`--costs`, see `remat::costs`), the
@@ -95,6 +96,7 @@ pub fn plan(g: &RematGraph, budget: u64, solver: Solver, time_limit_s: f64) -> R
     let mut lower_bound = 0.0;
     let mut source = format!("{solver:?}").to_lowercase();
     let mut lowest = lowest;
+    let mut proven_floor = 0;
     let chosen = match solver {
         Solver::None => base_plan,
         Solver::Sqrt => plan_with_drops(g, &sqrt_drops(g)),
@@ -109,6 +111,7 @@ pub fn plan(g: &RematGraph, budget: u64, solver: Solver, time_limit_s: f64) -> R
             let r = super::portfolio::solve(g, budget, time_limit_s)?;
             lower_bound = r.lower_bound_overhead;
             lowest = lowest.min(r.min_peak);
+            proven_floor = r.proven_floor;
             source = format!("ilp:{}", r.source);
             r.plan
         }
@@ -138,7 +141,10 @@ pub fn plan(g: &RematGraph, budget: u64, solver: Solver, time_limit_s: f64) -> R
         peak_bytes: r.peak_bytes,
         baseline_peak_bytes: base.peak_bytes,
         min_feasible_bytes: lowest.min(r.peak_bytes),
-        op_local_bound_bytes: g.op_local_bound().max(super::bounds::memory_floor(g)),
+        op_local_bound_bytes: g
+            .op_local_bound()
+            .max(super::bounds::memory_floor(g))
+            .max(proven_floor),
         recompute_flops: r.recompute_cost,
         baseline_flops: base_cost,
         overhead: if base_cost > 0.0 {

@@ -97,6 +97,9 @@ pub struct ScaleResult {
     pub source: &'static str,
     /// The lowest peak of any candidate plan.
     pub min_peak: u64,
+    /// A lower bound on any plan's peak that the chain search proved (one more than
+    /// a budget it showed impossible; [`super::chain`]), 0 if none.
+    pub proven_floor: u64,
 }
 
 /// A replayed candidate.
@@ -133,6 +136,7 @@ pub fn solve(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ScaleResu
             lower_bound_overhead: 0.0,
             source: "none",
             min_peak: nr_rep.peak_bytes,
+            proven_floor: 0,
         });
     }
     let mut lower = stage_lower_bound(g, budget).unwrap_or(0.0) / base_cost;
@@ -184,10 +188,14 @@ pub fn solve(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ScaleResu
         .filter(|c| c.peak <= budget)
         .map(|c| c.cost / base_cost)
         .fold(f64::INFINITY, f64::min);
+    // An exhausted search proves the budget impossible (`proven_floor`).
+    let mut proven_floor = 0;
     if budget >= floor && chain::applies(g) && fitting > 0.5 {
         let end = (Instant::now() + limit.mul_f64(0.25)).min(deadline);
-        if let Some(p) = chain::plan_within(g, budget, end) {
-            push(measure(g, p, "chain"), &mut cands);
+        match chain::plan_within(g, budget, end) {
+            chain::Probe::Plan(p) => push(measure(g, p, "chain"), &mut cands),
+            chain::Probe::Impossible => proven_floor = budget + 1,
+            chain::Probe::Unknown => {}
         }
     }
 
@@ -262,7 +270,10 @@ pub fn solve(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ScaleResu
             .min()
             .unwrap_or(nr_rep.peak_bytes);
         let end = Instant::now() + limit.mul_f64(0.2);
-        if let Some(p) = chain::lowest_plan(g, budget.max(floor), hi.saturating_sub(1), end) {
+        let lo = budget.max(floor).max(proven_floor);
+        let (p, proven) = chain::lowest_plan(g, lo, hi.saturating_sub(1), end);
+        proven_floor = proven_floor.max(proven);
+        if let Some(p) = p {
             push(measure(g, p, "chain-min-peak"), &mut cands);
         }
     }
@@ -335,5 +346,6 @@ pub fn solve(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ScaleResu
         lower_bound_overhead: lb.max(0.0),
         source: best.source,
         min_peak,
+        proven_floor,
     })
 }
