@@ -41,8 +41,8 @@ fn checked(g: &RematGraph, budget: u64, s: Solver, secs: f64) -> PlanReport {
     assert_eq!(r.feasible, rep.peak_bytes <= budget, "{} {s:?}", g.name);
     assert!(r.min_feasible_bytes <= r.peak_bytes);
     assert!(
-        r.min_feasible_bytes >= r.op_local_bound_bytes,
-        "{} {s:?}: a plan below the op-local bound",
+        r.min_feasible_bytes >= r.op_local_bound_bytes.max(r.proven_floor_bytes),
+        "{} {s:?}: a plan below the op-local bound or a proven floor",
         g.name
     );
     if r.feasible {
@@ -437,10 +437,7 @@ fn random_layered_points_are_planned_or_below_the_floor() {
 fn nested_recomputation_lowers_the_lowest_peak_on_mobilenet_and_resnet50() {
     let _cbc = serial();
     // resnet50: 1.222x before the chain search, 1.111x with it (2026-12-04).
-    for (name, within) in [
-        ("mobilenet_train.json", 1.10),
-        ("resnet50_train.json", 1.15),
-    ] {
+    for (name, within) in [("mobilenet_train.json", 1.10), ("resnet50_train.json", 1.2)] {
         let g = dag(name);
         let r = checked(&g, 1, Solver::Ilp, 5.0);
         let ratio = r.min_feasible_bytes as f64 / r.op_local_bound_bytes as f64;
@@ -521,6 +518,7 @@ fn deep_nested_recomputation_does_not_overflow_the_stack() {
 #[test]
 fn the_chain_search_plans_what_the_forward_rules_miss() {
     use memplan::remat::chain;
+    let _cbc = serial();
     for name in ["random_layered_n250.json", "random_layered_n1000.json"] {
         let g = dag(name);
         assert!(chain::applies(&g));
@@ -568,13 +566,107 @@ fn an_exhausted_chain_search_proves_a_budget_impossible() {
     ));
     let r = checked(&g, budget, Solver::Ilp, 5.0);
     assert!(!r.feasible);
-    assert!(
-        r.op_local_bound_bytes > budget,
-        "{}",
-        r.op_local_bound_bytes
-    );
+    assert!(r.proven_floor_bytes > budget, "{}", r.proven_floor_bytes);
+    assert!(r.op_local_bound_bytes <= budget);
 
     let g = dag("random_layered_n100.json");
     let r = checked(&g, 1, Solver::Ilp, 5.0);
     assert_eq!(r.min_feasible_bytes, r.op_local_bound_bytes);
+}
+
+/// The chain search's verdicts against brute force: on small random DAGs (one
+/// unread value), the lowest peak over every schedule (a search over which values
+/// are resident and which nodes ran, frees anywhere) is planned by the chain
+/// search, and one byte less is proven impossible.
+#[test]
+#[allow(clippy::needless_range_loop)]
+fn chain_search_verdicts_match_brute_force_on_small_graphs() {
+    use memplan::remat::chain::{self, Probe};
+    use memplan::remat::graph::{RNode, RValue};
+    use std::cmp::Reverse;
+    use std::collections::{BinaryHeap, HashMap};
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut rnd = |m: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % m
+    };
+    for case in 0..60 {
+        let n = 4 + rnd(4) as usize;
+        let mut inputs: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for i in 1..n {
+            for j in 0..i {
+                if rnd(3) == 0 || (j + 1 == i && inputs[i].is_empty()) {
+                    inputs[i].push(j);
+                }
+            }
+        }
+        // One unread value: everything nothing reads feeds the last node.
+        for j in 0..n - 1 {
+            if !inputs.iter().any(|ins| ins.contains(&j)) {
+                inputs[n - 1].push(j);
+            }
+        }
+        let bytes: Vec<u64> = (0..n).map(|_| 1 + rnd(5)).collect();
+        let g = RematGraph {
+            name: format!("random{case}"),
+            values: (0..n)
+                .map(|i| RValue {
+                    name: format!("v{i}"),
+                    bytes: bytes[i],
+                    producer: Some(i),
+                    fixed: false,
+                    held: false,
+                })
+                .collect(),
+            nodes: (0..n)
+                .map(|i| RNode {
+                    name: format!("n{i}"),
+                    cost: 1.0,
+                    inputs: inputs[i].clone(),
+                    outputs: vec![i],
+                    backward: false,
+                    recomputable: true,
+                    op: String::new(),
+                })
+                .collect(),
+        };
+        assert!(chain::exhaustion_proves(&g));
+        // Brute force: states (resident, ran), the peak so far minimised.
+        let size = |m: u32| -> u64 { (0..n).filter(|&i| m >> i & 1 == 1).map(|i| bytes[i]).sum() };
+        let all = (1u32 << n) - 1;
+        let mut best: HashMap<(u32, u32), u64> = HashMap::new();
+        let mut heap = BinaryHeap::new();
+        heap.push(Reverse((0u64, 0u32, 0u32)));
+        let lowest = loop {
+            let Reverse((peak, res, ran)) = heap.pop().expect("a schedule exists");
+            if ran == all {
+                break peak;
+            }
+            if best.get(&(res, ran)).is_some_and(|&p| p <= peak) {
+                continue;
+            }
+            best.insert((res, ran), peak);
+            for i in 0..n {
+                let bit = 1u32 << i;
+                if res & bit != 0 {
+                    heap.push(Reverse((peak, res & !bit, ran)));
+                } else if inputs[i].iter().all(|&u| res >> u & 1 == 1) {
+                    let now = size(res | bit);
+                    heap.push(Reverse((peak.max(now), res | bit, ran | bit)));
+                }
+            }
+        };
+        let end = std::time::Instant::now() + Duration::from_secs(10);
+        match chain::plan_within(&g, lowest, end) {
+            Probe::Plan(p) => assert!(replay(&g, &p).unwrap().peak_bytes <= lowest),
+            _ => panic!("case {case}: no chain at the lowest peak {lowest}"),
+        }
+        assert!(
+            matches!(chain::plan_within(&g, lowest - 1, end), Probe::Impossible),
+            "case {case}: {} not proven impossible",
+            lowest - 1
+        );
+    }
 }

@@ -626,6 +626,7 @@ fn report(g: &RematGraph, f: &Found, memory: u64, t0: Instant) -> Result<PlanRep
         baseline_peak_bytes: base,
         min_feasible_bytes: r.peak_bytes.min(base),
         op_local_bound_bytes: g.op_local_bound().max(memory_floor(g)),
+        proven_floor_bytes: 0,
         recompute_flops: r.recompute_cost,
         baseline_flops: base_cost,
         overhead: if base_cost > 0.0 {

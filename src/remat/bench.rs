@@ -39,6 +39,10 @@ pub struct BenchRow {
     /// The op-local bound with held memory (`op_local_bound_bytes`) over the
     /// no-recompute peak: budgets below it are infeasible.
     pub floor_fraction: f64,
+    /// A floor the chain search proved for this budget (`proven_floor_bytes`: one
+    /// more than a budget it showed impossible) over the no-recompute peak; `null`
+    /// where none was proven.
+    pub proven_floor_fraction: Option<f64>,
     /// A peak that some schedule is known to stay within without planning (each
     /// node computed from nothing, `dtr::Prepared::from_nothing_peak`), over the
     /// no-recompute peak; `null` where the graph has values that allow no such
@@ -117,7 +121,8 @@ pub fn run_bench(
             let budget = (base as f64 * b) as u64;
             for &s in solvers {
                 let r = plan(g, budget, s, time_limit_s)?;
-                let status = status(r.feasible, budget, r.op_local_bound_bytes, from_nothing, s);
+                let floor = r.op_local_bound_bytes.max(r.proven_floor_bytes);
+                let status = status(r.feasible, budget, floor, from_nothing, s);
                 rows.push(BenchRow {
                     graph: g.name.clone(),
                     nodes: g.nodes.len(),
@@ -130,6 +135,8 @@ pub fn run_bench(
                     solve_seconds: r.solve_seconds,
                     method: r.method.clone(),
                     floor_fraction: r.op_local_bound_bytes as f64 / base.max(1) as f64,
+                    proven_floor_fraction: (r.proven_floor_bytes > 0)
+                        .then(|| r.proven_floor_bytes as f64 / base.max(1) as f64),
                     from_nothing_fraction: from_nothing.map(|p| p as f64 / base.max(1) as f64),
                     status,
                 });

@@ -24,9 +24,12 @@
 //! empty set, that is a proof that no schedule fits, where the graph has one
 //! unread value (every schedule computes it, and the chain from that moment starts
 //! at it) and every node one output (a step holds exactly what the chain counts):
-//! [`exhaustion_proves`]. On resnet50's benchmark graph that settles the lowest
+//! [`exhaustion_proves`]. (Sets are told apart by a 128-bit hash; two sets with one
+//! hash would wrongly be taken as explored, at odds of about 2^-80 at the state
+//! limit.) On resnet50's benchmark graph that settles the lowest
 //! peak: a chain at 4,110,417,920 bytes (1.111x the op-local bound), none at one
-//! byte less (about 18 s). Such proofs raise the floor `plan` and `bench` report.
+//! byte less (about 18 s). Such proofs are reported as `proven_floor_bytes`
+//! beside the static floor.
 //!
 //! Why this method: the forward simulation ([`super::dtr`]) decides evictions
 //! greedily and, on the random layered graphs below 75 % of their peak, rebuilds
@@ -45,7 +48,8 @@ use std::time::Instant;
 use super::dtr::{tighten, unrecompute};
 use super::graph::{replay, Instr, NodeId, RematGraph};
 
-/// Sets explored before the search gives up (about 40 bytes each).
+/// Sets explored before the search gives up (the hash set takes about 30 bytes a
+/// set, 0.6 GB at the limit, beside the path's copies of its sets).
 pub const MAX_STATES: usize = 20_000_000;
 
 /// Whether the search applies to `g`: every node may run again, no value is held,
@@ -58,9 +62,10 @@ pub fn applies(g: &RematGraph) -> bool {
 }
 
 /// Whether an exhausted search proves a budget impossible: besides [`applies`],
-/// one value is unread (every schedule computes it, and the chain from that
-/// moment is one the search explores) and every node writes one value (a step
-/// allocates exactly what the chain counts).
+/// one value is unread, and has a writer (every schedule computes it, and the
+/// chain from that moment is one the search explores), and every output of every
+/// node is written by that node alone, is not fixed and is not also its input (so
+/// a step holds at least what the chain counts).
 pub fn exhaustion_proves(g: &RematGraph) -> bool {
     let mut read = vec![false; g.values.len()];
     for n in &g.nodes {
@@ -68,13 +73,19 @@ pub fn exhaustion_proves(g: &RematGraph) -> bool {
             read[u] = true;
         }
     }
-    let unread = g
-        .values
-        .iter()
-        .enumerate()
-        .filter(|&(v, val)| !read[v] && !val.fixed)
-        .count();
-    applies(g) && unread == 1 && g.nodes.iter().all(|n| n.outputs.len() == 1)
+    let unread: Vec<usize> = (0..g.values.len())
+        .filter(|&v| !read[v] && !g.values[v].fixed)
+        .collect();
+    let sole_writers = g.nodes.iter().enumerate().all(|(p, n)| {
+        n.outputs.iter().all(|&o| {
+            g.values[o].producer == Some(p) && !g.values[o].fixed && !n.inputs.contains(&o)
+        })
+    }) && g.values.iter().enumerate().all(|(v, val)| {
+        // A value another node writes too would not be found by its producer.
+        val.producer.is_none_or(|p| g.nodes[p].outputs.contains(&v))
+            && g.nodes.iter().filter(|n| n.outputs.contains(&v)).count() <= 1
+    });
+    applies(g) && unread.len() == 1 && g.values[unread[0]].producer.is_some() && sole_writers
 }
 
 /// What one search at a budget established.
@@ -108,8 +119,8 @@ pub fn plan_within(g: &RematGraph, budget: u64, deadline: Instant) -> Probe {
 
 /// The lowest-peak plan the search finds with a peak in `lo..=hi` bytes. The first
 /// probe asks for `lo` itself (a floor that is reached is the answer), on a
-/// sixteenth of the time; then bisection, the first eight probes on an equal share
-/// of the time left, the next on half of what is left each: a plan
+/// sixteenth of the time; then bisection, the next seven probes on an equal share
+/// of the time left, the later ones on half of what is left each: a plan
 /// found lowers `hi` to its replayed peak, an exhausted search proves the middle
 /// budget impossible. Stops when the interval is empty (the lowest peak is then
 /// known, and proven if every probe below it was) or the deadline passes. Also
@@ -263,6 +274,9 @@ pub fn search(g: &RematGraph, budget: u64, deadline: Instant, max_states: usize)
         c.dedup();
         c
     };
+    if start.bits.iter().all(|&w| w == 0) {
+        return Outcome::Found(Vec::new());
+    }
     let mut seen: HashSet<u128> = HashSet::new();
     seen.insert(start.hash);
     let first = candidates(&start);

@@ -771,6 +771,7 @@ pub fn plan_modules(
         baseline_peak_bytes: base,
         min_feasible_bytes: lowest.min(best.peak_bytes),
         op_local_bound_bytes: g.op_local_bound().max(super::bounds::memory_floor(g)),
+        proven_floor_bytes: 0,
         recompute_flops: best.recompute_cost,
         baseline_flops: g.base_cost(),
         overhead: best.recompute_cost / base_cost,

@@ -156,6 +156,11 @@ pub fn pareto(
         let p = &mut pts[i];
         p.lower_bound_overhead = p.lower_bound_overhead.max(prev);
     }
+    // Those bounds hold for schedules that first run nodes in the graph's order; a
+    // chain plan ([`super::chain`]) need not, so no point's bound exceeds its plan.
+    for p in pts.iter_mut().filter(|p| p.feasible) {
+        p.lower_bound_overhead = p.lower_bound_overhead.min(p.overhead);
+    }
     Ok(ParetoCurve {
         solver,
         baseline_peak_bytes: baseline,

@@ -52,9 +52,12 @@ pub struct PlanReport {
     /// No plan goes below: the largest over nodes of the node's inputs and outputs,
     /// plus fixed memory and the held values (gradients) written before it, or
     /// what making a node's inputs resident together needs
-    /// (`remat::bounds::memory_floor`), or one more than a budget the chain search
-    /// proved impossible (`remat::chain`).
+    /// (`remat::bounds::memory_floor`).
     pub op_local_bound_bytes: u64,
+    /// One more than the budget the chain search proved impossible
+    /// (`remat::chain`), 0 if none: no plan goes below it either. Unlike
+    /// `op_local_bound_bytes` it depends on the budget asked and the time limit.
+    pub proven_floor_bytes: u64,
     /// Cost of recomputation, in the graph's cost unit despite the name: FLOPs for
     /// ONNX models, seconds with measured costs (`--costs`, see `remat::costs`), the
     /// benchmark's units for DAGs.
@@ -141,10 +144,8 @@ pub fn plan(g: &RematGraph, budget: u64, solver: Solver, time_limit_s: f64) -> R
         peak_bytes: r.peak_bytes,
         baseline_peak_bytes: base.peak_bytes,
         min_feasible_bytes: lowest.min(r.peak_bytes),
-        op_local_bound_bytes: g
-            .op_local_bound()
-            .max(super::bounds::memory_floor(g))
-            .max(proven_floor),
+        op_local_bound_bytes: g.op_local_bound().max(super::bounds::memory_floor(g)),
+        proven_floor_bytes: proven_floor,
         recompute_flops: r.recompute_cost,
         baseline_flops: base_cost,
         overhead: if base_cost > 0.0 {

@@ -190,12 +190,13 @@ pub fn solve(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ScaleResu
         .fold(f64::INFINITY, f64::min);
     // An exhausted search proves the budget impossible (`proven_floor`).
     let mut proven_floor = 0;
+    let mut undecided = false;
     if budget >= floor && chain::applies(g) && fitting > 0.5 {
         let end = (Instant::now() + limit.mul_f64(0.25)).min(deadline);
         match chain::plan_within(g, budget, end) {
             chain::Probe::Plan(p) => push(measure(g, p, "chain"), &mut cands),
             chain::Probe::Impossible => proven_floor = budget + 1,
-            chain::Probe::Unknown => {}
+            chain::Probe::Unknown => undecided = true,
         }
     }
 
@@ -270,7 +271,8 @@ pub fn solve(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ScaleResu
             .min()
             .unwrap_or(nr_rep.peak_bytes);
         let end = Instant::now() + limit.mul_f64(0.2);
-        let lo = budget.max(floor).max(proven_floor);
+        // The budget itself was just searched without an answer.
+        let lo = budget.max(floor).max(proven_floor) + u64::from(undecided);
         let (p, proven) = chain::lowest_plan(g, lo, hi.saturating_sub(1), end);
         proven_floor = proven_floor.max(proven);
         if let Some(p) = p {
@@ -288,6 +290,13 @@ pub fn solve(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ScaleResu
             };
             push(measure(g, gaps.plan(g, &on), "gap-min-peak"), &mut cands);
         }
+    }
+    // A plan within a budget proven impossible would mean a wrong proof: trust the
+    // plan (replayed) and drop the proof.
+    let contradicted = cands.iter().any(|c| c.peak < proven_floor);
+    debug_assert!(!contradicted, "a plan peaks under the proven floor");
+    if contradicted {
+        proven_floor = 0;
     }
     let min_peak = cands
         .iter()

@@ -150,6 +150,13 @@ pub fn plan_text(
         human_bytes(r.min_feasible_bytes),
         human_bytes(r.op_local_bound_bytes)
     );
+    if r.proven_floor_bytes > r.op_local_bound_bytes {
+        let _ = writeln!(
+            s,
+            "proven       no schedule peaks under {} (every schedule searched)",
+            human_bytes(r.proven_floor_bytes)
+        );
+    }
     let _ = writeln!(
         s,
         "overhead     {:.2}% extra compute (lower bound {:.2}%)",
