@@ -52,6 +52,10 @@ use super::graph::{replay, Instr, NodeId, RematGraph};
 /// set, 0.6 GB at the limit, beside the path's copies of its sets).
 pub const MAX_STATES: usize = 20_000_000;
 
+/// The longest chain followed (each step holds a copy of its set and its
+/// candidates, about 2 KB at 1000 nodes): a deeper search stops, unanswered.
+pub const MAX_DEPTH: usize = 200_000;
+
 /// Whether the search applies to `g`: every node may run again, no value is held,
 /// and every node writes something.
 pub fn applies(g: &RematGraph) -> bool {
@@ -298,7 +302,7 @@ pub fn search(g: &RematGraph, budget: u64, deadline: Instant, max_states: usize)
             taken.reverse();
             return Outcome::Found(taken);
         }
-        if seen.len() > max_states || Instant::now() >= deadline {
+        if seen.len() > max_states || stack.len() >= MAX_DEPTH || Instant::now() >= deadline {
             return Outcome::Stopped;
         }
         let c = candidates(&t);
