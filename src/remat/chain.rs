@@ -46,7 +46,7 @@ use std::collections::HashSet;
 use std::time::Instant;
 
 use super::dtr::{tighten, unrecompute};
-use super::graph::{replay, Instr, NodeId, RematGraph};
+use super::graph::{replay, Instr, NodeId, RematGraph, ValueId};
 
 /// Sets explored before the search gives up (the hash set takes about 30 bytes a
 /// set, 0.6 GB at the limit, beside the path's copies of its sets).
@@ -71,25 +71,33 @@ pub fn applies(g: &RematGraph) -> bool {
 /// node is written by that node alone, is not fixed and is not also its input (so
 /// a step holds at least what the chain counts).
 pub fn exhaustion_proves(g: &RematGraph) -> bool {
-    let mut read = vec![false; g.values.len()];
-    for n in &g.nodes {
-        for &u in &n.inputs {
-            read[u] = true;
-        }
-    }
-    let unread: Vec<usize> = (0..g.values.len())
-        .filter(|&v| !read[v] && !g.values[v].fixed)
-        .collect();
-    let sole_writers = g.nodes.iter().enumerate().all(|(p, n)| {
+    let unread = unread(g);
+    // A value another node writes too would not be found by its producer.
+    let mut writers = vec![0usize; g.values.len()];
+    let outputs_sole = g.nodes.iter().enumerate().all(|(p, n)| {
         n.outputs.iter().all(|&o| {
+            writers[o] += 1;
             g.values[o].producer == Some(p) && !g.values[o].fixed && !n.inputs.contains(&o)
         })
-    }) && g.values.iter().enumerate().all(|(v, val)| {
-        // A value another node writes too would not be found by its producer.
-        val.producer.is_none_or(|p| g.nodes[p].outputs.contains(&v))
-            && g.nodes.iter().filter(|n| n.outputs.contains(&v)).count() <= 1
     });
-    applies(g) && unread.len() == 1 && g.values[unread[0]].producer.is_some() && sole_writers
+    let one_writer_each = g
+        .values
+        .iter()
+        .zip(&writers)
+        .all(|(val, &w)| w == usize::from(val.producer.is_some()));
+    applies(g)
+        && outputs_sole
+        && one_writer_each
+        && unread.len() == 1
+        && g.values[unread[0]].producer.is_some()
+}
+
+/// The values no node reads and that are not fixed: what a schedule leaves at its end.
+fn unread(g: &RematGraph) -> Vec<ValueId> {
+    let readers = g.readers();
+    (0..g.values.len())
+        .filter(|&v| readers[v].is_empty() && !g.values[v].fixed)
+        .collect()
 }
 
 /// What one search at a budget established.
@@ -214,8 +222,8 @@ pub enum Outcome {
     /// A chain that fits: its nodes in the order a plan runs them.
     Found(Vec<NodeId>),
     /// Every set reachable within the budget was explored and none led to the
-    /// empty set: where the graph has one unread value and every node one output,
-    /// no schedule runs within the budget.
+    /// empty set: where [`exhaustion_proves`] holds, no schedule runs within the
+    /// budget.
     Exhausted,
     /// The deadline or the set limit came first.
     Stopped,
@@ -224,7 +232,7 @@ pub enum Outcome {
 /// Searches for a chain within `budget`, exploring at most `max_states` sets.
 pub fn search(g: &RematGraph, budget: u64, deadline: Instant, max_states: usize) -> Outcome {
     let nv = g.values.len();
-    let fixed: u64 = g.values.iter().filter(|v| v.fixed).map(|v| v.bytes).sum();
+    let fixed = g.fixed_bytes();
     let mut rng = 0x9e37_79b9_7f4a_7c15u64;
     let mut next = || {
         // splitmix64: the hash keys only need to be fixed and well mixed.
@@ -238,19 +246,13 @@ pub fn search(g: &RematGraph, budget: u64, deadline: Instant, max_states: usize)
         .map(|_| (next() as u128) << 64 | next() as u128)
         .collect();
     let bytes = |v: usize| g.values[v].bytes;
-    let mut read = vec![false; nv];
-    for n in &g.nodes {
-        for &u in &n.inputs {
-            read[u] = true;
-        }
-    }
     let mut start = Set {
         bits: vec![0; nv.div_ceil(64)],
         bytes: 0,
         hash: 0,
     };
-    for (v, val) in g.values.iter().enumerate() {
-        if !read[v] && !val.fixed && val.producer.is_some() {
+    for v in unread(g) {
+        if g.values[v].producer.is_some() {
             start.flip(v, bytes(v), keys[v]);
         }
     }
