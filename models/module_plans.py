@@ -48,11 +48,16 @@ def main():
             if name in E.TRAIN_GRAPH_LOSS:
                 cmd += ["--loss", "graph"]
             r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-            if r.returncode != 0:
+            # A budget no plan meets exits non-zero after printing the lowest-peak plan
+            # (`"feasible": false`): that plan is measured too.
+            try:
+                plan = json.loads(r.stdout)
+            except ValueError:
+                plan = None
+            if plan is None or (r.returncode != 0 and plan.get("feasible") is not False):
                 skipped[tag] = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "exit %d" % r.returncode
                 print("skip", tag, skipped[tag], flush=True)
                 continue
-            plan = json.loads(r.stdout)
             mods = plan["checkpoint_modules"]
             if not mods:
                 skipped[tag] = "no module to checkpoint"

@@ -50,10 +50,12 @@ pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
         "m" | "mib" => 1024f64.powi(2),
         "g" | "gib" => 1024f64.powi(3),
         "t" | "tib" => 1024f64.powi(4),
+        "p" | "pib" => 1024f64.powi(5),
         "kb" => 1e3,
         "mb" => 1e6,
         "gb" => 1e9,
         "tb" => 1e12,
+        "pb" => 1e15,
         u => return Err(format!("'{text}': unknown unit '{u}'")),
     };
     let bytes = v * mult;
@@ -94,7 +96,24 @@ pub fn parse_rate(text: &str) -> std::result::Result<f64, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_rate;
+    use super::{parse_rate, parse_size};
+
+    #[test]
+    fn sizes() {
+        for (text, want) in [
+            ("16GiB", 16u64 << 30),
+            ("1.5 TiB", 3 << 39),
+            ("2PiB", 2 << 50),
+            ("1p", 1 << 50),
+            ("3PB", 3_000_000_000_000_000),
+            ("16GB", 16_000_000_000),
+            ("800", 800),
+        ] {
+            assert_eq!(parse_size(text), Ok(want), "{text}");
+        }
+        assert!(parse_size("2EiB").unwrap_err().contains("unknown unit"));
+        assert!(parse_size("0B").unwrap_err().contains("between 1 byte"));
+    }
 
     #[test]
     fn rates() {

@@ -556,3 +556,39 @@ fn sweep_budgets() {
     assert_eq!(budgets(10, 7, 11), vec![10, 9, 8, 7]);
     assert_eq!(budgets(100, 200, 3), vec![100]);
 }
+
+/// A budget no plan meets: the lowest-peak plan is still printed (`"feasible":
+/// false`), then one line on stderr, and the exit status fails, so that a script
+/// does not go on to train over budget. `--solver none` (the no-recompute step
+/// itself) is exempt. A percentage budget is the same share as a fraction.
+#[test]
+fn an_unmet_budget_fails_after_the_report() {
+    let cnn = common::shipped("cnn.onnx");
+    let cnn = cnn.to_str().unwrap();
+    let (ok, out, err) = common::run_memplan(&[
+        "plan", cnn, "--batch", "2", "--budget", "1B", "--solver", "greedy", "--json",
+    ]);
+    assert!(!ok, "{out}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["feasible"], false);
+    assert!(err.contains("no plan fits the budget of 1 B"), "{err}");
+    assert!(err.contains("the lowest peak found is"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    let (ok, _, err) = common::run_memplan(&[
+        "plan", cnn, "--batch", "2", "--budget", "1B", "--solver", "none", "--json",
+    ]);
+    assert!(ok, "{err}");
+    let share = |b: &str| {
+        common::memplan_json(&[
+            "plan", cnn, "--batch", "2", "--budget", b, "--solver", "none", "--json",
+        ])["budget_bytes"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(share("80%"), share("0.8"));
+    assert!(share("80%") < share("90%"));
+    fails(
+        &["plan", cnn, "--batch", "2", "--budget", "120%"],
+        &["--budget", "percentage"],
+    );
+}

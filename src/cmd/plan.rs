@@ -16,6 +16,7 @@ use memplan::remat::modules::saved_at_forward_end;
 use memplan::remat::plan::{plan, recomputed_modules, Solver};
 use memplan::remat::step::load;
 use memplan::report::plan::{plan_json, plan_text, Granularity, PlanDevice};
+use memplan::units::human_bytes;
 
 /// `plan`'s flags.
 #[derive(clap::Args)]
@@ -32,7 +33,8 @@ pub struct PlanArgs {
     /// Binds another named dimension (repeatable).
     #[arg(long = "dim", value_name = "NAME=VALUE")]
     dims: Vec<String>,
-    /// Budget: a size (`8GiB`) or, below 1, a fraction of the no-recompute peak.
+    /// Budget: a size (`8GiB`), a percentage of the no-recompute peak (`50%`) or,
+    /// below 1, a fraction of it (`0.5`).
     /// With --pareto: the lowest budget of the sweep (optional).
     #[arg(long, required_unless_present_any = ["pareto", "checkpoint", "checkpoint_modules", "selective_modules"])]
     budget: Option<String>,
@@ -335,6 +337,25 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         if let Some(dv) = &on_device {
             print!("{}", dv.to_text());
         }
+    }
+    // A budget that cannot be met is a failure for a script that asked for it; the
+    // report above (the lowest-peak plan) is still printed and written. `--solver
+    // none` asks for the no-recompute step itself, whatever the budget.
+    if let (false, Some(b), false) = (r.feasible, budget_bytes, solver == Solver::None) {
+        let proven = if r.proven_floor_bytes > b {
+            format!(
+                " (proven: no schedule peaks below {})",
+                human_bytes(r.proven_floor_bytes)
+            )
+        } else {
+            String::new()
+        };
+        bail!(
+            "{path}: no plan fits the budget of {}: the lowest peak found is {} (no recompute: {}){proven}",
+            human_bytes(b),
+            human_bytes(r.min_feasible_bytes),
+            human_bytes(r.baseline_peak_bytes)
+        );
     }
     Ok(())
 }

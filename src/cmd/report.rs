@@ -45,7 +45,8 @@ pub struct ReportArgs {
     #[arg(long = "dim", value_name = "NAME=VALUE")]
     dims: Vec<String>,
     /// Also plan recomputation under this budget and draw the step before and after:
-    /// a size (`8GiB`) or, below 1, a fraction of the no-recompute peak.
+    /// a size (`8GiB`), a percentage of the no-recompute peak (`50%`) or,
+    /// below 1, a fraction of it (`0.5`).
     #[arg(long, conflicts_with = "plan")]
     budget: Option<String>,
     /// Also draw the step under this plan (written by `memplan plan -o` for this

@@ -26,8 +26,8 @@ pub struct VerifyArgs {
     /// A plan written by `memplan plan -o` for this model, batch and options.
     #[arg(long, value_name = "plan.json", conflicts_with = "budget")]
     plan: Option<PathBuf>,
-    /// Plan now under this budget: a size (`8GiB`) or, below 1, a fraction of the
-    /// no-recompute peak.
+    /// Plan now under this budget: a size (`8GiB`), a percentage of the no-recompute
+    /// peak (`50%`) or, below 1, a fraction of it (`0.5`).
     #[arg(long, required_unless_present = "plan")]
     budget: Option<String>,
     /// Planner (with --budget).
