@@ -29,6 +29,15 @@ pub enum Error {
         /// What the decoder or the structural check found.
         reason: String,
     },
+    /// A `--dag` file is not a rematerialization benchmark graph (bad JSON, a
+    /// missing field, a link to an unknown node or against the order).
+    #[error("not a rematerialization DAG: {reason}")]
+    NotDag {
+        /// The file.
+        path: PathBuf,
+        /// What the reader found.
+        reason: String,
+    },
     /// The model decodes but its graph is malformed (undefined tensor, duplicate producer, cycle...).
     #[error("invalid graph: {0}")]
     Graph(String),

@@ -307,3 +307,46 @@ fn shape_errors_name_the_node() {
         &["rawlen.onnx", "'w'", "raw_data holds 7 bytes"],
     );
 }
+
+/// Training-only flags on an inference profile are refused, not ignored.
+#[test]
+fn training_flags_need_train() {
+    let m = shipped("cnn.onnx");
+    for flag in [
+        ["--freeze", "conv"],
+        ["--trainable", "conv"],
+        ["--weight-dtype", "bf16"],
+    ] {
+        let args = [&["--batch", "2"][..], &flag[..]].concat();
+        fails_with(&m, &args, &[flag[0], "--train"]);
+    }
+}
+
+/// A `--dag` file that is not a benchmark graph says so, and not that it is not ONNX.
+#[test]
+fn bad_dag_files() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text, needle) in [
+        ("notjson.json", "nodes: 1", "JSON"),
+        (
+            "unknown.json",
+            r#"{"nodes":[{"id":0,"name":"a","backward":false,"cost_cpu":1,"cost_ram":5}],"links":[{"source":0,"target":7}]}"#,
+            "unknown node 7",
+        ),
+        (
+            "negative.json",
+            r#"{"nodes":[{"id":0,"name":"a","backward":false,"cost_cpu":1,"cost_ram":-5}],"links":[]}"#,
+            "negative",
+        ),
+    ] {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        let (ok, _, err) = run_memplan(&["plan", "--dag", p.to_str().unwrap(), "--budget", "0.5"]);
+        assert!(!ok && !err.contains("panicked"), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        for n in [name, "not a rematerialization DAG", needle] {
+            assert!(err.contains(n), "'{n}' not in {err}");
+        }
+        assert!(!err.contains("ONNX"), "{err}");
+    }
+}

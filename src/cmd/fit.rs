@@ -64,7 +64,7 @@ pub fn run(a: FitArgs) -> anyhow::Result<()> {
         device,
     } = a;
     if !(time_limit > 0.0 && time_limit <= 86400.0) {
-        bail!("--time-limit must be between 0 and 86400 seconds");
+        bail!("--time-limit must be above 0 and at most 86400 seconds");
     }
     let path = model.display().to_string();
     let m = load_model(&model).with_context(|| path.clone())?;

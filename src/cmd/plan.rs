@@ -194,7 +194,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         apply_roofline(&mut g, r);
     }
     if !(time_limit > 0.0 && time_limit <= 86400.0) {
-        bail!("--time-limit must be between 0 and 86400 seconds");
+        bail!("--time-limit must be above 0 and at most 86400 seconds");
     }
     let baseline = g
         .baseline_peak()

@@ -61,6 +61,15 @@ pub fn run(a: ProfileArgs) -> anyhow::Result<()> {
     if device.given() && !train {
         anyhow::bail!("--allocator, --alloc-conf, --gpu and --cuda-context describe the training step's device: give --train");
     }
+    if !train
+        && (training.freeze.is_some()
+            || training.trainable.is_some()
+            || training.weight_dtype.is_some())
+    {
+        anyhow::bail!(
+            "--freeze, --trainable and --weight-dtype describe the training step: give --train"
+        );
+    }
     let bindings = Bindings {
         batch,
         dims: parse_dims(&dims)?,

@@ -104,7 +104,7 @@ pub fn run(a: ReportArgs) -> anyhow::Result<()> {
 /// Makes the report and writes it.
 fn write_report(a: ReportArgs) -> anyhow::Result<()> {
     if !(a.time_limit > 0.0 && a.time_limit <= 86400.0) {
-        bail!("--time-limit must be between 0 and 86400 seconds");
+        bail!("--time-limit must be above 0 and at most 86400 seconds");
     }
     if a.format == Format::Svg
         && (a.budget.is_some()

@@ -76,7 +76,7 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
     use memplan::exec::verify::{available_memory, verify, PlanSource, VerifyOptions};
     use memplan::remat::planfile::{PlanFile, StepSource};
     if !(a.time_limit > 0.0 && a.time_limit <= 86400.0) {
-        bail!("--time-limit must be between 0 and 86400 seconds");
+        bail!("--time-limit must be above 0 and at most 86400 seconds");
     }
     if a.runs == 0 || a.runs > 1000 {
         bail!("--runs must be between 1 and 1000");

@@ -13,9 +13,9 @@ use super::graph::{RNode, RValue, RematGraph};
 use crate::error::{Error, Result};
 
 fn bad(path: &Path, why: impl Into<String>) -> Error {
-    Error::NotOnnx {
+    Error::NotDag {
         path: path.to_path_buf(),
-        reason: format!("not a rematerialization DAG: {}", why.into()),
+        reason: why.into(),
     }
 }
 
