@@ -1047,3 +1047,65 @@ fn cumprod_with_zeros() {
     }
     report("cumprod", &st);
 }
+
+/// `SliceScatter` (what lowering writes for a box-shaped ScatterND): its gradients
+/// against finite differences, with nothing saved, and its forward equal to the
+/// ScatterND it replaces (indices: the box's whole grid) bit for bit.
+#[test]
+fn slice_scatter_is_the_scatter_of_its_box() {
+    let mut st = Stats::default();
+    for seed in 0..SEEDS {
+        let mut r = Rng(seed);
+        let rank = r.u(1, 4);
+        let data = r.shape(rank, 1, 5);
+        let k = r.u(1, rank);
+        let mut starts = Vec::new();
+        let mut upd = data.clone();
+        for a in 0..k {
+            let n = r.u(1, data[a]);
+            starts.push(r.u(0, data[a] - n) as i64);
+            upd[a] = n;
+        }
+        for red in ["none", "add"] {
+            let (x, u) = (r.t(&data), r.t(&upd));
+            let c = Case::new("SliceScatter", vec![x.clone(), u.clone()])
+                .domain(memplan::onnx::LOWERED_DOMAIN)
+                .attr("starts", Attr::Ints(starts.clone()))
+                .attr("reduction", Attr::String(red.into()));
+            let out = c.infer().unwrap();
+            assert!(c
+                .backward_rule(&out)
+                .unwrap()
+                .unwrap()
+                .grads
+                .iter()
+                .all(|g| g.needs.is_empty()));
+            check(&c, &mut r, &mut st);
+            // The grid: every coordinate of the box, k to a row.
+            let boxn: usize = upd[..k].iter().product();
+            let mut grid = Vec::with_capacity(boxn * k);
+            for i in 0..boxn {
+                let mut rest = i;
+                let mut coord = vec![0i64; k];
+                for a in (0..k).rev() {
+                    coord[a] = starts[a] + (rest % upd[a]) as i64;
+                    rest /= upd[a];
+                }
+                grid.extend(coord);
+            }
+            let mut gshape = upd[..k].to_vec();
+            gshape.push(k);
+            let s = Case::new("ScatterND", vec![x, Tensor::i64(gshape, grid), u])
+                .attr("reduction", Attr::String(red.into()));
+            let (sn, so) = (s.node(), s.infer().unwrap());
+            let want = forward(&s, &sn, &so, &s.inputs);
+            let got = forward(&c, &c.node(), &out, &c.inputs);
+            assert_eq!(
+                got[0].to_f32().unwrap(),
+                want[0].to_f32().unwrap(),
+                "{data:?} {starts:?} {upd:?}"
+            );
+        }
+    }
+    assert!(st.checks > 0);
+}

@@ -30,7 +30,7 @@
 //! initializers become constants, once per subgraph (not once per iteration).
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use petgraph::stable_graph::NodeIndex;
@@ -47,6 +47,7 @@ use crate::onnx::load::{attrs_of, tensor_data};
 use crate::onnx::proto::GraphProto;
 use crate::ops::{shape::literal_fact, Fact};
 
+mod scatter;
 mod sequence;
 
 /// The op types [`lower`] rewrites (default domain).
@@ -78,10 +79,14 @@ pub fn is_lowered(n: &Node) -> bool {
     n.domain.is_empty() && LOWERED.contains(&n.op_type.as_str())
 }
 
-/// Whether the model holds anything [`lower`] rewrites.
+/// Whether the model holds anything [`lower`] may rewrite: control flow, sequences,
+/// or a `ScatterND` (a slice assignment when its indices are a box's grid).
 pub fn needs_lowering(model: &Model) -> bool {
     let g = &model.graph;
-    g.order.iter().any(|&ix| is_lowered(g.node(ix)))
+    g.order.iter().any(|&ix| {
+        let n = g.node(ix);
+        is_lowered(n) || (n.op_type == "ScatterND" && n.domain.is_empty())
+    })
 }
 
 /// The model with control flow and sequences lowered for these bindings; the model
@@ -104,9 +109,14 @@ pub fn lower<'m>(model: &'m Model, b: &Bindings) -> Result<Cow<'m, Model>> {
         scopes: Vec::new(),
         consts: HashMap::new(),
         decoded: HashMap::new(),
+        grids: Vec::new(),
     };
     for ix in order {
         l.process(ix)?;
+    }
+    if l.removed.is_empty() {
+        // Scatters that are no slice assignment, and nothing else: unchanged.
+        return Ok(Cow::Borrowed(model));
     }
     Ok(Cow::Owned(l.finish()))
 }
@@ -138,6 +148,9 @@ struct Lowering {
     consts: HashMap<(usize, String), TensorId>,
     /// Subgraphs decoded, by the address of their encoding.
     decoded: HashMap<usize, Arc<GraphProto>>,
+    /// The index grids of the scatters made slice assignments ([`scatter`]): their
+    /// nodes go once nothing else reads them.
+    grids: Vec<TensorId>,
 }
 
 /// Where a node's failure is reported.
@@ -206,6 +219,12 @@ impl Lowering {
                     self.name(*t)
                 ),
             ));
+        }
+        if node.op_type == "ScatterND"
+            && node.domain.is_empty()
+            && self.lower_box_scatter(ix, &node)?
+        {
+            return Ok(());
         }
         infer_node(&self.m, ix, &mut self.facts)?;
         self.order.push(ix);
@@ -879,7 +898,92 @@ impl Lowering {
 
     /// Drops the lowered nodes and the sequence tensors, renumbers the tensors and
     /// rebuilds the edges.
+    /// Drops the nodes that built the replaced scatters' grids: back from each grid,
+    /// every node whose outputs nothing (left) reads and that is no graph output. An
+    /// integer tensor read only by `Shape` nodes is no longer needed either (its
+    /// shape is known: each such `Shape` becomes a `Constant` of it): the exporter
+    /// adds a grid's pieces together (an int64 tensor the size of the box) only to
+    /// take the broadcast shape of the update.
+    fn drop_grids(&mut self) {
+        let g = &self.m.graph;
+        let mut readers: HashMap<TensorId, Vec<NodeIndex>> = HashMap::new();
+        for &ix in &self.order {
+            for &t in g.nodes[ix].inputs.iter().flatten() {
+                readers.entry(t).or_default().push(ix);
+            }
+        }
+        let outputs: HashSet<TensorId> = g.outputs.iter().copied().collect();
+        let gone: HashSet<NodeIndex> = self.removed.iter().copied().collect();
+        let mut dropped = HashSet::new();
+        let mut shaped = Vec::new();
+        let mut work = std::mem::take(&mut self.grids);
+        // What Shape nodes read may be needed for its shape alone.
+        work.extend(self.order.iter().filter_map(|&ix| {
+            let n = &g.nodes[ix];
+            (n.op_type == "Shape" && n.domain.is_empty())
+                .then(|| n.inputs.first().copied().flatten())
+                .flatten()
+        }));
+        while let Some(t) = work.pop() {
+            let Some(p) = g.tensors[t].producer else { continue };
+            if outputs.contains(&t) || gone.contains(&p) || dropped.contains(&p) {
+                continue;
+            }
+            let live = |t: &TensorId| readers.get(t).is_some_and(|r| !r.is_empty());
+            let n = &g.nodes[p];
+            if n.outputs.iter().flatten().any(|o| outputs.contains(o)) {
+                continue;
+            }
+            // Outputs read only by Shape nodes whose values are known: those
+            // become constants.
+            let only_shaped = n.outputs.iter().flatten().all(|o| {
+                self.facts[*o].as_ref().is_some_and(|f| f.dtype.is_int())
+                    && readers.get(o).into_iter().flatten().all(|&r| {
+                        let rn = &g.nodes[r];
+                        rn.op_type == "Shape"
+                            && rn.domain.is_empty()
+                            && rn.outputs.iter().flatten().all(|s| {
+                                self.facts[*s].as_ref().is_some_and(|f| f.value.is_some())
+                            })
+                    })
+            });
+            if n.outputs.iter().flatten().any(live) && !only_shaped {
+                continue;
+            }
+            for o in n.outputs.iter().flatten() {
+                shaped.extend(readers.remove(o).unwrap_or_default());
+            }
+            dropped.insert(p);
+            for &i in n.inputs.iter().flatten() {
+                if let Some(r) = readers.get_mut(&i) {
+                    if let Some(k) = r.iter().position(|&x| x == p) {
+                        r.swap_remove(k);
+                    }
+                }
+                work.push(i);
+            }
+        }
+        for ix in shaped {
+            let out = self.m.graph.nodes[ix].outputs.first().copied().flatten();
+            let Some(v) = out.and_then(|o| self.facts[o].as_ref()?.value.clone()) else {
+                continue;
+            };
+            let data = TensorData {
+                dtype: DType::I64,
+                dims: v.shape.clone(),
+                payload: Payload::Typed(Data::Int(v.to_ints())),
+            };
+            let n = &mut self.m.graph.nodes[ix];
+            n.op_type = "Constant".into();
+            n.inputs = Default::default();
+            n.attrs = Attrs::from([("value", Attr::Tensor(Box::new(data)))]);
+        }
+        self.order.retain(|ix| !dropped.contains(ix));
+        self.removed.extend(dropped);
+    }
+
     fn finish(mut self) -> Model {
+        self.drop_grids();
         for &ix in &self.removed {
             self.m.graph.nodes.remove_node(ix);
         }

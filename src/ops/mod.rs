@@ -689,9 +689,11 @@ pub enum Storage {
     Reshape,
 }
 
-/// Op table keyed by op type (default ONNX domain).
+/// Op table keyed by op type: the default ONNX domain, and the few ops of
+/// [`crate::onnx::LOWERED_DOMAIN`] that lowering writes.
 pub struct Registry {
     ops: HashMap<&'static str, Box<dyn Op>, crate::ir::NameHash>,
+    lowered: HashMap<&'static str, Box<dyn Op>, crate::ir::NameHash>,
 }
 
 impl Registry {
@@ -701,12 +703,20 @@ impl Registry {
         debug_assert!(prev.is_none(), "op {name} registered twice");
     }
 
+    /// Adds an op of [`crate::onnx::LOWERED_DOMAIN`].
+    pub fn add_lowered(&mut self, name: &'static str, op: impl Op + 'static) {
+        let prev = self.lowered.insert(name, Box::new(op));
+        debug_assert!(prev.is_none(), "op {name} registered twice");
+    }
+
     /// The rule for `op_type` in `domain`, if supported.
     pub fn get(&self, domain: &str, op_type: &str) -> Option<&dyn Op> {
-        if !domain.is_empty() {
-            return None;
-        }
-        self.ops.get(op_type).map(|b| b.as_ref())
+        let table = match domain {
+            "" => &self.ops,
+            crate::onnx::LOWERED_DOMAIN => &self.lowered,
+            _ => return None,
+        };
+        table.get(op_type).map(|b| b.as_ref())
     }
 
     /// Names of all supported ops, sorted.
@@ -736,6 +746,7 @@ pub fn registry() -> &'static Registry {
     REG.get_or_init(|| {
         let mut r = Registry {
             ops: HashMap::default(),
+            lowered: HashMap::default(),
         };
         attention::register(&mut r);
         elementwise::register(&mut r);

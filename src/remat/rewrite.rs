@@ -146,6 +146,14 @@ impl Loaded {
                 n.name, n.op_type
             )));
         }
+        if let std::borrow::Cow::Owned(_) = crate::lower::lower(&model, bindings)? {
+            return Err(Error::Rewrite(
+                "a ScatterND writes a slice (its indices are a box's grid), which memplan \
+                 lowers to another node; a rewritten step holds the model's own nodes and \
+                 cannot hold it yet (the plan file can)"
+                    .into(),
+            ));
+        }
         let inf = infer(&model, bindings)?;
         let schedule = build_schedule(&model, &inf, options)?;
         Ok(Loaded {

@@ -83,6 +83,8 @@ pub fn scalar(v: f32) -> Tensor {
 /// One op application to check.
 pub struct Case {
     pub op: &'static str,
+    /// The op's domain ("" for ONNX's; memplan::onnx::LOWERED_DOMAIN for lowering's).
+    pub domain: &'static str,
     pub attrs: Vec<(&'static str, Attr)>,
     pub inputs: Vec<Tensor>,
     /// Inputs that are constants (folded into their facts, never differentiated).
@@ -97,6 +99,7 @@ impl Case {
     pub fn new(op: &'static str, inputs: Vec<Tensor>) -> Case {
         Case {
             op,
+            domain: "",
             attrs: Vec::new(),
             inputs,
             consts: Vec::new(),
@@ -104,6 +107,10 @@ impl Case {
             grad_outs: 1,
             opset: 17,
         }
+    }
+    pub fn domain(mut self, d: &'static str) -> Case {
+        self.domain = d;
+        self
     }
     pub fn attr(mut self, k: &'static str, a: Attr) -> Case {
         self.attrs.push((k, a));
@@ -126,7 +133,7 @@ impl Case {
         Node {
             name: format!("test_{}", self.op).into(),
             op_type: self.op.into(),
-            domain: Default::default(),
+            domain: self.domain.into(),
             inputs: (0..self.inputs.len()).map(Some).collect(),
             outputs: (0..self.n_out).map(|i| Some(100 + i)).collect(),
             attrs: Attrs::from_iter(self.attrs.iter().map(|(k, a)| (k.to_string(), a.clone()))),
@@ -141,7 +148,7 @@ impl Case {
             opset: self.opset,
         };
         registry()
-            .get("", self.op)
+            .get(self.domain, self.op)
             .ok_or("no rule")?
             .infer(&cx)
             .map_err(|e| e.to_string())
@@ -156,7 +163,7 @@ impl Case {
             opset: self.opset,
         };
         registry()
-            .get("", self.op)
+            .get(self.domain, self.op)
             .ok_or("no rule")?
             .backward(&cx, out)
             .map_err(|e| e.to_string())
@@ -184,7 +191,7 @@ impl Case {
 
 /// Runs the forward kernel with extras on `inputs`: declared outputs, then extras.
 pub fn forward(case: &Case, node: &Node, out_facts: &[Fact], inputs: &[Tensor]) -> Vec<Tensor> {
-    let rule = registry().get("", case.op).unwrap();
+    let rule = registry().get(case.domain, case.op).unwrap();
     let kcx = KernelCx {
         node,
         inputs: inputs.iter().map(Some).collect(),
@@ -230,7 +237,7 @@ pub fn check(case: &Case, rng: &mut Rng, stats: &mut Stats) {
             .collect::<Vec<_>>(),
         case.attrs
     );
-    let rule = registry().get("", case.op).unwrap();
+    let rule = registry().get(case.domain, case.op).unwrap();
     let (node, facts) = (case.node(), case.facts());
     let out_facts = case.infer().unwrap_or_else(|e| panic!("{what}: {e}"));
     let bw = case
@@ -361,7 +368,7 @@ pub fn forward_backward(
     gs: &[Tensor],
     wanted: &[usize],
 ) -> Result<(Vec<Tensor>, Vec<Option<Tensor>>), String> {
-    let rule = registry().get("", case.op).unwrap();
+    let rule = registry().get(case.domain, case.op).unwrap();
     let (node, facts) = (case.node(), case.facts());
     let out_facts = case.infer()?;
     let bw = case.backward_rule(&out_facts)?.ok_or("no backward rule")?;

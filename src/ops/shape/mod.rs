@@ -20,12 +20,15 @@ pub(super) const COPIES: &[&str] = &["strided_copy_b1", "strided_copy_b4", "stri
 mod depth_space;
 mod pad_tile;
 mod select;
+mod slice_scatter;
 mod sources;
 mod views;
 
 use depth_space::*;
 use pad_tile::*;
 use select::*;
+pub use slice_scatter::SLICE_SCATTER;
+use slice_scatter::*;
 pub use sources::literal_fact;
 use sources::*;
 pub use views::reshape_target;
@@ -135,6 +138,7 @@ pub fn register(r: &mut Registry) {
             arity: Arity::new(3, 3, 1, 1),
         },
     );
+    r.add_lowered(SLICE_SCATTER, SliceScatter);
     r.add("BitCast", BitCast);
     r.add("Compress", Compress);
     r.add("CenterCropPad", CenterCropPad);
