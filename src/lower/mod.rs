@@ -20,6 +20,11 @@
 //!
 //! - Optionals: `Optional` wraps a tensor or nothing, `OptionalHasElement` becomes
 //!   a constant, `OptionalGetElement` an Identity of the tensor.
+//! - Slice assignments: a `ScatterND` whose indices are a box's coordinate grid
+//!   becomes a `SliceScatter` (domain `ai.memplan.lowered`) and the grid's nodes go
+//!   ([`scatter`]); so do integer tensors read only by `Shape` (their shapes are
+//!   known). A model with a `ScatterND` is walked for this; when nothing changes
+//!   it is returned as it was.
 //!
 //! What does not fold is refused in one line naming the node: a condition or trip
 //! count that depends on input values, a sequence position that does, a sequence
