@@ -250,66 +250,71 @@ fn fit_searches_when_the_step_changes_with_the_batch() {
 }
 
 /// Slice assignments (tests/data/lowering/export_slice_assign.py: `a[:, :, 1:, 2:]
-/// += r` and `a[:, 1, :3] = ...`, which the TorchScript exporter writes as three
-/// ScatterNDs over index grids built from shapes) become SliceScatters with no grid
-/// left, at any batch; the CPU executor computes PyTorch's output, and the training
-/// step saves exactly the bytes PyTorch saves (3,024 at batch 3; 14,760 with the
-/// grids) and runs with the peak predicted.
+/// += r` and `a[:, 1, :3] = ...`), as the TorchScript exporter writes them (three
+/// ScatterNDs over index grids built from shapes) and as the dynamo exporter does
+/// (five ScatterNDs over transposed data, a ScatterElements for the select, the
+/// scalar 0.5 an initializer), become SliceScatters with no grid left, at any batch;
+/// the CPU executor computes PyTorch's output, and the training step saves exactly
+/// the bytes PyTorch saves (3,024 at batch 3; 14,760 and 4,176 before), with the
+/// model's two parameters (not the scalar), and runs with the peak predicted.
 #[test]
 fn slice_assignments_lose_their_index_grids() {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/lowering/slice_assign.json");
     let e: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
-    let original = load_model(&path("slice_assign")).unwrap();
-    assert_eq!(op_count(&original, "ScatterND"), 3);
-    for b in [1, 3, 5] {
-        let m = lowered_at("slice_assign", b);
-        assert_eq!(op_count(&m, "ScatterND"), 0, "batch {b}");
-        assert_eq!(op_count(&m, "SliceScatter"), 3, "batch {b}");
-        // The grids' Range → Expand → Unsqueeze → Concat chains are gone: no
-        // integer tensor the size of a box is left (a grid holds 60·b·k).
-        let inf = infer(&m, &batch(b)).unwrap();
-        let biggest_int = inf
-            .facts
+    let scatters = |m: &Model| op_count(m, "ScatterND") + op_count(m, "ScatterElements");
+    for (name, n) in [("slice_assign", 3), ("slice_assign_dynamo", 6)] {
+        let original = load_model(&path(name)).unwrap();
+        assert_eq!(scatters(&original), n, "{name}");
+        for b in [1, 3, 5] {
+            let m = lowered_at(name, b);
+            assert_eq!(scatters(&m), 0, "{name} batch {b}");
+            assert_eq!(op_count(&m, "SliceScatter"), n, "{name} batch {b}");
+            // The grids' Range → Expand → Unsqueeze → Concat chains are gone: no
+            // integer tensor the size of a box is left (a grid holds 60·b·k).
+            let inf = infer(&m, &batch(b)).unwrap();
+            let biggest_int = inf
+                .facts
+                .iter()
+                .filter(|f| f.dtype.is_int())
+                .map(|f| f.numel())
+                .max()
+                .unwrap_or(0);
+            assert!(
+                biggest_int <= 8,
+                "{name} batch {b}: an integer tensor of {biggest_int}"
+            );
+        }
+        let m = lowered_at(name, 3);
+        let inf = infer(&m, &batch(3)).unwrap();
+        let (shape, data) = f32s(&e["inputs"]["x"]);
+        let exec = Executor::new(&m, &inf, Options::default()).unwrap();
+        let out = exec.forward(&[Tensor::f32(shape, data)]).unwrap();
+        let (shape, want) = f32s(&e["outputs"]["y"]);
+        assert_eq!(out[0].shape, shape);
+        let err = out[0]
+            .as_f32()
+            .unwrap()
             .iter()
-            .filter(|f| f.dtype.is_int())
-            .map(|f| f.numel())
-            .max()
-            .unwrap_or(0);
-        assert!(
-            biggest_int <= 8,
-            "batch {b}: an integer tensor of {biggest_int}"
+            .zip(&want)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(err < 1e-5, "{name}: max error {err:.3e}");
+        let v = json(
+            "profile",
+            name,
+            &["--batch", "3", "--train", "--optimizer", "sgd"],
         );
+        assert_eq!(
+            v["training"]["saved_activation_bytes"], e["saved_bytes"],
+            "{name} {v}"
+        );
+        assert_eq!(v["training"]["trainable_params"], 2, "{name} {v}");
+        let v = json("verify", name, &["--batch", "3", "--budget", "1GiB"]);
+        assert_eq!(
+            v["measured_peak_bytes"], v["predicted_peak_bytes"],
+            "{name} {v}"
+        );
+        assert_eq!(v["gradients_identical"], true, "{name} {v}");
     }
-    let m = lowered_at("slice_assign", 3);
-    let inf = infer(&m, &batch(3)).unwrap();
-    let (shape, data) = f32s(&e["inputs"]["x"]);
-    let exec = Executor::new(&m, &inf, Options::default()).unwrap();
-    let out = exec.forward(&[Tensor::f32(shape, data)]).unwrap();
-    let (shape, want) = f32s(&e["outputs"]["y"]);
-    assert_eq!(out[0].shape, shape);
-    let err = out[0]
-        .as_f32()
-        .unwrap()
-        .iter()
-        .zip(&want)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-    assert!(err < 1e-5, "max error {err:.3e}");
-    let v = json(
-        "profile",
-        "slice_assign",
-        &["--batch", "3", "--train", "--optimizer", "sgd"],
-    );
-    assert_eq!(
-        v["training"]["saved_activation_bytes"], e["saved_bytes"],
-        "{v}"
-    );
-    let v = json(
-        "verify",
-        "slice_assign",
-        &["--batch", "3", "--budget", "1GiB"],
-    );
-    assert_eq!(v["measured_peak_bytes"], v["predicted_peak_bytes"], "{v}");
-    assert_eq!(v["gradients_identical"], true, "{v}");
     // A rewritten step holds the model's own nodes: refused in one line.
     let out = std::env::temp_dir().join("memplan-slice-assign-rewrite.onnx");
     let p = path("slice_assign");

@@ -90,7 +90,11 @@ pub fn needs_lowering(model: &Model) -> bool {
     let g = &model.graph;
     g.order.iter().any(|&ix| {
         let n = g.node(ix);
-        is_lowered(n) || (n.op_type == "ScatterND" && n.domain.is_empty())
+        is_lowered(n)
+            || (matches!(
+                n.op_type.as_str(),
+                "ScatterND" | "ScatterElements" | "Scatter"
+            ) && n.domain.is_empty())
     })
 }
 
@@ -225,8 +229,10 @@ impl Lowering {
                 ),
             ));
         }
-        if node.op_type == "ScatterND"
-            && node.domain.is_empty()
+        if matches!(
+            node.op_type.as_str(),
+            "ScatterND" | "ScatterElements" | "Scatter"
+        ) && node.domain.is_empty()
             && self.lower_box_scatter(ix, &node)?
         {
             return Ok(());
@@ -930,7 +936,9 @@ impl Lowering {
                 .flatten()
         }));
         while let Some(t) = work.pop() {
-            let Some(p) = g.tensors[t].producer else { continue };
+            let Some(p) = g.tensors[t].producer else {
+                continue;
+            };
             if outputs.contains(&t) || gone.contains(&p) || dropped.contains(&p) {
                 continue;
             }
@@ -941,17 +949,18 @@ impl Lowering {
             }
             // Outputs read only by Shape nodes whose values are known: those
             // become constants.
-            let only_shaped = n.outputs.iter().flatten().all(|o| {
-                self.facts[*o].as_ref().is_some_and(|f| f.dtype.is_int())
-                    && readers.get(o).into_iter().flatten().all(|&r| {
-                        let rn = &g.nodes[r];
-                        rn.op_type == "Shape"
-                            && rn.domain.is_empty()
-                            && rn.outputs.iter().flatten().all(|s| {
-                                self.facts[*s].as_ref().is_some_and(|f| f.value.is_some())
-                            })
-                    })
-            });
+            let only_shaped =
+                n.outputs.iter().flatten().all(|o| {
+                    self.facts[*o].as_ref().is_some_and(|f| f.dtype.is_int())
+                        && readers.get(o).into_iter().flatten().all(|&r| {
+                            let rn = &g.nodes[r];
+                            rn.op_type == "Shape"
+                                && rn.domain.is_empty()
+                                && rn.outputs.iter().flatten().all(|s| {
+                                    self.facts[*s].as_ref().is_some_and(|f| f.value.is_some())
+                                })
+                        })
+                });
             if n.outputs.iter().flatten().any(live) && !only_shaped {
                 continue;
             }

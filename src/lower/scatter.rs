@@ -1,4 +1,5 @@
 //! Slice assignments: a `ScatterND` whose indices are the coordinate grid of a box
+//! (or a `ScatterElements` whose indices are one coordinate, constant elsewhere)
 //! becomes a [`SLICE_SCATTER`] (domain [`LOWERED_DOMAIN`]), and the nodes that only
 //! built the grid are dropped ([`Lowering::finish`]).
 //!
@@ -12,7 +13,11 @@
 //! grid is recognised from facts alone: each column must be a folded value, or one
 //! broadcast (through `Expand`, and `Unsqueeze`/`Squeeze`/`Reshape` that add or
 //! drop size-1 axes) along the box, counting up by one along its own axis and
-//! constant along the others. Anything else stays a `ScatterND`.
+//! constant along the others. Anything else stays a scatter. The dynamo exporter
+//! writes a slice assignment on an inner axis as a `ScatterND` over one column
+//! between two `Transpose`s, and `a[:, 1] = y` (`select_scatter`) as a
+//! `ScatterElements` along the axis with a constant expanded to the update's shape:
+//! both are recognised too.
 
 use petgraph::stable_graph::NodeIndex;
 
@@ -38,7 +43,12 @@ impl Lowering {
         if reduction != "none" && reduction != "add" {
             return Ok(false);
         }
-        let Some(starts) = self.box_of(*idx, *data, *upd) else {
+        let starts = if node.op_type == "ScatterND" {
+            self.box_of(*idx, *data, *upd)
+        } else {
+            self.elements_box_of(node, *idx, *data, *upd)
+        };
+        let Some(starts) = starts else {
             return Ok(false);
         };
         self.removed.push(ix);
@@ -94,23 +104,40 @@ impl Lowering {
             if bs.len() != k + 1 || bs[k] != 1 || self.fact(c)?.shape[..k] != *s {
                 return None;
             }
-            if (bs[j] == 1 && s[j] != 1) || v.len() != bs.iter().product::<usize>() {
-                return None;
-            }
-            let dim = fd.shape[j] as i64;
-            let norm = |x: i64| if x < 0 { x + dim } else { x };
-            let a = norm(*v.first()?);
-            if a < 0 || a + s[j] as i64 > dim {
-                return None;
-            }
-            // a + the coordinate along axis j, whatever the others.
-            let stride: usize = bs[j + 1..].iter().product();
-            let along = |i: usize| ((i / stride) % bs[j]) as i64;
-            if v.iter().enumerate().any(|(i, &x)| norm(x) != a + along(i)) {
-                return None;
-            }
-            starts.push(a);
+            starts.push(column_start(&bs[..k], &v, j, s[j], fd.shape[j])?);
         }
+        Some(starts)
+    }
+
+    /// The same for `ScatterElements` (and its old name `Scatter`) along `axis`: the
+    /// indices, of the updates' shape, must be `a` plus the coordinate along `axis`
+    /// (what the dynamo exporter writes for `select_scatter`: a constant expanded);
+    /// the box then starts at `a` on `axis` and at 0 on every other axis.
+    fn elements_box_of(
+        &self,
+        node: &Node,
+        idx: TensorId,
+        data: TensorId,
+        upd: TensorId,
+    ) -> Option<Vec<i64>> {
+        let (fi, fd, fu) = (self.fact(idx)?, self.fact(data)?, self.fact(upd)?);
+        let r = fd.shape.len();
+        if fi.shape != fu.shape || fu.shape.len() != r || r == 0 {
+            return None;
+        }
+        let ax = node.attrs.int("axis").unwrap_or(0);
+        let ax = if ax < 0 { ax + r as i64 } else { ax };
+        if !(0..r as i64).contains(&ax) {
+            return None;
+        }
+        let ax = ax as usize;
+        let (bs, v) = self.broadcast_of(idx, 0)?;
+        let a = column_start(&bs, &v, ax, fu.shape[ax], fd.shape[ax])?;
+        if fu.shape.iter().zip(&fd.shape).any(|(u, d)| u > d) {
+            return None;
+        }
+        let mut starts = vec![0; r];
+        starts[ax] = a;
         Some(starts)
     }
 
@@ -171,4 +198,28 @@ impl Lowering {
         let p = self.m.graph.tensors[t].producer?;
         self.m.graph.nodes.node_weight(p)
     }
+}
+
+/// Where a grid column starts: `v` (of broadcast shape `bs`) must hold `a` plus the
+/// coordinate along axis `j` (of `n` elements, in a dimension of `dim`; negative
+/// indices count from the end), whatever the other coordinates.
+fn column_start(bs: &[usize], v: &[i64], j: usize, n: usize, dim: usize) -> Option<i64> {
+    if (bs[j] == 1 && n != 1)
+        || (bs[j] != 1 && bs[j] != n)
+        || v.len() != bs.iter().product::<usize>()
+    {
+        return None;
+    }
+    let dim = dim as i64;
+    let norm = |x: i64| if x < 0 { x + dim } else { x };
+    let a = norm(*v.first()?);
+    if a < 0 || a + n as i64 > dim {
+        return None;
+    }
+    let stride: usize = bs[j + 1..].iter().product();
+    let along = |i: usize| ((i / stride) % bs[j]) as i64;
+    v.iter()
+        .enumerate()
+        .all(|(i, &x)| norm(x) == a + along(i))
+        .then_some(a)
 }

@@ -360,7 +360,8 @@ fn build_graph<G: GraphSrc>(gp: &G, names: &Names) -> Result<Graph> {
     };
     let bad = |msg: String| Error::Graph(msg);
 
-    // Initializers: parameters (floating) or constants.
+    // Initializers: parameters (floating, but for the dynamo exporter's scalar
+    // constants) or constants.
     for t in gp.initializers() {
         let name = names.name(t.name());
         if name.is_empty() {
@@ -370,7 +371,7 @@ fn build_graph<G: GraphSrc>(gp: &G, names: &Names) -> Result<Graph> {
             return Err(bad(format!("initializer '{name}' is defined twice")));
         }
         let data = tensor_data_of(t).map_err(|e| bad(format!("initializer '{name}': {e}")))?;
-        let kind = if data.dtype.is_float() {
+        let kind = if data.dtype.is_float() && !exporter_scalar(&name, &data) {
             TensorKind::Parameter
         } else {
             TensorKind::Constant
@@ -605,4 +606,15 @@ fn py_str_list(text: &str) -> Option<Vec<String>> {
         out.push(s);
     }
     Some(out)
+}
+
+/// A scalar the dynamo exporter made an initializer (`val_<n>`: `x * 0.5`, an
+/// attention scale), where the TorchScript exporter writes a Constant node: a
+/// Python number in the model, not a parameter. A 0-d parameter of the model keeps
+/// its module path (CLIP's `logit_scale`).
+fn exporter_scalar(name: &str, data: &crate::ir::TensorData) -> bool {
+    data.dims.is_empty()
+        && name
+            .strip_prefix("val_")
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }

@@ -148,9 +148,9 @@ impl Loaded {
         }
         if let std::borrow::Cow::Owned(_) = crate::lower::lower(&model, bindings)? {
             return Err(Error::Rewrite(
-                "a ScatterND writes a slice (its indices are a box's grid), which memplan \
-                 lowers to another node; a rewritten step holds the model's own nodes and \
-                 cannot hold it yet (the plan file can)"
+                "a ScatterND or ScatterElements writes a slice (its indices are a box's \
+                 grid), which memplan lowers to another node; a rewritten step holds the \
+                 model's own nodes and cannot hold it yet (the plan file can)"
                     .into(),
             ));
         }

@@ -1,10 +1,12 @@
-"""Writes tests/data/lowering/slice_assign.onnx and slice_assign.json: slice
-assignments (`a[:, :, 1:, 2:] += r`, `a[:, 0, :3] = ...`) as the TorchScript exporter
-writes them (ScatterND over an index grid built from shapes), with PyTorch's output,
-input gradient and saved bytes on fixed inputs.
+"""Writes tests/data/lowering/slice_assign.onnx, slice_assign_dynamo.onnx and
+slice_assign.json: slice assignments (`a[:, :, 1:, 2:] += r`, `a[:, 1, :3] = ...`) as
+the TorchScript exporter writes them (ScatterND over an index grid built from
+shapes) and as the dynamo exporter does by default (`optimize=True`: ScatterND over
+transposed data, ScatterElements for the select, the scalar 0.5 an initializer), with
+PyTorch's output and saved bytes on fixed inputs.
 
 Dev-time only: python tests/data/lowering/export_slice_assign.py (torch 2.15, onnx
-1.23.2). Weights from torch.manual_seed(0). Saved bytes: the distinct storages of
+1.23.2, onnxscript). Weights from torch.manual_seed(0). Saved bytes: the distinct storages of
 the tensors autograd saves (`torch.autograd.graph.saved_tensors_hooks`) that are
 not parameters (the input, which the Linear saves for its weight's gradient,
 included), as tools/census measures them.
@@ -56,6 +58,11 @@ def main():
     p = onnx.load(path)
     del p.metadata_props[:]
     onnx.save(p, path)
+    dyn = torch.onnx.export(m, (x,), dynamo=True, dynamic_shapes=({0: "batch"},),
+                            input_names=["x"], output_names=["y"])
+    d = dyn.model_proto
+    del d.metadata_props[:]
+    onnx.save(d, os.path.join(HERE, "slice_assign_dynamo.onnx"))
     xg = x.clone().requires_grad_(True)
     y, saved = saved_bytes(m, xg)
     y.sum().backward()
