@@ -1069,7 +1069,7 @@ fn slice_scatter_is_the_scatter_of_its_box() {
         for red in ["none", "add"] {
             let (x, u) = (r.t(&data), r.t(&upd));
             let c = Case::new("SliceScatter", vec![x.clone(), u.clone()])
-                .domain(memplan::onnx::LOWERED_DOMAIN)
+                .domain(memplan::ops::LOWERED_DOMAIN)
                 .attr("starts", Attr::Ints(starts.clone()))
                 .attr("reduction", Attr::String(red.into()));
             let out = c.infer().unwrap();

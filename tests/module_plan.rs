@@ -467,6 +467,7 @@ fn cli_module_plans_keep_every_key() {
     let m = m.to_str().unwrap();
     let op = common::memplan_json(&["plan", m, "--batch", "64", "--budget", "0.7", "--json"]);
     assert_eq!(op["granularity"], "op");
+    assert_eq!(op["feasible"], true, "{op}");
     assert_eq!(op["checkpoint_modules"], serde_json::json!([]));
     let v = common::memplan_json(&[
         "plan",
@@ -505,7 +506,6 @@ fn cli_module_plans_keep_every_key() {
     assert!(
         e["saved_bytes_at_forward_end"].as_u64().unwrap()
             < op["saved_bytes_at_forward_end"].as_u64().unwrap()
-            || op["feasible"] == false
     );
     // An op plan as Python: one RECOMPUTE entry per recomputed forward node.
     let py = std::env::temp_dir().join(format!("memplan-op-{}.py", std::process::id()));

@@ -559,8 +559,9 @@ fn sweep_budgets() {
 
 /// A budget no plan meets: the lowest-peak plan is still printed (`"feasible":
 /// false`), then one line on stderr, and the exit status fails, so that a script
-/// does not go on to train over budget. `--solver none` (the no-recompute step
-/// itself) is exempt. A percentage budget is the same share as a fraction.
+/// does not go on to train over budget. `--solver none` and `sqrt` (one schedule
+/// each, whatever the budget) are exempt. A percentage budget is the same share as
+/// a fraction.
 #[test]
 fn an_unmet_budget_fails_after_the_report() {
     let cnn = common::shipped("cnn.onnx");
@@ -574,10 +575,12 @@ fn an_unmet_budget_fails_after_the_report() {
     assert!(err.contains("no plan fits the budget of 1 B"), "{err}");
     assert!(err.contains("the lowest peak found is"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
-    let (ok, _, err) = common::run_memplan(&[
-        "plan", cnn, "--batch", "2", "--budget", "1B", "--solver", "none", "--json",
-    ]);
-    assert!(ok, "{err}");
+    for solver in ["none", "sqrt"] {
+        let (ok, _, err) = common::run_memplan(&[
+            "plan", cnn, "--batch", "2", "--budget", "1B", "--solver", solver, "--json",
+        ]);
+        assert!(ok, "{solver}: {err}");
+    }
     let share = |b: &str| {
         common::memplan_json(&[
             "plan", cnn, "--batch", "2", "--budget", b, "--solver", "none", "--json",

@@ -219,12 +219,12 @@ pub fn parse_budget(text: &str, baseline: u64) -> anyhow::Result<u64> {
     let t = text.trim();
     if let Ok(f) = t.parse::<f64>() {
         if f > 0.0 && f < 1.0 {
-            return Ok((baseline as f64 * f) as u64);
+            return Ok(((baseline as f64 * f) as u64).max(1));
         }
     }
     if let Some(p) = t.strip_suffix('%') {
         return match p.trim().parse::<f64>() {
-            Ok(f) if f > 0.0 && f <= 100.0 => Ok(((baseline as f64 * f / 100.0) as u64).max(1)),
+            Ok(f) if f > 0.0 && f <= 100.0 => Ok(((baseline as f64 * (f / 100.0)) as u64).max(1)),
             _ => anyhow::bail!("--budget '{t}': a percentage must be above 0 and at most 100 (of the no-recompute peak)"),
         };
     }

@@ -340,8 +340,16 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     }
     // A budget that cannot be met is a failure for a script that asked for it; the
     // report above (the lowest-peak plan) is still printed and written. `--solver
-    // none` asks for the no-recompute step itself, whatever the budget.
-    if let (false, Some(b), false) = (r.feasible, budget_bytes, solver == Solver::None) {
+    // none` and `sqrt` ask for one schedule, whatever the budget.
+    let searched = !matches!(solver, Solver::None | Solver::Sqrt);
+    if let (false, Some(b), true) = (r.feasible, budget_bytes, searched) {
+        if !matches!(chosen, Chosen::Search { .. }) {
+            bail!(
+                "{path}: the chosen modules peak at {}, over the budget of {}",
+                human_bytes(r.peak_bytes),
+                human_bytes(b)
+            );
+        }
         let proven = if r.proven_floor_bytes > b {
             format!(
                 " (proven: no schedule peaks below {})",

@@ -90,11 +90,7 @@ pub fn needs_lowering(model: &Model) -> bool {
     let g = &model.graph;
     g.order.iter().any(|&ix| {
         let n = g.node(ix);
-        is_lowered(n)
-            || (matches!(
-                n.op_type.as_str(),
-                "ScatterND" | "ScatterElements" | "Scatter"
-            ) && n.domain.is_empty())
+        is_lowered(n) || scatter::may_be_slice(model, n)
     })
 }
 
@@ -119,6 +115,7 @@ pub fn lower<'m>(model: &'m Model, b: &Bindings) -> Result<Cow<'m, Model>> {
         consts: HashMap::new(),
         decoded: HashMap::new(),
         grids: Vec::new(),
+        shaped: Vec::new(),
     };
     for ix in order {
         l.process(ix)?;
@@ -160,6 +157,9 @@ struct Lowering {
     /// The index grids of the scatters made slice assignments ([`scatter`]): their
     /// nodes go once nothing else reads them.
     grids: Vec<TensorId>,
+    /// What the `Shape` nodes near those scatters read: tensors that may be needed
+    /// for their shapes alone.
+    shaped: Vec<TensorId>,
 }
 
 /// Where a node's failure is reported.
@@ -907,14 +907,14 @@ impl Lowering {
 
     // ---- the result --------------------------------------------------------------
 
-    /// Drops the lowered nodes and the sequence tensors, renumbers the tensors and
-    /// rebuilds the edges.
     /// Drops the nodes that built the replaced scatters' grids: back from each grid,
     /// every node whose outputs nothing (left) reads and that is no graph output. An
     /// integer tensor read only by `Shape` nodes is no longer needed either (its
     /// shape is known: each such `Shape` becomes a `Constant` of it): the exporter
     /// adds a grid's pieces together (an int64 tensor the size of the box) only to
-    /// take the broadcast shape of the update.
+    /// take the broadcast shape of the update. Only the `Shape` nodes found near the
+    /// replaced scatters are considered (`shape_seeds`), so that a model's other
+    /// shape computations stay as they are.
     fn drop_grids(&mut self) {
         let g = &self.m.graph;
         let mut readers: HashMap<TensorId, Vec<NodeIndex>> = HashMap::new();
@@ -928,13 +928,8 @@ impl Lowering {
         let mut dropped = HashSet::new();
         let mut shaped = Vec::new();
         let mut work = std::mem::take(&mut self.grids);
-        // What Shape nodes read may be needed for its shape alone.
-        work.extend(self.order.iter().filter_map(|&ix| {
-            let n = &g.nodes[ix];
-            (n.op_type == "Shape" && n.domain.is_empty())
-                .then(|| n.inputs.first().copied().flatten())
-                .flatten()
-        }));
+        // What the Shape nodes near the scatters read may be needed for its shape alone.
+        work.append(&mut self.shaped);
         while let Some(t) = work.pop() {
             let Some(p) = g.tensors[t].producer else {
                 continue;
@@ -949,18 +944,16 @@ impl Lowering {
             }
             // Outputs read only by Shape nodes whose values are known: those
             // become constants.
-            let only_shaped =
-                n.outputs.iter().flatten().all(|o| {
-                    self.facts[*o].as_ref().is_some_and(|f| f.dtype.is_int())
-                        && readers.get(o).into_iter().flatten().all(|&r| {
-                            let rn = &g.nodes[r];
-                            rn.op_type == "Shape"
-                                && rn.domain.is_empty()
-                                && rn.outputs.iter().flatten().all(|s| {
-                                    self.facts[*s].as_ref().is_some_and(|f| f.value.is_some())
-                                })
-                        })
-                });
+            let only_shaped = n.outputs.iter().flatten().all(|o| {
+                self.facts[*o].as_ref().is_some_and(|f| f.dtype.is_int())
+                    && readers.get(o).into_iter().flatten().all(|&r| {
+                        let rn = &g.nodes[r];
+                        rn.op_type == "Shape"
+                            && rn.domain.is_empty()
+                            && matches!(rn.outputs.first(), Some(Some(s))
+                                    if self.facts[*s].as_ref().is_some_and(|f| f.value.is_some()))
+                    })
+            });
             if n.outputs.iter().flatten().any(live) && !only_shaped {
                 continue;
             }
@@ -996,6 +989,8 @@ impl Lowering {
         self.removed.extend(dropped);
     }
 
+    /// Drops the lowered nodes and the sequence tensors, renumbers the tensors and
+    /// rebuilds the edges.
     fn finish(mut self) -> Model {
         self.drop_grids();
         for &ix in &self.removed {

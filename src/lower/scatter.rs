@@ -19,16 +19,67 @@
 //! `ScatterElements` along the axis with a constant expanded to the update's shape:
 //! both are recognised too.
 
+use std::collections::HashSet;
+
 use petgraph::stable_graph::NodeIndex;
 
 use super::Lowering;
 use crate::error::Result;
 use crate::ir::{Attr, Attrs, Node, TensorId};
-use crate::onnx::LOWERED_DOMAIN;
 use crate::ops::shape::SLICE_SCATTER;
+use crate::ops::LOWERED_DOMAIN;
 
 /// Deepest chain of broadcasts and reshapes followed back from a grid column.
 const MAX_DEPTH: usize = 8;
+
+/// Most tensors [`Lowering::shape_seeds`] visits from one scatter.
+const MAX_SEEDS: usize = 512;
+
+/// The ops of the exporter's shape arithmetic around a slice assignment (and the
+/// reshapes and broadcasts whose shape inputs it computes).
+const SHAPE_ARITHMETIC: &[&str] = &[
+    "Reshape",
+    "Expand",
+    "Concat",
+    "Unsqueeze",
+    "Squeeze",
+    "Gather",
+    "Where",
+    "Equal",
+    "ConstantOfShape",
+    "Add",
+    "Sub",
+    "Mul",
+    "Slice",
+    "Range",
+    "Cast",
+    "Identity",
+];
+
+/// Whether `n` is a scatter that [`Lowering::lower_box_scatter`] may make a slice
+/// assignment: a quick look at what writes its indices (a `Concat`, `Unsqueeze` or
+/// `Expand`, as the exporters build grids), so that models whose scatters take
+/// their indices from data are not walked for nothing.
+pub(super) fn may_be_slice(model: &crate::ir::Model, n: &Node) -> bool {
+    if !n.domain.is_empty()
+        || !matches!(
+            n.op_type.as_str(),
+            "ScatterND" | "ScatterElements" | "Scatter"
+        )
+    {
+        return false;
+    }
+    let g = &model.graph;
+    let Some(Some(idx)) = n.inputs.get(1) else {
+        return false;
+    };
+    g.tensors[*idx]
+        .producer
+        .and_then(|p| g.nodes.node_weight(p))
+        .is_some_and(|p| {
+            p.domain.is_empty() && matches!(p.op_type.as_str(), "Concat" | "Unsqueeze" | "Expand")
+        })
+}
 
 impl Lowering {
     /// Replaces the `ScatterND` `ix` with a [`SLICE_SCATTER`] when its indices are a
@@ -53,6 +104,8 @@ impl Lowering {
         };
         self.removed.push(ix);
         self.grids.push(*idx);
+        let seeds = self.shape_seeds(&[*idx, *upd]);
+        self.shaped.extend(seeds);
         self.m.opsets.insert(LOWERED_DOMAIN.to_string(), 1);
         let mut attrs = Attrs::from([("starts", Attr::Ints(starts))]);
         if reduction == "add" {
@@ -101,7 +154,8 @@ impl Lowering {
         for (j, &c) in columns.iter().enumerate() {
             let (bs, v) = self.broadcast_of(c, 0)?;
             // Shape S ++ [1]: drop the last axis.
-            if bs.len() != k + 1 || bs[k] != 1 || self.fact(c)?.shape[..k] != *s {
+            let cs = &self.fact(c)?.shape;
+            if bs.len() != k + 1 || bs[k] != 1 || cs.len() != k + 1 || cs[k] != 1 || cs[..k] != *s {
                 return None;
             }
             starts.push(column_start(&bs[..k], &v, j, s[j], fd.shape[j])?);
@@ -192,6 +246,36 @@ impl Lowering {
             }
             _ => None,
         }
+    }
+
+    /// What the `Shape` nodes that a replaced scatter's indices and updates are
+    /// shaped from read: back from them through the shape arithmetic (integer
+    /// tensors only) and the shape inputs of the reshapes and broadcasts on the
+    /// updates' path, at most [`MAX_SEEDS`] tensors.
+    fn shape_seeds(&self, from: &[TensorId]) -> Vec<TensorId> {
+        let mut seen: HashSet<TensorId> = from.iter().copied().collect();
+        let mut work: Vec<TensorId> = from.to_vec();
+        let mut seeds = Vec::new();
+        while let Some(t) = work.pop() {
+            let Some(n) = self.producer(t) else { continue };
+            if !n.domain.is_empty() {
+                continue;
+            }
+            if n.op_type == "Shape" {
+                seeds.extend(n.inputs.first().copied().flatten());
+                continue;
+            }
+            if !SHAPE_ARITHMETIC.contains(&n.op_type.as_str()) {
+                continue;
+            }
+            for &i in n.inputs.iter().flatten() {
+                let int = self.fact(i).is_some_and(|f| f.dtype.is_int());
+                if int && seen.len() < MAX_SEEDS && seen.insert(i) {
+                    work.push(i);
+                }
+            }
+        }
+        seeds
     }
 
     fn producer(&self, t: TensorId) -> Option<&Node> {

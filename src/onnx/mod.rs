@@ -20,11 +20,6 @@ pub const REWRITE_DOMAIN: &str = "ai.memplan";
 /// The opset version of [`REWRITE_DOMAIN`] written and read.
 pub const REWRITE_DOMAIN_VERSION: i64 = 1;
 
-/// The ONNX domain of the forward ops [`crate::lower`] writes in place of an
-/// exporter's spelling of them (`SliceScatter` for a box-shaped `ScatterND`); a
-/// lowered model imports it, version 1.
-pub const LOWERED_DOMAIN: &str = "ai.memplan.lowered";
-
 /// Whether a loaded model is a rewritten training step (imports [`REWRITE_DOMAIN`]).
 pub fn is_rewrite(model: &crate::ir::Model) -> bool {
     model.opsets.contains_key(REWRITE_DOMAIN)

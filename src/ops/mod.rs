@@ -689,8 +689,13 @@ pub enum Storage {
     Reshape,
 }
 
+/// The ONNX domain of the forward ops [`crate::lower`] writes in place of an
+/// exporter's spelling of them (`SliceScatter` for a scatter over a box's grid); a
+/// lowered model imports it, version 1.
+pub const LOWERED_DOMAIN: &str = "ai.memplan.lowered";
+
 /// Op table keyed by op type: the default ONNX domain, and the few ops of
-/// [`crate::onnx::LOWERED_DOMAIN`] that lowering writes.
+/// [`LOWERED_DOMAIN`] that lowering writes.
 pub struct Registry {
     ops: HashMap<&'static str, Box<dyn Op>, crate::ir::NameHash>,
     lowered: HashMap<&'static str, Box<dyn Op>, crate::ir::NameHash>,
@@ -703,7 +708,7 @@ impl Registry {
         debug_assert!(prev.is_none(), "op {name} registered twice");
     }
 
-    /// Adds an op of [`crate::onnx::LOWERED_DOMAIN`].
+    /// Adds an op of [`LOWERED_DOMAIN`].
     pub fn add_lowered(&mut self, name: &'static str, op: impl Op + 'static) {
         let prev = self.lowered.insert(name, Box::new(op));
         debug_assert!(prev.is_none(), "op {name} registered twice");
@@ -713,7 +718,7 @@ impl Registry {
     pub fn get(&self, domain: &str, op_type: &str) -> Option<&dyn Op> {
         let table = match domain {
             "" => &self.ops,
-            crate::onnx::LOWERED_DOMAIN => &self.lowered,
+            LOWERED_DOMAIN => &self.lowered,
             _ => return None,
         };
         table.get(op_type).map(|b| b.as_ref())

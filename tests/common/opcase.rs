@@ -83,7 +83,7 @@ pub fn scalar(v: f32) -> Tensor {
 /// One op application to check.
 pub struct Case {
     pub op: &'static str,
-    /// The op's domain ("" for ONNX's; memplan::onnx::LOWERED_DOMAIN for lowering's).
+    /// The op's domain ("" for ONNX's; memplan::ops::LOWERED_DOMAIN for lowering's).
     pub domain: &'static str,
     pub attrs: Vec<(&'static str, Attr)>,
     pub inputs: Vec<Tensor>,
