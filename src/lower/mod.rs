@@ -229,12 +229,7 @@ impl Lowering {
                 ),
             ));
         }
-        if matches!(
-            node.op_type.as_str(),
-            "ScatterND" | "ScatterElements" | "Scatter"
-        ) && node.domain.is_empty()
-            && self.lower_box_scatter(ix, &node)?
-        {
+        if scatter::may_be_slice(&self.m, &node) && self.lower_box_scatter(ix, &node)? {
             return Ok(());
         }
         infer_node(&self.m, ix, &mut self.facts)?;
@@ -934,7 +929,7 @@ impl Lowering {
             let Some(p) = g.tensors[t].producer else {
                 continue;
             };
-            if outputs.contains(&t) || gone.contains(&p) || dropped.contains(&p) {
+            if gone.contains(&p) || dropped.contains(&p) {
                 continue;
             }
             let live = |t: &TensorId| readers.get(t).is_some_and(|r| !r.is_empty());

@@ -20,9 +20,8 @@ pub const SLICE_SCATTER: &str = "SliceScatter";
 
 pub(super) struct SliceScatter;
 
-/// The box's starts and each updated element's flat offset in `data`, row-major over
-/// `updates`.
-fn offsets(starts: &[i64], data: &[usize], upd: &[usize]) -> RuleResult<Vec<usize>> {
+/// Whether a box of `upd`'s shape at `starts` (every later axis whole) lies in `data`.
+fn check_box(starts: &[i64], data: &[usize], upd: &[usize]) -> RuleResult<()> {
     if upd.len() != data.len() || starts.len() > data.len() {
         return Err(format!(
             "updates {upd:?} and {} starts do not fit data {data:?}",
@@ -40,6 +39,12 @@ fn offsets(starts: &[i64], data: &[usize], upd: &[usize]) -> RuleResult<Vec<usiz
             .into());
         }
     }
+    Ok(())
+}
+
+/// Each updated element's flat offset in `data`, row-major over `updates`.
+fn offsets(starts: &[i64], data: &[usize], upd: &[usize]) -> RuleResult<Vec<usize>> {
+    check_box(starts, data, upd)?;
     let st = strides(data);
     let n: usize = upd.iter().product();
     let ust = strides(upd);
@@ -74,35 +79,15 @@ impl Op for SliceScatter {
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
         let (x, u) = (cx.input(0)?, cx.input(1)?);
         adds(cx.attrs())?;
-        // Checks the box (the offsets themselves are not built here).
-        if u.shape.len() != x.shape.len() || starts(cx.attrs()).len() > x.shape.len() {
-            return Err(format!("updates {:?} do not fit data {:?}", u.shape, x.shape).into());
-        }
-        for (a, (&d, &n)) in x.shape.iter().zip(&u.shape).enumerate() {
-            let s = starts(cx.attrs()).get(a).copied();
-            let fits = match s {
-                Some(s) => s >= 0 && s as usize + n <= d,
-                None => n == d,
-            };
-            if !fits {
-                return Err(format!(
-                    "a box of {:?} at {:?} does not fit data {:?}",
-                    u.shape,
-                    starts(cx.attrs()),
-                    x.shape
-                )
-                .into());
-            }
-        }
+        check_box(starts(cx.attrs()), &x.shape, &u.shape)?;
         Ok(vec![Fact::new(x.dtype, x.shape.clone())])
     }
     no_flops!();
     /// Both gradients are slices of the incoming one; nothing is saved.
-    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+    fn backward(&self, _cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
         if !out[0].dtype.is_float() {
             return Ok(None);
         }
-        let _ = cx;
         Ok(Some(Backward::each(&[0, 1], &[], 0)))
     }
     fn storage(&self, _cx: &Cx) -> Storage {
