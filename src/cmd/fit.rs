@@ -68,6 +68,7 @@ pub fn run(a: FitArgs) -> anyhow::Result<()> {
     }
     let path = model.display().to_string();
     let m = load_model(&model).with_context(|| path.clone())?;
+    super::warn_inference_export(&path, &m);
     let memory = match (memory, device.gpu) {
         (Some(m), _) => m,
         (None, Some(g)) => g.total_bytes(),

@@ -14,9 +14,21 @@ use anyhow::{bail, Context};
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 
 use memplan::choice::Choice;
+use memplan::ir::Model;
 use memplan::memory::allocator::{AllocConf, AllocatorKind, OutOfMemory};
 use memplan::memory::device::{DeviceModel, Gpu};
+use memplan::train::inference_export::InferenceExport;
 use memplan::train::{Loss, Optimizer, ParamSelection, Precision, TrainOptions, WeightDtype};
+
+/// Prints to standard error, one line each, what `m` shows of an export for
+/// inference, which a training step of it misstates ([`InferenceExport`]).
+pub fn warn_inference_export(path: &str, m: &Model) -> Vec<String> {
+    let warnings = InferenceExport::of(m).warnings();
+    for w in &warnings {
+        eprintln!("warning: {path}: {w}");
+    }
+    warnings
+}
 
 /// A value parser for one of the library's named choices: its names, each with its
 /// description in `--help`.

@@ -179,7 +179,8 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
                 batch,
                 dims: parse_dims(&dims)?,
             };
-            let (_, step) = load(&m, &b, &opts).with_context(|| path.clone())?;
+            let (model, step) = load(&m, &b, &opts).with_context(|| path.clone())?;
+            super::warn_inference_export(&path, &model);
             values = Some(StepValues::of(&step.schedule));
             (step.graph, path)
         }

@@ -85,6 +85,7 @@ pub fn run(a: ProfileArgs) -> anyhow::Result<()> {
         let sched = build_schedule(&m, &inf, &opts).with_context(|| path.clone())?;
         let replay = simulate(&sched);
         let mut t = TrainingReport::new(&opts, &sched, &replay);
+        t.warnings = super::warn_inference_export(&path, &m);
         let d = device.model()?;
         let a = replay_schedule(&sched, &d).map_err(|e| super::replay_failed(&path, e))?;
         t.set_device(&d, a);

@@ -136,7 +136,8 @@ fn write_report(a: ReportArgs) -> anyhow::Result<()> {
         batch: a.batch,
         dims: dims.clone(),
     };
-    let (_, step) = load(&a.model, &bindings, &opts).with_context(|| path.clone())?;
+    let (model, step) = load(&a.model, &bindings, &opts).with_context(|| path.clone())?;
+    super::warn_inference_export(&path, &model);
     let replay = simulate(&step.schedule);
     let mut t = TrainingReport::new(&opts, &step.schedule, &replay);
     let d = a.device.model()?;

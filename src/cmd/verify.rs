@@ -116,6 +116,7 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
     let path = a.model.display().to_string();
     let dims = parse_dims(&a.dims)?;
     let m = load_model(&a.model).with_context(|| path.clone())?;
+    super::warn_inference_export(&path, &m);
     let bindings = Bindings {
         batch: a.batch,
         dims: dims.clone(),

@@ -149,6 +149,11 @@ pub struct Model {
     pub producer: String,
     /// The main graph.
     pub graph: Graph,
+    /// Nodes into which the exporter's optimizer folded a BatchNorm: the dynamo
+    /// exporter's `FuseBatchNormInto*` rewrite rules, named in each node's
+    /// `pkg.onnxscript.rewriter.rule_name` metadata. A training step of such a file
+    /// has no BatchNorm there (the training step's `inference_export` says so).
+    pub folded_batch_norms: usize,
 }
 
 impl Model {

@@ -155,11 +155,14 @@ fn build_model<G: GraphSrc>(m: Header<'_, G>) -> Result<Model> {
     )
     .trim()
     .to_string();
+    let mut folded_batch_norms = 0;
+    let graph = build_graph(graph, &m.names, &mut folded_batch_norms)?;
     Ok(Model {
         ir_version,
         opsets,
         producer,
-        graph: build_graph(graph, &m.names)?,
+        graph,
+        folded_batch_norms,
     })
 }
 
@@ -343,7 +346,13 @@ impl Builder {
     }
 }
 
-fn build_graph<G: GraphSrc>(gp: &G, names: &Names) -> Result<Graph> {
+/// Builds the main graph; counts in `folded_batch_norms` the nodes the exporter's
+/// optimizer folded a BatchNorm into ([`Model::folded_batch_norms`]).
+fn build_graph<G: GraphSrc>(
+    gp: &G,
+    names: &Names,
+    folded_batch_norms: &mut usize,
+) -> Result<Graph> {
     let (n_nodes, n_inits) = (gp.nodes().len(), gp.initializers().len());
     // Every tensor is an initializer, a graph input or a node's output; every node
     // reads about two.
@@ -421,6 +430,11 @@ fn build_graph<G: GraphSrc>(gp: &G, names: &Names) -> Result<Graph> {
             s => names.name(s),
         };
         let name = scoped_name(n, name);
+        if n.metadata("pkg.onnxscript.rewriter.rule_name")
+            .is_some_and(|rules| rules.contains("FuseBatchNormInto"))
+        {
+            *folded_batch_norms += 1;
+        }
         let domain = match n.domain() {
             "ai.onnx" => Name::new(),
             d => names.name(d),

@@ -21,11 +21,19 @@ struct BatchNorm;
 
 impl BatchNorm {
     fn training(cx: &Cx) -> bool {
-        if cx.opset >= 14 {
-            cx.attrs().int_or("training_mode", 0) != 0
-        } else {
-            cx.n_outputs() > 1
-        }
+        batch_norm_training_mode(cx.opset, cx.attrs(), cx.n_outputs())
+    }
+}
+
+/// Whether a BatchNormalization node normalizes with its batch's statistics
+/// (training mode): the `training_mode` attribute from opset 14 on, the extra
+/// outputs before it. An exporter writes inference mode for a model in eval mode.
+/// memplan's training step runs every BatchNorm in training mode whatever this says.
+pub fn batch_norm_training_mode(opset: i64, attrs: &crate::ir::Attrs, n_outputs: usize) -> bool {
+    if opset >= 14 {
+        attrs.int_or("training_mode", 0) != 0
+    } else {
+        n_outputs > 1
     }
 }
 
@@ -602,12 +610,7 @@ fn batch_norm_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
     let plane: usize = x.shape[2..].iter().product();
     let eps = cx.attrs().float("epsilon").unwrap_or(1e-5) as f64;
     let momentum = cx.attrs().float("momentum").unwrap_or(0.9) as f64;
-    let training = cx.extras
-        || if cx.opset >= 14 {
-            cx.attrs().int_or("training_mode", 0) != 0
-        } else {
-            cx.n_outputs() > 1
-        };
+    let training = cx.extras || batch_norm_training_mode(cx.opset, cx.attrs(), cx.n_outputs());
     let xs = x.to_f32()?;
     let [scale, bias, mean, var] = [1, 2, 3, 4].map(|i| cx.input(i).and_then(|t| t.to_f32()));
     let (scale, bias, mean, var) = (scale?, bias?, mean?, var?);

@@ -79,6 +79,10 @@ pub struct TrainingReport {
     /// What `device_bytes` assumes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device: Option<DeviceSummary>,
+    /// What the file shows of an export for inference, which this step then
+    /// misstates (`train::inference_export`), one line each; empty for a
+    /// training-mode export.
+    pub warnings: Vec<String>,
 }
 
 /// The training step with modules checkpointed (`training.checkpoint` in the JSON).
@@ -198,6 +202,7 @@ impl TrainingReport {
                 })
                 .collect(),
             checkpoint: None,
+            warnings: Vec::new(),
             allocator: None,
             device_bytes: None,
             device: None,

@@ -4,6 +4,7 @@
 
 pub mod autodiff;
 pub mod fusion;
+pub mod inference_export;
 mod module_args;
 pub mod optim;
 pub mod params;

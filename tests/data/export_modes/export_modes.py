@@ -1,0 +1,84 @@
+"""Exports one small model six ways, for tests/export_modes.rs: the two PyTorch exporters,
+in training mode as README's "Exporting your model" says and in the ways that write a file
+for inference (eval mode; the dynamo exporter's default optimizer).
+
+    python tests/data/export_modes/export_modes.py   # torch 2.15, onnx 1.23, onnxscript
+
+The model: Conv -> BatchNorm -> ReLU -> Dropout -> Conv -> BatchNorm -> mean.
+"""
+
+import json
+import os
+import warnings
+
+import torch
+
+warnings.filterwarnings("ignore")
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 4, 3, padding=1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(4)
+        self.drop = torch.nn.Dropout(0.1)
+        self.conv2 = torch.nn.Conv2d(4, 4, 3, padding=1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        x = self.drop(torch.relu(self.bn1(self.conv1(x))))
+        return self.bn2(self.conv2(x)).mean(dim=(2, 3))
+
+
+def main():
+    torch.manual_seed(0)
+    m = Net()
+    x = torch.randn(2, 3, 8, 8)
+    batch = {"input": {0: "batch"}}
+    dyn = ({0: torch.export.Dim("batch")},)
+
+    def ts(name, train, fold):
+        m.train(train)
+        mode = torch.onnx.TrainingMode.TRAINING if train else torch.onnx.TrainingMode.EVAL
+        torch.onnx.export(m, (x,), os.path.join(HERE, name), dynamo=False, opset_version=17,
+                          training=mode, do_constant_folding=fold, input_names=["input"],
+                          dynamic_axes=batch)
+
+    def dynamo(name, train, optimize):
+        m.train(train)
+        torch.onnx.export(m, (x,), os.path.join(HERE, name), dynamo=True, optimize=optimize,
+                          dynamic_shapes=dyn)
+
+    ts("ts_train.onnx", True, False)
+    ts("ts_eval.onnx", False, True)  # the exporter's defaults for a model in eval mode
+    ts("ts_eval_nofold.onnx", False, False)
+    dynamo("dynamo_train.onnx", True, False)
+    dynamo("dynamo_train_optimized.onnx", True, True)  # the default optimize=True
+    dynamo("dynamo_eval.onnx", False, False)
+
+    # What PyTorch saves for backward in one training step at batch 2: distinct
+    # storages through saved_tensors_hooks, parameters and buffers (BatchNorm's
+    # running statistics) excluded. On the CPU dropout saves a float32 noise tensor
+    # where CUDA saves a 1-byte mask: 3 bytes per element are taken out, as
+    # tests/training.rs does.
+    m.train()
+    params = {p.data_ptr() for p in [*m.parameters(), *m.buffers()]}
+    seen = {}
+
+    def pack(t):
+        if t.data_ptr() not in params:
+            seen[t.data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        m(x).mean().backward()
+    dropout_elements = 2 * 4 * 8 * 8
+    saved = sum(seen.values()) - 3 * dropout_elements
+    with open(os.path.join(HERE, "pytorch.json"), "w") as f:
+        json.dump({"batch": 2, "saved_bytes": saved, "torch": torch.__version__}, f, indent=1)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
