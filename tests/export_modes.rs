@@ -1,7 +1,9 @@
-//! Files exported for inference say so: one small model (Conv, BatchNorm, ReLU,
-//! Dropout, Conv, BatchNorm) exported six ways by
-//! tests/data/export_modes/export_modes.py, with what PyTorch saves for backward in
-//! one training step (tests/data/export_modes/pytorch.json).
+//! What the exporters write, read as PyTorch trains: files exported for inference say
+//! so (one small model, Conv, BatchNorm, ReLU, Dropout, Conv, BatchNorm, exported six
+//! ways), and the dynamo exporter's buffers do not train (a rotary embedding's
+//! `inv_freq`). The files are made by tests/data/export_modes/export_modes.py, with
+//! what PyTorch saves for backward in one training step
+//! (tests/data/export_modes/pytorch.json).
 
 mod common;
 
@@ -52,11 +54,15 @@ fn train(name: &str) -> (u64, Vec<String>, Vec<String>) {
     )
 }
 
-fn pytorch_saved() -> u64 {
+fn pytorch(key: &str) -> u64 {
     let text = std::fs::read_to_string(file("pytorch.json")).unwrap();
     let j: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(j["batch"], 2);
-    j["saved_bytes"].as_u64().unwrap()
+    j[key].as_u64().unwrap()
+}
+
+fn pytorch_saved() -> u64 {
+    pytorch("saved_bytes")
 }
 
 #[test]
@@ -137,4 +143,52 @@ fn every_training_command_warns_and_inference_profiles_do_not() {
     let (ok, _, err) = run_memplan(&["profile", p, "--batch", "2"]);
     assert!(ok, "{err}");
     assert!(!err.contains("warning"), "{err}");
+}
+
+#[test]
+fn dynamo_buffers_do_not_train() {
+    use memplan::onnx::proto::ModelProto;
+    use prost::Message;
+
+    // `inv_freq` is a float initializer that Cos and Sin read through a MatMul: as a
+    // parameter it would train, and the multiplies would save the projection too.
+    let torch = pytorch("rotary_saved_bytes");
+    let (saved, _, _) = train("rotary_dynamo.onnx");
+    assert_eq!(saved, torch, "saved bytes against PyTorch's");
+
+    // The same file without the exporter's input kinds trains `inv_freq`.
+    let bytes = std::fs::read(file("rotary_dynamo.onnx")).unwrap();
+    let mut m = ModelProto::decode(bytes.as_slice()).unwrap();
+    let g = m.graph.as_mut().unwrap();
+    let kinds = g
+        .value_info
+        .iter()
+        .flat_map(|vi| &vi.metadata_props)
+        .filter(|p| p.key() == "pkg.torch.export.graph_signature.InputSpec.kind")
+        .count();
+    assert!(kinds >= 2, "the export lost its input kinds");
+    for vi in &mut g.value_info {
+        vi.metadata_props.clear();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bare = dir.path().join("rotary_bare.onnx");
+    std::fs::write(&bare, m.encode_to_vec()).unwrap();
+    std::fs::copy(
+        file("rotary_dynamo.onnx.data"),
+        dir.path().join("rotary_dynamo.onnx.data"),
+    )
+    .unwrap();
+    let j = memplan_json(&[
+        "profile",
+        bare.to_str().unwrap(),
+        "--batch",
+        "2",
+        "--train",
+        "--optimizer",
+        "sgd",
+        "--json",
+    ]);
+    let t = &j["training"];
+    assert_eq!(t["trainable_params"], 2, "{t}");
+    assert!(t["saved_activation_bytes"].as_u64().unwrap() > torch, "{t}");
 }

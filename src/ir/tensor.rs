@@ -181,6 +181,12 @@ pub struct TensorInfo {
     /// Initializer or Constant data; boxed, so that the tensor table (mostly
     /// activations, which have none) stays small.
     pub init: Option<Box<TensorData>>,
+    /// An initializer the exporter declares a buffer, not a parameter: the dynamo
+    /// exporter writes each lifted tensor's `torch.export` input kind in its
+    /// `value_info` metadata (`pkg.torch.export.graph_signature.InputSpec.kind`:
+    /// PARAMETER, BUFFER, CONSTANT_TENSOR). A buffer never trains, though a
+    /// differentiable op reads it (a rotary embedding's `inv_freq`).
+    pub buffer: bool,
 }
 
 #[cfg(test)]

@@ -260,6 +260,7 @@ impl Lowering {
             declared_shape: None,
             producer: None,
             init: init.map(Box::new),
+            buffer: false,
         });
         self.m.graph.by_name.insert(&self.m.graph.tensors, id);
         id

@@ -392,6 +392,7 @@ fn build_graph<G: GraphSrc>(
             declared_shape: None,
             producer: None,
             init: Some(Box::new(data)),
+            buffer: false,
         });
     }
     if gp.has_sparse_initializers() {
@@ -417,6 +418,7 @@ fn build_graph<G: GraphSrc>(
             declared_shape: shape,
             producer: None,
             init: None,
+            buffer: false,
         });
         b.g.inputs.push(id);
     }
@@ -476,6 +478,7 @@ fn build_graph<G: GraphSrc>(
                 declared_shape: None,
                 producer: Some(ix),
                 init: None,
+                buffer: false,
             })));
         }
         b.g.nodes[ix].outputs = outputs;
@@ -529,6 +532,10 @@ fn build_graph<G: GraphSrc>(
         if let Some(t) = vi.name().and_then(|n| b.g.tensor_id(n)) {
             let (dtype, shape) = vi.decl_type();
             let info = &mut b.g.tensors[t];
+            info.buffer |= info.init.is_some()
+                && vi
+                    .metadata("pkg.torch.export.graph_signature.InputSpec.kind")
+                    .is_some_and(|kind| kind != "PARAMETER");
             info.declared_dtype = info.declared_dtype.or(dtype);
             if info.declared_shape.is_none() {
                 info.declared_shape = shape;

@@ -133,6 +133,9 @@ pub(crate) trait InfoSrc {
     fn unmodelled(&self) -> Option<&'static str>;
     /// Its declared element type and dimensions, when it is a tensor.
     fn decl_type(&self) -> (Option<DType>, Option<Vec<DimDecl>>);
+    /// The value of the first `metadata_props` entry with this key (`""` when it
+    /// has no value).
+    fn metadata(&self, key: &str) -> Option<&str>;
 }
 
 impl GraphSrc for proto::GraphProto {
@@ -269,6 +272,12 @@ impl TensorSrc for proto::TensorProto {
 impl InfoSrc for proto::ValueInfoProto {
     fn name(&self) -> Option<&str> {
         self.name.as_deref()
+    }
+    fn metadata(&self, key: &str) -> Option<&str> {
+        self.metadata_props
+            .iter()
+            .find(|p| p.key() == key)
+            .map(|p| p.value())
     }
     fn unmodelled(&self) -> Option<&'static str> {
         use proto::type_proto::Value as V;

@@ -726,12 +726,15 @@ impl TensorSrc for TensorV<'_> {
 pub(crate) struct InfoV<'a> {
     name: Option<&'a str>,
     tensor: Option<(Option<i32>, Option<&'a [u8]>)>,
+    /// The whole message, when it has `metadata_props` (read on demand).
+    meta: Option<&'a [u8]>,
 }
 
 fn read_info(b: &[u8]) -> Option<InfoV<'_>> {
     let mut info = InfoV {
         name: None,
         tensor: None,
+        meta: None,
     };
     let mut ty = None;
     for f in fields(b) {
@@ -743,6 +746,7 @@ fn read_info(b: &[u8]) -> Option<InfoV<'_>> {
             }
             (4, w) => {
                 entry(message(w)?)?;
+                info.meta = Some(b);
             }
             _ => return None,
         }
@@ -804,6 +808,14 @@ fn read_dim(b: &[u8]) -> Option<Option<Result<i64, &str>>> {
 impl InfoSrc for InfoV<'_> {
     fn name(&self) -> Option<&str> {
         self.name
+    }
+    fn metadata(&self, key: &str) -> Option<&str> {
+        fields(self.meta?)
+            .flatten()
+            .filter(|&(t, _)| t == 4)
+            .filter_map(|(_, w)| entry(message(w)?))
+            .find(|&(k, _)| k.unwrap_or("") == key)
+            .map(|(_, v)| v.unwrap_or(""))
     }
     fn unmodelled(&self) -> Option<&'static str> {
         tensor_unmodelled(self.tensor?.0)

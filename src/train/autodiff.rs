@@ -145,13 +145,14 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         });
     }
 
-    // 2. Parameters: floating initializers read at a differentiable slot.
+    // 2. Parameters: floating initializers read at a differentiable slot, but for
+    // those the exporter declares buffers.
     let mut is_param = vec![false; n_t];
     for (step, &ix) in g.order.iter().enumerate() {
         if let Ok(Some(bw)) = &rules[step].backward {
             for gr in &bw.grads {
                 if let Some(Some(t)) = g.node(ix).inputs.get(gr.input) {
-                    if g.tensor(*t).kind == TensorKind::Parameter {
+                    if g.tensor(*t).kind == TensorKind::Parameter && !g.tensor(*t).buffer {
                         is_param[*t] = true;
                     }
                 }

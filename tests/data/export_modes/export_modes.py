@@ -1,10 +1,14 @@
-"""Exports one small model six ways, for tests/export_modes.rs: the two PyTorch exporters,
-in training mode as README's "Exporting your model" says and in the ways that write a file
-for inference (eval mode; the dynamo exporter's default optimizer).
+"""Exports for tests/export_modes.rs, with what PyTorch saves for backward in one training
+step at batch 2 (pytorch.json):
+
+* one small model (Conv -> BatchNorm -> ReLU -> Dropout -> Conv -> BatchNorm -> mean) six
+  ways: the two PyTorch exporters, in training mode as README's "Exporting your model" says
+  and in the ways that write a file for inference (eval mode; the dynamo exporter's default
+  optimizer);
+* a rotary embedding as transformers writes it (a non-persistent `inv_freq` buffer that a
+  differentiable computation reads) through the dynamo exporter: rotary_dynamo.onnx.
 
     python tests/data/export_modes/export_modes.py   # torch 2.15, onnx 1.23, onnxscript
-
-The model: Conv -> BatchNorm -> ReLU -> Dropout -> Conv -> BatchNorm -> mean.
 """
 
 import json
@@ -29,6 +33,40 @@ class Net(torch.nn.Module):
     def forward(self, x):
         x = self.drop(torch.relu(self.bn1(self.conv1(x))))
         return self.bn2(self.conv2(x)).mean(dim=(2, 3))
+
+
+class Rotary(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q = torch.nn.Linear(8, 8, bias=False)
+        inv_freq = 1.0 / (10000 ** (torch.arange(0, 8, 2).float() / 8))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, x):  # [batch, 6, 8]
+        t = torch.arange(x.shape[1], dtype=torch.float32)
+        freqs = torch.outer(t, self.inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        q = self.q(x)
+        return q * emb.cos() + q * emb.sin()
+
+
+def saved_bytes(m, x, dropout_elements=0):
+    """What PyTorch saves for backward in one training step: distinct storages through
+    saved_tensors_hooks, parameters and buffers (BatchNorm's running statistics, inv_freq)
+    excluded. On the CPU dropout saves a float32 noise tensor where CUDA saves a 1-byte
+    mask: 3 bytes per element are taken out, as tests/training.rs does."""
+    m.train()
+    fixed = {p.data_ptr() for p in [*m.parameters(), *m.buffers()]}
+    seen = {}
+
+    def pack(t):
+        if t.data_ptr() not in fixed:
+            seen[t.data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        m(x).mean().backward()
+    return sum(seen.values()) - 3 * dropout_elements
 
 
 def main():
@@ -57,26 +95,15 @@ def main():
     dynamo("dynamo_train_optimized.onnx", True, True)  # the default optimize=True
     dynamo("dynamo_eval.onnx", False, False)
 
-    # What PyTorch saves for backward in one training step at batch 2: distinct
-    # storages through saved_tensors_hooks, parameters and buffers (BatchNorm's
-    # running statistics) excluded. On the CPU dropout saves a float32 noise tensor
-    # where CUDA saves a 1-byte mask: 3 bytes per element are taken out, as
-    # tests/training.rs does.
-    m.train()
-    params = {p.data_ptr() for p in [*m.parameters(), *m.buffers()]}
-    seen = {}
+    rotary = Rotary()
+    xr = torch.randn(2, 6, 8)
+    torch.onnx.export(rotary, (xr,), os.path.join(HERE, "rotary_dynamo.onnx"), dynamo=True,
+                      optimize=False, dynamic_shapes=dyn)
 
-    def pack(t):
-        if t.data_ptr() not in params:
-            seen[t.data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        m(x).mean().backward()
-    dropout_elements = 2 * 4 * 8 * 8
-    saved = sum(seen.values()) - 3 * dropout_elements
     with open(os.path.join(HERE, "pytorch.json"), "w") as f:
-        json.dump({"batch": 2, "saved_bytes": saved, "torch": torch.__version__}, f, indent=1)
+        json.dump({"batch": 2, "saved_bytes": saved_bytes(m, x, 2 * 4 * 8 * 8),
+                   "rotary_saved_bytes": saved_bytes(rotary, xr), "torch": torch.__version__},
+                  f, indent=1)
         f.write("\n")
 
 
