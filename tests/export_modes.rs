@@ -192,3 +192,77 @@ fn dynamo_buffers_do_not_train() {
     assert_eq!(t["trainable_params"], 2, "{t}");
     assert!(t["saved_activation_bytes"].as_u64().unwrap() > torch, "{t}");
 }
+
+#[test]
+fn a_dynamo_conv3d_without_bias_loads_and_runs() {
+    // onnxscript's aten_conv3d writes the missing bias as zeros of shape [4, 2],
+    // which Conv does not take; lowering drops it (PyTorch's convolution has none).
+    let (saved, _, _) = train("conv3d_dynamo.onnx");
+    assert_eq!(saved, pytorch("conv3d_saved_bytes"));
+    let path = file("conv3d_dynamo.onnx");
+    let v = memplan_json(&[
+        "verify",
+        path.to_str().unwrap(),
+        "--batch",
+        "2",
+        "--budget",
+        "1GiB",
+        "--optimizer",
+        "sgd",
+        "--json",
+    ]);
+    assert_eq!(v["measured_peak_bytes"], v["predicted_peak_bytes"], "{v}");
+    assert_eq!(v["gradients_identical"], true, "{v}");
+    // The zeros' nodes (Shape, Concat, CastLike, Expand) go with the bias.
+    let j = memplan_json(&["profile", path.to_str().unwrap(), "--batch", "2", "--json"]);
+    let ops: Vec<&str> = j["node_table"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|n| n["op_type"].as_str()).collect())
+        .unwrap_or_default();
+    assert!(!ops.contains(&"Expand"), "{ops:?}");
+}
+
+/// `(shape, data)` of a tensor in pytorch.json.
+fn tensor(v: &serde_json::Value) -> (Vec<usize>, Vec<f32>) {
+    let shape = v["shape"].as_array().unwrap();
+    let data = v["data"].as_array().unwrap();
+    (
+        shape.iter().map(|d| d.as_u64().unwrap() as usize).collect(),
+        data.iter().map(|x| x.as_f64().unwrap() as f32).collect(),
+    )
+}
+
+#[test]
+fn the_executor_reads_the_dynamo_exporters_external_data() {
+    use memplan::exec::{Executor, Options, Tensor};
+    use memplan::infer::{infer, Bindings};
+
+    // Both files keep their weights in a .data file beside them: the CPU executor's
+    // output is PyTorch's (and for conv3d, without the zero bias lowering dropped).
+    let text = std::fs::read_to_string(file("pytorch.json")).unwrap();
+    let j: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for (name, key) in [
+        ("rotary_dynamo.onnx", "rotary_io"),
+        ("conv3d_dynamo.onnx", "conv3d_io"),
+    ] {
+        let b = Bindings {
+            batch: Some(2),
+            dims: Default::default(),
+        };
+        let m = memplan::onnx::load_model(&file(name)).unwrap();
+        let m = memplan::lower::lowered(m, &b).unwrap();
+        let inf = infer(&m, &b).unwrap();
+        let exec = Executor::new(&m, &inf, Options::default()).unwrap();
+        let (shape, x) = tensor(&j[key]["x"]);
+        let out = exec.forward(&[Tensor::f32(shape, x)]).unwrap();
+        let (shape, want) = tensor(&j[key]["y"]);
+        assert_eq!(out[0].shape, shape, "{name}");
+        let got = out[0].as_f32().unwrap();
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let err = got
+            .iter()
+            .zip(&want)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(err <= 1e-5 * scale.max(1.0), "{name}: max error {err:.3e}");
+    }
+}

@@ -95,6 +95,56 @@ fn external_data_is_described_not_read() {
     assert_eq!(p.params_count, 1 << 20);
 }
 
+/// A model whose weight lives at `location`, bytes 16.. of it (4 × 3 floats).
+fn external_model(location: &str) -> memplan::onnx::proto::ModelProto {
+    let mut w = weight("w", &[4, 3]);
+    w.raw_data = None;
+    w.data_location = Some(1);
+    let entry = |k: &str, v: &str| StringStringEntryProto {
+        key: Some(k.into()),
+        value: Some(v.into()),
+    };
+    w.external_data = vec![entry("location", location), entry("offset", "16")];
+    model(
+        vec![node("MatMul", "mm", &["x", "w"], &["y"])],
+        vec![w],
+        vec![value_info("x", 1, &[D::S("batch"), D::N(4)])],
+        vec![value_info("y", 1, &[D::S("batch"), D::N(3)])],
+    )
+}
+
+#[test]
+fn external_data_is_mapped_when_its_file_is_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let floats: Vec<u8> = (0..12u32)
+        .flat_map(|i| (i as f32 * 0.5).to_le_bytes())
+        .collect();
+    let mut file = vec![0xAB; 16];
+    file.extend_from_slice(&floats);
+    std::fs::write(dir.path().join("w.bin"), &file).unwrap();
+    std::fs::write(dir.path().join("short.bin"), &file[..40]).unwrap();
+    let payload = |location: &str| {
+        let p = write_tmp(&dir, "m.onnx", &encode(&external_model(location)));
+        let m = load_model(&p).unwrap();
+        let t = &m.graph.tensors[m.graph.tensor_id("w").unwrap()];
+        t.init.as_ref().unwrap().payload.clone()
+    };
+    // Beside the model: a slice of the file, from the offset, the tensor's size
+    // (no length given).
+    match payload("w.bin") {
+        Payload::Raw(b) => assert_eq!(&b[..], &floats[..]),
+        other => panic!("{other:?}"),
+    }
+    // Too short for its range, outside the model's directory, or missing: left
+    // external (profiling does not need it; the executor says it could not read it).
+    for location in ["short.bin", "../w.bin", "/etc/hostname", "gone.bin"] {
+        assert!(
+            matches!(payload(location), Payload::External { .. }),
+            "{location}"
+        );
+    }
+}
+
 #[test]
 fn shape_only_and_inputs_listing_initializers() {
     let mut w = weight("w", &[4, 3]);

@@ -85,13 +85,44 @@ pub fn is_lowered(n: &Node) -> bool {
 }
 
 /// Whether the model holds anything [`lower`] may rewrite: control flow, sequences,
-/// or a `ScatterND` (a slice assignment when its indices are a box's grid).
+/// a `ScatterND` (a slice assignment when its indices are a box's grid), or a
+/// convolution bias the dynamo exporter made of zeros in a shape Conv does not take
+/// ([`zero_bias_shape`]).
 pub fn needs_lowering(model: &Model) -> bool {
     let g = &model.graph;
     g.order.iter().any(|&ix| {
         let n = g.node(ix);
-        is_lowered(n) || scatter::may_be_slice(model, n)
+        is_lowered(n) || scatter::may_be_slice(model, n) || may_be_zero_bias(model, n)
     })
+}
+
+/// A Conv or ConvTranspose whose bias an `Expand` writes to a shape a `Concat`
+/// builds: how the dynamo exporter writes a missing conv3d bias
+/// (onnxscript's `aten_conv3d`: zeros expanded to `[M, 2]`, which the ONNX Conv
+/// spec, a 1-D `[M]` bias, does not allow). [`lower`] drops such a bias when it
+/// folds to zeros: PyTorch's convolution has none.
+fn may_be_zero_bias(model: &Model, n: &Node) -> bool {
+    let g = &model.graph;
+    let writer = |t: Option<&Option<TensorId>>, op: &str| {
+        t.copied()
+            .flatten()
+            .and_then(|t| g.tensor(t).producer)
+            .map(|p| g.node(p))
+            .filter(|w| w.domain.is_empty() && w.op_type == op)
+    };
+    n.domain.is_empty()
+        && matches!(n.op_type.as_str(), "Conv" | "ConvTranspose")
+        && writer(n.inputs.get(2), "Expand")
+            .is_some_and(|e| writer(e.inputs.get(1), "Concat").is_some())
+}
+
+/// For [`may_be_zero_bias`]: the bias is all zeros and not the 1-D bias Conv takes.
+fn zero_bias_shape(bias: &Fact) -> bool {
+    bias.rank() != 1
+        && bias
+            .value
+            .as_ref()
+            .is_some_and(|v| (0..v.data.len()).all(|i| v.data.float(i) == 0.0))
 }
 
 /// The model with control flow and sequences lowered for these bindings; the model
@@ -116,11 +147,12 @@ pub fn lower<'m>(model: &'m Model, b: &Bindings) -> Result<Cow<'m, Model>> {
         decoded: HashMap::new(),
         grids: Vec::new(),
         shaped: Vec::new(),
+        changed: false,
     };
     for ix in order {
         l.process(ix)?;
     }
-    if l.removed.is_empty() {
+    if l.removed.is_empty() && !l.changed {
         // Scatters that are no slice assignment, and nothing else: unchanged.
         return Ok(Cow::Borrowed(model));
     }
@@ -154,12 +186,15 @@ struct Lowering {
     consts: HashMap<(usize, String), TensorId>,
     /// Subgraphs decoded, by the address of their encoding.
     decoded: HashMap<usize, Arc<GraphProto>>,
-    /// The index grids of the scatters made slice assignments ([`scatter`]): their
-    /// nodes go once nothing else reads them.
+    /// The index grids of the scatters made slice assignments ([`scatter`]), and
+    /// the zero biases dropped ([`may_be_zero_bias`]): their nodes go once nothing
+    /// else reads them.
     grids: Vec<TensorId>,
     /// What the `Shape` nodes near those scatters read: tensors that may be needed
     /// for their shapes alone.
     shaped: Vec<TensorId>,
+    /// A node was changed in place (a zero bias dropped).
+    changed: bool,
 }
 
 /// Where a node's failure is reported.
@@ -231,6 +266,14 @@ impl Lowering {
         }
         if scatter::may_be_slice(&self.m, &node) && self.lower_box_scatter(ix, &node)? {
             return Ok(());
+        }
+        if may_be_zero_bias(&self.m, &node) {
+            let bias = node.inputs[2].expect("a bias");
+            if self.facts[bias].as_ref().is_some_and(zero_bias_shape) {
+                self.m.graph.nodes[ix].inputs[2] = None;
+                self.grids.push(bias);
+                self.changed = true;
+            }
         }
         infer_node(&self.m, ix, &mut self.facts)?;
         self.order.push(ix);

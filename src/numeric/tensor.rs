@@ -305,8 +305,9 @@ impl Tensor {
     }
 
     /// The data of an initializer or Constant attribute (raw little-endian bytes or
-    /// typed fields). Shape-only and external data are errors here (see
-    /// the CPU executor for seeded parameters).
+    /// typed fields). Shape-only data, and external data the loader could not map
+    /// (`onnx::load`), are errors here (see the CPU executor for seeded
+    /// parameters).
     pub fn from_data(t: &TensorData) -> RuleResult<Tensor> {
         let n: usize = t.dims.iter().product();
         let shape = t.dims.clone();
@@ -326,7 +327,7 @@ impl Tensor {
             }
             Payload::External { location, .. } => {
                 return Err(format!(
-                    "its data is in external file '{location}', which the executor does not read"
+                    "its data is in external file '{location}', which could not be read (missing, outside the model's directory, or shorter than its range)"
                 )
                 .into())
             }

@@ -1,7 +1,7 @@
 //! Memory-mapped, zero-copy loading of an ONNX file into the IR.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use bytes::Bytes;
@@ -81,10 +81,55 @@ pub fn load_model(path: &Path) -> Result<Model> {
             from_proto(proto)
         }
     };
-    built.map_err(|e| match e {
+    let mut model = built.map_err(|e| match e {
         Error::NotOnnx { reason, .. } => not_onnx(reason),
         other => other,
-    })
+    })?;
+    map_external_data(path, &mut model);
+    Ok(model)
+}
+
+/// Maps the files that hold initializers' external data (`data_location =
+/// EXTERNAL`, what the dynamo exporter writes beside the model) and makes each
+/// such initializer's payload a slice of its file, as for data inside the model:
+/// nothing is read until the executor or a folded value needs it. A location that
+/// leaves the model's directory (absolute, or through `..`), a file that cannot be
+/// mapped or a range past its end leaves the payload external: profiling never
+/// needs the data, and the executor says which file it could not read.
+fn map_external_data(path: &Path, model: &mut Model) {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut files: HashMap<String, Option<Bytes>> = HashMap::new();
+    for t in &mut model.graph.tensors {
+        let Some(init) = t.init.as_deref_mut() else {
+            continue;
+        };
+        let Payload::External {
+            location,
+            offset,
+            length,
+        } = &init.payload
+        else {
+            continue;
+        };
+        let inside = Path::new(location)
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)));
+        let file = files
+            .entry(location.clone())
+            .or_insert_with(|| inside.then(|| map_file(&dir.join(location)).ok()).flatten());
+        let width = init.dtype.bits() / 8;
+        let needed = init
+            .dims
+            .iter()
+            .try_fold(width, |a, &d| a.checked_mul(d as u64));
+        let (Some(file), Some(len)) = (file.as_ref(), length.or(needed)) else {
+            continue;
+        };
+        let Some(end) = offset.checked_add(len).filter(|&e| e <= file.len() as u64) else {
+            continue;
+        };
+        init.payload = Payload::Raw(file.slice(*offset as usize..end as usize));
+    }
 }
 
 /// The header fields of a model and its graph, from either source.

@@ -6,7 +6,9 @@ step at batch 2 (pytorch.json):
   and in the ways that write a file for inference (eval mode; the dynamo exporter's default
   optimizer);
 * a rotary embedding as transformers writes it (a non-persistent `inv_freq` buffer that a
-  differentiable computation reads) through the dynamo exporter: rotary_dynamo.onnx.
+  differentiable computation reads) through the dynamo exporter: rotary_dynamo.onnx;
+* a Conv3d without bias through the dynamo exporter, which writes the missing bias as
+  zeros of shape [4, 2] (onnxscript's aten_conv3d): conv3d_dynamo.onnx.
 
     python tests/data/export_modes/export_modes.py   # torch 2.15, onnx 1.23, onnxscript
 """
@@ -48,6 +50,15 @@ class Rotary(torch.nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         q = self.q(x)
         return q * emb.cos() + q * emb.sin()
+
+
+class Video(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv3d(2, 4, 3, padding=1, bias=False)
+
+    def forward(self, x):  # [batch, 2, 4, 6, 6]
+        return torch.relu(self.conv(x)).mean(dim=(2, 3, 4))
 
 
 def saved_bytes(m, x, dropout_elements=0):
@@ -100,9 +111,24 @@ def main():
     torch.onnx.export(rotary, (xr,), os.path.join(HERE, "rotary_dynamo.onnx"), dynamo=True,
                       optimize=False, dynamic_shapes=dyn)
 
+    video = Video()
+    xv = torch.randn(2, 2, 4, 6, 6)
+    torch.onnx.export(video, (xv,), os.path.join(HERE, "conv3d_dynamo.onnx"), dynamo=True,
+                      optimize=False, dynamic_shapes=dyn)
+
+    def io(model, inp):
+        # PyTorch's output on the export's input: the weights are in the .data file.
+        with torch.no_grad():
+            out = model(inp)
+        return {k: {"shape": list(t.shape), "data": [float(v) for v in t.flatten()]}
+                for k, t in (("x", inp), ("y", out))}
+
     with open(os.path.join(HERE, "pytorch.json"), "w") as f:
         json.dump({"batch": 2, "saved_bytes": saved_bytes(m, x, 2 * 4 * 8 * 8),
-                   "rotary_saved_bytes": saved_bytes(rotary, xr), "torch": torch.__version__},
+                   "rotary_saved_bytes": saved_bytes(rotary, xr),
+                   "conv3d_saved_bytes": saved_bytes(video, xv),
+                   "rotary_io": io(rotary, xr), "conv3d_io": io(video, xv),
+                   "torch": torch.__version__},
                   f, indent=1)
         f.write("\n")
 
