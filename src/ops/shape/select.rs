@@ -87,9 +87,15 @@ impl Op for Concat {
             out[0].numel(),
         )))
     }
+    /// One input: the identity, which PyTorch never makes (the dynamo exporter
+    /// writes `x[idx]` as `GatherND` over a Concat of the one index unsqueezed), so
+    /// a view like Identity; otherwise a new tensor.
     fn storage(&self, cx: &Cx) -> Storage {
-        let _ = cx;
-        Storage::New
+        if cx.inputs.len() == 1 {
+            Storage::View
+        } else {
+            Storage::New
+        }
     }
     /// Inputs (one element type) joined along `axis`.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {

@@ -8,7 +8,10 @@ step at batch 2 (pytorch.json):
 * a rotary embedding as transformers writes it (a non-persistent `inv_freq` buffer that a
   differentiable computation reads) through the dynamo exporter: rotary_dynamo.onnx;
 * a Conv3d without bias through the dynamo exporter, which writes the missing bias as
-  zeros of shape [4, 2] (onnxscript's aten_conv3d): conv3d_dynamo.onnx.
+  zeros of shape [4, 2] (onnxscript's aten_conv3d): conv3d_dynamo.onnx;
+* a table indexed by a buffer (Swin's relative position bias) through the dynamo
+  exporter, which writes `table[index]` as GatherND over a one-input Concat:
+  index_dynamo.onnx.
 
     python tests/data/export_modes/export_modes.py   # torch 2.15, onnx 1.23, onnxscript
 """
@@ -59,6 +62,17 @@ class Video(torch.nn.Module):
 
     def forward(self, x):  # [batch, 2, 4, 6, 6]
         return torch.relu(self.conv(x)).mean(dim=(2, 3, 4))
+
+
+class RelPos(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(25, 2))
+        self.register_buffer("rel_index", torch.randint(0, 25, (9, 9)))
+
+    def forward(self, x):  # [batch, 2, 9, 9]
+        bias = self.table[self.rel_index.flatten()].view(9, 9, 2).permute(2, 0, 1)
+        return torch.relu(x + bias)
 
 
 def saved_bytes(m, x, dropout_elements=0):
@@ -116,6 +130,11 @@ def main():
     torch.onnx.export(video, (xv,), os.path.join(HERE, "conv3d_dynamo.onnx"), dynamo=True,
                       optimize=False, dynamic_shapes=dyn)
 
+    relpos = RelPos()
+    xi = torch.randn(2, 2, 9, 9)
+    torch.onnx.export(relpos, (xi,), os.path.join(HERE, "index_dynamo.onnx"), dynamo=True,
+                      optimize=False, dynamic_shapes=dyn)
+
     def io(model, inp):
         # PyTorch's output on the export's input: the weights are in the .data file.
         with torch.no_grad():
@@ -127,6 +146,7 @@ def main():
         json.dump({"batch": 2, "saved_bytes": saved_bytes(m, x, 2 * 4 * 8 * 8),
                    "rotary_saved_bytes": saved_bytes(rotary, xr),
                    "conv3d_saved_bytes": saved_bytes(video, xv),
+                   "index_saved_bytes": saved_bytes(relpos, xi),
                    "rotary_io": io(rotary, xr), "conv3d_io": io(video, xv),
                    "torch": torch.__version__},
                   f, indent=1)
