@@ -11,6 +11,7 @@ Dev-time tool (memplan never needs Python). Run from anywhere; paths are relativ
     $PY tools/census/census.py report            # docs/CENSUS.md + tools/census/results.json
     $PY tools/census/census.py subset            # copy the CI subset to models/census/ + manifest
     $PY tools/census/census.py cse-check         # re-export CSE_CHECK models without the exporter's CSE
+    $PY tools/census/census.py dynamo-check      # the sample through the dynamo exporter
     $PY tools/census/census.py all               # export, profile, measure, report, subset
 
 Options: --only a,b,c (model names), --subset (only the CI subset), --cache DIR
@@ -53,6 +54,7 @@ DEFAULT_CACHE = os.path.join(ROOT, "target", "census")
 DEFAULT_MEMPLAN = os.path.join(ROOT, "target", "release", "memplan")
 RESULTS = os.path.join(HERE, "results.json")
 CSE_CHECK_JSON = os.path.join(HERE, "cse_check.json")
+DYNAMO_CHECK_JSON = os.path.join(HERE, "dynamo_check.json")
 # Sample models whose export merges computations PyTorch runs twice (the TorchScript exporter's
 # common-subexpression elimination): re-exported without it by `cse-check`.
 CSE_CHECK = ("hf_deberta", "hf_gptj", "hf_codegen")
@@ -533,6 +535,44 @@ def worker_export(e, cache):
     }
 
 
+def worker_export_dynamo(e, cache):
+    """The dynamo exporter as README's "Exporting your model" says: train mode, optimize=False,
+    a dynamic batch on every input. Float initializers of 1024 elements or more lose their data
+    (shape-only, as the TorchScript exports); small ones keep it, since the dynamo exporter stores
+    shape constants as initializers."""
+    import onnx
+    import torch
+
+    E = _import_export_py()
+    torch.set_num_threads(2)
+    model, make_inputs, spec, _ = build_entry(e)
+    outs = _output_names(model, make_inputs)
+    model.train()
+    args = make_inputs(E.BATCH)
+    batch = torch.export.Dim("batch")
+    t1 = time.time()
+    prog = torch.onnx.export(model, args, None, dynamo=True, optimize=False,
+                             input_names=[s[0] for s in spec], output_names=outs,
+                             dynamic_shapes=tuple({0: batch} for _ in spec), external_data=False)
+    mp = prog.model_proto
+    t_export = time.time() - t1
+    floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
+              onnx.TensorProto.DOUBLE)
+    for t in mp.graph.initializer:
+        n = 1
+        for d in t.dims:
+            n *= d
+        if t.data_type in floats and n >= 1024:
+            for f in ("raw_data", "float_data", "int32_data", "double_data", "external_data",
+                      "data_location"):
+                t.ClearField(f)
+    path = os.path.join(cache, "onnx", e.name + ".onnx")
+    onnx.save(mp, path)
+    ops = collections.Counter(("%s:" % n.domain if n.domain else "") + n.op_type for n in mp.graph.node)
+    return {"status": "exported", "nodes": len(mp.graph.node), "op_types": dict(sorted(ops.items())),
+            "file_bytes": os.path.getsize(path), "export_seconds": round(t_export, 1)}
+
+
 def worker_measure(e, batches):
     """PyTorch CPU measurement of one SGD training step, through models/export.py's machinery."""
     import torch
@@ -583,6 +623,8 @@ def main_worker(a):
     try:
         if a.worker == "export":
             res = worker_export(e, a.cache)
+        elif a.worker == "export_dynamo":
+            res = worker_export_dynamo(e, a.cache)
         elif a.worker == "export_nocse":
             import torch
 
@@ -702,7 +744,8 @@ def run_memplan(memplan, path, batch, timeout):
                 break
         return {"status": "panic", "reason": line.replace(path, os.path.basename(path))[:300], "seconds": dt}
     if p.returncode != 0:
-        first = err.splitlines()[0] if err else "exit code %d" % p.returncode
+        lines = [x for x in err.splitlines() if not x.startswith("warning: ")] or err.splitlines()
+        first = lines[0] if lines else "exit code %d" % p.returncode
         first = first.replace(path, os.path.basename(path))
         return {"status": "error", "reason": first[:300], "seconds": dt}
     try:
@@ -712,6 +755,7 @@ def run_memplan(memplan, path, batch, timeout):
     tr = j.get("training") or {}
     return {
         "status": "ok",
+        "warnings": tr.get("warnings") or [],
         "peak_bytes": tr.get("peak_bytes"),
         "saved_activation_bytes": tr.get("saved_activation_bytes"),
         "params_bytes": tr.get("params_bytes"),
@@ -896,6 +940,50 @@ def _md_reason(r):
     return (r or "").replace("|", "\\|").replace("\n", " ")
 
 
+def dynamo_section(w):
+    """The `dynamo-check` results (dynamo_check.json) as a section of CENSUS.md."""
+    dyn = _load(DYNAMO_CHECK_JSON, {})
+    rows = {n: r for n, r in dyn.items() if not n.startswith("_")}
+    if not rows:
+        return
+    v = dyn.get("_meta", {}).get("versions", {})
+    pairs = [(n, k, c) for n, r in rows.items() for k, c in r.items() if k.startswith("batch_")]
+    ok = [(n, k, c) for n, k, c in pairs if c.get("memplan") == "ok"]
+    within = [1 for _, _, c in ok if c.get("saved_diff_pct") is not None
+              and abs(c["saved_diff_pct"]) <= SAVED_TOL and c.get("peak_diff_pct") is not None
+              and abs(c["peak_diff_pct"]) <= PEAK_TOL]
+    exported = [n for n, r in rows.items() if r.get("export") == "exported"]
+    w("### The dynamo exporter")
+    w("")
+    w("`census.py dynamo-check` exports the sample again with the dynamo exporter, as README's "
+      "\"Exporting your model\" says (`model.train()`, `torch.onnx.export(..., dynamo=True, "
+      "optimize=False)`, a dynamic batch on every input; torch %s, transformers %s), runs the same "
+      "memplan at PyTorch's batches and sets it beside PyTorch and beside the TorchScript export's "
+      "figures above (tools/census/dynamo_check.json). Attempted %d, exported %d, profiled %d; "
+      "%d of %d (model, batch) pairs within tolerance. The others, and what did not export or "
+      "profile:" % (v.get("torch"), v.get("transformers"), len(rows), len(exported),
+                    len({n for n, _, _ in ok}), len(within), len(pairs)))
+    w("")
+    w("| model | batch | dynamo: saved diff % | peak diff % | TorchScript: saved diff % | peak diff % |")
+    w("|---|---|---|---|---|---|")
+    f = lambda x: "—" if x is None else "%+.2f" % x
+    for n, r in rows.items():
+        if r.get("export") != "exported":
+            w("| %s | | export failed: %s | | | |" % (n, (r.get("reason") or "").split(".")[0]))
+            continue
+        for k, c in r.items():
+            if not k.startswith("batch_"):
+                continue
+            if c.get("memplan") != "ok":
+                w("| %s | %s | memplan: %s | | | |" % (n, k[6:], c.get("reason")))
+            elif not (c.get("saved_diff_pct") is not None and abs(c["saved_diff_pct"]) <= SAVED_TOL
+                      and c.get("peak_diff_pct") is not None and abs(c["peak_diff_pct"]) <= PEAK_TOL):
+                w("| %s | %s | %s | %s | %s | %s |" % (
+                    n, k[6:], f(c.get("saved_diff_pct")), f(c.get("peak_diff_pct")),
+                    f(c.get("torchscript_saved_diff_pct")), f(c.get("torchscript_peak_diff_pct"))))
+    w("")
+
+
 def cmd_report(a, entries):
     res = collect(a, entries)
     _save(RESULTS, res)
@@ -937,6 +1025,7 @@ def cmd_report(a, entries):
     w("$PY tools/census/census.py report     # this file + tools/census/results.json")
     w("$PY tools/census/census.py subset     # models/census/*.onnx + manifest.json (the CI subset)")
     w("$PY tools/census/census.py cse-check  # the CSE_CHECK models re-exported without the exporter's CSE")
+    w("$PY tools/census/census.py dynamo-check  # the sample through the dynamo exporter")
     w("```")
     w("")
     w("After memplan is rebuilt only `profile` and `report` need rerunning. `--only a,b` restricts "
@@ -1064,6 +1153,7 @@ def cmd_report(a, entries):
                     c["memplan_saved_bytes"], c["saved_diff_pct"], c["memplan_saved_bytes_without_cse"],
                     c["saved_diff_pct_without_cse"]))
         w("")
+    dynamo_section(w)
     # per-model tables
     for s in suites:
         w("## %s" % s)
@@ -1179,6 +1269,56 @@ def cmd_cse_check(a, entries):
     _save(CSE_CHECK_JSON, out)
 
 
+def cmd_dynamo_check(a, entries):
+    """Export the sample (the models PyTorch measured, or --only) with the dynamo exporter as
+    README says (train mode, optimize=False), run memplan at the measured batches, and record
+    it against PyTorch and beside the TorchScript export's figures (results.json) in
+    dynamo_check.json. Exports are cached in <cache>/dynamo (--force redoes them)."""
+    meas = _load(MEASURE, {})
+    names = a.only.split(",") if a.only else [n for n in meas if not n.startswith("_")]
+    by = {e.name: e for e in entries}
+    ts = _load(RESULTS, {}).get("models", {})
+    cache = os.path.join(a.cache, "dynamo")
+    for sub in ("onnx", "export"):
+        os.makedirs(os.path.join(cache, sub), exist_ok=True)
+    out = _load(DYNAMO_CHECK_JSON, {}) if a.only else {}
+    out["_meta"] = {"generated_by": "python tools/census/census.py dynamo-check",
+                    "what": "torch.onnx.export(model.train(), args, dynamo=True, optimize=False, "
+                            "dynamic_shapes={0: batch} on every input); memplan profile --train "
+                            "--optimizer sgd at PyTorch's measured batches; torchscript_* are the "
+                            "TorchScript export's figures from results.json",
+                    "memplan_args": MEMPLAN_ARGS[2:], "versions": _versions(), "git_head": _git_head()}
+    for i, n in enumerate(names):
+        e = by[n]
+        jp = os.path.join(cache, "export", n + ".json")
+        res = _load(jp, None) if not a.force else None
+        if res is None:
+            t0 = time.time()
+            res = _run_worker("export_dynamo", e, cache, a.export_timeout)
+            res["seconds"] = round(time.time() - t0, 1)
+            _save(jp, res)
+        row = {"export": res.get("status"), "reason": res.get("reason"), "nodes": res.get("nodes")}
+        if res.get("status") == "exported":
+            for b in measure_batches(n):
+                pt = (meas.get(n) or {}).get("batch_%d" % b) or {}
+                r = run_memplan(a.memplan, os.path.join(cache, "onnx", n + ".onnx"), b, a.timeout)
+                tsb = ((ts.get(n) or {}).get("pytorch") or {}).get("batch_%d" % b) or {}
+                row["batch_%d" % b] = {
+                    "memplan": r.get("status"),
+                    "reason": r.get("reason"),
+                    "warnings": r.get("warnings"),
+                    "saved_diff_pct": _pct(r.get("saved_activation_bytes"), pt.get("saved_bytes_cuda_equivalent")),
+                    "peak_diff_pct": _pct(r.get("peak_bytes"), pt.get("step_peak_bytes_cuda_equivalent")),
+                    "memplan_saved_bytes": r.get("saved_activation_bytes"),
+                    "memplan_peak_bytes": r.get("peak_bytes"),
+                    "torchscript_saved_diff_pct": tsb.get("saved_diff_pct"),
+                    "torchscript_peak_diff_pct": tsb.get("peak_diff_pct"),
+                }
+        out[n] = row
+        _save(DYNAMO_CHECK_JSON, out)
+        log("[%d/%d] dynamo-check %s: %s" % (i + 1, len(names), n, json.dumps(row)[:400]))
+
+
 def cmd_check(a, entries):
     """The count lines of docs/CENSUS.md equal results.json's suites, and results.json's suites equal
     the counts recomputed from its models (exit status 1 otherwise)."""
@@ -1207,7 +1347,8 @@ def cmd_check(a, entries):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for c in ("export", "profile", "measure", "report", "subset", "all", "list", "check", "cse-check"):
+    for c in ("export", "profile", "measure", "report", "subset", "all", "list", "check", "cse-check",
+              "dynamo-check"):
         p = sub.add_parser(c)
         p.add_argument("--only")
         p.add_argument("--subset", action="store_true")
@@ -1218,7 +1359,7 @@ def main():
         p.add_argument("--measure-timeout", type=int, default=1800)
         p.add_argument("--force", action="store_true")
     p = sub.add_parser("_worker")
-    p.add_argument("worker", choices=["export", "export_nocse", "measure"])
+    p.add_argument("worker", choices=["export", "export_nocse", "export_dynamo", "measure"])
     p.add_argument("name")
     p.add_argument("--result", required=True)
     p.add_argument("--cache", default=DEFAULT_CACHE)
