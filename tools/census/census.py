@@ -943,7 +943,9 @@ def _md_reason(r):
 def dynamo_section(w):
     """The `dynamo-check` results (dynamo_check.json) as a section of CENSUS.md."""
     dyn = _load(DYNAMO_CHECK_JSON, {})
-    rows = {n: r for n, r in dyn.items() if not n.startswith("_")}
+    everything = {n: r for n, r in dyn.items() if not n.startswith("_")}
+    rows = {n: r for n, r in everything.items() if r.get("sample", True)}
+    rest = {n: r for n, r in everything.items() if not r.get("sample", True)}
     if not rows:
         return
     v = dyn.get("_meta", {}).get("versions", {})
@@ -981,6 +983,24 @@ def dynamo_section(w):
                 w("| %s | %s | %s | %s | %s | %s |" % (
                     n, k[6:], f(c.get("saved_diff_pct")), f(c.get("peak_diff_pct")),
                     f(c.get("torchscript_saved_diff_pct")), f(c.get("torchscript_peak_diff_pct"))))
+    w("")
+    if not rest:
+        return
+    exported = [n for n, r in rest.items() if r.get("export") == "exported"]
+    profiled = [n for n in exported
+                if all(c.get("memplan") == "ok" for k, c in rest[n].items() if k.startswith("batch_"))]
+    w("Every other model of the census the same way (`dynamo-check --only rest`: export and "
+      "memplan at batches 1 and 4, no PyTorch measurement): attempted %d, exported %d, profiled %d. "
+      "What did not:" % (len(rest), len(exported), len(profiled)))
+    w("")
+    w("| model | suite | what stopped it |")
+    w("|---|---|---|")
+    for n, r in rest.items():
+        if r.get("export") != "exported":
+            w("| %s | %s | export failed: %s |" % (n, r.get("suite"), (r.get("reason") or "").split(". ")[0][:160]))
+        elif n not in profiled:
+            bad = next(c for k, c in r.items() if k.startswith("batch_") and c.get("memplan") != "ok")
+            w("| %s | %s | memplan: %s |" % (n, r.get("suite"), bad.get("reason")))
     w("")
 
 
@@ -1275,7 +1295,11 @@ def cmd_dynamo_check(a, entries):
     it against PyTorch and beside the TorchScript export's figures (results.json) in
     dynamo_check.json. Exports are cached in <cache>/dynamo (--force redoes them)."""
     meas = _load(MEASURE, {})
-    names = a.only.split(",") if a.only else [n for n in meas if not n.startswith("_")]
+    if a.only == "rest":  # every model outside the sample: export and profile only
+        names = [e.name for e in entries if e.name not in meas]
+        a.only = ",".join(names)
+    else:
+        names = a.only.split(",") if a.only else [n for n in meas if not n.startswith("_")]
     by = {e.name: e for e in entries}
     ts = _load(RESULTS, {}).get("models", {})
     cache = os.path.join(a.cache, "dynamo")
@@ -1297,7 +1321,8 @@ def cmd_dynamo_check(a, entries):
             res = _run_worker("export_dynamo", e, cache, a.export_timeout)
             res["seconds"] = round(time.time() - t0, 1)
             _save(jp, res)
-        row = {"export": res.get("status"), "reason": res.get("reason"), "nodes": res.get("nodes")}
+        row = {"export": res.get("status"), "reason": res.get("reason"), "nodes": res.get("nodes"),
+               "sample": n in meas, "suite": e.suite}
         if res.get("status") == "exported":
             for b in measure_batches(n):
                 pt = (meas.get(n) or {}).get("batch_%d" % b) or {}
