@@ -214,12 +214,24 @@ fn a_dynamo_conv3d_without_bias_loads_and_runs() {
     assert_eq!(v["measured_peak_bytes"], v["predicted_peak_bytes"], "{v}");
     assert_eq!(v["gradients_identical"], true, "{v}");
     // The zeros' nodes (Shape, Concat, CastLike, Expand) go with the bias.
-    let j = memplan_json(&["profile", path.to_str().unwrap(), "--batch", "2", "--json"]);
+    let j = memplan_json(&[
+        "profile",
+        path.to_str().unwrap(),
+        "--batch",
+        "2",
+        "--json",
+        "--detail",
+    ]);
     let ops: Vec<&str> = j["node_table"]
         .as_array()
-        .map(|a| a.iter().filter_map(|n| n["op_type"].as_str()).collect())
-        .unwrap_or_default();
-    assert!(!ops.contains(&"Expand"), "{ops:?}");
+        .unwrap_or_else(|| panic!("no node_table: {j}"))
+        .iter()
+        .map(|n| n["op"].as_str().unwrap())
+        .collect();
+    assert!(ops.contains(&"Conv"), "{ops:?}");
+    for gone in ["Expand", "CastLike", "Concat", "Shape"] {
+        assert!(!ops.contains(&gone), "{gone} left: {ops:?}");
+    }
 }
 
 /// `(shape, data)` of a tensor in pytorch.json.
@@ -237,8 +249,9 @@ fn the_executor_reads_the_dynamo_exporters_external_data() {
     use memplan::exec::{Executor, Options, Tensor};
     use memplan::infer::{infer, Bindings};
 
-    // Both files keep their weights in a .data file beside them: the CPU executor's
-    // output is PyTorch's (and for conv3d, without the zero bias lowering dropped).
+    // conv3d_dynamo.onnx keeps its weights in a .data file beside it (the rotary
+    // model's are inline): the CPU executor's output is PyTorch's (for conv3d,
+    // without the zero bias lowering dropped).
     let text = std::fs::read_to_string(file("pytorch.json")).unwrap();
     let j: serde_json::Value = serde_json::from_str(&text).unwrap();
     for (name, key) in [
@@ -287,4 +300,36 @@ fn a_dynamo_index_by_a_buffer_saves_what_pytorch_saves() {
     ]);
     assert_eq!(v["measured_peak_bytes"], v["predicted_peak_bytes"], "{v}");
     assert_eq!(v["gradients_identical"], true, "{v}");
+}
+
+#[test]
+fn a_weight_folded_alone_is_no_inference_export() {
+    use common::{encode, model, node, value_info, weight, D};
+    use memplan::train::inference_export::InferenceExport;
+
+    // A Conv whose weight the exporter folded from parameters (weight_norm, in a
+    // training-mode export) keeps its bias's name: no sign. With a folded bias too
+    // (a BatchNorm folded in): one.
+    let sign = |bias: &str| {
+        let m = model(
+            vec![node("Conv", "c", &["x", "onnx::Conv_7", bias], &["y"])],
+            vec![weight("onnx::Conv_7", &[4, 3, 3, 3]), weight(bias, &[4])],
+            vec![value_info(
+                "x",
+                1,
+                &[D::S("batch"), D::N(3), D::N(8), D::N(8)],
+            )],
+            vec![value_info(
+                "y",
+                1,
+                &[D::S("batch"), D::N(4), D::N(6), D::N(6)],
+            )],
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("m.onnx");
+        std::fs::write(&p, encode(&m)).unwrap();
+        InferenceExport::of(&memplan::onnx::load_model(&p).unwrap()).folded_conv_weights
+    };
+    assert_eq!(sign("c.bias"), 0);
+    assert_eq!(sign("onnx::Conv_8"), 1);
 }

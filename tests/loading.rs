@@ -115,16 +115,21 @@ fn external_model(location: &str) -> memplan::onnx::proto::ModelProto {
 
 #[test]
 fn external_data_is_mapped_when_its_file_is_there() {
+    // dir/sub/m.onnx, with the same data in dir/sub/w.bin and in dir/w.bin.
     let dir = tempfile::tempdir().unwrap();
+    let sub = dir.path().join("sub");
+    std::fs::create_dir(&sub).unwrap();
     let floats: Vec<u8> = (0..12u32)
         .flat_map(|i| (i as f32 * 0.5).to_le_bytes())
         .collect();
     let mut file = vec![0xAB; 16];
     file.extend_from_slice(&floats);
+    std::fs::write(sub.join("w.bin"), &file).unwrap();
     std::fs::write(dir.path().join("w.bin"), &file).unwrap();
-    std::fs::write(dir.path().join("short.bin"), &file[..40]).unwrap();
+    std::fs::write(sub.join("short.bin"), &file[..40]).unwrap();
     let payload = |location: &str| {
-        let p = write_tmp(&dir, "m.onnx", &encode(&external_model(location)));
+        let p = sub.join("m.onnx");
+        std::fs::write(&p, encode(&external_model(location))).unwrap();
         let m = load_model(&p).unwrap();
         let t = &m.graph.tensors[m.graph.tensor_id("w").unwrap()];
         t.init.as_ref().unwrap().payload.clone()
@@ -135,9 +140,16 @@ fn external_data_is_mapped_when_its_file_is_there() {
         Payload::Raw(b) => assert_eq!(&b[..], &floats[..]),
         other => panic!("{other:?}"),
     }
-    // Too short for its range, outside the model's directory, or missing: left
-    // external (profiling does not need it; the executor says it could not read it).
-    for location in ["short.bin", "../w.bin", "/etc/hostname", "gone.bin"] {
+    // Outside the model's directory (the same bytes, through `..` or an absolute
+    // path), too short for its range, or missing: left external (profiling does not
+    // need it; the executor says it could not read it).
+    let absolute = dir.path().join("w.bin");
+    for location in [
+        "../w.bin",
+        absolute.to_str().unwrap(),
+        "short.bin",
+        "gone.bin",
+    ] {
         assert!(
             matches!(payload(location), Payload::External { .. }),
             "{location}"

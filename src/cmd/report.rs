@@ -137,9 +137,9 @@ fn write_report(a: ReportArgs) -> anyhow::Result<()> {
         dims: dims.clone(),
     };
     let (model, step) = load(&a.model, &bindings, &opts).with_context(|| path.clone())?;
-    super::warn_inference_export(&path, &model);
     let replay = simulate(&step.schedule);
     let mut t = TrainingReport::new(&opts, &step.schedule, &replay);
+    t.warnings = super::warn_inference_export(&path, &model);
     let d = a.device.model()?;
     let alloc = replay_schedule(&step.schedule, &d).map_err(|e| replay_failed(&path, e))?;
     t.set_device(&d, alloc);

@@ -96,7 +96,7 @@ pub fn load_model(path: &Path) -> Result<Model> {
 /// leaves the model's directory (absolute, or through `..`), a file that cannot be
 /// mapped or a range past its end leaves the payload external: profiling never
 /// needs the data, and the executor says which file it could not read.
-fn map_external_data(path: &Path, model: &mut Model) {
+pub(crate) fn map_external_data(path: &Path, model: &mut Model) {
     let dir = path.parent().unwrap_or(Path::new("."));
     let mut files: HashMap<String, Option<Bytes>> = HashMap::new();
     for t in &mut model.graph.tensors {
@@ -111,18 +111,29 @@ fn map_external_data(path: &Path, model: &mut Model) {
         else {
             continue;
         };
-        let inside = Path::new(location)
-            .components()
-            .all(|c| matches!(c, std::path::Component::Normal(_)));
-        let file = files
-            .entry(location.clone())
-            .or_insert_with(|| inside.then(|| map_file(&dir.join(location)).ok()).flatten());
-        let width = init.dtype.bits() / 8;
+        if !files.contains_key(location) {
+            let inside = Path::new(location)
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)));
+            let file = dir.join(location);
+            // A regular file only: opening a FIFO would block.
+            let regular = || std::fs::metadata(&file).is_ok_and(|m| m.is_file());
+            let mapped = (inside && regular())
+                .then(|| map_file(&file).ok())
+                .flatten();
+            files.insert(location.clone(), mapped);
+        }
+        let Some(file) = files[location].as_ref() else {
+            continue;
+        };
+        // The tensor's bytes, as for data inside the model; a `length` that says
+        // otherwise leaves it external.
         let needed = init
             .dims
             .iter()
-            .try_fold(width, |a, &d| a.checked_mul(d as u64));
-        let (Some(file), Some(len)) = (file.as_ref(), length.or(needed)) else {
+            .try_fold(1u64, |a, &d| a.checked_mul(d as u64))
+            .and_then(|n| init.dtype.bytes_for(n));
+        let Some(len) = needed.filter(|&n| length.is_none_or(|l| l == n)) else {
             continue;
         };
         let Some(end) = offset.checked_add(len).filter(|&e| e <= file.len() as u64) else {
@@ -580,7 +591,7 @@ fn build_graph<G: GraphSrc>(
             info.buffer |= info.init.is_some()
                 && vi
                     .metadata("pkg.torch.export.graph_signature.InputSpec.kind")
-                    .is_some_and(|kind| kind != "PARAMETER");
+                    .is_some_and(|kind| matches!(kind, "BUFFER" | "CONSTANT_TENSOR"));
             info.declared_dtype = info.declared_dtype.or(dtype);
             if info.declared_shape.is_none() {
                 info.declared_shape = shape;

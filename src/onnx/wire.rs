@@ -841,7 +841,8 @@ mod tests {
 
     use super::*;
     use crate::ir::Model;
-    use crate::onnx::{decode_model, load::from_proto, load_model, map_file};
+    use crate::onnx::load::{from_proto, map_external_data};
+    use crate::onnx::{decode_model, load_model, map_file};
 
     /// Everything the IR holds, in an order that does not depend on hashing.
     fn ir_text(m: &Model) -> String {
@@ -899,7 +900,10 @@ mod tests {
             let slow = decode_model(buf.clone())
                 .map_err(|e| e.to_string())
                 .and_then(|m| from_proto(m).map_err(|e| e.to_string()))
-                .map(|m| ir_text(&m));
+                .map(|mut m| {
+                    map_external_data(p, &mut m);
+                    ir_text(&m)
+                });
             match (&fast, &slow) {
                 (Ok(f), Ok(s)) => assert!(f == s, "{} differs", p.display()),
                 (Err(_), Err(_)) => {}

@@ -148,9 +148,10 @@ impl Loaded {
         }
         if let std::borrow::Cow::Owned(_) = crate::lower::lower(&model, bindings)? {
             return Err(Error::Rewrite(
-                "a ScatterND or ScatterElements writes a slice (its indices are a box's \
-                 grid), which memplan lowers to another node; a rewritten step holds the \
-                 model's own nodes and cannot hold it yet (the plan file can)"
+                "memplan rewrites some of this model's nodes before planning (a ScatterND \
+                 or ScatterElements that writes a slice, or a convolution's zero bias the \
+                 exporter wrote in a shape Conv does not take); a rewritten step holds the \
+                 model's own nodes and cannot hold these yet (the plan file can)"
                     .into(),
             ));
         }

@@ -21,8 +21,9 @@ use crate::ops::norm::batch_norm_training_mode;
 pub struct InferenceExport {
     /// Nodes the dynamo exporter's optimizer folded a BatchNorm into.
     pub folded_batch_norms: usize,
-    /// Convolutions whose weight is an initializer named `onnx::Conv_<n>`: a weight
-    /// the TorchScript exporter's constant folding made (a BatchNorm folded in).
+    /// Convolutions whose weight and bias are initializers named `onnx::Conv_<n>`:
+    /// what the TorchScript exporter's constant folding makes of a convolution with
+    /// a BatchNorm folded in.
     pub folded_conv_weights: usize,
     /// BatchNormalization nodes written in inference mode by an eval-mode export:
     /// the TorchScript exporter's `training_mode` = 0 (one output before opset 14),
@@ -58,11 +59,16 @@ impl InferenceExport {
                     }
                 }
                 "Conv" => {
-                    let folded = n.inputs.get(1).copied().flatten().is_some_and(|w| {
-                        let t = g.tensor(w);
-                        t.init.is_some() && t.name.starts_with("onnx::Conv_")
-                    });
-                    if folded {
+                    // A folded BatchNorm makes both a new weight and a new bias; a
+                    // weight alone folded from parameters (weight_norm, a cast) is
+                    // not this.
+                    let made = |k: usize| {
+                        n.inputs.get(k).copied().flatten().is_some_and(|w| {
+                            let t = g.tensor(w);
+                            t.init.is_some() && t.name.starts_with("onnx::Conv_")
+                        })
+                    };
+                    if made(1) && made(2) {
                         found.folded_conv_weights += 1;
                     }
                 }

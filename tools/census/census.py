@@ -1305,7 +1305,7 @@ def cmd_dynamo_check(a, entries):
     cache = os.path.join(a.cache, "dynamo")
     for sub in ("onnx", "export"):
         os.makedirs(os.path.join(cache, sub), exist_ok=True)
-    out = _load(DYNAMO_CHECK_JSON, {}) if a.only else {}
+    out = _load(DYNAMO_CHECK_JSON, {})  # rows not re-run are kept (the sample and "rest")
     out["_meta"] = {"generated_by": "python tools/census/census.py dynamo-check",
                     "what": "torch.onnx.export(model.train(), args, dynamo=True, optimize=False, "
                             "dynamic_shapes={0: batch} on every input); memplan profile --train "

@@ -87,14 +87,15 @@ impl Op for Concat {
             out[0].numel(),
         )))
     }
-    /// One input: the identity, which PyTorch never makes (the dynamo exporter
-    /// writes `x[idx]` as `GatherND` over a Concat of the one index unsqueezed), so
-    /// a view like Identity; otherwise a new tensor.
+    /// A new tensor, as `torch.cat` makes even of one tensor (DenseNet's first
+    /// layer of a block), but for one integer input: the dynamo exporter writes
+    /// `x[idx]` as `GatherND` over a Concat of the one index unsqueezed, which
+    /// PyTorch never makes (its IndexBackward saves the index itself), so a view
+    /// like Identity.
     fn storage(&self, cx: &Cx) -> Storage {
-        if cx.inputs.len() == 1 {
-            Storage::View
-        } else {
-            Storage::New
+        match cx.inputs.as_slice() {
+            [Some(only)] if only.dtype.is_int() => Storage::View,
+            _ => Storage::New,
         }
     }
     /// Inputs (one element type) joined along `axis`.
