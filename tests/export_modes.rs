@@ -153,8 +153,19 @@ fn dynamo_buffers_do_not_train() {
     // `inv_freq` is a float initializer that Cos and Sin read through a MatMul: as a
     // parameter it would train, and the multiplies would save the projection too.
     let torch = pytorch("rotary_saved_bytes");
-    let (saved, _, _) = train("rotary_dynamo.onnx");
+    let (saved, warnings, _) = train("rotary_dynamo.onnx");
     assert_eq!(saved, torch, "saved bytes against PyTorch's");
+    assert!(warnings.is_empty(), "{warnings:?}");
+
+    // With the default optimize=True the tables are folded into initializers with
+    // no input kind: they train, and the file says so.
+    let (_, warnings, lines) = train("rotary_dynamo_optimized.onnx");
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("computed 2 float initializers from other values"),
+        "{warnings:?}"
+    );
+    assert_eq!(lines.len(), 1, "{lines:?}");
 
     // The same file without the exporter's input kinds trains `inv_freq`.
     let bytes = std::fs::read(file("rotary_dynamo.onnx")).unwrap();

@@ -154,6 +154,11 @@ pub struct Model {
     /// `pkg.onnxscript.rewriter.rule_name` metadata. A training step of such a file
     /// has no BatchNorm there (the training step's `inference_export` says so).
     pub folded_batch_norms: usize,
+    /// Float initializers the exporter's optimizer computed from several values
+    /// (`pkg.onnxscript.optimizer.folded_from` in their `value_info` metadata names
+    /// more than one: a rotary embedding's cos/sin tables folded from its
+    /// `inv_freq` buffer), which memplan cannot tell from parameters and trains.
+    pub folded_constants: usize,
 }
 
 impl Model {

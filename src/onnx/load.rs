@@ -211,14 +211,15 @@ fn build_model<G: GraphSrc>(m: Header<'_, G>) -> Result<Model> {
     )
     .trim()
     .to_string();
-    let mut folded_batch_norms = 0;
-    let graph = build_graph(graph, &m.names, &mut folded_batch_norms)?;
+    let mut folded = Folded::default();
+    let graph = build_graph(graph, &m.names, &mut folded)?;
     Ok(Model {
         ir_version,
         opsets,
         producer,
         graph,
-        folded_batch_norms,
+        folded_batch_norms: folded.batch_norms,
+        folded_constants: folded.constants,
     })
 }
 
@@ -402,13 +403,16 @@ impl Builder {
     }
 }
 
-/// Builds the main graph; counts in `folded_batch_norms` the nodes the exporter's
-/// optimizer folded a BatchNorm into ([`Model::folded_batch_norms`]).
-fn build_graph<G: GraphSrc>(
-    gp: &G,
-    names: &Names,
-    folded_batch_norms: &mut usize,
-) -> Result<Graph> {
+/// What the dynamo exporter's optimizer folded, as its metadata says
+/// ([`Model::folded_batch_norms`], [`Model::folded_constants`]).
+#[derive(Default)]
+struct Folded {
+    batch_norms: usize,
+    constants: usize,
+}
+
+/// Builds the main graph, counting in `folded` what the exporter's optimizer folded.
+fn build_graph<G: GraphSrc>(gp: &G, names: &Names, folded: &mut Folded) -> Result<Graph> {
     let (n_nodes, n_inits) = (gp.nodes().len(), gp.initializers().len());
     // Every tensor is an initializer, a graph input or a node's output; every node
     // reads about two.
@@ -491,7 +495,7 @@ fn build_graph<G: GraphSrc>(
         if n.metadata("pkg.onnxscript.rewriter.rule_name")
             .is_some_and(|rules| rules.contains("FuseBatchNormInto"))
         {
-            *folded_batch_norms += 1;
+            folded.batch_norms += 1;
         }
         let domain = match n.domain() {
             "ai.onnx" => Name::new(),
@@ -592,6 +596,14 @@ fn build_graph<G: GraphSrc>(
                 && vi
                     .metadata("pkg.torch.export.graph_signature.InputSpec.kind")
                     .is_some_and(|kind| matches!(kind, "BUFFER" | "CONSTANT_TENSOR"));
+            if info.kind == TensorKind::Parameter
+                && vi
+                    .metadata("pkg.onnxscript.optimizer.folded_from")
+                    .and_then(py_str_list)
+                    .is_some_and(|from| from.len() > 1)
+            {
+                folded.constants += 1;
+            }
             info.declared_dtype = info.declared_dtype.or(dtype);
             if info.declared_shape.is_none() {
                 info.declared_shape = shape;

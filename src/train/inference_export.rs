@@ -10,8 +10,11 @@
 //! eval-mode export drops Dropout. A training step of such a file saves less than
 //! PyTorch's: measured with torch 2.15 on torchvision's ResNet-18 at batch 2,
 //! 24,489,984 bytes saved for backward against 44,398,080 for the training-mode
-//! export. Nothing counts dropout a file does not have, so memplan says what the
-//! file shows and how to export it instead (README, "Exporting your model").
+//! export. The dynamo exporter's optimizer also folds constants computed from
+//! buffers into initializers (a rotary embedding's cos/sin tables) that memplan
+//! cannot tell from parameters. Nothing counts dropout a file does not have, so
+//! memplan says what the file shows and how to export it instead (README,
+//! "Exporting your model").
 
 use crate::ir::Model;
 use crate::ops::norm::batch_norm_training_mode;
@@ -21,6 +24,9 @@ use crate::ops::norm::batch_norm_training_mode;
 pub struct InferenceExport {
     /// Nodes the dynamo exporter's optimizer folded a BatchNorm into.
     pub folded_batch_norms: usize,
+    /// Float initializers the dynamo exporter's optimizer computed from several
+    /// values ([`Model::folded_constants`]): trained here, constants in PyTorch.
+    pub folded_constants: usize,
     /// Convolutions whose weight and bias are initializers named `onnx::Conv_<n>`:
     /// what the TorchScript exporter's constant folding makes of a convolution with
     /// a BatchNorm folded in.
@@ -38,6 +44,7 @@ impl InferenceExport {
         let opset = m.opset();
         let mut found = InferenceExport {
             folded_batch_norms: m.folded_batch_norms,
+            folded_constants: m.folded_constants,
             ..Default::default()
         };
         for &ix in &g.order {
@@ -97,6 +104,16 @@ impl InferenceExport {
                  folded into the convolutions, Dropout dropped): the training step \
                  counted here has neither and saves less than PyTorch's; {HOW}",
                 self.folded_conv_weights
+            ));
+        }
+        if self.folded_constants > 0 {
+            out.push(format!(
+                "the exporter's optimizer computed {} float initializers from other values \
+                 (the dynamo exporter's optimize=True, e.g. rotary cos/sin tables from a \
+                 buffer): memplan cannot tell them from parameters and trains them, so the \
+                 step counted here saves more than PyTorch's; export with optimize=False \
+                 (README, \"Exporting your model\")",
+                self.folded_constants
             ));
         }
         if self.inference_batch_norms > 0 {

@@ -6,7 +6,8 @@ step at batch 2 (pytorch.json):
   and in the ways that write a file for inference (eval mode; the dynamo exporter's default
   optimizer);
 * a rotary embedding as transformers writes it (a non-persistent `inv_freq` buffer that a
-  differentiable computation reads) through the dynamo exporter: rotary_dynamo.onnx;
+  differentiable computation reads) through the dynamo exporter: rotary_dynamo.onnx, and
+  with its default optimizer, which folds the cos/sin tables: rotary_dynamo_optimized.onnx;
 * a Conv3d without bias through the dynamo exporter, which writes the missing bias as
   zeros of shape [4, 2] (onnxscript's aten_conv3d): conv3d_dynamo.onnx;
 * a table indexed by a buffer (Swin's relative position bias) through the dynamo
@@ -124,6 +125,9 @@ def main():
     xr = torch.randn(2, 6, 8)
     torch.onnx.export(rotary, (xr,), os.path.join(HERE, "rotary_dynamo.onnx"), dynamo=True,
                       optimize=False, dynamic_shapes=dyn)
+    # The default optimize=True folds the cos/sin tables into initializers.
+    torch.onnx.export(rotary, (xr,), os.path.join(HERE, "rotary_dynamo_optimized.onnx"),
+                      dynamo=True, dynamic_shapes=dyn)
 
     video = Video()
     xv = torch.randn(2, 2, 4, 6, 6)
