@@ -166,6 +166,20 @@ fn dynamo_buffers_do_not_train() {
         "{warnings:?}"
     );
     assert_eq!(lines.len(), 1, "{lines:?}");
+    // The optimizer also folded the transposed Linear weight into `val_<n>`: it is
+    // named for its module, as named_parameters() names it.
+    let path = file("rotary_dynamo_optimized.onnx");
+    let j = memplan_json(&[
+        "profile",
+        path.to_str().unwrap(),
+        "--batch",
+        "2",
+        "--train",
+        "--trainable",
+        r"^q\.weight$",
+        "--json",
+    ]);
+    assert_eq!(j["training"]["trainable_params"], 1, "{}", j["training"]);
 
     // The same file without the exporter's input kinds trains `inv_freq`.
     let bytes = std::fs::read(file("rotary_dynamo.onnx")).unwrap();

@@ -44,13 +44,17 @@ pub fn join(parent: &str, scope: &str) -> String {
 }
 
 /// A parameter's name as PyTorch's `named_parameters()` gives it. The initializer's
-/// own name, except where the TorchScript exporter made a new one (`onnx::MatMul_123`:
-/// a Linear's weight it transposed and folded): then the module of the first node
-/// that reads it, with `.weight` (`.bias` for rank 1), e.g.
-/// `encoder.layer.0.attention.self.query.weight`.
+/// own name, except where an exporter made a new one (the TorchScript exporter's
+/// `onnx::MatMul_123`, the dynamo exporter's optimizer's `val_123`: a Linear's
+/// weight transposed and folded): then the module of the first node that reads it,
+/// with `.weight` (`.bias` for rank 1), e.g. `encoder.layer.0.attention.self.query.weight`.
 pub fn parameter_name(g: &Graph, t: TensorId) -> String {
     let name = &g.tensor(t).name;
-    if !name.starts_with("onnx::") {
+    let made = name.starts_with("onnx::")
+        || name
+            .strip_prefix("val_")
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+    if !made {
         return name.to_string();
     }
     let reader = g
