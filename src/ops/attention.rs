@@ -37,6 +37,20 @@ use super::{
 use crate::ir::{Attrs, DType, Node};
 use crate::numeric::Tensor;
 
+/// Physical dim order of `scaled_dot_product_attention`'s `[B, H, S, D]` output in
+/// float32 on a GPU: `[B, S, H, D]`. PyTorch's CUDA SDPA runs float32 through the
+/// memory-efficient kernel (flash attention takes half precision only, and no
+/// mask), which allocates its output as `[B, S, H, D]` whatever the query's layout
+/// (`_efficient_attention_forward`, aten/src/ATen/native/transformers/cuda/
+/// attention.cu); flash attention and the CPU kernel write the query's layout
+/// ([`FusedPattern::out_layout`]); so did cuDNN's kernel, which PyTorch 2.11 ran
+/// under autocast on an H200 (tools/gpu-sdpa-layout.py). Where the model's following
+/// transpose does not restore `[B, S, H, D]` (`nn.MultiheadAttention`'s `permute(2, 0, 1, 3)`), the
+/// reshape after it copies, and `out_proj` saves the copy beside the output the
+/// kernel saves: one tensor a layer more than on the CPU (vit_b_16 on an H200,
+/// models/training_reference_cuda_h200.json).
+pub const SDPA_F32_LAYOUT: [usize; 4] = [0, 2, 1, 3];
+
 /// Sizes of one application (after the 3-D inputs are split into heads).
 #[derive(Debug, Clone, Copy)]
 struct Dims {
@@ -280,10 +294,27 @@ fn params(attrs: &Attrs, opset: i64, d: &Dims) -> RuleResult<Params> {
     })
 }
 
-/// Where the backward finds the full keys and values (past included), and the
-/// extras the forward makes: the logsumexp first, then the concatenations that no
-/// declared output holds.
-fn saved_layout(node: &Node, d: &Dims, kt: DType, vt: DType) -> (Saved, Saved, Vec<Fact>) {
+/// What the backward reads besides the query, the output and the logsumexp.
+struct SavedSlots {
+    /// The full keys and values (past included).
+    k: Saved,
+    v: Saved,
+    /// The mask: the input, or for a boolean one the float mask PyTorch converts it
+    /// to (`0` / `-inf` in the query's type) and saves; `None` without one.
+    mask: Option<Saved>,
+    /// What the forward makes for backward: the logsumexp first, then the
+    /// concatenations no declared output holds, then the float mask.
+    extras: Vec<Fact>,
+}
+
+/// Where the backward finds what it reads ([`SavedSlots`]). `mask`: input 3's fact;
+/// `qt`: the query's type.
+fn saved_layout(
+    node: &Node,
+    d: &Dims,
+    (qt, kt, vt): (DType, DType, DType),
+    mask: Option<&Fact>,
+) -> SavedSlots {
     let mut extras = vec![Fact::new(DType::F32, vec![d.b, d.hq, d.sq])];
     let mut slot = |input: usize, out: usize, dt: DType, head: usize| {
         if !d.has_past {
@@ -297,7 +328,15 @@ fn saved_layout(node: &Node, d: &Dims, kt: DType, vt: DType) -> (Saved, Saved, V
     };
     let k = slot(1, 1, kt, d.d);
     let v = slot(2, 2, vt, d.dv);
-    (k, v, extras)
+    let mask = mask.map(|m| {
+        if m.dtype == DType::Bool {
+            extras.push(Fact::new(qt, m.shape.clone()));
+            Saved::Extra(extras.len() - 1)
+        } else {
+            Saved::Input(3)
+        }
+    });
+    SavedSlots { k, v, mask, extras }
 }
 
 /// `Attention(Q, K, V, attn_mask?, past_key?, past_value?, nonpad_kv_seqlen?) ->
@@ -385,13 +424,20 @@ impl Op for Attention {
             cx.opt(i).map(|f| f.shape.clone())
         })?;
         let p = params(cx.attrs(), cx.opset, &d)?;
-        let (ks, vs, extras) = saved_layout(cx.node, &d, cx.input(1)?.dtype, cx.input(2)?.dtype);
-        let mut needs = vec![Saved::Input(0), ks, vs, Saved::Output(0), Saved::Extra(0)];
-        for i in [3, 6] {
-            if cx.opt(i).is_some() {
-                needs.push(Saved::Input(i));
-            }
+        let types = (cx.input(0)?.dtype, cx.input(1)?.dtype, cx.input(2)?.dtype);
+        let slots = saved_layout(cx.node, &d, types, cx.opt(3));
+        let mut needs = vec![
+            Saved::Input(0),
+            slots.k,
+            slots.v,
+            Saved::Output(0),
+            Saved::Extra(0),
+        ];
+        needs.extend(slots.mask);
+        if cx.opt(6).is_some() {
+            needs.push(Saved::Input(6));
         }
+        let extras = slots.extras;
         let mut inputs = vec![0, 1, 2];
         if d.has_past {
             inputs.extend([4, 5]);
@@ -420,6 +466,30 @@ impl Op for Attention {
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
+    }
+    /// `Y` in 4-D as PyTorch's kernels write it: [`SDPA_F32_LAYOUT`] in float32 or
+    /// with a mask (the memory-efficient kernel), else the query's layout (flash
+    /// attention); the 3-D form and the other outputs contiguous.
+    fn out_strides(
+        &self,
+        cx: &Cx,
+        k: usize,
+        out: &Fact,
+        strides: &[Option<&[usize]>],
+    ) -> Vec<usize> {
+        if k != 0 || out.shape.len() != 4 {
+            return super::layout::contiguous(&out.shape);
+        }
+        if out.dtype == DType::F32 || cx.opt(3).is_some() {
+            return super::layout::permuted(&out.shape, &SDPA_F32_LAYOUT);
+        }
+        match (
+            cx.inputs.first().copied().flatten(),
+            strides.first().copied().flatten(),
+        ) {
+            (Some(q), Some(s)) if q.shape == out.shape => s.to_vec(),
+            _ => super::layout::contiguous(&out.shape),
+        }
     }
     /// Per query row (f64 sums): the scaled scores against every key, softcap,
     /// the bias (mask, causal, padding, window), the softmax and `P·V`; a fully
@@ -468,12 +538,24 @@ impl Op for Attention {
         }
         if cx.extras {
             outs.push(Tensor::f32(vec![d.b, d.hq, d.sq], fwd.lse));
-            let (ks, vs, _) = saved_layout(cx.node, &d, kt.dtype(), vt.dtype());
-            if matches!(ks, Saved::Extra(_)) {
+            let mask = cx.opt(3);
+            let mask_fact = mask.map(|m| Fact::new(m.dtype(), m.shape.clone()));
+            let types = (qt.dtype(), kt.dtype(), vt.dtype());
+            let slots = saved_layout(cx.node, &d, types, mask_fact.as_ref());
+            if matches!(slots.k, Saved::Extra(_)) {
                 outs.push(Tensor::from_f32(kt.dtype(), kv_shape(d.d), k)?);
             }
-            if matches!(vs, Saved::Extra(_)) {
+            if matches!(slots.v, Saved::Extra(_)) {
                 outs.push(Tensor::from_f32(vt.dtype(), kv_shape(d.dv), v)?);
+            }
+            if let (Some(Saved::Extra(_)), Some(m)) = (slots.mask, mask) {
+                // PyTorch's `0` / `-inf` float mask of a boolean one.
+                let vals = m
+                    .to_i64s()
+                    .into_iter()
+                    .map(|x| if x != 0 { 0.0 } else { f32::NEG_INFINITY })
+                    .collect();
+                outs.push(Tensor::from_f32(qt.dtype(), m.shape.clone(), vals)?);
             }
         }
         Ok(outs)
@@ -490,7 +572,9 @@ impl Op for Attention {
             cx.inputs.get(i).copied().flatten().map(|f| f.shape.clone())
         })?;
         let p = params(cx.attrs(), cx.opset, &d)?;
-        let (ks, vs, _) = saved_layout(cx.node, &d, cx.input(1)?.dtype, cx.input(2)?.dtype);
+        let types = (cx.input(0)?.dtype, cx.input(1)?.dtype, cx.input(2)?.dtype);
+        let slots = saved_layout(cx.node, &d, types, cx.inputs.get(3).copied().flatten());
+        let (ks, vs) = (slots.k, slots.v);
         let q = heads(&cx.saved(Saved::Input(0))?.to_f32()?, &d, d.hq, d.sq, d.d);
         let full = |s: Saved, h: usize| -> RuleResult<Vec<f32>> {
             let t = cx.saved(s)?.to_f32()?;
@@ -503,8 +587,8 @@ impl Op for Attention {
         let (k, v) = (full(ks, d.d)?, full(vs, d.dv)?);
         let y = heads(&cx.saved(Saved::Output(0))?.to_f32()?, &d, d.hq, d.sq, d.dv);
         let lse = cx.saved(Saved::Extra(0))?.to_f32()?.into_owned();
-        let mask = match cx.inputs.get(3).copied().flatten() {
-            Some(_) => Some(cx.saved(Saved::Input(3))?),
+        let mask = match slots.mask {
+            Some(m) => Some(cx.saved(m)?),
             None => None,
         };
         let nonpad = match cx.inputs.get(6).copied().flatten() {

@@ -8,26 +8,17 @@ use crate::infer::Inferred;
 use crate::ir::{DType, Model, TensorId};
 use crate::ops::Fact;
 
-/// Physical dim order of `scaled_dot_product_attention`'s `[B, H, S, D]` output in
-/// float32 on a GPU: `[B, S, H, D]`. PyTorch's CUDA SDPA runs float32 through the
-/// memory-efficient kernel (flash attention takes half precision only, and no
-/// mask), which allocates its output as `[B, S, H, D]` whatever the query's layout
-/// (`_efficient_attention_forward`, aten/src/ATen/native/transformers/cuda/
-/// attention.cu); flash attention and the CPU kernel write the query's layout
-/// ([`FusedPattern::out_layout`]); so did cuDNN's kernel, which PyTorch 2.11 ran
-/// under autocast on an H200 (tools/gpu-sdpa-layout.py). Where the model's following
-/// transpose does not restore `[B, S, H, D]` (`nn.MultiheadAttention`'s `permute(2, 0, 1, 3)`), the
-/// reshape after it copies, and `out_proj` saves the copy beside the output the
-/// kernel saves: one tensor a layer more than on the CPU (vit_b_16 on an H200,
-/// models/training_reference_cuda_h200.json).
-pub const SDPA_F32_LAYOUT: [usize; 4] = [0, 2, 1, 3];
+pub use crate::ops::attention::SDPA_F32_LAYOUT;
 
 /// Finds attention written out by the TorchScript exporter's decomposition of
 /// `scaled_dot_product_attention`: `MatMul(Mul(q, √s), Mul(kᵀ, √s))` → [Add mask] →
 /// Softmax → [Dropout] → `MatMul(·, v)`. PyTorch runs it as one fused kernel
 /// (flash attention) that saves q, k, v, the output and the per-row logsumexp
 /// (float32, `[batch, heads, queries]`), and writes its output in the query's layout
-/// (half precision; in float32 `[B, S, H, D]`, [`SDPA_F32_LAYOUT`]). Eager attention
+/// (half precision; in float32 `[B, S, H, D]`, [`SDPA_F32_LAYOUT`]), and the additive
+/// mask where there is one. Both exporters write a boolean mask as `Where(mask, 0,
+/// -inf)` added to the scores and, below opset 23, zero fully masked rows after the
+/// Softmax (`Where(IsNaN(p), 0, p)`): that guard is part of the pattern. Eager attention
 /// (HF BERT/GPT-2: `q @ kᵀ` then a division) does not match and is differentiated op
 /// by op, as PyTorch does.
 pub(super) fn find_sdpa(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
@@ -52,6 +43,7 @@ pub(super) fn find_sdpa(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
             continue;
         };
         let masked = g.node(src).op_type == "Add";
+        let mut mask = None;
         if masked {
             pattern.push(src);
             let next = g
@@ -61,6 +53,17 @@ pub(super) fn find_sdpa(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
                 .flatten()
                 .find_map(|&t| producer(t).filter(|&p| g.node(p).op_type == "MatMul"));
             let Some(p) = next else { continue };
+            // The additive mask: what PyTorch's kernel saves beside q, k and v
+            // (`attn_mask` on the CPU, `attn_bias` in the memory-efficient kernel),
+            // unless it is a constant.
+            let scores = g.node(p).outputs.first().copied().flatten();
+            mask = g
+                .node(src)
+                .inputs
+                .iter()
+                .flatten()
+                .copied()
+                .find(|&t| Some(t) != scores && !is_const(t));
             src = p;
         }
         if g.node(src).op_type != "MatMul" {
@@ -82,13 +85,29 @@ pub(super) fn find_sdpa(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
                 let var: Vec<TensorId> = ins.iter().copied().filter(|&t| !is_const(t)).collect();
                 (ins.len() == 2 && var.len() == 1).then(|| {
                     pattern.push(p);
-                    var[0]
+                    // The kernel saves the key itself, not the exporter's transpose of it.
+                    match key_transposed(model, inf, var[0]) {
+                        Some((k, nodes)) => {
+                            pattern.extend(nodes);
+                            k
+                        }
+                        None => var[0],
+                    }
                 })
             })
             .collect();
         let Some(qk) = scaled else { continue };
         let Some(mut probs) = out0(sm) else { continue };
         let mut uses = consumers(model, probs);
+        // `Where(IsNaN(p), 0, p)`: the exporters' zeroing of fully masked rows after a
+        // boolean mask (opsets 14 to 22), part of the kernel in PyTorch.
+        if let Some((isnan, zeroed)) = nan_guard(model, inf, probs, &uses) {
+            pattern.push(isnan);
+            pattern.push(zeroed);
+            let Some(p) = out0(zeroed) else { continue };
+            probs = p;
+            uses = consumers(model, probs);
+        }
         if let [d] = uses.as_slice() {
             if g.node(*d).op_type == "Dropout" {
                 pattern.push(*d);
@@ -133,11 +152,78 @@ pub(super) fn find_sdpa(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
         out.push(FusedPattern {
             kind: FusedKind::Sdpa,
             nodes: pattern,
-            reads: vec![qk[0], qk[1], v, o],
+            reads: [qk[0], qk[1], v, o].into_iter().chain(mask).collect(),
             extras: vec![lse],
             out_layout,
             fake_quant: None,
         });
     }
     out
+}
+
+/// The exporters' guard after a Softmax over boolean-masked scores: `IsNaN(p)` and
+/// `Where(IsNaN(p), 0, p)` the only readers of `p`, the IsNaN read only by the Where.
+/// Returns (IsNaN, Where).
+fn nan_guard(
+    model: &Model,
+    inf: &Inferred,
+    p: TensorId,
+    uses: &[NodeIndex],
+) -> Option<(NodeIndex, NodeIndex)> {
+    let g = &model.graph;
+    let (isnan, zeroed) = match uses {
+        [a, b] if g.node(*a).op_type == "IsNaN" && g.node(*b).op_type == "Where" => (*a, *b),
+        [a, b] if g.node(*b).op_type == "IsNaN" && g.node(*a).op_type == "Where" => (*b, *a),
+        _ => return None,
+    };
+    let flag = g.node(isnan).outputs.first().copied().flatten()?;
+    let zero = inf.facts[g.node(zeroed).inputs.get(1).copied().flatten()?]
+        .value
+        .as_ref()
+        .filter(|v| v.data.len() == 1 && v.data.float(0) == 0.0);
+    let wired = g.node(zeroed).inputs.first() == Some(&Some(flag))
+        && g.node(zeroed).inputs.get(2) == Some(&Some(p))
+        && consumers(model, flag) == [zeroed]
+        && !g.outputs.contains(&p)
+        && !g.outputs.contains(&flag);
+    (wired && zero.is_some()).then_some((isnan, zeroed))
+}
+
+/// The dynamo exporter's `kᵀ` for a key of rank 4 (or more):
+/// `Reshape(Transpose(Reshape(k, [-1, S, D]), [0, 2, 1]), [.., D, S])`, each inner
+/// value read only by the next node. Returns `k` and the three nodes. (The flattening
+/// reshape copies when `k` is a strided view, as the heads split from one projection
+/// are; PyTorch's kernel reads `k` as it is.)
+fn key_transposed(
+    model: &Model,
+    inf: &Inferred,
+    t: TensorId,
+) -> Option<(TensorId, [NodeIndex; 3])> {
+    let g = &model.graph;
+    let op = |n: NodeIndex| g.node(n).op_type.as_str();
+    let only_reader =
+        |t: TensorId, n: NodeIndex| consumers(model, t) == [n] && !g.outputs.contains(&t);
+    let back = g.tensor(t).producer.filter(|&n| op(n) == "Reshape")?;
+    let flat_t = g.node(back).inputs.first().copied().flatten()?;
+    let tr = g
+        .tensor(flat_t)
+        .producer
+        .filter(|&n| op(n) == "Transpose")?;
+    let flat = g.node(tr).inputs.first().copied().flatten()?;
+    let fwd = g.tensor(flat).producer.filter(|&n| op(n) == "Reshape")?;
+    let k = g.node(fwd).inputs.first().copied().flatten()?;
+    let perm = g.node(tr).attrs.ints("perm")?;
+    let (ks, ts) = (&inf.facts[k].shape, &inf.facts[t].shape);
+    let n = ks.len();
+    let swapped = n >= 2
+        && ts.len() == n
+        && ts[..n - 2] == ks[..n - 2]
+        && ts[n - 2] == ks[n - 1]
+        && ts[n - 1] == ks[n - 2];
+    let ok = perm == [0, 2, 1]
+        && inf.facts[flat].shape.len() == 3
+        && swapped
+        && only_reader(flat, tr)
+        && only_reader(flat_t, back);
+    ok.then_some((k, [fwd, tr, back]))
 }

@@ -1,6 +1,8 @@
 //! Fused patterns: subgraphs the exporter writes op by op that PyTorch runs as one
-//! kernel saving less (the exact and tanh GELU, SiLU, the exporter's decomposition of
-//! `scaled_dot_product_attention`, LayerNorm decomposed below opset 17). The schedule
+//! kernel saving less (the exact and tanh GELU, SiLU, Hardswish below opset 14, the
+//! exporters' decomposition of `scaled_dot_product_attention`, LayerNorm decomposed
+//! below opset 17, GroupNorm through InstanceNormalization). Each finder takes the
+//! spellings of both PyTorch exporters at the opsets they write (tests/opsets.rs). The schedule
 //! models what the fused kernel saves. One pattern is no kernel of PyTorch's but one
 //! op the exporter writes as two: `torch.rsqrt` in RMSNorm's statistics, which saves
 //! its result alone where the exported `Sqrt`, `Div` would save the square root too.
@@ -26,10 +28,15 @@ pub enum FusedKind {
     /// Exact GELU (`F.gelu`): saves only its input.
     Gelu,
     /// `scaled_dot_product_attention` (flash attention; in float32 the memory-efficient
-    /// kernel, [`SDPA_F32_LAYOUT`]): saves q, k, v, the output and the per-row logsumexp.
+    /// kernel, [`SDPA_F32_LAYOUT`]): saves q, k, v, the output and the per-row logsumexp
+    /// (and an additive mask that is not constant).
     Sdpa,
     /// SiLU (`F.silu`, `nn.SiLU`): saves only its input.
     Silu,
+    /// Hardswish (`F.hardswish`, `nn.Hardswish`: MobileNetV3) as the TorchScript
+    /// exporter writes it below opset 14, `x · HardSigmoid(x)`: saves only its input
+    /// (`HardswishBackward0`).
+    HardSwish,
     /// The tanh GELU (`F.gelu(x, approximate="tanh")`): saves only its input.
     GeluTanh,
     /// `nn.LayerNorm` / `F.layer_norm` as exporters below opset 17 write it
@@ -238,7 +245,7 @@ impl FusedPattern {
     }
 }
 
-/// Every fused pattern of the model: exact and tanh GELU, SiLU, the exporter's SDPA,
+/// Every fused pattern of the model: exact and tanh GELU, SiLU and Hardswish, the exporter's SDPA,
 /// decomposed LayerNorm and GroupNorm, weight normalization, RMSNorm's rsqrt and
 /// fake quantization.
 pub fn fused_patterns(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
@@ -312,7 +319,9 @@ fn consumers(model: &Model, t: TensorId) -> Vec<NodeIndex> {
 }
 
 /// Finds exact-GELU subgraphs `Mul(Mul(x, Add(Erf(Div(x, √2)), 1)), 0.5)` (the 0.5
-/// multiply last or absent): PyTorch runs `F.gelu` fused and saves only `x`.
+/// multiply last or absent; the TorchScript exporter) or `Mul(x, Mul(0.5, Add(Erf(Div(x,
+/// √2)), 1)))` (the dynamo exporter below opset 20): PyTorch runs `F.gelu` fused and
+/// saves only `x`.
 fn find_erf_gelu(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
     let g = &model.graph;
     let mut out = Vec::new();
@@ -352,18 +361,26 @@ fn find_erf_gelu(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
         let Some(mul) = out0(add).and_then(|t| single(t, "Mul")) else {
             continue;
         };
-        if !g.node(mul).inputs.contains(&Some(x)) {
-            continue;
-        }
-        let last = out0(mul)
-            .and_then(|t| single(t, "Mul"))
-            .filter(|&m| g.node(m).inputs.iter().flatten().any(|&t| is_const(t)))
-            .unwrap_or(mul);
-        out.push(FusedPattern::of_input(
-            FusedKind::Gelu,
-            vec![div, ix, add, mul, last],
-            x,
-        ));
+        let has_const = |m: NodeIndex| g.node(m).inputs.iter().flatten().any(|&t| is_const(t));
+        let nodes = if g.node(mul).inputs.contains(&Some(x)) {
+            // `x · (1 + erf)`, then `· 0.5` (TorchScript).
+            let last = out0(mul)
+                .and_then(|t| single(t, "Mul"))
+                .filter(|&m| has_const(m))
+                .unwrap_or(mul);
+            vec![div, ix, add, mul, last]
+        } else {
+            // `0.5 · (1 + erf)`, then `x ·` (the dynamo exporter below opset 20,
+            // where ONNX has no Gelu).
+            let Some(last) = out0(mul)
+                .and_then(|t| single(t, "Mul"))
+                .filter(|&m| has_const(mul) && g.node(m).inputs.contains(&Some(x)))
+            else {
+                continue;
+            };
+            vec![div, ix, add, mul, last]
+        };
+        out.push(FusedPattern::of_input(FusedKind::Gelu, nodes, x));
     }
     out
 }
@@ -373,15 +390,24 @@ fn find_erf_gelu(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
 /// backward (`SiluBackward0`) saves only `x`, where the op-by-op rules would save
 /// `x` and `sigmoid(x)`. (A model that writes `x * torch.sigmoid(x)` by hand saves
 /// both in PyTorch; the exported graphs are the same, and `F.silu` is what
-/// torchvision, timm and transformers use.)
+/// torchvision, timm and transformers use.) Hardswish below opset 14 is the same
+/// shape, `Mul(x, HardSigmoid(x))` with `HardSigmoid`'s `α = 1/6, β = 1/2`
+/// (`F.hardswish`, whose `HardswishBackward0` saves only `x`).
 fn find_silu(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
     let g = &model.graph;
     let mut out = Vec::new();
     for &ix in &g.order {
         let n = g.node(ix);
-        if n.op_type != "Sigmoid" {
-            continue;
-        }
+        let kind = match n.op_type.as_str() {
+            "Sigmoid" => FusedKind::Silu,
+            "HardSigmoid"
+                if (n.attrs.float("alpha").unwrap_or(0.2) - 1.0 / 6.0).abs() < 1e-6
+                    && (n.attrs.float("beta").unwrap_or(0.5) - 0.5).abs() < 1e-6 =>
+            {
+                FusedKind::HardSwish
+            }
+            _ => continue,
+        };
         let (Some(x), Some(s)) = (
             n.inputs.first().copied().flatten(),
             n.outputs.first().copied().flatten(),
@@ -402,7 +428,7 @@ fn find_silu(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
         if !is_silu {
             continue;
         }
-        out.push(FusedPattern::of_input(FusedKind::Silu, vec![ix, mul], x));
+        out.push(FusedPattern::of_input(kind, vec![ix, mul], x));
     }
     out
 }
@@ -539,6 +565,36 @@ impl Look<'_> {
             [c] if self.op(*c) == op && !self.model.graph.outputs.contains(&t) => Some(*c),
             _ => None,
         }
+    }
+
+    /// The only consumer of `t` that reads its value, when it is an `op` node and
+    /// `t` is no graph output: `CastLike` nodes taking only their type from `t`
+    /// (the dynamo exporter's cast of a weight to the activation's type) aside.
+    fn single_value_read(&self, t: TensorId, op: &str) -> Option<NodeIndex> {
+        let g = &self.model.graph;
+        let reads: Vec<NodeIndex> = consumers(self.model, t)
+            .into_iter()
+            .filter(|&c| !(self.op(c) == "CastLike" && g.node(c).inputs.first() != Some(&Some(t))))
+            .collect();
+        match reads.as_slice() {
+            [c] if self.op(*c) == op && !g.outputs.contains(&t) => Some(*c),
+            _ => None,
+        }
+    }
+
+    /// A `CastLike` (or `Cast`) whose output has its input's type: a no-op, as
+    /// PyTorch's `.to(x.dtype)` on a tensor of that type.
+    fn same_type_cast(&self, n: NodeIndex) -> bool {
+        let g = &self.model.graph;
+        let node = g.node(n);
+        matches!(node.op_type.as_str(), "CastLike" | "Cast")
+            && match (
+                node.inputs.first().copied().flatten(),
+                node.outputs.first().copied().flatten(),
+            ) {
+                (Some(i), Some(o)) => self.inf.facts[i].dtype == self.inf.facts[o].dtype,
+                _ => false,
+            }
     }
 
     /// A constant: a folded value that is not a parameter.
@@ -715,10 +771,25 @@ fn find_group_norm(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
                 [r, s, b] => (*r, *s, *b),
                 _ => return None,
             };
-            let fixed = |t: TensorId| {
-                g.tensor(t).kind != TensorKind::Parameter
-                    && (facts[t].value.is_some()
-                        || g.tensor(t).producer.is_some_and(|p| l.op(p) == "Constant"))
+            // A constant, or one expanded and cast from a constant (the dynamo
+            // exporter's `Expand(CastLike(1, x), [G])` below opset 21), no parameter.
+            let fixed = |mut t: TensorId| loop {
+                if g.tensor(t).kind == TensorKind::Parameter {
+                    return false;
+                }
+                if facts[t].value.is_some() {
+                    return true;
+                }
+                let Some(p) = g.tensor(t).producer else {
+                    return false;
+                };
+                let ins = l.inputs(p);
+                match (l.op(p), ins.as_slice()) {
+                    ("Constant", _) => return true,
+                    ("CastLike", [v, _]) => t = *v,
+                    ("Expand", [v, shape]) if facts[*shape].value.is_some() => t = *v,
+                    _ => return false,
+                }
             };
             if !fixed(scale) || !fixed(bias) {
                 return None;
@@ -760,7 +831,7 @@ fn find_group_norm(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
                         return None;
                     }
                     match g.tensor(t).producer {
-                        Some(p) if l.op(p) == "Unsqueeze" => {
+                        Some(p) if l.op(p) == "Unsqueeze" || l.same_type_cast(p) => {
                             chain.push(p);
                             t = *l.inputs(p).first()?;
                             reader = p;
@@ -779,10 +850,17 @@ fn find_group_norm(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
                 ok.then_some(chain)
             };
             for op in ["Mul", "Add"] {
-                let Some(n) = l.single(y, op) else { break };
+                let Some(n) = l.single_value_read(y, op) else {
+                    break;
+                };
                 let Some(chain) = l.other(n, y).and_then(|w| per_channel(n, w)) else {
                     break;
                 };
+                // A CastLike taking its type from `y` is the operand's.
+                let typed = consumers(model, y).into_iter().filter(|&c| c != n);
+                if typed.clone().any(|c| !chain.contains(&c)) {
+                    break;
+                }
                 nodes.extend(chain);
                 nodes.push(n);
                 y = l.out0(n)?;
