@@ -43,7 +43,7 @@ use crate::numeric::Tensor;
 /// mask), which allocates its output as `[B, S, H, D]` whatever the query's layout
 /// (`_efficient_attention_forward`, aten/src/ATen/native/transformers/cuda/
 /// attention.cu); flash attention and the CPU kernel write the query's layout
-/// ([`FusedPattern::out_layout`]); so did cuDNN's kernel, which PyTorch 2.11 ran
+/// (the fused pattern's `out_layout`); so did cuDNN's kernel, which PyTorch 2.11 ran
 /// under autocast on an H200 (tools/gpu-sdpa-layout.py). Where the model's following
 /// transpose does not restore `[B, S, H, D]` (`nn.MultiheadAttention`'s `permute(2, 0, 1, 3)`), the
 /// reshape after it copies, and `out_proj` saves the copy beside the output the
@@ -410,8 +410,9 @@ impl Op for Attention {
     /// full key and value (past included: `present_key`/`present_value` when the
     /// node declares them and a cache is given, else an extra holding the
     /// concatenation; without a cache the inputs themselves), the output `Y`, the
-    /// per-row logsumexp (an extra, float32 `[B, Hq, Sq]`), the mask when given
-    /// (and `nonpad_kv_seqlen`, which rebuilds it). Gradients for Q, K, V, and
+    /// per-row logsumexp (an extra, float32 `[B, Hq, Sq]`), the mask when given (a
+    /// numeric one as it is; a boolean one as the `0` / `-inf` mask of the query's
+    /// type PyTorch makes of it, an extra) and `nonpad_kv_seqlen`, which rebuilds it. Gradients for Q, K, V, and
     /// past_key/past_value when given; none for the mask.
     ///
     /// Backward FLOPs, `N = B·Hq·Sq·St`: `2·N·(3·D + 2·Dv)` for the five products
@@ -495,8 +496,9 @@ impl Op for Attention {
     /// the bias (mask, causal, padding, window), the softmax and `P·V`; a fully
     /// masked row gives zeros. `present_key`/`present_value` are the
     /// concatenations, `qk_matmul_output` per its mode. With [`KernelCx::extras`],
-    /// the logsumexp (float32 `[B, Hq, Sq]`, `+∞` for a fully masked row) and the
-    /// concatenations no declared output holds follow the declared outputs.
+    /// the logsumexp (float32 `[B, Hq, Sq]`, `+∞` for a fully masked row), the
+    /// concatenations no declared output holds and the float mask of a boolean one
+    /// follow the declared outputs.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         let d = dims(cx.attrs(), cx.opset, &|i| {
             cx.opt(i).map(|t| t.shape.clone())

@@ -558,7 +558,13 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
                 _ => {
                     let dt = b.dtype_of(t, &float_dtype);
                     let s = b.new_storage(&g.tensor(t).name, &inf.facts[t], dt, kind);
-                    strides[t] = Some(op.out_strides(&cx, k, &inf.facts[t], &own));
+                    // The output as the step writes it: under autocast, in its half type.
+                    let out = if dt == inf.facts[t].dtype {
+                        std::borrow::Cow::Borrowed(&inf.facts[t])
+                    } else {
+                        std::borrow::Cow::Owned(Fact::new(dt, inf.facts[t].shape.clone()))
+                    };
+                    strides[t] = Some(op.out_strides(&cx, k, &out, &own));
                     if kind == StorageKind::Constant {
                         b.storages[s].persistent = true;
                         // A fake quantization's constant (a Python scalar scale or

@@ -188,8 +188,8 @@ pub(super) struct Recomputed<T> {
 /// Recomputes pattern `p`'s forward values from what its backward step reads (its
 /// [`FusedPattern::reads`], which must hold values) and from fixed storages
 /// (parameters, constants, the batch). A pattern input that is an activation the
-/// fused kernel does not save (an attention mask computed in the graph) stands in
-/// with its folded constant value; without one the step is refused, naming it.
+/// fused kernel does not save stands in with its folded constant value (a constant
+/// attention mask); without one the step is refused, naming it.
 /// SDPA: the recomputed output and logsumexp must equal the saved ones bitwise
 /// (the saved logsumexp is the fused forward's Extra).
 #[allow(clippy::too_many_arguments)]

@@ -75,7 +75,8 @@ pub(super) fn find_sdpa(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
             .node(m1)
             .inputs
             .iter()
-            .map(|t| {
+            .enumerate()
+            .map(|(slot, t)| {
                 let p = producer((*t)?)?;
                 let n = g.node(p);
                 if n.op_type != "Mul" {
@@ -86,7 +87,7 @@ pub(super) fn find_sdpa(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
                 (ins.len() == 2 && var.len() == 1).then(|| {
                     pattern.push(p);
                     // The kernel saves the key itself, not the exporter's transpose of it.
-                    match key_transposed(model, inf, var[0]) {
+                    match key_transposed(model, inf, var[0]).filter(|_| slot == 1) {
                         Some((k, nodes)) => {
                             pattern.extend(nodes);
                             k
@@ -220,9 +221,10 @@ fn key_transposed(
         && ts[..n - 2] == ks[..n - 2]
         && ts[n - 2] == ks[n - 1]
         && ts[n - 1] == ks[n - 2];
+    let rows: usize = ks[..n.saturating_sub(2)].iter().product();
     let ok = perm == [0, 2, 1]
-        && inf.facts[flat].shape.len() == 3
         && swapped
+        && inf.facts[flat].shape == [rows, ks[n - 2], ks[n - 1]]
         && only_reader(flat, tr)
         && only_reader(flat_t, back);
     ok.then_some((k, [fwd, tr, back]))

@@ -91,7 +91,8 @@ pub struct FusedPattern {
     /// The pattern's nodes in execution order; the last one writes the output.
     pub nodes: Vec<NodeIndex>,
     /// Forward tensors the fused backward reads (GELU: `x`; SDPA: q and k before
-    /// scaling, v and the output).
+    /// scaling and before the dynamo exporter's transpose of k, v, the output, and a
+    /// mask that is not constant).
     pub reads: Vec<TensorId>,
     /// Extra tensors the fused forward makes for backward (SDPA: the f32 logsumexp
     /// `[batch, heads, queries]`), written by the last node's forward step.
@@ -754,9 +755,10 @@ fn find_layer_norm(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
 /// back to `x`'s shape, then `Mul(·, weight)` and `Add(·, bias)` with operands of
 /// `C` elements broadcast per channel (`[C, 1, ...]`; parameters, or the constant
 /// ones and zeros a module without affine exports, possibly of one element, either
-/// possibly through `Unsqueeze`), where the exporter writes them; every inner value feeds only the
-/// next node. The pattern reads `x`; its extras
-/// are the float32 mean and rstd `[N, G]`.
+/// possibly through `Unsqueeze` and, below opset 21 in the dynamo exporter, a
+/// `CastLike` taking its type from the normalized value), where the exporter writes
+/// them; every inner value feeds only the next node (besides such type-only reads).
+/// The pattern reads `x`; its extras are the float32 mean and rstd `[N, G]`.
 fn find_group_norm(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
     let l = Look { model, inf };
     let g = &model.graph;
@@ -771,25 +773,12 @@ fn find_group_norm(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
                 [r, s, b] => (*r, *s, *b),
                 _ => return None,
             };
-            // A constant, or one expanded and cast from a constant (the dynamo
-            // exporter's `Expand(CastLike(1, x), [G])` below opset 21), no parameter.
-            let fixed = |mut t: TensorId| loop {
-                if g.tensor(t).kind == TensorKind::Parameter {
-                    return false;
-                }
-                if facts[t].value.is_some() {
-                    return true;
-                }
-                let Some(p) = g.tensor(t).producer else {
-                    return false;
-                };
-                let ins = l.inputs(p);
-                match (l.op(p), ins.as_slice()) {
-                    ("Constant", _) => return true,
-                    ("CastLike", [v, _]) => t = *v,
-                    ("Expand", [v, shape]) if facts[*shape].value.is_some() => t = *v,
-                    _ => return false,
-                }
+            // A constant (folded: the dynamo exporter's `Expand(CastLike(1, x), [G])`
+            // below opset 21 folds), no parameter.
+            let fixed = |t: TensorId| {
+                g.tensor(t).kind != TensorKind::Parameter
+                    && (facts[t].value.is_some()
+                        || g.tensor(t).producer.is_some_and(|p| l.op(p) == "Constant"))
             };
             if !fixed(scale) || !fixed(bias) {
                 return None;
@@ -819,7 +808,7 @@ fn find_group_norm(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
             // of C elements or a constant (one value: the ones and zeros a module
             // without affine exports), shaped `[C or 1, 1, ...]`, as given or through
             // Unsqueeze nodes feeding only this.
-            let per_channel = |n: NodeIndex, w: TensorId| -> Option<Vec<NodeIndex>> {
+            let per_channel = |n: NodeIndex, w: TensorId, y: TensorId| -> Option<Vec<NodeIndex>> {
                 let ws = &facts[w].shape;
                 if ws.len() + 1 != xs.len() || ws[1..].iter().any(|&d| d != 1) {
                     return None;
@@ -831,7 +820,12 @@ fn find_group_norm(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
                         return None;
                     }
                     match g.tensor(t).producer {
-                        Some(p) if l.op(p) == "Unsqueeze" || l.same_type_cast(p) => {
+                        // A CastLike takes its type from the normalized value.
+                        Some(p)
+                            if l.op(p) == "Unsqueeze"
+                                || (l.same_type_cast(p)
+                                    && (l.op(p) == "Cast" || l.inputs(p).get(1) == Some(&y))) =>
+                        {
                             chain.push(p);
                             t = *l.inputs(p).first()?;
                             reader = p;
@@ -853,7 +847,7 @@ fn find_group_norm(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
                 let Some(n) = l.single_value_read(y, op) else {
                     break;
                 };
-                let Some(chain) = l.other(n, y).and_then(|w| per_channel(n, w)) else {
+                let Some(chain) = l.other(n, y).and_then(|w| per_channel(n, w, y)) else {
                     break;
                 };
                 // A CastLike taking its type from `y` is the operand's.
