@@ -1004,6 +1004,47 @@ def dynamo_section(w):
     w("")
 
 
+SDPA_CHECK_JSON = os.path.join(HERE, "sdpa_check.json")
+
+
+def opsets_section(w):
+    """tools/census/OPSETS.md (the opset sweep, hand-written) and the sdpa_check.py results
+    (sdpa_check.json) as a section of CENSUS.md."""
+    path = os.path.join(HERE, "OPSETS.md")
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f.read().rstrip("\n").split("\n"):
+                w(line)
+        w("")
+    res = _load(SDPA_CHECK_JSON, {})
+    rows = {n: r for n, r in res.items() if not n.startswith("_")}
+    if not rows:
+        return
+    m = res.get("_meta", {})
+    w("`python tools/census/sdpa_check.py` (torch %s, transformers %s): census.py's encoder and "
+      "decoder architectures with the default attention, dropout 0 and a padding mask, at batch %s "
+      "and sequence %s; PyTorch's saved bytes (CPU) beside memplan's for each export "
+      "(tools/census/sdpa_check.json):" % (m.get("torch"), m.get("transformers"), m.get("batch"),
+                                          m.get("seq")))
+    w("")
+    w("| model | attention | PyTorch saved | TorchScript (opset 17): memplan | diff % | dynamo (default opset): memplan | diff % |")
+    w("|---|---|---|---|---|---|---|")
+
+    def cell(r):
+        if "saved_bytes" in r:
+            return "{:,}".format(r["saved_bytes"]), "%+.2f" % r["diff_pct"]
+        return (r.get("export_error") or r.get("error") or "—")[:60], ""
+
+    for n, r in rows.items():
+        if "error" in r:
+            w("| %s | | %s | | | | |" % (n, r["error"][:80]))
+            continue
+        ts, dy = cell(r.get("torchscript", {})), cell(r.get("dynamo", {}))
+        w("| %s | %s | {:,} | %s | %s | %s | %s |".format(r["pytorch_saved_bytes"])
+          % (n, r.get("attn_implementation"), ts[0], ts[1], dy[0], dy[1]))
+    w("")
+
+
 def cmd_report(a, entries):
     res = collect(a, entries)
     _save(RESULTS, res)
@@ -1046,6 +1087,8 @@ def cmd_report(a, entries):
     w("$PY tools/census/census.py subset     # models/census/*.onnx + manifest.json (the CI subset)")
     w("$PY tools/census/census.py cse-check  # the CSE_CHECK models re-exported without the exporter's CSE")
     w("$PY tools/census/census.py dynamo-check  # the sample through the dynamo exporter")
+    w("$PY tools/census/sdpa_check.py        # transformers' default attention with a padding mask, both exporters")
+    w("$PY tools/census/opset_sweep.py DIR   # six small models at every opset both exporters write")
     w("```")
     w("")
     w("After memplan is rebuilt only `profile` and `report` need rerunning. `--only a,b` restricts "
@@ -1174,6 +1217,7 @@ def cmd_report(a, entries):
                     c["saved_diff_pct_without_cse"]))
         w("")
     dynamo_section(w)
+    opsets_section(w)
     # per-model tables
     for s in suites:
         w("## %s" % s)
