@@ -47,14 +47,13 @@
 //! --batch 2 --optimizer sgd --budget 0.9 --json` measures the peak predicted, for
 //! the no-recompute baseline and for the plan, with identical gradients.
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::Command;
 
-use memplan::infer::{infer, Bindings};
-use memplan::onnx::load_model;
-use memplan::train::{
-    build_schedule, FusedKind, Loss, Optimizer, Precision, Schedule, TrainOptions,
-};
+use common::sgd_schedule;
+use memplan::train::{FusedKind, Schedule};
 use serde_json::Value;
 
 fn dir() -> PathBuf {
@@ -67,23 +66,7 @@ fn saved_json() -> Value {
 }
 
 fn schedule(name: &str, batch: u64) -> Schedule {
-    let model = load_model(&dir().join(format!("{name}.onnx"))).unwrap();
-    let inf = infer(
-        &model,
-        &Bindings {
-            batch: Some(batch),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let opts = TrainOptions {
-        optimizer: Optimizer::Sgd,
-        precision: Precision::Fp32,
-        loss: Loss::Mean,
-        grads_resident: false,
-        params: Default::default(),
-    };
-    build_schedule(&model, &inf, &opts).unwrap()
+    sgd_schedule(&dir().join(format!("{name}.onnx")), batch)
 }
 
 /// Checks `name` against PyTorch at both batches and returns the batch-2 schedule.

@@ -17,9 +17,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::*;
-use memplan::infer::{infer, Bindings};
-use memplan::onnx::load_model;
-use memplan::train::{build_schedule, FusedKind, Loss, Optimizer, Precision, TrainOptions};
+use memplan::train::FusedKind;
 use serde_json::Value;
 
 fn file(name: &str) -> PathBuf {
@@ -51,23 +49,7 @@ fn files_of(model: &str) -> Vec<String> {
 
 /// The fused patterns of `name`'s training step at batch 2, by kind.
 fn kinds(name: &str) -> Vec<FusedKind> {
-    let model = load_model(&file(name)).unwrap();
-    let inf = infer(
-        &model,
-        &Bindings {
-            batch: Some(2),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let opts = TrainOptions {
-        optimizer: Optimizer::Sgd,
-        precision: Precision::Fp32,
-        loss: Loss::Mean,
-        grads_resident: false,
-        params: Default::default(),
-    };
-    let s = build_schedule(&model, &inf, &opts).unwrap();
+    let s = sgd_schedule(&file(name), 2);
     s.fused.iter().map(|p| p.kind).collect()
 }
 

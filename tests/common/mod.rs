@@ -222,3 +222,23 @@ pub fn device_equivalent_peak(m: &serde_json::Value) -> u64 {
             .as_u64()
             .expect("reference measured with the device-equivalent peak (models/export.py)")
 }
+
+/// The fp32 SGD training step (loss `out.mean()`) of the model at `path`, at `batch`:
+/// loaded, inferred and scheduled as the library does (no lowering).
+pub fn sgd_schedule(path: &std::path::Path, batch: u64) -> memplan::train::Schedule {
+    use memplan::train::{build_schedule, Loss, Optimizer, Precision, TrainOptions};
+    let model = memplan::onnx::load_model(path).unwrap();
+    let b = memplan::infer::Bindings {
+        batch: Some(batch),
+        ..Default::default()
+    };
+    let inf = memplan::infer::infer(&model, &b).unwrap();
+    let opts = TrainOptions {
+        optimizer: Optimizer::Sgd,
+        precision: Precision::Fp32,
+        loss: Loss::Mean,
+        grads_resident: false,
+        params: Default::default(),
+    };
+    build_schedule(&model, &inf, &opts).unwrap()
+}
