@@ -2,10 +2,11 @@
 and a padding mask, through both exporters, against PyTorch's saved bytes.
 
 The census builds every transformers model with `attn_implementation="eager"`; this check
-builds the encoder and decoder architectures of census.py's HF_ARCHS (the same small
-configs) with the default attention instead, every dropout probability set to 0 (PyTorch's
-CPU SDPA takes its math path under dropout, which CUDA does not), and calls them with an
-attention mask whose second sample is padded for its last quarter. For each model it
+builds the architectures of census.py's HF_ARCHS (the same small configs) with the default
+attention instead, every dropout probability set to 0 (PyTorch's CPU SDPA takes its math path
+under dropout, which CUDA does not), and calls the text models with an attention mask whose
+second sample is padded for its last quarter (encoder-decoders: on the encoder's input; vision
+models take pixels alone). For each model it
 measures what PyTorch saves for backward in one step at batch 2 (CPU, float32, distinct
 storages through saved_tensors_hooks, parameters and buffers excluded), exports it in
 training mode with the TorchScript exporter (opset 17) and the dynamo exporter (its default
@@ -40,35 +41,58 @@ def zero_dropout(cfg):
 
 
 def build(arch, head, kw):
+    """(model, attention implementation, inputs, input names)."""
     import transformers
     from transformers import AutoConfig
 
-    kw = dict(kw, vocab_size=census.VOCAB, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-              use_cache=False)
+    kw = dict(kw, vocab_size=census.VOCAB)
+    if head != "img":
+        kw.update(pad_token_id=0, bos_token_id=1, eos_token_id=2, use_cache=False)
+        if head == "s2s":
+            kw.setdefault("decoder_start_token_id", 0)
     cfg = AutoConfig.for_model(arch, **kw)
     zero_dropout(cfg)
     auto = {"mlm": transformers.AutoModelForMaskedLM,
-            "clm": transformers.AutoModelForCausalLM}[head]
-    base = auto.from_config(cfg)
-
-    class LM(torch.nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-
-        def forward(self, input_ids, attention_mask):
-            return self.m(input_ids=input_ids, attention_mask=attention_mask,
-                          return_dict=False)[0]
-
-    return LM(base).train(), base.config._attn_implementation
-
-
-def inputs():
+            "clm": transformers.AutoModelForCausalLM,
+            "s2s": transformers.AutoModelForSeq2SeqLM,
+            "img": transformers.AutoModelForImageClassification}[head]
+    if arch in census.HF_CLASS:
+        base = getattr(transformers, census.HF_CLASS[arch])._from_config(cfg)
+    else:
+        base = auto.from_config(cfg)
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(3, census.VOCAB, (BATCH, census.SEQ), generator=g)
     mask = torch.ones(BATCH, census.SEQ, dtype=torch.int64)
     mask[1, census.SEQ * 3 // 4:] = 0
-    return ids, mask
+
+    class Img(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, pixel_values):
+            return self.m(pixel_values=pixel_values, return_dict=False)[0]
+
+    class S2S(Img):
+        def forward(self, input_ids, attention_mask, decoder_input_ids):
+            return self.m(input_ids=input_ids, attention_mask=attention_mask,
+                          decoder_input_ids=decoder_input_ids, return_dict=False)[0]
+
+    class LM(Img):
+        def forward(self, input_ids, attention_mask):
+            return self.m(input_ids=input_ids, attention_mask=attention_mask,
+                          return_dict=False)[0]
+
+    if head == "img":
+        size = kw.get("image_size", 64)
+        args, names = (torch.randn(BATCH, 3, size, size, generator=g),), ["pixel_values"]
+    elif head == "s2s":
+        dec = torch.randint(3, census.VOCAB, (BATCH, census.SEQ), generator=g)
+        args, names = (ids, mask, dec), ["input_ids", "attention_mask", "decoder_input_ids"]
+    else:
+        args, names = (ids, mask), ["input_ids", "attention_mask"]
+    wrap = {"img": Img, "s2s": S2S}.get(head, LM)
+    return wrap(base).train(), base.config._attn_implementation, args, names
 
 
 def saved_bytes(m, args):
@@ -87,12 +111,11 @@ def saved_bytes(m, args):
     return sum(seen.values())
 
 
-def export(m, args, path, dynamo):
-    names = ["input_ids", "attention_mask"]
+def export(m, args, names, path, dynamo):
     if dynamo:
         b = torch.export.Dim("batch")
         torch.onnx.export(m, args, path, dynamo=True, optimize=False, input_names=names,
-                          dynamic_shapes=({0: b}, {0: b}), external_data=False)
+                          dynamic_shapes=tuple({0: b} for _ in names), external_data=False)
     else:
         torch.onnx.export(m, args, path, dynamo=False, opset_version=17,
                           training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
@@ -121,17 +144,17 @@ def main():
     torch.set_num_threads(2)
     census._import_export_py()._patch_transformers()
     only = set(filter(None, a.only.split(",")))
-    rows = {}
+    # Rows of architectures not run now are kept.
+    rows = {n: r for n, r in census._load(a.out, {}).items() if not n.startswith("_")}
     with tempfile.TemporaryDirectory() as tmp:
         for arch, (kind, head, kw) in census.HF_ARCHS.items():
-            if head not in ("mlm", "clm") or (only and arch not in only):
+            if only and arch not in only:
                 continue
             row = {}
             try:
                 torch.manual_seed(0)
-                m, impl = build(arch, head, kw)
+                m, impl, args, names = build(arch, head, kw)
                 row["attn_implementation"] = impl
-                args = inputs()
                 row["pytorch_saved_bytes"] = saved_bytes(m, args)
             except Exception as e:  # noqa: BLE001
                 rows[arch] = {"error": one_line(e)}
@@ -140,7 +163,7 @@ def main():
             for exporter in ("torchscript", "dynamo"):
                 path = os.path.join(tmp, "%s_%s.onnx" % (arch, exporter))
                 try:
-                    export(m, args, path, exporter == "dynamo")
+                    export(m, args, names, path, exporter == "dynamo")
                 except Exception as e:  # noqa: BLE001
                     row[exporter] = {"export_error": one_line(e)}
                     continue
