@@ -203,17 +203,7 @@ fn dynamo_buffers_do_not_train() {
         dir.path().join("rotary_dynamo.onnx.data"),
     )
     .unwrap();
-    let j = memplan_json(&[
-        "profile",
-        bare.to_str().unwrap(),
-        "--batch",
-        "2",
-        "--train",
-        "--optimizer",
-        "sgd",
-        "--json",
-    ]);
-    let t = &j["training"];
+    let t = train_json(&bare);
     assert_eq!(t["trainable_params"], 2, "{t}");
     assert!(t["saved_activation_bytes"].as_u64().unwrap() > torch, "{t}");
 }
@@ -225,19 +215,7 @@ fn a_dynamo_conv3d_without_bias_loads_and_runs() {
     let (saved, _, _) = train("conv3d_dynamo.onnx");
     assert_eq!(saved, pytorch("conv3d_saved_bytes"));
     let path = file("conv3d_dynamo.onnx");
-    let v = memplan_json(&[
-        "verify",
-        path.to_str().unwrap(),
-        "--batch",
-        "2",
-        "--budget",
-        "1GiB",
-        "--optimizer",
-        "sgd",
-        "--json",
-    ]);
-    assert_eq!(v["measured_peak_bytes"], v["predicted_peak_bytes"], "{v}");
-    assert_eq!(v["gradients_identical"], true, "{v}");
+    verify_exact(&path, "1GiB");
     // The zeros' nodes (Shape, Concat, CastLike, Expand) go with the bias.
     let j = memplan_json(&[
         "profile",
@@ -312,19 +290,7 @@ fn a_dynamo_index_by_a_buffer_saves_what_pytorch_saves() {
     let (saved, _, _) = train("index_dynamo.onnx");
     assert_eq!(saved, pytorch("index_saved_bytes"));
     let path = file("index_dynamo.onnx");
-    let v = memplan_json(&[
-        "verify",
-        path.to_str().unwrap(),
-        "--batch",
-        "2",
-        "--budget",
-        "1GiB",
-        "--optimizer",
-        "sgd",
-        "--json",
-    ]);
-    assert_eq!(v["measured_peak_bytes"], v["predicted_peak_bytes"], "{v}");
-    assert_eq!(v["gradients_identical"], true, "{v}");
+    verify_exact(&path, "1GiB");
 }
 
 #[test]

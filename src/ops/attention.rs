@@ -551,13 +551,7 @@ impl Op for Attention {
                 outs.push(Tensor::from_f32(vt.dtype(), kv_shape(d.dv), v)?);
             }
             if let (Some(Saved::Extra(_)), Some(m)) = (slots.mask, mask) {
-                // PyTorch's `0` / `-inf` float mask of a boolean one.
-                let vals = m
-                    .to_i64s()
-                    .into_iter()
-                    .map(|x| if x != 0 { 0.0 } else { f32::NEG_INFINITY })
-                    .collect();
-                outs.push(Tensor::from_f32(qt.dtype(), m.shape.clone(), vals)?);
+                outs.push(Tensor::from_f32(qt.dtype(), m.shape.clone(), bool_bias(m))?);
             }
         }
         Ok(outs)
@@ -718,6 +712,15 @@ struct Bias {
     nonpad: Option<Vec<i64>>,
 }
 
+/// A boolean mask as the additive one PyTorch makes of it: `0` where set, `-inf`
+/// where masked.
+fn bool_bias(m: &Tensor) -> Vec<f32> {
+    m.to_i64s()
+        .into_iter()
+        .map(|x| if x != 0 { 0.0 } else { f32::NEG_INFINITY })
+        .collect()
+}
+
 impl Bias {
     fn new(
         d: &Dims,
@@ -729,10 +732,7 @@ impl Bias {
             None => None,
             Some(m) => {
                 let vals: Vec<f32> = if m.dtype() == DType::Bool {
-                    m.to_i64s()
-                        .into_iter()
-                        .map(|x| if x != 0 { 0.0 } else { f32::NEG_INFINITY })
-                        .collect()
+                    bool_bias(m)
                 } else if m.dtype().is_float() {
                     m.to_f32()?.into_owned()
                 } else {

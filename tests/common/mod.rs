@@ -242,3 +242,46 @@ pub fn sgd_schedule(path: &std::path::Path, batch: u64) -> memplan::train::Sched
     };
     build_schedule(&model, &inf, &opts).unwrap()
 }
+
+/// `memplan profile PATH --batch 2 --train --optimizer sgd --json`: its `training`
+/// object.
+pub fn train_json(path: &std::path::Path) -> serde_json::Value {
+    let p = path.to_str().unwrap();
+    let args = [
+        "profile",
+        p,
+        "--batch",
+        "2",
+        "--train",
+        "--optimizer",
+        "sgd",
+        "--json",
+    ];
+    memplan_json(&args)["training"].clone()
+}
+
+/// `memplan verify PATH --batch 2 --budget BUDGET --optimizer sgd --json`, checked:
+/// the measured peak is the predicted one and the gradients are identical to the
+/// step's without recomputation. Returns the report.
+pub fn verify_exact(path: &std::path::Path, budget: &str) -> serde_json::Value {
+    let p = path.to_str().unwrap();
+    let args = [
+        "verify",
+        p,
+        "--batch",
+        "2",
+        "--budget",
+        budget,
+        "--optimizer",
+        "sgd",
+        "--json",
+    ];
+    let v = memplan_json(&args);
+    let name = path.display();
+    assert_eq!(
+        v["measured_peak_bytes"], v["predicted_peak_bytes"],
+        "{name}: {v}"
+    );
+    assert_eq!(v["gradients_identical"], true, "{name}: {v}");
+    v
+}

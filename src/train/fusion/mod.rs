@@ -363,25 +363,25 @@ fn find_erf_gelu(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
             continue;
         };
         let has_const = |m: NodeIndex| g.node(m).inputs.iter().flatten().any(|&t| is_const(t));
-        let nodes = if g.node(mul).inputs.contains(&Some(x)) {
+        let next = out0(mul).and_then(|t| single(t, "Mul"));
+        let last = if g.node(mul).inputs.contains(&Some(x)) {
             // `x · (1 + erf)`, then `· 0.5` (TorchScript).
-            let last = out0(mul)
-                .and_then(|t| single(t, "Mul"))
-                .filter(|&m| has_const(m))
-                .unwrap_or(mul);
-            vec![div, ix, add, mul, last]
+            next.filter(|&m| has_const(m)).unwrap_or(mul)
         } else {
             // `0.5 · (1 + erf)`, then `x ·` (the dynamo exporter below opset 20,
             // where ONNX has no Gelu).
-            let Some(last) = out0(mul)
-                .and_then(|t| single(t, "Mul"))
-                .filter(|&m| has_const(mul) && g.node(m).inputs.contains(&Some(x)))
+            let Some(last) =
+                next.filter(|&m| has_const(mul) && g.node(m).inputs.contains(&Some(x)))
             else {
                 continue;
             };
-            vec![div, ix, add, mul, last]
+            last
         };
-        out.push(FusedPattern::of_input(FusedKind::Gelu, nodes, x));
+        out.push(FusedPattern::of_input(
+            FusedKind::Gelu,
+            vec![div, ix, add, mul, last],
+            x,
+        ));
     }
     out
 }
@@ -583,19 +583,15 @@ impl Look<'_> {
         }
     }
 
-    /// A `CastLike` (or `Cast`) whose output has its input's type: a no-op, as
-    /// PyTorch's `.to(x.dtype)` on a tensor of that type.
-    fn same_type_cast(&self, n: NodeIndex) -> bool {
-        let g = &self.model.graph;
-        let node = g.node(n);
-        matches!(node.op_type.as_str(), "CastLike" | "Cast")
-            && match (
-                node.inputs.first().copied().flatten(),
-                node.outputs.first().copied().flatten(),
-            ) {
-                (Some(i), Some(o)) => self.inf.facts[i].dtype == self.inf.facts[o].dtype,
-                _ => false,
+    /// A `CastLike` taking its type from `like` whose output has its input's type:
+    /// a no-op, as PyTorch's `.to(y.dtype)` on a tensor of that type.
+    fn noop_cast_like(&self, n: NodeIndex, like: TensorId) -> bool {
+        match (self.op(n), self.inputs(n).as_slice(), self.out0(n)) {
+            ("CastLike", [i, l], Some(o)) => {
+                *l == like && self.inf.facts[*i].dtype == self.inf.facts[o].dtype
             }
+            _ => false,
+        }
     }
 
     /// A constant: a folded value that is not a parameter.
@@ -821,11 +817,7 @@ fn find_group_norm(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
                     }
                     match g.tensor(t).producer {
                         // A CastLike takes its type from the normalized value.
-                        Some(p)
-                            if l.op(p) == "Unsqueeze"
-                                || (l.same_type_cast(p)
-                                    && (l.op(p) == "Cast" || l.inputs(p).get(1) == Some(&y))) =>
-                        {
+                        Some(p) if l.op(p) == "Unsqueeze" || l.noop_cast_like(p, y) => {
                             chain.push(p);
                             t = *l.inputs(p).first()?;
                             reader = p;
@@ -851,8 +843,10 @@ fn find_group_norm(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
                     break;
                 };
                 // A CastLike taking its type from `y` is the operand's.
-                let typed = consumers(model, y).into_iter().filter(|&c| c != n);
-                if typed.clone().any(|c| !chain.contains(&c)) {
+                if consumers(model, y)
+                    .into_iter()
+                    .any(|c| c != n && !chain.contains(&c))
+                {
                     break;
                 }
                 nodes.extend(chain);
