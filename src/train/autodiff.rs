@@ -36,6 +36,8 @@ use crate::error::{Error, Result};
 use crate::infer::Inferred;
 use crate::ir::{parameter_name, DType, Model, TensorId, TensorKind};
 use crate::ops::{self, layout, registry, Backward, Cx, Fact, Saved};
+use petgraph::stable_graph::NodeIndex;
+use std::collections::HashMap;
 
 /// Per-node facts the builder needs.
 struct NodeRule<'a> {
@@ -488,13 +490,20 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         }
         // Output dtypes: the widest float input that is not a parameter (a module's
         // weights and biases follow its input under autocast, e.g. BatchNorm on half
-        // input, or a Linear's bias add).
-        let widest = slots
+        // input, or a Linear's bias add). As in PyTorch's type promotion, a 0-d
+        // tensor (the exporters' spelling of a Python scalar: GELU's `0.5 * x`)
+        // widens nothing when an input with dimensions is float too.
+        let floats: Vec<(StorageId, TensorId)> = slots
             .iter()
             .zip(&node.inputs)
             .filter_map(|(s, t)| s.zip(*t))
             .filter(|&(_, t)| is_float(t) && g.tensor(t).kind != TensorKind::Parameter)
-            .map(|(s, _)| b.storages[s].dtype)
+            .collect();
+        let dimensioned = floats.iter().any(|&(_, t)| !inf.facts[t].shape.is_empty());
+        let widest = floats
+            .iter()
+            .filter(|&&(_, t)| !dimensioned || !inf.facts[t].shape.is_empty())
+            .map(|&(s, _)| b.storages[s].dtype)
             .max_by_key(|d| d.bits());
         // A fake quantization's output is of its float input's type (read through
         // the integer view).
@@ -707,6 +716,35 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
             Saved::Extra(i) => extras_of[step].get(i).copied(),
         }
     };
+    // A fused kernel on autocast's float32 list reads its input as the float32
+    // copy that one of its nodes made of it (or of a view of it), when one did.
+    let step_of: HashMap<NodeIndex, usize> =
+        g.order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+    let mut fp32_reads: HashMap<(NodeIndex, TensorId), StorageId> = HashMap::new();
+    for (&last, f) in &fusions {
+        for &x in &f.reads {
+            let Some(base) = tstore[x] else { continue };
+            let copy = f.fp32_reads_from.iter().find_map(|n| {
+                let node = g.node(*n);
+                node.inputs
+                    .iter()
+                    .zip(&read_as[step_of[n]])
+                    .find_map(|(t, s)| match (t, s) {
+                        (Some(t), Some(s))
+                            if tstore[*t] == Some(base)
+                                && b.storages[*s].kind == StorageKind::Cast
+                                && b.storages[*s].dtype == DType::F32 =>
+                        {
+                            Some(*s)
+                        }
+                        _ => None,
+                    })
+            });
+            if let Some(c) = copy {
+                fp32_reads.insert((last, x), c);
+            }
+        }
+    }
     let grads_resident = b.opts.grads_resident;
     // Parameters whose gradient so far is one contribution that autograd cannot add
     // into in place (see below).
@@ -764,7 +802,10 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
                 }
             }
             for &x in fusion.map(|f| f.reads.as_slice()).unwrap_or(&[]) {
-                let s = tstore[x].expect("stored");
+                let s = fp32_reads
+                    .get(&(ix, x))
+                    .copied()
+                    .unwrap_or_else(|| tstore[x].expect("stored"));
                 if !reads.contains(&s) {
                     reads.push(s);
                 }
@@ -1061,6 +1102,9 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         .into_iter()
         .map(|s| s.unwrap_or(usize::MAX))
         .collect();
+    let mut fused_copies: Vec<(NodeIndex, TensorId, StorageId)> =
+        fp32_reads.iter().map(|(&(n, t), &c)| (n, t, c)).collect();
+    fused_copies.sort_unstable();
     Ok(Schedule {
         storages: b.storages,
         steps: b.steps,
@@ -1068,6 +1112,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         trainable: trainable_ids,
         with_grad,
         fused,
+        fused_copies,
     })
 }
 

@@ -150,6 +150,11 @@ pub struct Schedule {
     /// The fused patterns recognised in the model ([`fused_patterns`]), as the
     /// schedule models them.
     pub fused: Vec<FusedPattern>,
+    /// Reads of a fused pattern that its backward takes from an autocast copy
+    /// rather than from the tensor's own storage: (the pattern's last node, the
+    /// tensor, the float32 copy). Under AMP, `native_group_norm` saves the float32
+    /// copy of a half input.
+    pub fused_copies: Vec<(NodeIndex, TensorId, StorageId)>,
 }
 
 impl Schedule {

@@ -264,8 +264,13 @@ pub fn train_json(path: &std::path::Path) -> serde_json::Value {
 /// the measured peak is the predicted one and the gradients are identical to the
 /// step's without recomputation. Returns the report.
 pub fn verify_exact(path: &std::path::Path, budget: &str) -> serde_json::Value {
+    verify_exact_with(path, budget, &[])
+}
+
+/// [`verify_exact`] with more arguments (`--precision amp-fp16`).
+pub fn verify_exact_with(path: &std::path::Path, budget: &str, more: &[&str]) -> serde_json::Value {
     let p = path.to_str().unwrap();
-    let args = [
+    let mut args = vec![
         "verify",
         p,
         "--batch",
@@ -276,6 +281,7 @@ pub fn verify_exact(path: &std::path::Path, budget: &str) -> serde_json::Value {
         "sgd",
         "--json",
     ];
+    args.extend_from_slice(more);
     let v = memplan_json(&args);
     let name = path.display();
     assert_eq!(

@@ -795,7 +795,12 @@ pub fn train_step_on<B: StepBackend>(
                                 )
                                 .into()));
                             }
-                            for &t in &p.reads {
+                            let copied = |t: TensorId| {
+                                s.fused_copies
+                                    .iter()
+                                    .any(|&(n, x, _)| n == p.last() && x == t)
+                            };
+                            for &t in p.reads.iter().filter(|&&t| !copied(t)) {
                                 ensure_value(
                                     b, model, inf, s, &step_of, &alloc, &params, &mut fwd, opts, t,
                                     0,

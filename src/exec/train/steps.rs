@@ -231,7 +231,20 @@ pub(super) fn recompute_pattern<B: StepBackend>(
                         | StorageKind::Constant
                         | StorageKind::Input
                 );
-            let v = if p.reads.contains(&t) || fixed || params[t].is_some() {
+            // A read the backward takes from an autocast copy (GroupNorm's float32
+            // input under AMP): the value again in its own type, exactly (the copy
+            // widened it).
+            let copy = s
+                .fused_copies
+                .iter()
+                .find(|&&(n, x, _)| n == p.last() && x == t)
+                .map(|&(_, _, c)| c);
+            let v = if let Some(c) = copy {
+                let held = sval[c].as_ref().ok_or_else(|| {
+                    format!("the saved copy of '{}' is not live", gr.tensor(t).name)
+                })?;
+                b.cast(held, s.storages[st].dtype)?
+            } else if p.reads.contains(&t) || fixed || params[t].is_some() {
                 let v = params[t]
                     .as_ref()
                     .or(fwd[t].as_ref())

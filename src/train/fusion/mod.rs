@@ -286,6 +286,13 @@ pub(super) struct Fusion {
     pub(super) out_layout: Option<Vec<usize>>,
     /// The same where the output is float32, when that differs (SDPA: [`SDPA_F32_LAYOUT`]).
     pub(super) out_layout_f32: Option<Vec<usize>>,
+    /// For a kernel on autocast's float32 list (`native_group_norm`): the pattern's
+    /// nodes, among whose autocast copies each read is found. Under AMP PyTorch
+    /// casts a half input to float32 before the kernel and saves that copy
+    /// (`NativeGroupNormBackward0._saved_input` is float32), where the pattern's
+    /// nodes cast it on their way (GroupNorm's InstanceNormalization). Empty for
+    /// every other kernel.
+    pub(super) fp32_reads_from: Vec<NodeIndex>,
 }
 
 /// The per-node view of the patterns (fake quantization apart: its nodes keep
@@ -303,6 +310,11 @@ pub(super) fn per_node(patterns: &[FusedPattern]) -> HashMap<NodeIndex, Fusion> 
                 extras: p.extras.clone(),
                 out_layout: p.out_layout.clone(),
                 out_layout_f32: (p.kind == FusedKind::Sdpa).then(|| SDPA_F32_LAYOUT.to_vec()),
+                fp32_reads_from: if p.kind == FusedKind::GroupNorm {
+                    p.nodes.clone()
+                } else {
+                    Vec::new()
+                },
             },
         );
     }
