@@ -98,12 +98,18 @@ def _sdpa_as_on_h200(orig):
 
 
 def measure(name, batch, dtype):
+    """measure_model on export.py's model `name` at `batch`."""
+    model, make_inputs, spec, outs = export.build(name)
+    return measure_model(model, make_inputs(batch), dtype)
+
+
+def measure_model(model, inputs, dtype):
+    """What one forward + loss of `model` (train mode, on CPU) on `inputs` saves under CUDA
+    autocast to `dtype`, on fake CUDA tensors (the module docstring)."""
     import torch
     import torch.nn.functional as F
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    model, make_inputs, spec, outs = export.build(name)
-    inputs = make_inputs(batch)
     orig = F.scaled_dot_product_attention
     F.scaled_dot_product_attention = _sdpa_as_on_h200(orig)
     stor = collections.OrderedDict()  # storage key -> (bytes, dtype)
@@ -130,6 +136,8 @@ def measure(name, batch, dtype):
             try:
                 with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                     out = model(*inputs)
+                    if hasattr(out, "to_tuple"):
+                        out = out.to_tuple()
                     outs_l = list(out) if isinstance(out, (tuple, list)) else [out]
                     first = outs_l[0]
                     loss = first if getattr(model, "_memplan_graph_loss", False) else first.mean()

@@ -14,7 +14,7 @@ use memplan::train::{build_schedule, Loss, Precision, TrainOptions};
 use serde_json::Value;
 
 /// Where memplan is not within 0.05 % of PyTorch, and why. Every other model is:
-/// 20 exactly; whisper_mini (−400 bytes), clip_tiny (−16, −32) and gpt2_dynamo
+/// 21 exactly; whisper_mini (−400 bytes), clip_tiny (−16, −32) and gpt2_dynamo
 /// (−1,024) by what they differ in float32; mixer_tiny, tnt_tiny and convit_tiny by
 /// under 0.01 %.
 const ALLOWED: &[(&str, f64, &str)] = &[
@@ -22,8 +22,6 @@ const ALLOWED: &[(&str, f64, &str)] = &[
     // LogSoftmaxBackward0), and nll_loss, on the float32 list, saves a float32 copy
     // of it. memplan counts the float32 log-probabilities only: 2 bytes a score less.
     ("mlp_loss", 0.0025, "cross_entropy's half log-probabilities"),
-    // Not traced: +1,024 bytes at batch 2, +2,048 at 4 (exact in float32).
-    ("siglip_tiny", 0.002, "not traced"),
     // Not traced: +0.58 % at batch 2, +0.95 % at 4 (4,624 and 9,248 bytes); the
     // GroupNorm inputs, weight casts and drop-path factors were checked.
     ("poolformer_tiny", 0.01, "not traced"),
@@ -154,5 +152,84 @@ fn group_norm_saves_its_float32_copy_and_runs() {
     assert_eq!(s.storages[copy].dtype, memplan::ir::DType::F32);
     for precision in ["amp-bf16", "amp-fp16"] {
         common::verify_exact_with(&path, "0.9", &["--precision", precision]);
+    }
+}
+
+/// Where memplan differs from PyTorch's CUDA autocast by more than 0.05 % on the
+/// census sample (tools/census/amp_check.json), and why.
+const CENSUS_ALLOWED: &[(&str, f64, &str)] = &[
+    // BLOOM's own GeLUFunction saves only its input; its formula exports as
+    // transformers' gelu_fast, which PyTorch runs op by op (docs/CENSUS.md): +129 %
+    // in float32, +61 % here.
+    ("hf_bloom", 0.62, "GeLUFunction"),
+    // Not traced: +0.72 %, exact in float32.
+    ("maxvit_t", 0.008, "not traced"),
+    // What float32 differs by already (−0.10 %, −0.18 %).
+    ("fcn_resnet50", 0.002, "as in float32"),
+    ("hf_deberta_v2", 0.002, "as in float32"),
+];
+
+/// The census sample's committed exports (models/census/) under `amp-fp16`, against
+/// PyTorch's CUDA autocast (`python tools/census/amp_check.py`). The check found
+/// three rules, now memplan's: a weight read through a view (`Transpose(W)` before
+/// each MatMul) is cast once however many times it is used (ALBERT's shared layer:
+/// +9.9 % before); a broadcast operand's expansion is copied from its autocast copy
+/// (Falcon's shared key: −2.1 %); `norm` (ReduceL2) reads its half input as it is
+/// (swin_v2_t's cosine attention: +9.1 %).
+#[test]
+fn census_sample_matches_pytorch_under_cuda_autocast() {
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/census/amp_check.json"),
+    )
+    .unwrap();
+    let r: Value = serde_json::from_str(&text).unwrap();
+    let batch = r["_meta"]["batch"].as_u64().unwrap();
+    let mut checked = 0;
+    for (name, x) in r.as_object().unwrap() {
+        let path = common::shipped(&format!("census/{name}.onnx"));
+        let (Some(want), true) = (x["pytorch"].as_u64(), path.exists()) else {
+            continue;
+        };
+        let bind = Bindings {
+            batch: Some(batch),
+            ..Default::default()
+        };
+        // Loops and sequences (mvit's pooling) lowered as the command line does.
+        let model = memplan::lower::lowered(load_model(&path).unwrap(), &bind).unwrap();
+        let inf = infer(&model, &bind).unwrap();
+        let opts = TrainOptions {
+            precision: Precision::AmpFp16,
+            ..Default::default()
+        };
+        let got = build_schedule(&model, &inf, &opts)
+            .unwrap()
+            .saved_activation_bytes();
+        let allowed = CENSUS_ALLOWED
+            .iter()
+            .find(|a| a.0 == name)
+            .map_or(0.0005, |a| a.1);
+        let d = got as f64 / want as f64 - 1.0;
+        assert!(
+            d.abs() <= allowed,
+            "{name} batch {batch}: saved {got} vs PyTorch {want} ({:+.3}%)",
+            d * 100.0
+        );
+        checked += 1;
+    }
+    assert!(checked >= 50, "{checked} census models");
+}
+
+/// The executor runs what the census check changed, under AMP: ALBERT's shared
+/// layer (one weight copy read through each layer's transpose), Falcon's shared key
+/// (the expansion copied from the half copy) and SigLIP's `norm` (read in half):
+/// measured peak = predicted, gradients bitwise equal with recomputation.
+#[test]
+fn executor_runs_the_autocast_rules_the_census_found() {
+    for (path, budget) in [
+        (common::shipped("census/hf_albert.onnx"), "0.9"),
+        (common::shipped("census/hf_falcon.onnx"), "5MiB"),
+        (common::shipped("siglip_tiny.onnx"), "0.98"),
+    ] {
+        common::verify_exact_with(&path, budget, &["--precision", "amp-fp16"]);
     }
 }

@@ -376,6 +376,10 @@ pub enum Autocast {
     Half,
     /// Runs in float32 (autocast's fp32 list: softmax, norms, sums, exp/log/pow...).
     Full,
+    /// Reads its input as it is and writes float32 (autocast's `fp32_append_dtype`
+    /// policy: `norm` is called with `dtype=float32`, so no float32 copy of the input
+    /// is made, and `LinalgVectorNormBackward0` saves the half input).
+    Widen,
     /// Runs in the widest floating type of its inputs (everything else).
     Promote,
 }

@@ -717,8 +717,14 @@ pub fn register(r: &mut Registry) {
     r.add("ReduceMax", order((f64::NEG_INFINITY, f64::max)));
     r.add("ReduceMin", order((f64::INFINITY, f64::min)));
     r.add("ReduceProd", red(18, 1, Some((1.0, |a, b| a * b)), false));
-    r.add("ReduceL1", red(18, 2, None, false));
-    r.add("ReduceL2", red(18, 2, None, false));
+    // `torch.norm` / `linalg.vector_norm` take `dtype=float32` under autocast:
+    // float32 from the input as it is, no copy of it.
+    let norm = || Reduce {
+        autocast: Autocast::Widen,
+        ..red(18, 2, None, false)
+    };
+    r.add("ReduceL1", norm());
+    r.add("ReduceL2", norm());
     r.add("ReduceSumSquare", red(18, 2, None, false));
     r.add("ReduceLogSum", red(18, 1, None, false));
     r.add("ReduceLogSumExp", red(18, 3, None, false));

@@ -37,7 +37,7 @@ use crate::infer::Inferred;
 use crate::ir::{parameter_name, DType, Model, TensorId, TensorKind};
 use crate::ops::{self, layout, registry, Backward, Cx, Fact, Saved};
 use petgraph::stable_graph::NodeIndex;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// Per-node facts the builder needs.
 struct NodeRule<'a> {
@@ -223,6 +223,21 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         }
     }
 
+    // Tensors computed from the model's inputs (the rest come from parameters and
+    // constants alone: swin_v2's `cat(q_bias, zeros, v_bias)`).
+    let mut from_data = vec![false; n_t];
+    for (t, info) in g.tensors.iter().enumerate() {
+        from_data[t] = info.kind == TensorKind::Input;
+    }
+    for &ix in &g.order {
+        let node = g.node(ix);
+        if node.inputs.iter().flatten().any(|&t| from_data[t]) {
+            for &t in node.outputs.iter().flatten() {
+                from_data[t] = true;
+            }
+        }
+    }
+
     // 3. requires_grad, forward.
     let mut requires = trainable.clone();
     for (step, &ix) in g.order.iter().enumerate() {
@@ -368,8 +383,20 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         }
         tstore[t] = Some(s);
     }
-    // Autocast weight cache: one half copy per parameter, made at its first use.
-    let mut weight_cast: std::collections::HashMap<TensorId, StorageId> = Default::default();
+    // Autocast weight cache: one half copy per parameter, made at its first use. A
+    // trainable parameter read through a view (the TorchScript exporter's
+    // `Transpose(W)` before each `MatMul` of a Linear) is the same cache entry as
+    // every other read through the same view: PyTorch casts `W` itself, once, and
+    // each use views the copy (ALBERT's shared layer: one copy for all its layers).
+    // Keyed by the parameter's storage and the view's shape and strides, so that a
+    // different view of one weight (a square `W` read as itself and transposed)
+    // gets its own copy (PyTorch would view the one copy: memplan counts more).
+    let trainable_storage: HashSet<StorageId> = (0..n_t)
+        .filter(|&t| trainable[t])
+        .filter_map(|t| tstore[t])
+        .collect();
+    type CastKey = (StorageId, Vec<usize>, Option<Vec<usize>>);
+    let mut weight_cast: HashMap<CastKey, StorageId> = HashMap::new();
 
     // 6. Forward steps.
     // Per node: the storage each input slot is read from (after casts), for backward.
@@ -411,10 +438,12 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
             let s = match target {
                 Some(want) if is_float(t) && cur != want => {
                     // Autocast caches the cast of a leaf that requires grad
-                    // (`cached_cast` in autocast_mode.cpp): a trainable parameter.
-                    // A frozen one is cast again at every use.
-                    let is_weight = trainable[t];
-                    if let Some(&c) = weight_cast.get(&t).filter(|_| is_weight) {
+                    // (`cached_cast` in autocast_mode.cpp): a trainable parameter,
+                    // or a view of one. A frozen one is cast again at every use.
+                    let key: Option<CastKey> = trainable_storage
+                        .contains(&src)
+                        .then(|| (src, inf.facts[t].shape.clone(), strides[t].clone()));
+                    if let Some(&c) = key.as_ref().and_then(|k| weight_cast.get(k)) {
                         c
                     } else {
                         let c = b.new_storage(
@@ -425,8 +454,8 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
                         );
                         reads.push(src);
                         writes.push(c);
-                        if is_weight {
-                            weight_cast.insert(t, c);
+                        if let Some(k) = key {
+                            weight_cast.insert(k, c);
                         }
                         c
                     }
@@ -473,7 +502,10 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
                 let (Some(t), Some(src)) = (node.inputs[k], slots[k]) else {
                     continue;
                 };
-                if tstore[t] != Some(src) {
+                // An autocast copy is contiguous, so what remains is a broadcast
+                // operand's expansion, which the kernel makes of the half copy
+                // (Falcon's shared key under AMP: the expanded half copy is saved).
+                if tstore[t] != Some(src) && b.storages[src].kind != StorageKind::Cast {
                     continue;
                 }
                 let dt = b.storages[src].dtype;
@@ -493,11 +525,22 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         // input, or a Linear's bias add). As in PyTorch's type promotion, a 0-d
         // tensor (the exporters' spelling of a Python scalar: GELU's `0.5 * x`)
         // widens nothing when an input with dimensions is float too.
+        // A Linear's bias add, as the exporters write `F.linear` on a 3-D input
+        // (`MatMul` then `Add`): the bias follows the product, also where it is
+        // computed from parameters (`F.linear(x, w, cat(q_bias, zeros, v_bias))`
+        // casts it with the weight).
+        let after_product = node.op_type == "Add"
+            && node.inputs.iter().flatten().any(|&t| {
+                g.tensor(t)
+                    .producer
+                    .is_some_and(|p| matches!(g.node(p).op_type.as_str(), "MatMul" | "Gemm"))
+            });
         let floats: Vec<(StorageId, TensorId)> = slots
             .iter()
             .zip(&node.inputs)
             .filter_map(|(s, t)| s.zip(*t))
             .filter(|&(_, t)| is_float(t) && g.tensor(t).kind != TensorKind::Parameter)
+            .filter(|&(_, t)| !(after_product && !from_data[t] && inf.facts[t].shape.len() == 1))
             .collect();
         let dimensioned = floats.iter().any(|&(_, t)| !inf.facts[t].shape.is_empty());
         let widest = floats

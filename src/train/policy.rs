@@ -4,6 +4,7 @@
 //! |---|---|---|---|
 //! | Conv, ConvTranspose, MatMul, Gemm ("lower precision" list) | fp32 | inputs cast to half, output half | bf16 |
 //! | Softmax, LogSoftmax, LayerNorm, Group/InstanceNorm, LpNorm, sum-like Reduce*, CumSum, Pow, Exp, Log, Softplus, losses ("fp32" list) | fp32 | inputs cast to fp32, output fp32 | bf16 |
+//! | ReduceL1, ReduceL2 (`norm`: "fp32_append_dtype") | fp32 | inputs read as they are, output fp32 | bf16 |
 //! | everything else (element-wise, BatchNorm, data movement) | fp32 | runs in the widest input type | bf16 |
 //!
 //! Each op states its class beside its other rules ([`crate::ops::Op::autocast`]).
@@ -71,7 +72,7 @@ impl Precision {
         match class {
             Autocast::Half => self.half(),
             Autocast::Full => Some(DType::F32),
-            Autocast::Promote => None,
+            Autocast::Widen | Autocast::Promote => None,
         }
     }
 
@@ -83,7 +84,7 @@ impl Precision {
             Precision::Bf16 => DType::BF16,
             Precision::AmpFp16 | Precision::AmpBf16 => match class {
                 Autocast::Half => self.half().expect("amp has a half type"),
-                Autocast::Full => DType::F32,
+                Autocast::Full | Autocast::Widen => DType::F32,
                 Autocast::Promote => widest,
             },
         }

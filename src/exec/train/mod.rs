@@ -575,6 +575,8 @@ pub fn train_step_on<B: StepBackend>(
                                     // Held as its source; an expanded copy is accounted
                                     // at its expanded size by the schedule.
                                     let v = b.copy(v, &s.storages[c].shape).map_err(&err)?;
+                                    // Of an autocast copy: in its type.
+                                    let v = cast_to(b, v, s.storages[c].dtype).map_err(&err)?;
                                     if s.storages[c].shape.as_slice() == B::shape(&v) {
                                         check_bytes(c, &v)?;
                                     }
