@@ -380,6 +380,9 @@ pub enum Autocast {
     /// policy: `norm` is called with `dtype=float32`, so no float32 copy of the input
     /// is made, and `LinalgVectorNormBackward0` saves the half input).
     Widen,
+    /// Writes the type the graph gives its output (an explicit `Cast`: PyTorch's
+    /// `.float()` / `.to(torch.float32)` makes a float32 copy of a half tensor).
+    AsWritten,
     /// Runs in the widest floating type of its inputs (everything else).
     Promote,
 }

@@ -29,7 +29,7 @@
 //! (`NewGELUActivation`, with `torch.pow`) and eager attention are left as written,
 //! since PyTorch runs them op by op.
 
-use super::fusion::{fake_quant_roles, fused_patterns, per_node, FakeQuantRole};
+use super::fusion::{cast_backs, fake_quant_roles, fused_patterns, per_node, FakeQuantRole};
 use super::schedule::{Schedule, Step, StepKind, Storage, StorageId, StorageKind};
 use super::{Loss, TrainOptions};
 use crate::error::{Error, Result};
@@ -95,6 +95,12 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
 
     let fused = fused_patterns(model, inf);
     let fusions = per_node(&fused);
+    // Casts back to a norm's input type (`.to(input_dtype)`), under autocast.
+    let cast_back = if opts.precision.is_amp() {
+        cast_backs(model, &fused)
+    } else {
+        HashMap::new()
+    };
     // Fake quantization: each node's role, and the pattern's integer values, which
     // carry the gradient through (as views of the float input).
     let fq = fake_quant_roles(&fused);
@@ -558,9 +564,12 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
                 .map(|s| b.storages[s].dtype),
             _ => widest,
         };
+        let back = cast_back.get(&ix).map(|&x0| b.dtype_of(x0, &float_dtype));
         for t in node.outputs.iter().flatten() {
             if is_float(*t) {
-                float_dtype[*t] = Some(prec.output_dtype(class, widest));
+                float_dtype[*t] = Some(
+                    back.unwrap_or_else(|| prec.output_dtype(class, widest, inf.facts[*t].dtype)),
+                );
             }
         }
         // Output storages.

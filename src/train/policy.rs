@@ -5,6 +5,7 @@
 //! | Conv, ConvTranspose, MatMul, Gemm ("lower precision" list) | fp32 | inputs cast to half, output half | bf16 |
 //! | Softmax, LogSoftmax, LayerNorm, Group/InstanceNorm, LpNorm, sum-like Reduce*, CumSum, Pow, Exp, Log, Softplus, losses ("fp32" list) | fp32 | inputs cast to fp32, output fp32 | bf16 |
 //! | ReduceL1, ReduceL2 (`norm`: "fp32_append_dtype") | fp32 | inputs read as they are, output fp32 | bf16 |
+//! | Cast to a float type (`.float()`, `.to(dtype)`) | fp32 | the type it names | bf16 |
 //! | everything else (element-wise, BatchNorm, data movement) | fp32 | runs in the widest input type | bf16 |
 //!
 //! Each op states its class beside its other rules ([`crate::ops::Op::autocast`]).
@@ -72,12 +73,18 @@ impl Precision {
         match class {
             Autocast::Half => self.half(),
             Autocast::Full => Some(DType::F32),
-            Autocast::Widen | Autocast::Promote => None,
+            Autocast::Widen | Autocast::AsWritten | Autocast::Promote => None,
         }
     }
 
-    /// Output float type of an op of autocast class `class` given its float inputs' types.
-    pub fn output_dtype(self, class: Autocast, input_float: Option<DType>) -> DType {
+    /// Output float type of an op of autocast class `class` given its float inputs'
+    /// types and the type the graph writes it in.
+    pub fn output_dtype(
+        self,
+        class: Autocast,
+        input_float: Option<DType>,
+        written: DType,
+    ) -> DType {
         let widest = input_float.unwrap_or(DType::F32);
         match self {
             Precision::Fp32 => DType::F32,
@@ -85,6 +92,7 @@ impl Precision {
             Precision::AmpFp16 | Precision::AmpBf16 => match class {
                 Autocast::Half => self.half().expect("amp has a half type"),
                 Autocast::Full | Autocast::Widen => DType::F32,
+                Autocast::AsWritten => written,
                 Autocast::Promote => widest,
             },
         }

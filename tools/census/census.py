@@ -1007,6 +1007,41 @@ def dynamo_section(w):
 SDPA_CHECK_JSON = os.path.join(HERE, "sdpa_check.json")
 
 
+AMP_CHECK_JSON = os.path.join(HERE, "amp_check.json")
+
+
+def amp_section(w):
+    """tools/census/amp_check.py's results (amp_check.json) as a section of CENSUS.md."""
+    res = _load(AMP_CHECK_JSON, {})
+    rows = {n: r for n, r in res.items() if not n.startswith("_")}
+    if not rows:
+        return
+    m = res.get("_meta", {})
+    done = [r for r in rows.values() if "pct" in r]
+    exact = sum(1 for r in done if r["pct"] == 0)
+    close = sum(1 for r in done if r["pct"] != 0 and abs(r["pct"]) <= 0.05)
+    w("## Mixed precision (CUDA autocast)")
+    w("")
+    w("`python tools/census/amp_check.py` (torch %s): the sample at batch %s under `--precision amp-fp16`, "
+      "against what PyTorch saves under CUDA autocast to float16, measured without a GPU: the model on "
+      "fake CUDA tensors (`FakeTensorMode`), autocast switched on at the C++ level, a saved-tensor hook "
+      "(models/amp_reference.py's method; SDPA runs the kernel an H200 picked). Beside it, the float32 "
+      "difference at the same batch (PyTorch's CUDA-equivalent saved bytes, measure.json), so that what "
+      "autocast adds is told apart from what float32 already differs by. %d models compared: %d exact, "
+      "%d more within 0.05 %%. tests/amp.rs checks the committed subset (tools/census/amp_check.json)."
+      % (m.get("versions", {}).get("torch"), m.get("batch"), len(done), exact, close))
+    w("")
+    w("| model | PyTorch saved (AMP) | memplan | diff % | float32 diff % |")
+    w("|---|---|---|---|---|")
+    for n, r in rows.items():
+        if "pct" not in r:
+            w("| %s | %s | | | |" % (n, (r.get("error") or "")[:90]))
+            continue
+        w("| %s | {:,} | {:,} | %+.3f | %s |".format(r["pytorch"], r["memplan"])
+          % (n, r["pct"], "%+.3f" % r["pct_fp32"] if "pct_fp32" in r else ""))
+    w("")
+
+
 def opsets_section(w):
     """tools/census/OPSETS.md (the opset sweep, hand-written) and the sdpa_check.py results
     (sdpa_check.json) as a section of CENSUS.md."""
@@ -1218,6 +1253,7 @@ def cmd_report(a, entries):
         w("")
     dynamo_section(w)
     opsets_section(w)
+    amp_section(w)
     # per-model tables
     for s in suites:
         w("## %s" % s)

@@ -261,8 +261,15 @@ impl Op for Cast {
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
         CudaKernels::new(Launch::Cast, &["cast_any"], &["strided_copy_b4"])
     }
+    /// `Cast` writes the type it names (under autocast, `.float()` of a half tensor
+    /// is a float32 copy: OLMo2's RMSNorm on a projection's output); `CastLike`
+    /// follows its input.
     fn autocast(&self, _op_type: &str) -> Autocast {
-        Autocast::Promote
+        if self.like {
+            Autocast::Promote
+        } else {
+            Autocast::AsWritten
+        }
     }
 }
 

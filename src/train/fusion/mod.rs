@@ -19,8 +19,10 @@ use crate::ir::{DType, Model, TensorId, TensorKind};
 use crate::ops::{Backward, Fact, Grad, Saved};
 
 mod attention;
+mod cast_back;
 use attention::find_sdpa;
 pub use attention::SDPA_F32_LAYOUT;
+pub(crate) use cast_back::cast_backs;
 
 /// Which fused kernel a pattern stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
