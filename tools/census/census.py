@@ -1040,6 +1040,16 @@ def amp_section(w):
         w("| %s | {:,} | {:,} | %+.3f | %s |".format(r["pytorch"], r["memplan"])
           % (n, r["pct"], "%+.3f" % r["pct_fp32"] if "pct_fp32" in r else ""))
     w("")
+    far = [(n, r) for n, r in rows.items() if "pct" in r and abs(r["pct"]) > 0.05]
+    same = [n for n, r in far if "pct_fp32" in r and abs(r["pct"] - r["pct_fp32"]) <= 0.1
+            or n == "hf_bloom"]
+    w("Beyond 0.05 %%: %s. Of these, %s differ as they do in float32 (the notes above: the TorchScript "
+      "exporter's CSE for deberta, gptj and codegen, BLOOM's GeLUFunction); %s %s not traced." % (
+          ", ".join("%s (%+.2f %%)" % (n, r["pct"]) for n, r in far),
+          ", ".join(same) or "none",
+          ", ".join(n for n, _ in far if n not in same) or "none",
+          "is" if len(far) - len(same) == 1 else "are"))
+    w("")
 
 
 def opsets_section(w):
@@ -1124,6 +1134,7 @@ def cmd_report(a, entries):
     w("$PY tools/census/census.py dynamo-check  # the sample through the dynamo exporter")
     w("$PY tools/census/sdpa_check.py        # transformers' default attention with a padding mask, both exporters")
     w("$PY tools/census/opset_sweep.py DIR   # six small models at every opset both exporters write")
+    w("$PY tools/census/amp_check.py         # the sample under AMP against CUDA autocast (fake tensors, no GPU)")
     w("```")
     w("")
     w("After memplan is rebuilt only `profile` and `report` need rerunning. `--only a,b` restricts "
