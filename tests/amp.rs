@@ -27,6 +27,29 @@ const ALLOWED: &[(&str, f64, &str)] = &[
     ("poolformer_tiny", 0.01, "not traced"),
 ];
 
+/// The model at `path` (lowered, as the command line reads it) at `batch`, and the
+/// step under `precision` with `loss`.
+fn step(
+    path: &std::path::Path,
+    batch: u64,
+    precision: Precision,
+    loss: Loss,
+) -> (memplan::ir::Model, memplan::train::Schedule) {
+    let bind = Bindings {
+        batch: Some(batch),
+        ..Default::default()
+    };
+    let model = memplan::lower::lowered(load_model(path).unwrap(), &bind).unwrap();
+    let inf = infer(&model, &bind).unwrap();
+    let opts = TrainOptions {
+        precision,
+        loss,
+        ..Default::default()
+    };
+    let s = build_schedule(&model, &inf, &opts).unwrap();
+    (model, s)
+}
+
 fn reference() -> serde_json::Map<String, Value> {
     let text = std::fs::read_to_string(common::shipped("amp_reference.json")).unwrap();
     serde_json::from_str::<Value>(&text)
@@ -44,34 +67,20 @@ fn saved_activations_match_pytorch_under_cuda_autocast() {
         if r.get("error").is_some() {
             continue;
         }
-        let model = load_model(&common::shipped(&format!("{name}.onnx"))).unwrap();
+        let path = common::shipped(&format!("{name}.onnx"));
         let allowed = ALLOWED.iter().find(|a| a.0 == name).map_or(0.0005, |a| a.1);
         for b in [2u64, 4] {
-            let inf = infer(
-                &model,
-                &Bindings {
-                    batch: Some(b),
-                    ..Default::default()
-                },
-            )
-            .unwrap();
             for (key, precision) in [
                 ("amp-fp16", Precision::AmpFp16),
                 ("amp-bf16", Precision::AmpBf16),
             ] {
                 let x = &r[&format!("batch_{b}")][key];
                 let want = x["saved_bytes"].as_u64().unwrap();
-                let opts = TrainOptions {
-                    precision,
-                    loss: match x["loss"].as_str() {
-                        Some("graph") => Loss::Graph,
-                        _ => Loss::Mean,
-                    },
-                    ..Default::default()
+                let loss = match x["loss"].as_str() {
+                    Some("graph") => Loss::Graph,
+                    _ => Loss::Mean,
                 };
-                let got = build_schedule(&model, &inf, &opts)
-                    .unwrap()
-                    .saved_activation_bytes();
+                let got = step(&path, b, precision, loss).1.saved_activation_bytes();
                 let d = got as f64 / want as f64 - 1.0;
                 report.push(format!(
                     "{name} b{b} {key}: {got} vs {want} ({:+.3}%)",
@@ -97,20 +106,12 @@ fn saved_activations_match_pytorch_under_cuda_autocast() {
 fn a_scalar_constant_does_not_widen_a_half_tensor() {
     let x = &reference()["gpt2"]["batch_2"]["amp-fp16"];
     assert!(x["saved_by"]["MulBackward0._saved_self float16"].as_u64() > Some(0));
-    let model = load_model(&common::shipped("gpt2.onnx")).unwrap();
-    let inf = infer(
-        &model,
-        &Bindings {
-            batch: Some(2),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let opts = TrainOptions {
-        precision: Precision::AmpFp16,
-        ..Default::default()
-    };
-    let s = build_schedule(&model, &inf, &opts).unwrap();
+    let (_, s) = step(
+        &common::shipped("gpt2.onnx"),
+        2,
+        Precision::AmpFp16,
+        Loss::Mean,
+    );
     let half = s
         .storages
         .iter()
@@ -128,20 +129,7 @@ fn group_norm_saves_its_float32_copy_and_runs() {
     let path = common::shipped("wav2vec2_tiny.onnx");
     let x = &reference()["wav2vec2_tiny"]["batch_2"]["amp-bf16"];
     assert!(x["saved_by"]["NativeGroupNormBackward0._saved_input float32"].as_u64() > Some(0));
-    let model = load_model(&path).unwrap();
-    let inf = infer(
-        &model,
-        &Bindings {
-            batch: Some(2),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let opts = TrainOptions {
-        precision: Precision::AmpBf16,
-        ..Default::default()
-    };
-    let s = build_schedule(&model, &inf, &opts).unwrap();
+    let (_, s) = step(&path, 2, Precision::AmpBf16, Loss::Mean);
     assert_eq!(
         s.fused_copies.len(),
         1,
@@ -197,19 +185,8 @@ fn census_sample_matches_pytorch_under_cuda_autocast() {
         let (Some(want), true) = (x["pytorch"].as_u64(), path.exists()) else {
             continue;
         };
-        let bind = Bindings {
-            batch: Some(batch),
-            ..Default::default()
-        };
-        // Loops and sequences (mvit's pooling) lowered as the command line does.
-        let model = memplan::lower::lowered(load_model(&path).unwrap(), &bind).unwrap();
-        let inf = infer(&model, &bind).unwrap();
-        let opts = TrainOptions {
-            precision: Precision::AmpFp16,
-            ..Default::default()
-        };
-        let got = build_schedule(&model, &inf, &opts)
-            .unwrap()
+        let got = step(&path, batch, Precision::AmpFp16, Loss::Mean)
+            .1
             .saved_activation_bytes();
         let allowed = CENSUS_ALLOWED
             .iter()
@@ -254,21 +231,8 @@ fn amp_data(name: &str) -> std::path::PathBuf {
 /// and `.to(input_dtype)` do; in float32 both are the input itself.
 #[test]
 fn rms_norm_casts_follow_the_norms_input_type() {
-    let model = load_model(&amp_data("hf_qwen3")).unwrap();
-    let inf = infer(
-        &model,
-        &Bindings {
-            batch: Some(2),
-            ..Default::default()
-        },
-    )
-    .unwrap();
     let dtype_of = |precision, name: &str| {
-        let opts = TrainOptions {
-            precision,
-            ..Default::default()
-        };
-        let s = build_schedule(&model, &inf, &opts).unwrap();
+        let (model, s) = step(&amp_data("hf_qwen3"), 2, precision, Loss::Mean);
         let t = model.graph.tensor_id(name).expect(name);
         s.storages[s.tensor_storage[t]].dtype
     };
