@@ -30,6 +30,7 @@
 //! since PyTorch runs them op by op.
 
 use super::fusion::{cast_backs, fake_quant_roles, fused_patterns, per_node, FakeQuantRole};
+use super::policy::Origins;
 use super::schedule::{Schedule, Step, StepKind, Storage, StorageId, StorageKind};
 use super::{Loss, TrainOptions};
 use crate::error::{Error, Result};
@@ -229,20 +230,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         }
     }
 
-    // Tensors computed from the model's inputs (the rest come from parameters and
-    // constants alone: swin_v2's `cat(q_bias, zeros, v_bias)`).
-    let mut from_data = vec![false; n_t];
-    for (t, info) in g.tensors.iter().enumerate() {
-        from_data[t] = info.kind == TensorKind::Input;
-    }
-    for &ix in &g.order {
-        let node = g.node(ix);
-        if node.inputs.iter().flatten().any(|&t| from_data[t]) {
-            for &t in node.outputs.iter().flatten() {
-                from_data[t] = true;
-            }
-        }
-    }
+    let origins = Origins::of(model, inf);
 
     // 3. requires_grad, forward.
     let mut requires = trainable.clone();
@@ -526,33 +514,21 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
                 slots[k] = Some(c);
             }
         }
-        // Output dtypes: the widest float input that is not a parameter (a module's
-        // weights and biases follow its input under autocast, e.g. BatchNorm on half
-        // input, or a Linear's bias add). As in PyTorch's type promotion, a 0-d
-        // tensor (the exporters' spelling of a Python scalar: GELU's `0.5 * x`)
-        // widens nothing when an input with dimensions is float too.
-        // A Linear's bias add, as the exporters write `F.linear` on a 3-D input
-        // (`MatMul` then `Add`): the bias follows the product, also where it is
-        // computed from parameters (`F.linear(x, w, cat(q_bias, zeros, v_bias))`
-        // casts it with the weight).
-        let after_product = node.op_type == "Add"
-            && node.inputs.iter().flatten().any(|&t| {
-                g.tensor(t)
-                    .producer
-                    .is_some_and(|p| matches!(g.node(p).op_type.as_str(), "MatMul" | "Gemm"))
-            });
-        let floats: Vec<(StorageId, TensorId)> = slots
+        // Output dtypes: the widest of the float inputs autocast's type rules
+        // count ([`Origins::promoting`]).
+        let floats: Vec<(usize, TensorId)> = node
+            .inputs
             .iter()
-            .zip(&node.inputs)
-            .filter_map(|(s, t)| s.zip(*t))
-            .filter(|&(_, t)| is_float(t) && g.tensor(t).kind != TensorKind::Parameter)
-            .filter(|&(_, t)| !(after_product && !from_data[t] && inf.facts[t].shape.len() == 1))
+            .enumerate()
+            .filter_map(|(k, t)| {
+                t.filter(|&t| slots[k].is_some() && is_float(t))
+                    .map(|t| (k, t))
+            })
             .collect();
-        let dimensioned = floats.iter().any(|&(_, t)| !inf.facts[t].shape.is_empty());
-        let widest = floats
-            .iter()
-            .filter(|&&(_, t)| !dimensioned || !inf.facts[t].shape.is_empty())
-            .map(|&(s, _)| b.storages[s].dtype)
+        let widest = origins
+            .promoting(model, inf, node, floats)
+            .into_iter()
+            .filter_map(|k| slots[k].map(|s| b.storages[s].dtype))
             .max_by_key(|d| d.bits());
         // A fake quantization's output is of its float input's type (read through
         // the integer view).

@@ -15,7 +15,8 @@
 //! (autocast's weight cache), and gradients and optimizer states are fp32. `bf16` is
 //! pure bf16 training: parameters, activations, gradients and states all bf16.
 
-use crate::ir::DType;
+use crate::infer::Inferred;
+use crate::ir::{DType, Model, Node, TensorId, TensorKind};
 use crate::ops::Autocast;
 
 /// A precision policy.
@@ -96,5 +97,83 @@ impl Precision {
                 Autocast::Promote => widest,
             },
         }
+    }
+}
+
+/// Where each tensor comes from, as autocast's type rules need it.
+pub(super) struct Origins {
+    /// Computed from the model's inputs (the rest come from parameters and
+    /// constants alone: swin_v2's `cat(q_bias, zeros, v_bias)`).
+    from_data: Vec<bool>,
+    /// Random noise (stochastic depth's `x.new_empty(..).bernoulli_(p)`, written as
+    /// RandomUniformLike → Less → Cast), and what is computed from it and constants
+    /// alone.
+    noise: Vec<bool>,
+}
+
+impl Origins {
+    /// Every tensor's origin, in the graph's order.
+    pub(super) fn of(model: &Model, inf: &Inferred) -> Origins {
+        let g = &model.graph;
+        let mut from_data: Vec<bool> = g
+            .tensors
+            .iter()
+            .map(|t| t.kind == TensorKind::Input)
+            .collect();
+        let mut noise = vec![false; g.tensors.len()];
+        for &ix in &g.order {
+            let node = g.node(ix);
+            let ins = || node.inputs.iter().flatten();
+            let data = ins().any(|&t| from_data[t]);
+            let random = node.op_type.starts_with("Random") || node.op_type == "Bernoulli";
+            let derived = ins().any(|&t| noise[t])
+                && ins().all(|&t| noise[t] || inf.facts[t].value.is_some());
+            for &t in node.outputs.iter().flatten() {
+                from_data[t] |= data;
+                noise[t] |= random || derived;
+            }
+        }
+        Origins { from_data, noise }
+    }
+
+    /// Of `node`'s float inputs `(slot, tensor)`, the slots whose types its output
+    /// takes the widest of, as PyTorch's type promotion and autocast give it:
+    /// - not a parameter: a module's weights and biases follow its input (BatchNorm
+    ///   on a half input; a Linear's bias);
+    /// - not a Linear's bias computed from parameters, where the exporters write
+    ///   `F.linear` on a 3-D input as `MatMul` then `Add`
+    ///   (`F.linear(x, w, cat(q_bias, zeros, v_bias))` casts it with the weight);
+    /// - not noise, beside anything else: PyTorch makes it in the type of the
+    ///   tensor it scales, which the exporter wrote as float32;
+    /// - not a 0-d tensor (the exporters' spelling of a Python scalar: GELU's
+    ///   `0.5 * x`), beside an input with dimensions.
+    pub(super) fn promoting(
+        &self,
+        model: &Model,
+        inf: &Inferred,
+        node: &Node,
+        floats: Vec<(usize, TensorId)>,
+    ) -> Vec<usize> {
+        let g = &model.graph;
+        let after_product = node.op_type == "Add"
+            && node.inputs.iter().flatten().any(|&t| {
+                g.tensor(t)
+                    .producer
+                    .is_some_and(|p| matches!(g.node(p).op_type.as_str(), "MatMul" | "Gemm"))
+            });
+        let mut keep: Vec<(usize, TensorId)> = floats
+            .into_iter()
+            .filter(|&(_, t)| g.tensor(t).kind != TensorKind::Parameter)
+            .filter(|&(_, t)| {
+                !(after_product && !self.from_data[t] && inf.facts[t].shape.len() == 1)
+            })
+            .collect();
+        if keep.iter().any(|&(_, t)| !self.noise[t]) {
+            keep.retain(|&(_, t)| !self.noise[t]);
+        }
+        if keep.iter().any(|&(_, t)| !inf.facts[t].shape.is_empty()) {
+            keep.retain(|&(_, t)| !inf.facts[t].shape.is_empty());
+        }
+        keep.into_iter().map(|(k, _)| k).collect()
     }
 }

@@ -1043,12 +1043,12 @@ def amp_section(w):
     far = [(n, r) for n, r in rows.items() if "pct" in r and abs(r["pct"]) > 0.05]
     same = [n for n, r in far if "pct_fp32" in r and abs(r["pct"] - r["pct_fp32"]) <= 0.1
             or n == "hf_bloom"]
+    other = [n for n, _ in far if n not in same]
     w("Beyond 0.05 %%: %s. Of these, %s differ as they do in float32 (the notes above: the TorchScript "
-      "exporter's CSE for deberta, gptj and codegen, BLOOM's GeLUFunction); %s %s not traced." % (
+      "exporter's CSE for deberta, gptj and codegen, BLOOM's GeLUFunction)%s." % (
           ", ".join("%s (%+.2f %%)" % (n, r["pct"]) for n, r in far),
           ", ".join(same) or "none",
-          ", ".join(n for n, _ in far if n not in same) or "none",
-          "is" if len(far) - len(same) == 1 else "are"))
+          "; %s %s not traced" % (", ".join(other), "is" if len(other) == 1 else "are") if other else ""))
     w("")
 
 
