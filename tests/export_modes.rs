@@ -20,19 +20,7 @@ fn file(name: &str) -> PathBuf {
 /// `profile --train --json` at batch 2: (saved bytes, `training.warnings`, the
 /// `warning:` lines on standard error).
 fn train(name: &str) -> (u64, Vec<String>, Vec<String>) {
-    let path = file(name);
-    let p = path.to_str().unwrap();
-    let args = [
-        "profile",
-        p,
-        "--batch",
-        "2",
-        "--train",
-        "--optimizer",
-        "sgd",
-        "--json",
-    ];
-    let (ok, out, err) = run_memplan(&args);
+    let (ok, out, err) = common::run_train(&file(name));
     assert!(ok, "{name}: {err}");
     let j: serde_json::Value = serde_json::from_str(&out).unwrap();
     let t = &j["training"];

@@ -749,10 +749,10 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
     let step_of: HashMap<NodeIndex, usize> =
         g.order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
     let mut fp32_reads: HashMap<(NodeIndex, TensorId), StorageId> = HashMap::new();
-    for (&last, f) in &fusions {
-        for &x in &f.reads {
+    for p in fused.iter().filter(|p| p.kind.saves_float32_copy()) {
+        for &x in &p.reads {
             let Some(base) = tstore[x] else { continue };
-            let copy = f.fp32_reads_from.iter().find_map(|n| {
+            let copy = p.nodes.iter().find_map(|n| {
                 let node = g.node(*n);
                 node.inputs
                     .iter()
@@ -769,7 +769,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
                     })
             });
             if let Some(c) = copy {
-                fp32_reads.insert((last, x), c);
+                fp32_reads.insert((p.last(), x), c);
             }
         }
     }

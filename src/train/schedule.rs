@@ -175,6 +175,15 @@ impl Schedule {
         })
     }
 
+    /// The autocast copy the backward of the fused pattern ending at `last` reads
+    /// in place of tensor `t` ([`Self::fused_copies`]).
+    pub fn fused_copy(&self, last: NodeIndex, t: TensorId) -> Option<StorageId> {
+        self.fused_copies
+            .iter()
+            .find(|&&(n, x, _)| n == last && x == t)
+            .map(|&(_, _, c)| c)
+    }
+
     /// FLOPs of the whole step.
     pub fn flops(&self) -> u64 {
         self.steps

@@ -246,8 +246,18 @@ pub fn sgd_schedule(path: &std::path::Path, batch: u64) -> memplan::train::Sched
 /// `memplan profile PATH --batch 2 --train --optimizer sgd --json`: its `training`
 /// object.
 pub fn train_json(path: &std::path::Path) -> serde_json::Value {
+    let (ok, out, err) = run_train(path);
+    assert!(ok, "{}: {err}", path.display());
+    let v: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{}: {e}: {out}", path.display()));
+    v["training"].clone()
+}
+
+/// Runs `memplan profile PATH --batch 2 --train --optimizer sgd --json`: (success,
+/// stdout, stderr).
+pub fn run_train(path: &std::path::Path) -> (bool, String, String) {
     let p = path.to_str().unwrap();
-    let args = [
+    run_memplan(&[
         "profile",
         p,
         "--batch",
@@ -256,8 +266,7 @@ pub fn train_json(path: &std::path::Path) -> serde_json::Value {
         "--optimizer",
         "sgd",
         "--json",
-    ];
-    memplan_json(&args)["training"].clone()
+    ])
 }
 
 /// `memplan verify PATH --batch 2 --budget BUDGET --optimizer sgd --json`, checked:

@@ -797,11 +797,7 @@ pub fn train_step_on<B: StepBackend>(
                                 )
                                 .into()));
                             }
-                            let copied = |t: TensorId| {
-                                s.fused_copies
-                                    .iter()
-                                    .any(|&(n, x, _)| n == p.last() && x == t)
-                            };
+                            let copied = |t: TensorId| s.fused_copy(p.last(), t).is_some();
                             for &t in p.reads.iter().filter(|&&t| !copied(t)) {
                                 ensure_value(
                                     b, model, inf, s, &step_of, &alloc, &params, &mut fwd, opts, t,

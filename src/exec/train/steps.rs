@@ -234,12 +234,7 @@ pub(super) fn recompute_pattern<B: StepBackend>(
             // A read the backward takes from an autocast copy (GroupNorm's float32
             // input under AMP): the value again in its own type, exactly (the copy
             // widened it).
-            let copy = s
-                .fused_copies
-                .iter()
-                .find(|&&(n, x, _)| n == p.last() && x == t)
-                .map(|&(_, _, c)| c);
-            let v = if let Some(c) = copy {
+            let v = if let Some(c) = s.fused_copy(p.last(), t) {
                 let held = sval[c].as_ref().ok_or_else(|| {
                     format!("the saved copy of '{}' is not live", gr.tensor(t).name)
                 })?;

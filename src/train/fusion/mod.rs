@@ -228,6 +228,16 @@ pub fn fake_quant_roles(patterns: &[FusedPattern]) -> HashMap<NodeIndex, (usize,
     out
 }
 
+impl FusedKind {
+    /// Whether the kernel is on autocast's float32 list and saves the float32 copy
+    /// of a half input (`NativeGroupNormBackward0._saved_input` is float32 under
+    /// AMP), which the pattern's nodes make on their way (GroupNorm's
+    /// InstanceNormalization).
+    pub fn saves_float32_copy(self) -> bool {
+        self == FusedKind::GroupNorm
+    }
+}
+
 impl FusedPattern {
     /// An activation PyTorch runs as one op that saves only its input `x`.
     fn of_input(kind: FusedKind, nodes: Vec<NodeIndex>, x: TensorId) -> FusedPattern {
@@ -288,13 +298,6 @@ pub(super) struct Fusion {
     pub(super) out_layout: Option<Vec<usize>>,
     /// The same where the output is float32, when that differs (SDPA: [`SDPA_F32_LAYOUT`]).
     pub(super) out_layout_f32: Option<Vec<usize>>,
-    /// For a kernel on autocast's float32 list (`native_group_norm`): the pattern's
-    /// nodes, among whose autocast copies each read is found. Under AMP PyTorch
-    /// casts a half input to float32 before the kernel and saves that copy
-    /// (`NativeGroupNormBackward0._saved_input` is float32), where the pattern's
-    /// nodes cast it on their way (GroupNorm's InstanceNormalization). Empty for
-    /// every other kernel.
-    pub(super) fp32_reads_from: Vec<NodeIndex>,
 }
 
 /// The per-node view of the patterns (fake quantization apart: its nodes keep
@@ -312,11 +315,6 @@ pub(super) fn per_node(patterns: &[FusedPattern]) -> HashMap<NodeIndex, Fusion> 
                 extras: p.extras.clone(),
                 out_layout: p.out_layout.clone(),
                 out_layout_f32: (p.kind == FusedKind::Sdpa).then(|| SDPA_F32_LAYOUT.to_vec()),
-                fp32_reads_from: if p.kind == FusedKind::GroupNorm {
-                    p.nodes.clone()
-                } else {
-                    Vec::new()
-                },
             },
         );
     }
