@@ -109,13 +109,14 @@ const TAKE_BACK_PROBES: usize = 12;
 
 /// The ILP's plans for `g` at live budgets up to the allocator's capacity, the
 /// cheapest whose allocations fit `d` returned if it is cheaper than `plan` (which
-/// fits), with its replay and method. The first budget leaves the allocator the
-/// room `plan` needed above its live peak (its reserved less its peak); a plan
-/// that fits moves the next budget halfway up to the lowest one that did not (at
-/// first the capacity), one that does not moves it down by what it reserved too
-/// much (replayed without a limit), or halfway down to the highest that fitted.
-/// Fitting is not monotone in the budget (which holes a tensor finds changes with
-/// every plan): the cheapest plan that fits among those made is kept.
+/// fits), with its replay and method. Budgets run from `plan`'s live peak to the
+/// capacity. The first leaves the allocator the room `plan` needed above its live
+/// peak (its reserved less its peak); a plan that fits moves the next budget
+/// halfway up to the lowest one that did not (at first the capacity), one that
+/// does not moves it down by what it reserved too much (replayed without a
+/// limit), or halfway down to the highest that fitted. Fitting is not monotone in
+/// the budget (which holes a tensor finds changes with every plan): the cheapest
+/// plan that fits among those made is kept.
 fn replan(
     g: &RematGraph,
     plan: &[Instr],
