@@ -428,6 +428,18 @@ mod training {
             planned.overhead,
             every.overhead
         );
+        // The fragmentation named is a row's reserved bytes over its live bytes.
+        let f = r
+            .fragmentation
+            .as_ref()
+            .expect("√n reserves 1.7 GiB over live");
+        let named = row(&f.strategy);
+        assert_eq!(f.max_batch, named.max_batch);
+        assert_eq!(
+            f.excess_bytes,
+            named.reserved_bytes.unwrap() - named.peak_bytes
+        );
+        assert!(f.fraction_of_capacity >= 0.1);
     }
 
     #[test]

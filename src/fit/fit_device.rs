@@ -7,7 +7,7 @@
 //! the line through the reserved bytes at batch 1 and at that bound.
 
 use super::planned::report_of;
-use super::{FitOptions, PlannedFit};
+use super::{FitOptions, Fragmentation, PlannedFit, StrategyFit};
 use crate::error::Result;
 use crate::infer::Bindings;
 use crate::ir::Model;
@@ -196,6 +196,35 @@ const REPLAN_PROBES: usize = 4;
 /// GPT-2's row at 16 GiB cost 37 % instead of 19 %).
 const REPLAN_SHARE: f64 = 0.1;
 
+/// The strategy whose allocations fragment the default allocator most at its max
+/// batch (reserved bytes over its live tensor bytes), where that excess is at least
+/// [`FRAGMENTATION_HINT`] of what the allocator may reserve: what PyTorch's
+/// expandable segments would mostly give back. `None` with expandable segments, on
+/// live bytes alone, or below the threshold. Combinations are left out (their rows
+/// repeat the single strategies').
+pub fn fragmentation(rows: &[StrategyFit], d: &DeviceModel) -> Option<Fragmentation> {
+    if d.conf.expandable_segments || d.capacity == u64::MAX || d.capacity == 0 {
+        return None;
+    }
+    rows.iter()
+        .filter(|r| r.combines.is_none() && r.max_batch > 0)
+        .filter_map(|r| {
+            let excess = r.reserved_bytes?.saturating_sub(r.peak_bytes);
+            Some(Fragmentation {
+                strategy: r.name.clone(),
+                max_batch: r.max_batch,
+                excess_bytes: excess,
+                fraction_of_capacity: excess as f64 / d.capacity as f64,
+            })
+        })
+        .filter(|f| f.fraction_of_capacity >= FRAGMENTATION_HINT)
+        .max_by_key(|f| f.excess_bytes)
+}
+
+/// Reserved-over-live excess, as a share of the allocator's capacity, from which
+/// `fit` points at expandable segments.
+pub const FRAGMENTATION_HINT: f64 = 0.1;
+
 /// `d` without a memory limit (to measure reserved bytes rather than fit them).
 pub(super) fn unlimited(d: &DeviceModel) -> DeviceModel {
     DeviceModel {
@@ -320,6 +349,58 @@ mod tests {
         }
         assert_eq!(guess(100, 10, 109, 60), 51);
         assert_eq!(guess(1, 10, 10, 60), 1);
+    }
+
+    fn row(name: &str, max_batch: u64, peak: u64, reserved: u64) -> StrategyFit {
+        StrategyFit {
+            name: name.into(),
+            max_batch,
+            peak_bytes: peak,
+            overhead: 0.0,
+            global_batch: None,
+            accumulation_steps: None,
+            note: String::new(),
+            planner: None,
+            lower_bound_overhead: None,
+            recomputed_tensors: None,
+            combines: None,
+            communication_bytes: None,
+            pcie_bytes: None,
+            host_bytes: None,
+            reserved_bytes: Some(reserved),
+            device_bytes: None,
+        }
+    }
+
+    /// The largest reserved-over-live excess is named, from a tenth of the
+    /// capacity on, never for combinations, rows that fit nothing, or expandable
+    /// segments.
+    #[test]
+    fn fragmentation_names_the_worst_row_past_a_tenth() {
+        use crate::memory::allocator::AllocConf;
+        let d = DeviceModel::new(AllocConf::default(), None, Some(0)).with_memory(1000, 0);
+        assert_eq!(d.capacity, 1000);
+        let mut rows = vec![
+            row("a", 10, 900, 990),
+            row("b", 20, 700, 850),
+            row("c", 0, 100, 900),
+        ];
+        let f = fragmentation(&rows, &d).unwrap();
+        assert_eq!(
+            (f.strategy.as_str(), f.max_batch, f.excess_bytes),
+            ("b", 20, 150)
+        );
+        assert!((f.fraction_of_capacity - 0.15).abs() < 1e-12);
+        rows[1].combines = Some(vec!["b".into(), "zero-1".into()]);
+        assert!(
+            fragmentation(&rows, &d).is_none(),
+            "a: 90 of 1000, under a tenth"
+        );
+        rows[0].reserved_bytes = Some(1000);
+        assert_eq!(fragmentation(&rows, &d).unwrap().strategy, "a");
+        let mut e = d.clone();
+        e.conf.expandable_segments = true;
+        assert!(fragmentation(&rows, &e).is_none());
     }
 
     /// A plan made for a tight budget, on a device with room: the take-back keeps

@@ -210,6 +210,24 @@ pub struct FitReport {
     /// `memory_bytes`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device: Option<DeviceSummary>,
+    /// On a device with the default allocator: the strategy whose reserved bytes
+    /// exceed its live tensor bytes most, where that is at least a tenth of what the
+    /// allocator may reserve (expandable segments would give most of it back).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fragmentation: Option<Fragmentation>,
+}
+
+/// The allocator's fragmentation at one strategy's max batch.
+#[derive(Debug, Clone, Serialize)]
+pub struct Fragmentation {
+    /// The strategy (row name).
+    pub strategy: String,
+    /// Its max batch.
+    pub max_batch: u64,
+    /// Reserved bytes less live tensor bytes there.
+    pub excess_bytes: u64,
+    /// `excess_bytes` over what the allocator may reserve.
+    pub fraction_of_capacity: f64,
 }
 
 /// Fit options.
@@ -779,6 +797,10 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
                 .unwrap_or_default()
         )));
     }
+    let fragmentation = o
+        .device
+        .as_ref()
+        .and_then(|d| fit_device::fragmentation(&rows, d));
     Ok(FitReport {
         model: path.to_string(),
         memory_bytes: o.memory,
@@ -791,6 +813,7 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
         recommendation,
         unreachable,
         device: o.device.as_ref().map(DeviceModel::summary),
+        fragmentation,
     })
 }
 

@@ -91,6 +91,15 @@ pub fn fit_text(r: &FitReport) -> String {
     if smi {
         s.push_str("\npeak: live tensor bytes at the step's peak; nvidia-smi: what it would show for the process at max batch (reserved by the allocator + CUDA context)\n");
     }
+    if let Some(f) = &r.fragmentation {
+        s.push_str(&format!(
+            "fragmentation: at batch {}, {} reserves {} more than its live tensors ({:.0}% of what the allocator may reserve); PyTorch's expandable segments give most of that back: --alloc-conf expandable_segments:True shows the batches then (in training: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)\n",
+            f.max_batch,
+            f.strategy,
+            human_bytes(f.excess_bytes),
+            f.fraction_of_capacity * 100.0
+        ));
+    }
     if let Some(u) = &r.unreachable {
         s.push_str(&format!("\n{u}\n"));
     }
