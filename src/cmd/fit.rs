@@ -95,6 +95,11 @@ pub fn run(a: FitArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
         print!("{}", fit_text(&r));
+        if r.fragmentation.is_some() {
+            println!(
+                "  (fit again with --alloc-conf expandable_segments:True for the batches then)"
+            );
+        }
     }
     Ok(())
 }

@@ -93,7 +93,7 @@ pub fn fit_text(r: &FitReport) -> String {
     }
     if let Some(f) = &r.fragmentation {
         s.push_str(&format!(
-            "fragmentation: at batch {}, {} reserves {} more than its live tensors ({:.0}% of what the allocator may reserve); PyTorch's expandable segments give most of that back: --alloc-conf expandable_segments:True shows the batches then (in training: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)\n",
+            "fragmentation: at batch {}, {} reserves {} more than its live tensors ({:.0}% of what the allocator may reserve); PyTorch's expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) give most of that back\n",
             f.max_batch,
             f.strategy,
             human_bytes(f.excess_bytes),
