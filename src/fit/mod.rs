@@ -468,14 +468,24 @@ impl<'a> Steps<'a> {
     }
 
     /// `c`'s largest per-GPU batch within the budget, its peak and overhead
-    /// ([`max_batch`]), solved once.
+    /// ([`max_batch`]), solved once. On a device, the combinations that differ from
+    /// `c` only in how the GPUs share the state are solved with it, and each takes
+    /// the largest of their answers that fits it ([`fit_device::family`],
+    /// [`fit_device::settle`]).
     pub fn max_batch(&self, c: Combo) -> Result<(u64, u64, f64)> {
         if let Some(&r) = self.solved.borrow().get(&c) {
             return Ok(r);
         }
-        let r = max_batch(self, c)?;
-        self.solved.borrow_mut().insert(c, r);
-        Ok(r)
+        let family = fit_device::family(self.o, c);
+        let alone = family
+            .iter()
+            .map(|&f| max_batch(self, f))
+            .collect::<Result<Vec<_>>>()?;
+        for (&f, &r) in family.iter().zip(&alone) {
+            let r = fit_device::settle(self, f, r, alone.iter().map(|a| a.0))?;
+            self.solved.borrow_mut().insert(f, r);
+        }
+        Ok(self.solved.borrow()[&c])
     }
 
     /// [`traffic`] of `c` with `steps` micro-batches per optimizer step.
