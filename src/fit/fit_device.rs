@@ -71,7 +71,8 @@ pub(super) fn guess(hi: u64, r1: u64, rh: u64, capacity: u64) -> u64 {
 /// ([`unrecompute`]) as keep its allocations within `d`: the live budget given to
 /// `unrecompute` is bisected between the plan's peak and the allocator's capacity
 /// (fitting is not monotone in it, so the cheapest plan that fits among those tried
-/// is kept). Returns the plan and its replay, `None` when no take-back fits.
+/// is kept). Returns the plan and its replay (`plan` itself when no cheaper
+/// take-back fits; `None` as its replay when `plan` does not fit `d` either).
 fn take_back(
     g: &RematGraph,
     plan: &[Instr],
@@ -83,7 +84,8 @@ fn take_back(
         return (plan.to_vec(), None);
     };
     let (mut lo, mut hi) = (r.peak_bytes, d.capacity);
-    let mut best: (Vec<Instr>, Option<AllocatorReport>, f64) = (plan.to_vec(), None, cost(plan));
+    let given = crate::remat::graph::replay_on_device(g, plan, values, d).ok();
+    let mut best: (Vec<Instr>, Option<AllocatorReport>, f64) = (plan.to_vec(), given, cost(plan));
     for _ in 0..TAKE_BACK_PROBES {
         if hi <= lo {
             break;
@@ -129,6 +131,9 @@ fn replan(
     let (Ok(r), Ok(rd)) = (replay(g, plan), on(plan, d)) else {
         return Ok(None);
     };
+    if d.capacity == u64::MAX {
+        return Ok(None);
+    }
     let floor = r.peak_bytes;
     let mut at = d
         .capacity
@@ -245,6 +250,9 @@ pub(super) fn family(o: &FitOptions, c: Combo) -> Vec<Combo> {
         ]);
     }
     dists.extend([Dist::ZeroOffload, Dist::Zero3Offload]);
+    if !dists.contains(&c.dist) {
+        return vec![c];
+    }
     dists.into_iter().map(|dist| Combo { dist, ..c }).collect()
 }
 
@@ -254,8 +262,9 @@ pub(super) fn family(o: &FitOptions, c: Combo) -> Vec<Combo> {
 /// different holes (ResNet-50 on 24 GiB with 8 GPUs: every-block alone 674, with DDP,
 /// which holds more, 699). The largest of the others' batches that fits `c` is
 /// taken instead when above `c`'s own, then the next batches while they fit (at
-/// most [`SETTLE_CLIMB`]), so that the answer still ends at a batch whose next does
-/// not fit.
+/// most [`SETTLE_CLIMB`] of them; within that the answer still ends at a batch whose
+/// next does not fit). [`Steps::max_batch`] repeats this over the family until no
+/// answer moves.
 pub(super) fn settle(
     steps: &Steps,
     c: Combo,

@@ -477,15 +477,28 @@ impl<'a> Steps<'a> {
             return Ok(r);
         }
         let family = fit_device::family(self.o, c);
-        let alone = family
+        let mut found = family
             .iter()
             .map(|&f| max_batch(self, f))
             .collect::<Result<Vec<_>>>()?;
-        for (&f, &r) in family.iter().zip(&alone) {
-            let r = fit_device::settle(self, f, r, alone.iter().map(|a| a.0))?;
-            self.solved.borrow_mut().insert(f, r);
+        // Answers only rise, each at most to a sibling's: a few rounds settle them.
+        for _ in 0..family.len() {
+            let batches: Vec<u64> = found.iter().map(|a| a.0).collect();
+            let mut moved = false;
+            for (f, a) in family.iter().zip(found.iter_mut()) {
+                let r = fit_device::settle(self, *f, *a, batches.iter().copied())?;
+                moved |= r.0 != a.0;
+                *a = r;
+            }
+            if !moved {
+                break;
+            }
         }
-        Ok(self.solved.borrow()[&c])
+        let mut solved = self.solved.borrow_mut();
+        for (&f, &r) in family.iter().zip(&found) {
+            solved.insert(f, r);
+        }
+        Ok(solved.get(&c).copied().unwrap_or(found[0]))
     }
 
     /// [`traffic`] of `c` with `steps` micro-batches per optimizer step.
