@@ -412,12 +412,10 @@ impl Recommendation {
     }
 }
 
-/// The combinations `fit` tries for a target batch: both precisions, each
-/// checkpointing scheme, and every way over the GPUs (on more than one GPU all of
-/// them are used; on one, the offloads), each with gradient accumulation when the
-/// micro-batch alone falls short.
-pub fn combos(gpus: u64) -> Vec<Combo> {
-    let dists: Vec<Dist> = if gpus > 1 {
+/// The ways over the GPUs a combination takes: on more than one GPU DDP, ZeRO 1
+/// to 3 and the two offloads; on one, that GPU alone and the offloads.
+pub fn dists(gpus: u64) -> Vec<Dist> {
+    if gpus > 1 {
         vec![
             Dist::DataParallel,
             Dist::Zero(1),
@@ -428,7 +426,15 @@ pub fn combos(gpus: u64) -> Vec<Combo> {
         ]
     } else {
         vec![Dist::Single, Dist::ZeroOffload, Dist::Zero3Offload]
-    };
+    }
+}
+
+/// The combinations `fit` tries for a target batch: both precisions, each
+/// checkpointing scheme, and every way over the GPUs (on more than one GPU all of
+/// them are used; on one, the offloads), each with gradient accumulation when the
+/// micro-batch alone falls short.
+pub fn combos(gpus: u64) -> Vec<Combo> {
+    let dists = dists(gpus);
     let mut v = Vec::new();
     for mixed in [false, true] {
         for ckpt in [Ckpt::None, Ckpt::Sqrt, Ckpt::EveryBlock] {

@@ -14,7 +14,7 @@ use crate::ir::Model;
 use crate::memory::device::{self, AllocatorReport, DeviceModel};
 use crate::remat::bounds::stage_lower_bound;
 use crate::remat::dtr::unrecompute;
-use crate::remat::graph::{replay, Instr, RematGraph};
+use crate::remat::graph::{replay, replay_on_device, Instr, RematGraph};
 use crate::remat::plan::{plan, Solver};
 
 /// The largest batch below `up`, a batch that does not fit, for which `fits` holds
@@ -79,12 +79,12 @@ fn take_back(
     values: &device::StepValues,
     d: &DeviceModel,
 ) -> (Vec<Instr>, Option<AllocatorReport>) {
-    let cost = |p: &[Instr]| replay(g, p).map_or(f64::INFINITY, |r| r.recompute_cost);
+    let cost = |p: &[Instr]| recompute_cost(g, p);
     let Ok(r) = replay(g, plan) else {
         return (plan.to_vec(), None);
     };
     let (mut lo, mut hi) = (r.peak_bytes, d.capacity);
-    let given = crate::remat::graph::replay_on_device(g, plan, values, d).ok();
+    let given = replay_on_device(g, plan, values, d).ok();
     let mut best: (Vec<Instr>, Option<AllocatorReport>, f64) = (plan.to_vec(), given, cost(plan));
     for _ in 0..TAKE_BACK_PROBES {
         if hi <= lo {
@@ -92,7 +92,7 @@ fn take_back(
         }
         let mid = lo + (hi - lo).div_ceil(2);
         let t = unrecompute(g, plan, mid);
-        match crate::remat::graph::replay_on_device(g, &t, values, d) {
+        match replay_on_device(g, &t, values, d) {
             Ok(rt) => {
                 let c = cost(&t);
                 if c < best.2 {
@@ -104,6 +104,11 @@ fn take_back(
         }
     }
     (best.0, best.1)
+}
+
+/// What `plan` recomputes on `g` (infinite for a plan that does not replay).
+fn recompute_cost(g: &RematGraph, plan: &[Instr]) -> f64 {
+    replay(g, plan).map_or(f64::INFINITY, |r| r.recompute_cost)
 }
 
 /// Live budgets [`take_back`] tries.
@@ -126,8 +131,8 @@ fn replan(
     d: &DeviceModel,
     time_limit_s: f64,
 ) -> Result<Option<(Vec<Instr>, AllocatorReport, String)>> {
-    let cost = |p: &[Instr]| replay(g, p).map_or(f64::INFINITY, |r| r.recompute_cost);
-    let on = |p: &[Instr], d: &DeviceModel| crate::remat::graph::replay_on_device(g, p, values, d);
+    let cost = |p: &[Instr]| recompute_cost(g, p);
+    let on = |p: &[Instr], d: &DeviceModel| replay_on_device(g, p, values, d);
     let (Ok(r), Ok(rd)) = (replay(g, plan), on(plan, d)) else {
         return Ok(None);
     };
@@ -240,16 +245,10 @@ pub(super) fn family(o: &FitOptions, c: Combo) -> Vec<Combo> {
     if o.device.is_none() || c.accumulate || rows_only {
         return vec![c];
     }
-    let mut dists = vec![Dist::Single];
-    if o.gpus > 1 {
-        dists.extend([
-            Dist::DataParallel,
-            Dist::Zero(1),
-            Dist::Zero(2),
-            Dist::Zero(3),
-        ]);
+    let mut dists = super::combo::dists(o.gpus);
+    if !dists.contains(&Dist::Single) {
+        dists.push(Dist::Single);
     }
-    dists.extend([Dist::ZeroOffload, Dist::Zero3Offload]);
     if !dists.contains(&c.dist) {
         return vec![c];
     }
@@ -339,23 +338,24 @@ pub(super) fn confirm_planned(
             Err(_) => plan(&step.graph, d.capacity, Solver::Greedy, o.plan_time_limit_s)?.plan,
         };
         let values = device::StepValues::of(&step.schedule);
-        let r = crate::remat::graph::replay_on_device(&step.graph, &plan, &values, d).ok();
+        let r = replay_on_device(&step.graph, &plan, &values, d).ok();
         Ok((step.graph, plan, r, values))
     };
     let hi = p.max_batch;
-    let best = if at(hi, d)?.2.is_some() {
-        hi
+    let top = at(hi, d)?;
+    let (best, (graph, plan, r, values)) = if top.2.is_some() {
+        (hi, top)
     } else {
         let inf = unlimited(d);
         let reserved =
             |b| -> Result<u64> { Ok(at(b, &inf)?.2.map_or(u64::MAX, |r| r.reserved_bytes)) };
         let g = guess(hi, reserved(1)?, reserved(hi)?, d.capacity);
-        largest_fitting(hi, g, |b| Ok(at(b, d)?.2.is_some()))?
+        let best = largest_fitting(hi, g, |b| Ok(at(b, d)?.2.is_some()))?;
+        // The report at the answer (at batch 1 when nothing fits: the lowest
+        // reachable peak there), budgeted at what the allocator may reserve.
+        (best, at(best.max(1), d)?)
     };
     p.max_batch = best;
-    // The report at the answer (at batch 1 when nothing fits: the lowest reachable
-    // peak there), budgeted at what the allocator may reserve.
-    let (graph, plan, r, values) = at(best.max(1), d)?;
     let (mut solver, mut method) = if plan == found {
         (p.report.solver, p.report.method.clone())
     } else {
@@ -364,37 +364,22 @@ pub(super) fn confirm_planned(
             "greedy at the allocator's capacity".to_string(),
         )
     };
-    // The plan was made for a larger batch: take back the re-runs this batch can
-    // afford while its allocations still fit.
-    let (plan, r) = match (best > 0, r) {
-        (true, Some(r0)) => {
-            let (taken, rt) = take_back(&graph, &plan, &values, d);
-            match rt {
-                Some(rt) if taken != plan => {
-                    method.push_str(", re-runs taken back at this batch");
-                    (taken, Some(rt))
-                }
-                _ => (plan, Some(r0)),
-            }
+    let (mut plan, mut r) = (plan, r);
+    if best > 0 && r.is_some() {
+        // The plan was made for a larger batch: take back the re-runs this batch
+        // can afford while its allocations still fit.
+        let (taken, rt) = take_back(&graph, &plan, &values, d);
+        if taken != plan {
+            method.push_str(", re-runs taken back at this batch");
+            (plan, r) = (taken, rt);
         }
-        (_, r) => (plan, r),
-    };
-    // Planned again for this batch, at live budgets between the plan's peak and
-    // the allocator's capacity: a plan made for it recomputes less.
-    let (plan, r) = match r {
-        Some(r0) if best > 0 => {
-            let limit = o.plan_time_limit_s * REPLAN_SHARE;
-            match replan(&graph, &plan, &values, d, limit)? {
-                Some((q, rq, m)) => {
-                    solver = Solver::Ilp;
-                    method = m;
-                    (q, Some(rq))
-                }
-                None => (plan, Some(r0)),
-            }
+        // Planned again for this batch, at live budgets between the plan's peak
+        // and the allocator's capacity: a plan made for it recomputes less.
+        let limit = o.plan_time_limit_s * REPLAN_SHARE;
+        if let Some((q, rq, m)) = replan(&graph, &plan, &values, d, limit)? {
+            (plan, r, solver, method) = (q, Some(rq), Solver::Ilp, m);
         }
-        r => (plan, r),
-    };
+    }
     p.report = report_of(&graph, &plan, solver, method, d.capacity)?;
     let base = graph.base_cost().max(f64::MIN_POSITIVE);
     p.lower_bound_overhead = stage_lower_bound(&graph, d.capacity).unwrap_or(0.0) / base;
@@ -499,7 +484,7 @@ mod tests {
         let cost = |p: &[Instr]| replay(g, p).unwrap().recompute_cost;
         assert!(cost(&tight.plan) > 0.0);
         let unlimited = DeviceModel::new(AllocConf::default(), Gpu::named("t4").ok(), Some(0));
-        let reserved = crate::remat::graph::replay_on_device(g, &tight.plan, &values, &unlimited)
+        let reserved = replay_on_device(g, &tight.plan, &values, &unlimited)
             .unwrap()
             .reserved_bytes;
         for room in [0u64, reserved / 4, reserved] {
@@ -510,7 +495,7 @@ mod tests {
             let (t, r) = take_back(g, &tight.plan, &values, &d);
             let r = r.expect("the plan given fits, so a plan is kept");
             assert!(r.reserved_bytes <= d.capacity);
-            assert!(crate::remat::graph::replay_on_device(g, &t, &values, &d).is_ok());
+            assert!(replay_on_device(g, &t, &values, &d).is_ok());
             assert!(cost(&t) <= cost(&tight.plan));
             if room == reserved {
                 assert!(
@@ -524,7 +509,7 @@ mod tests {
             if let Some((q, rq, method)) = &again {
                 assert!(cost(q) < cost(&tight.plan), "{method}");
                 assert!(rq.reserved_bytes <= d.capacity);
-                assert!(crate::remat::graph::replay_on_device(g, q, &values, &d).is_ok());
+                assert!(replay_on_device(g, q, &values, &d).is_ok());
                 assert!(method.ends_with("planned at this batch"));
             }
             assert!(room == 0 || again.is_some(), "room {room}");
