@@ -4,7 +4,10 @@
 //! from two schedules and confirmed at its answer and the next batch), model loaded.
 //! `fit_planned/<model>`: `memplan fit MODEL --memory 16GiB` with default options
 //! (1 GPU), the six rows including `checkpointing-planned`, model loaded; ten
-//! samples (each takes about a second).
+//! samples (each takes about a second). Both on live tensor bytes (`--tensors-only`).
+//! `fit_planned_device/<model>`: the same on the device total, as the command runs
+//! it by default (the caching allocator replayed; the planned row taken back and
+//! planned again at the batch whose allocations fit).
 //! `end_to_end/<model>`: map and decode the file, build the IR, infer every shape at
 //! batch 8, and compute the inference memory profile: the work `memplan profile`
 //! does minus printing. `load/<model>` and `infer_profile/<model>` split it in two.
@@ -104,6 +107,23 @@ fn bench(c: &mut Criterion) {
             b.iter(|| {
                 black_box(
                     memplan::fit::fit(&m, &name, &planned_opts)
+                        .unwrap()
+                        .strategies
+                        .len(),
+                )
+            })
+        });
+        g.finish();
+        let planned_device_opts = memplan::fit::FitOptions {
+            device: device_opts.device.clone(),
+            ..planned_opts.clone()
+        };
+        let mut g = c.benchmark_group("fit_planned_device");
+        g.sample_size(10);
+        g.bench_function(&name, |b| {
+            b.iter(|| {
+                black_box(
+                    memplan::fit::fit(&m, &name, &planned_device_opts)
                         .unwrap()
                         .strategies
                         .len(),
