@@ -40,7 +40,8 @@ pub struct FitArgs {
     json: bool,
     /// Time limit of the ILP planner for planned checkpointing, seconds (each
     /// lowest-peak plan `fit` makes gets at most 0.5 s of it; on the device, each
-    /// of the up to four plans made again at the batch that fits gets a tenth).
+    /// of the four plans made again at the batch that fits, two at a time, gets a
+    /// tenth).
     #[arg(long, default_value_t = 10.0)]
     time_limit: f64,
     #[command(flatten)]
