@@ -406,3 +406,31 @@ fn affine_step_max_fit_agrees_with_replay() {
     assert!(peak(&at) <= o.memory && peak(&next) > o.memory, "{b}");
     assert_eq!(peak(step.at(b)), peak(&at));
 }
+
+/// Where the default allocator fragments, the hint's `--alloc-conf` keeps the
+/// user's other settings, replaces their `expandable_segments`, and parses.
+#[test]
+fn fragmentation_hint_keeps_the_users_alloc_conf() {
+    let m = common::shipped("resnet18.onnx");
+    let m = m.to_str().unwrap();
+    let mine = "expandable_segments:False, garbage_collection_threshold:0.8";
+    let args = [m, "--memory", "2GiB", "--time-limit", "2", "--alloc-conf"];
+    let (ok, out, err) = fit_cli(&[&args[..], &[mine]].concat());
+    assert!(ok, "{err}");
+    let line = out
+        .lines()
+        .find(|l| l.contains("fit again with --alloc-conf"))
+        .unwrap_or_else(|| panic!("no hint in {out}"));
+    let conf = line
+        .split("--alloc-conf ")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next())
+        .unwrap();
+    assert_eq!(
+        conf,
+        "garbage_collection_threshold:0.8,expandable_segments:True"
+    );
+    let (ok, out, err) = fit_cli(&[&args[..], &[conf]].concat());
+    assert!(ok, "{err}");
+    assert!(!out.contains("fit again with"), "{out}");
+}

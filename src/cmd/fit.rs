@@ -77,6 +77,20 @@ pub fn run(a: FitArgs) -> anyhow::Result<()> {
         (None, None) => bail!("give --memory or --gpu"),
     };
     let headroom = headroom.unwrap_or(0);
+    // The settings to try where the default allocator fragments: the user's own,
+    // with expandable segments added.
+    let mut expandable: Vec<&str> = device
+        .alloc_conf
+        .as_deref()
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|kv| {
+            !kv.is_empty() && kv.split(':').next().map(str::trim) != Some("expandable_segments")
+        })
+        .collect();
+    expandable.push("expandable_segments:True");
+    let expandable = expandable.join(",");
     let device = if tensors_only {
         None
     } else {
@@ -97,9 +111,7 @@ pub fn run(a: FitArgs) -> anyhow::Result<()> {
     } else {
         print!("{}", fit_text(&r));
         if r.fragmentation.is_some() {
-            println!(
-                "  (fit again with --alloc-conf expandable_segments:True for the batches then)"
-            );
+            println!("  (fit again with --alloc-conf {expandable} for the batches then)");
         }
     }
     Ok(())
