@@ -109,10 +109,8 @@ pub fn run(a: FitArgs) -> anyhow::Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
-        print!("{}", fit_text(&r));
-        if r.fragmentation.is_some() {
-            println!("  (fit again with --alloc-conf {expandable} for the batches then)");
-        }
+        let to_try = format!("fit again with --alloc-conf {expandable} for the batches then");
+        print!("{}", fit_text(&r, Some(&to_try)));
     }
     Ok(())
 }

@@ -3,8 +3,9 @@
 use crate::fit::{FitReport, Recommendation};
 use crate::units::human_bytes;
 
-/// `fit`'s table.
-pub fn fit_text(r: &FitReport) -> String {
+/// `fit`'s table. `to_try`, where the report names fragmentation, is a line
+/// printed right under it (the command's way to try expandable segments).
+pub fn fit_text(r: &FitReport, to_try: Option<&str>) -> String {
     let mut s = format!(
         "model        {}\nbudget       {} per GPU ({} optimizer, {}, {} GPU{})\nbatch 1 needs {} as exported\n\n",
         r.model,
@@ -99,6 +100,9 @@ pub fn fit_text(r: &FitReport) -> String {
             human_bytes(f.excess_bytes),
             f.fraction_of_capacity * 100.0
         ));
+        if let Some(t) = to_try {
+            s.push_str(&format!("  ({t})\n"));
+        }
     }
     if let Some(u) = &r.unreachable {
         s.push_str(&format!("\n{u}\n"));
