@@ -169,7 +169,9 @@ fn replan(
             .par_iter()
             .map(|&at| -> Result<_> {
                 let q = crate::remat::plan::plan(g, at, Solver::Ilp, time_limit_s)?;
-                let fit = (q.peak_bytes <= at).then(|| on(&q.plan, d).ok()).flatten();
+                // What decides is the device: a plan over its live budget (a solve
+                // cut short) that still fits is as good as any.
+                let fit = on(&q.plan, d).ok();
                 let over = match fit {
                     Some(_) => 0,
                     None => {
