@@ -206,7 +206,8 @@ def make_prepare(case, rec, info):
         if case.get("checkpoint_file") and case.get("compile_plan"):
             # an op plan given to torch.compile: its values are marked for the compiler to recompute
             plan = load_checkpoint_file(case["checkpoint_file"])
-            plan.compile_policy(model, *E.build(case["model"])[1](case["batch"]))
+            dev = next(model.parameters()).device
+            plan.compile_policy(model, *(t.to(dev) for t in E.build(case["model"])[1](case["batch"])))
             info["checkpoint_file"] = case["checkpoint_file"]
             info["compile_policy"] = model.memplan_compiled  # filled in when the compiler traces
         elif case.get("checkpoint_file"):
