@@ -407,30 +407,51 @@ fn affine_step_max_fit_agrees_with_replay() {
     assert_eq!(peak(step.at(b)), peak(&at));
 }
 
-/// Where the default allocator fragments, the hint's `--alloc-conf` keeps the
-/// user's other settings, replaces their `expandable_segments`, and parses.
+/// Where the default allocator fragments, the hint's flags keep the user's other
+/// settings (spaces taken out), replace their `expandable_segments`, name
+/// `--allocator expandable` where they named the allocator, and run.
 #[test]
 fn fragmentation_hint_keeps_the_users_alloc_conf() {
     let m = common::shipped("resnet18.onnx");
     let m = m.to_str().unwrap();
-    let mine = "expandable_segments:False, garbage_collection_threshold:0.8";
-    let args = [m, "--memory", "2GiB", "--time-limit", "2", "--alloc-conf"];
-    let (ok, out, err) = fit_cli(&[&args[..], &[mine]].concat());
-    assert!(ok, "{err}");
-    let line = out
-        .lines()
-        .find(|l| l.contains("fit again with --alloc-conf"))
-        .unwrap_or_else(|| panic!("no hint in {out}"));
-    let conf = line
-        .split("--alloc-conf ")
-        .nth(1)
-        .and_then(|t| t.split_whitespace().next())
-        .unwrap();
-    assert_eq!(
-        conf,
-        "garbage_collection_threshold:0.8,expandable_segments:True"
-    );
-    let (ok, out, err) = fit_cli(&[&args[..], &[conf]].concat());
-    assert!(ok, "{err}");
-    assert!(!out.contains("fit again with"), "{out}");
+    let args = [m, "--memory", "2GiB", "--time-limit", "2"];
+    // The flags the hint names, split as a shell would split the pasted line.
+    let hint = |extra: &[&str]| -> Vec<String> {
+        let (ok, out, err) = fit_cli(&[&args[..], extra].concat());
+        assert!(ok, "{err}");
+        let line = out
+            .lines()
+            .find(|l| l.contains("fit again with "))
+            .unwrap_or_else(|| panic!("no hint in {out}"));
+        let flags = line.split("fit again with ").nth(1).unwrap();
+        let flags = flags.split(" for the batches").next().unwrap();
+        flags.split_whitespace().map(String::from).collect()
+    };
+    let mine = "expandable_segments:False, garbage_collection_threshold : 0.8";
+    let cases: [(&[&str], &[&str]); 2] = [
+        (
+            &["--alloc-conf", mine],
+            &[
+                "--alloc-conf",
+                "garbage_collection_threshold:0.8,expandable_segments:True",
+            ],
+        ),
+        (
+            &["--allocator", "default", "--alloc-conf", mine],
+            &[
+                "--allocator",
+                "expandable",
+                "--alloc-conf",
+                "garbage_collection_threshold:0.8",
+            ],
+        ),
+    ];
+    for (given, expected) in cases {
+        let flags = hint(given);
+        assert_eq!(flags, expected, "given {given:?}");
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let (ok, out, err) = fit_cli(&[&args[..], &flags].concat());
+        assert!(ok, "{flags:?}: {err}");
+        assert!(!out.contains("fit again with"), "{out}");
+    }
 }

@@ -76,6 +76,8 @@ def child(case, device, warmup, steps):
     inputs = tuple(t.to(device) for t in make_inputs(case["batch"]))
     opt = E._make_optimizer(case["optimizer"], model)
     cuda = device.startswith("cuda")
+    if cuda and ":" in device:
+        torch.cuda.set_device(torch.device(device))
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     t0 = time.perf_counter()
     for _ in range(warmup):
@@ -131,10 +133,16 @@ def main():
 
     results = {}
 
+    if a.steps < 1 or a.rounds < 1:
+        ap.error("--steps and --rounds must be at least 1")
+
     def write():
-        with open(a.out, "w") as f:
+        # Written whole, then renamed: an outer timeout never leaves half a file.
+        tmp = a.out + ".tmp"
+        with open(tmp, "w") as f:
             json.dump({"_meta": {"generated_by": "python3 tools/gpu-compile-compare.py " + " ".join(sys.argv[1:]),
                                  "device": a.device}, "cases": results}, f, indent=1)
+        os.replace(tmp, a.out)
 
     only = [n for n in a.only.split(",") if n]
     for model in [m for m in a.models.split(",") if m]:
@@ -149,12 +157,13 @@ def main():
                 try:
                     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=a.case_timeout)
                     line = next((x for x in p.stdout.splitlines() if x.startswith("RESULT ")), None)
-                    got = json.loads(line[7:]) if line else {"error": (p.stderr or p.stdout).strip()[-600:]}
+                    got = json.loads(line[7:]) if line else {
+                        "error": "exit status %d: %s" % (p.returncode, (p.stderr or p.stdout).strip()[-600:])}
                 except subprocess.TimeoutExpired:
                     got = {"error": "timed out after %.0f s" % a.case_timeout}
                 got["wall_seconds"] = round(time.perf_counter() - t0, 1)
                 results.setdefault(key, {"case": c, "rounds": []})["rounds"].append(got)
-                print("%s round %d: %s" % (key, r, got.get("error") or "median %.4f s, peak %s" % (
+                print("%s round %d: %s" % (key, r, got["error"] if "error" in got else "median %.4f s, peak %s" % (
                     statistics.median(got["step_seconds_all"]), got["peak_allocated_bytes"])), flush=True)
                 write()
         # Summary against the baselines: eager against none, compiled against compile_1.0.

@@ -77,20 +77,29 @@ pub fn run(a: FitArgs) -> anyhow::Result<()> {
         (None, None) => bail!("give --memory or --gpu"),
     };
     let headroom = headroom.unwrap_or(0);
-    // The settings to try where the default allocator fragments: the user's own,
-    // with expandable segments added.
-    let mut expandable: Vec<&str> = device
+    // The flags to try where the default allocator fragments: the user's own
+    // settings (spaces taken out, so that the line pastes as one shell word), with
+    // expandable segments instead of theirs; `--allocator expandable` where they
+    // named the allocator (`default` with expandable segments would contradict it).
+    let mut settings: Vec<String> = device
         .alloc_conf
         .as_deref()
         .unwrap_or("")
         .split(',')
-        .map(str::trim)
-        .filter(|kv| {
-            !kv.is_empty() && kv.split(':').next().map(str::trim) != Some("expandable_segments")
-        })
+        .map(|kv| kv.split_whitespace().collect::<String>())
+        .filter(|kv| !kv.is_empty() && kv.split(':').next() != Some("expandable_segments"))
         .collect();
-    expandable.push("expandable_segments:True");
-    let expandable = expandable.join(",");
+    let to_try = if device.allocator.is_some() {
+        let conf = if settings.is_empty() {
+            String::new()
+        } else {
+            format!(" --alloc-conf {}", settings.join(","))
+        };
+        format!("--allocator expandable{conf}")
+    } else {
+        settings.push("expandable_segments:True".into());
+        format!("--alloc-conf {}", settings.join(","))
+    };
     let device = if tensors_only {
         None
     } else {
@@ -109,7 +118,7 @@ pub fn run(a: FitArgs) -> anyhow::Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
-        let to_try = format!("fit again with --alloc-conf {expandable} for the batches then");
+        let to_try = format!("fit again with {to_try} for the batches then");
         print!("{}", fit_text(&r, Some(&to_try)));
     }
     Ok(())

@@ -147,7 +147,8 @@ fn replan(
     let first = d
         .capacity
         .saturating_sub(rd.reserved_bytes.saturating_sub(r.peak_bytes))
-        .max(floor);
+        .max(floor)
+        .min(d.capacity);
     let mut budgets = vec![first, first + (d.capacity + 1 - first) / 2];
     let mut best_cost = cost(plan);
     let mut best = None;
@@ -158,7 +159,8 @@ fn replan(
     let mut fits: Option<u64> = None;
     let mut failed: Vec<(u64, u64)> = Vec::new();
     let close = (d.capacity / 200).max(1);
-    for _ in 0..REPLAN_ROUNDS {
+    for round in 0..REPLAN_ROUNDS {
+        let last_round = round + 1 == REPLAN_ROUNDS;
         budgets.retain(|b| !tried.contains(b));
         budgets.dedup();
         if budgets.is_empty() {
@@ -172,7 +174,9 @@ fn replan(
                 // What decides is the device: a plan over its live budget (a solve
                 // cut short) that still fits is as good as any.
                 let fit = on(&q.plan, d).ok();
+                // How far to step down next round (not needed after the last).
                 let over = match fit {
+                    _ if last_round => 0,
                     Some(_) => 0,
                     None => {
                         on(&q.plan, &inf).map_or(0, |u| u.reserved_bytes.saturating_sub(d.capacity))

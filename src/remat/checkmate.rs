@@ -276,6 +276,9 @@ impl Cbc {
 /// overran its time limit keeps holding it until CBC returns.
 static CBC_SLOT: Mutex<()> = Mutex::new(());
 
+/// The least time [`run_cbc`] starts CBC with after waiting for another solve.
+const MIN_SOLVE: Duration = Duration::from_millis(50);
+
 /// Solves with CBC directly (good_lp's `solve` maps a time-out without an
 /// incumbent, and some other stops, to errors or to "optimal", and drops the
 /// bound), on a worker thread: CBC honours `seconds` in branch and bound but not
@@ -283,14 +286,16 @@ static CBC_SLOT: Mutex<()> = Mutex::new(());
 /// Past the limit plus a grace period the caller gets [`Cbc::overran`] and the
 /// worker is left to finish alone. `max_iterations` caps the simplex iterations
 /// of that root LP (CBC's `maxIt`, which branch and bound ignores), so that a
-/// worker left alone stops too.
+/// worker left alone stops too. The limit runs from the call: a solve that waits
+/// for another thread's (`fit` plans two budgets side by side) gets what is left
+/// of it once CBC is free, and none when too little is left.
 pub(crate) fn run_cbc(
     mut problem: CoinCbcProblem,
     limit: Duration,
     max_iterations: u64,
     grace: Duration,
 ) -> Cbc {
-    problem.set_parameter("seconds", &format!("{:.3}", limit.as_secs_f64()));
+    let end = Instant::now() + limit;
     problem.set_parameter("timeMode", "elapsed");
     problem.set_parameter("maxIt", &max_iterations.to_string());
     let (tx, rx) = mpsc::channel();
@@ -303,6 +308,19 @@ pub(crate) fn run_cbc(
             if cancel.load(Ordering::SeqCst) {
                 return;
             }
+            // A limit given under MIN_SOLVE is kept as it is.
+            let left = match end.saturating_duration_since(Instant::now()) {
+                _ if limit < MIN_SOLVE => limit,
+                left => left,
+            };
+            if limit >= MIN_SOLVE && left < MIN_SOLVE {
+                let _ = tx.send(Cbc::overran(format!(
+                    "CBC was busy with another solve until {:.3} s before this one's limit",
+                    left.as_secs_f64()
+                )));
+                return;
+            }
+            problem.set_parameter("seconds", &format!("{:.3}", left.as_secs_f64()));
             let sol = problem.as_inner().solve();
             let raw = sol.raw();
             let (status, secondary) = (raw.status() as i32, raw.secondary_status() as i32);
