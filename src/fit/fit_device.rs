@@ -229,7 +229,7 @@ fn replan(
             None => {
                 let &(low, over) = failed.iter().min().expect("a budget was tried");
                 (1..=REPLAN_WIDTH as u64)
-                    .map(|k| low.saturating_sub(k * over).max(floor))
+                    .map(|k| low.saturating_sub(over.saturating_mul(k)).max(floor))
                     .collect()
             }
         };
