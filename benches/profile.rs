@@ -101,36 +101,21 @@ fn bench(c: &mut Criterion) {
             target_batch: None,
             ..fit_opts.clone()
         };
-        let mut g = c.benchmark_group("fit_planned");
-        g.sample_size(10);
-        g.bench_function(&name, |b| {
-            b.iter(|| {
-                black_box(
-                    memplan::fit::fit(&m, &name, &planned_opts)
-                        .unwrap()
-                        .strategies
-                        .len(),
-                )
-            })
-        });
-        g.finish();
         let planned_device_opts = memplan::fit::FitOptions {
             device: device_opts.device.clone(),
             ..planned_opts.clone()
         };
-        let mut g = c.benchmark_group("fit_planned_device");
-        g.sample_size(10);
-        g.bench_function(&name, |b| {
-            b.iter(|| {
-                black_box(
-                    memplan::fit::fit(&m, &name, &planned_device_opts)
-                        .unwrap()
-                        .strategies
-                        .len(),
-                )
-            })
-        });
-        g.finish();
+        for (group, opts) in [
+            ("fit_planned", &planned_opts),
+            ("fit_planned_device", &planned_device_opts),
+        ] {
+            let mut g = c.benchmark_group(group);
+            g.sample_size(10);
+            g.bench_function(&name, |b| {
+                b.iter(|| black_box(memplan::fit::fit(&m, &name, opts).unwrap().strategies.len()))
+            });
+            g.finish();
+        }
         c.bench_function(&format!("infer_profile/{name}"), |b| {
             b.iter(|| {
                 let inf = infer(black_box(&m), &bindings).unwrap();

@@ -176,11 +176,10 @@ fn replan(
                 let fit = on(&q.plan, d).ok();
                 // How far to step down next round (not needed after the last).
                 let over = match fit {
-                    _ if last_round => 0,
-                    Some(_) => 0,
-                    None => {
+                    None if !last_round => {
                         on(&q.plan, &inf).map_or(0, |u| u.reserved_bytes.saturating_sub(d.capacity))
                     }
+                    _ => 0,
                 };
                 Ok((at, q, fit, over))
             })

@@ -309,9 +309,10 @@ pub(crate) fn run_cbc(
                 return;
             }
             // A limit given under MIN_SOLVE is kept as it is.
-            let left = match end.saturating_duration_since(Instant::now()) {
-                _ if limit < MIN_SOLVE => limit,
-                left => left,
+            let left = if limit < MIN_SOLVE {
+                limit
+            } else {
+                end.saturating_duration_since(Instant::now())
             };
             if limit >= MIN_SOLVE && left < MIN_SOLVE {
                 let _ = tx.send(Cbc::overran(format!(

@@ -618,15 +618,21 @@ pub(super) fn gap_milp(
 
     let mut cut = 0u64;
     let mut last = None;
-    // CBC is given 85 % of what is left past its grace, and nothing under 100 ms:
-    // with less left than that, building the model (a quarter of a second on
-    // GPT-2's 1,700 gaps) would be wasted. Only the answer that needs no solve is
-    // given then: nothing dropped, where no row is over the budget.
+    // CBC's limit: 85 % of what is left past its grace, none under 100 ms. Wall
+    // time then stays within the deadline even if CBC overruns (root LP).
     let grace = Duration::from_millis(300);
-    let least = grace + Duration::from_millis(100).div_f64(0.85);
+    let cbc_limit = || {
+        let left = deadline.saturating_duration_since(Instant::now());
+        left.checked_sub(grace)
+            .map(|l| l.mul_f64(0.85))
+            .filter(|&l| l >= Duration::from_millis(100))
+    };
     for _ in 0..6 {
         let b_eff = budget.saturating_sub(cut);
-        if deadline.saturating_duration_since(Instant::now()) < least {
+        // With no time for CBC, building the model (a quarter of a second on
+        // GPT-2's 1,700 gaps) would be wasted. Only the answer that needs no solve
+        // is given then: nothing dropped, where no row is over the budget.
+        if cbc_limit().is_none() {
             if !min_peak && rows.iter().all(|&t| base[t] + row_extra(t) <= b_eff) {
                 return Some(vec![false; gaps.list.len()]);
             }
@@ -732,15 +738,10 @@ pub(super) fn gap_milp(
         for c in cons {
             problem.add_constraint(c);
         }
-        // Wall time stays within the deadline even if CBC overruns (root LP).
-        let left = deadline.saturating_duration_since(Instant::now());
-        let Some(cbc_limit) = left.checked_sub(grace).map(|l| l.mul_f64(0.85)) else {
+        let Some(limit) = cbc_limit() else {
             break;
         };
-        if cbc_limit < Duration::from_millis(100) {
-            break;
-        }
-        let r = run_cbc(problem, cbc_limit, 50_000_000, grace);
+        let r = run_cbc(problem, limit, 50_000_000, grace);
         if r.columns.len() < gaps.list.len() || !r.objective.is_finite() {
             break;
         }
