@@ -1350,6 +1350,8 @@ def _make_optimizer(kind, model):
     params = [p for p in model.parameters() if p.requires_grad]
     if kind == "sgd":
         return torch.optim.SGD(params, lr=1e-3)
+    if kind == "adamw":
+        return torch.optim.AdamW(params, lr=1e-3, foreach=True)
     return torch.optim.Adam(params, lr=1e-3, foreach=True)
 
 
@@ -1776,11 +1778,12 @@ def _saved_analysis(model, inputs, detail=False, walk=True, storages_out=None):
     return res
 
 
-def _measure_one_optimizer(name, batch, kind, device, analyse, prepare=None, analysis_kwargs=None):
+def _measure_one_optimizer(name, batch, kind, device, analyse, prepare=None, analysis_kwargs=None, builder=None):
     """Build, warm up and measure one step. Returns (opt entry, common facts, analysis or None).
 
     prepare(model), if given, runs right after build() inside the profiling session (freezing,
-    activation checkpointing: finetune_reference.py); analysis_kwargs go to _saved_analysis."""
+    activation checkpointing: finetune_reference.py); analysis_kwargs go to _saved_analysis;
+    builder(name), if given, replaces build() (tools/llm/reference.py)."""
     import gc
     import torch
 
@@ -1793,7 +1796,7 @@ def _measure_one_optimizer(name, batch, kind, device, analyse, prepare=None, ana
         prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
         prof.__enter__()  # session covers construction too: every freed block was allocated inside it
     try:
-        model, make_inputs, spec, _ = build(name)
+        model, make_inputs, spec, _ = (builder or build)(name)
         model.to(device)
         model.train()
         if prepare is not None:

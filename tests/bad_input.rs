@@ -106,6 +106,46 @@ fn undefined_tensor() {
     fails_with(&p, &[], &["undef.onnx", "adder", "ghost"]);
 }
 
+/// A dynamo export saved with `include_initializers=False` reads parameters nothing
+/// defines: the error says how to export without weights instead.
+#[test]
+fn weights_left_out_of_the_export() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(
+        vec![node(
+            "Gather",
+            "node_embedding",
+            &["model.embed_tokens.weight", "x"],
+            &["y"],
+        )],
+        vec![],
+        vec![value_info("x", 7, &[D::N(2)])],
+        vec![value_info("y", 1, &[D::N(2), D::N(8)])],
+    );
+    let p = write_tmp(&dir, "noweights.onnx", &encode(&m));
+    fails_with(
+        &p,
+        &[],
+        &[
+            "model.embed_tokens.weight",
+            "include_initializers=False",
+            "memplan-export",
+        ],
+    );
+    // A name that is no parameter's gets no such advice.
+    let (_, _, err) = profile(&write_tmp(&dir, "undef.onnx", &encode(&undefined())), &[]);
+    assert!(!err.contains("memplan-export"), "{err}");
+}
+
+fn undefined() -> memplan::onnx::proto::ModelProto {
+    model(
+        vec![node("Add", "adder", &["x", "ghost"], &["y"])],
+        vec![],
+        vec![value_info("x", 1, &[D::N(2)])],
+        vec![value_info("y", 1, &[D::N(2)])],
+    )
+}
+
 #[test]
 fn wrong_arity() {
     let dir = tempfile::tempdir().unwrap();

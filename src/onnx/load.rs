@@ -556,8 +556,10 @@ fn build_graph<G: GraphSrc>(gp: &G, names: &Names, folded: &mut Folded) -> Resul
             let Some(t) = b.g.tensor_id(inp) else {
                 let node = &b.g.nodes[ix];
                 return Err(bad(format!(
-                    "node '{}' ({}) reads undefined tensor '{inp}'",
-                    node.name, node.op_type
+                    "node '{}' ({}) reads undefined tensor '{inp}'{}",
+                    node.name,
+                    node.op_type,
+                    missing_parameter_hint(inp)
                 )));
             };
             if let Some(p) = b.g.tensors[t].producer {
@@ -706,4 +708,28 @@ fn exporter_scalar(name: &str, data: &crate::ir::TensorData) -> bool {
         && name
             .strip_prefix("val_")
             .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// What to say after "reads undefined tensor NAME" when NAME looks like a module's
+/// parameter or buffer (`model.layers.0.mlp.up_proj.weight`): the exporter was told
+/// to leave the weights out (`ONNXProgram.save(path, include_initializers=False)`),
+/// which drops their names and shapes too.
+fn missing_parameter_hint(name: &str) -> &'static str {
+    const LEAVES: [&str; 7] = [
+        "weight",
+        "bias",
+        "inv_freq",
+        "running_mean",
+        "running_var",
+        "position_ids",
+        "embed_positions",
+    ];
+    let leaf = name.rsplit('.').next().unwrap_or(name);
+    if name.contains('.') && (LEAVES.contains(&leaf) || leaf.starts_with("lora_")) {
+        ": it looks like a parameter the export left out (a save with \
+         include_initializers=False drops their names and shapes); export without \
+         weights with memplan-export, which keeps them (README, 'Large language models')"
+    } else {
+        ""
+    }
 }

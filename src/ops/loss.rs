@@ -300,6 +300,17 @@ impl Op for SoftmaxCrossEntropy {
                 .saturating_add(cx.input(1)?.numel()),
         }))
     }
+    /// cross_entropy's backward is two steps: NllLossBackward0 writes the gradient
+    /// reaching the log-probabilities (scores-sized, zeros but at the targets), and
+    /// LogSoftmaxBackward0 reads it to write the scores' gradient, so both are alive
+    /// at once. On an LLM's logits this is one more logits-sized tensor at the step's
+    /// peak (Qwen3-style, sequence 2048: 250 MiB, tests/llm.rs).
+    fn backward_scratch(&self, cx: &Cx, wanted: &[usize]) -> u64 {
+        match cx.input(0) {
+            Ok(x) if wanted.contains(&0) => x.numel(),
+            _ => 0,
+        }
+    }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
     }

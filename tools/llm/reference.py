@@ -1,0 +1,184 @@
+"""PyTorch references for decoder LLMs at long sequence (dev-time; CPU, float32 by default).
+
+For every family below: the model is built from its config (seeded, real weights, CPU) and one
+training step is measured as models/export.py measures the other references (saved bytes by
+saved_tensors_hooks, the step peak from torch.profiler's allocation events, SGD and AdamW; see
+models/training_reference.json's _meta); the same config is exported shape-only by memplan-export
+to models/llm/<family>.onnx, which tests/llm.rs profiles and compares with
+models/llm_reference.json.
+
+    python tools/llm/reference.py [--families llama,qwen3] [--batches 1,2] [--seq 2048]
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "models"))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+import export as ref  # noqa: E402  models/export.py: the measurement machinery
+
+VOCAB = 32000
+# Each family: its config (small, the family's own features), the attention implementation, and
+# whether the model computes its own loss (labels=, read by memplan with --loss graph).
+FAMILIES = {
+    # GQA, RoPE, SwiGLU, RMSNorm, untied embeddings; loss = logits.mean()
+    "llama": dict(
+        config=dict(model_type="llama", hidden_size=512, intermediate_size=1376, num_hidden_layers=4,
+                    num_attention_heads=8, num_key_value_heads=4, vocab_size=VOCAB, tie_word_embeddings=False),
+        attn="eager", labels=False),
+    # qk-norm, GQA, HF's in-model cross-entropy (labels=)
+    "qwen3": dict(
+        config=dict(model_type="qwen3", hidden_size=384, intermediate_size=1024, num_hidden_layers=3,
+                    num_attention_heads=6, num_key_value_heads=2, head_dim=64, vocab_size=VOCAB,
+                    tie_word_embeddings=False),
+        attn="eager", labels=True),
+    # sliding-window attention (window 1024 < sequence), SDPA, in-model loss
+    "mistral": dict(
+        config=dict(model_type="mistral", hidden_size=512, intermediate_size=1536, num_hidden_layers=3,
+                    num_attention_heads=8, num_key_value_heads=2, vocab_size=VOCAB, sliding_window=1024,
+                    tie_word_embeddings=False),
+        attn="sdpa", labels=True),
+    # GeGLU (gelu tanh), tied embeddings, sliding and global layers, qk-norm, eager, in-model loss
+    "gemma3": dict(
+        config=dict(model_type="gemma3_text", hidden_size=384, intermediate_size=1024, num_hidden_layers=4,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=96, vocab_size=VOCAB,
+                    sliding_window=512, layer_types=["sliding_attention"] * 3 + ["full_attention"],
+                    tie_word_embeddings=True),
+        attn="eager", labels=True),
+    # fused qkv and gate_up projections, SwiGLU, SDPA; loss = logits.mean()
+    "phi3": dict(
+        config=dict(model_type="phi3", hidden_size=512, intermediate_size=1376, num_hidden_layers=3,
+                    num_attention_heads=8, num_key_value_heads=4, vocab_size=VOCAB, pad_token_id=0,
+                    tie_word_embeddings=False),
+        attn="sdpa", labels=False),
+    # attention bias, tied embeddings, SDPA, in-model loss
+    "qwen2": dict(
+        config=dict(model_type="qwen2", hidden_size=448, intermediate_size=1216, num_hidden_layers=3,
+                    num_attention_heads=7, num_key_value_heads=1, vocab_size=VOCAB, tie_word_embeddings=True),
+        attn="sdpa", labels=True),
+}
+OPTIMIZERS = ("sgd", "adamw")
+
+
+def _builder(fam, seq, dtype):
+    import torch
+
+    from memplan_export.hf import build_config
+
+    spec = FAMILIES[fam]
+
+    class LM(torch.nn.Module):
+        """input_ids (and labels) positionally, the output tuple as HF returns it."""
+
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_ids, labels=None):
+            return self.m(input_ids=input_ids, labels=labels, use_cache=False, return_dict=False)
+
+    def build(_name):
+        from transformers import AutoModelForCausalLM
+
+        cfg = build_config(spec["config"], attn=spec["attn"])
+        torch.manual_seed(0)
+        m = LM(AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype)))
+        m._memplan_graph_loss = spec["labels"]
+        m.train()
+        names = [("input_ids", "int64", [seq])] + ([("labels", "int64", [seq])] if spec["labels"] else [])
+
+        def make_inputs(batch, seed=1):
+            g = torch.Generator().manual_seed(seed)
+            ids = torch.randint(0, VOCAB, (batch, seq), generator=g)
+            return (ids, ids.clone()) if spec["labels"] else (ids,)
+
+        return m, make_inputs, names, ["loss", "logits"] if spec["labels"] else ["logits"]
+
+    return build
+
+
+def measure(fam, batch, seq, dtype, log):
+    t = time.time()
+    build = _builder(fam, seq, dtype)
+    entry, analysis = {}, None
+    for kind in OPTIMIZERS:
+        e, common, a = ref._measure_one_optimizer(fam, batch, kind, "cpu", analyse=(kind == "sgd"), builder=build)
+        entry.update(common)
+        entry[kind] = e
+        analysis = analysis or a
+    d = analysis["dropout"]["numel"]
+    entry["saved_bytes"] = analysis["saved_bytes"]
+    entry["saved_tensors"] = analysis["saved_tensors"]
+    entry["saved_bytes_cuda_equivalent"] = analysis["saved_bytes"] - 3 * d
+    entry["saved_by_grad_fn"] = analysis.get("saved_by_grad_fn")
+    entry["dropout_numel"] = d
+    entry["seconds"] = round(time.time() - t, 1)
+    log("%s b%d: saved %d, sgd peak delta %d (%s), adamw peak delta %d, %.0fs" % (
+        fam, batch, entry["saved_bytes"], entry["sgd"]["step_peak_delta_bytes"], entry["sgd"]["peak_phase"],
+        entry["adamw"]["step_peak_delta_bytes"], time.time() - t))
+    return entry
+
+
+def export_fixture(fam, seq, dtype, out_dir):
+    from memplan_export import export_hf
+
+    spec = FAMILIES[fam]
+    path = os.path.join(out_dir, "%s.onnx" % fam if dtype == "float32" else "%s_%s.onnx" % (fam, dtype))
+    short = {"float32": "fp32", "bfloat16": "bf16"}[dtype]
+    return export_hf(spec["config"], path, dtype=short, seq=seq, labels=spec["labels"], attn=spec["attn"])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--families", default=",".join(FAMILIES))
+    ap.add_argument("--batches", default="1,2")
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--out", default=os.path.join(ROOT, "models", "llm_reference.json"))
+    ap.add_argument("--no-measure", action="store_true", help="only export the fixtures")
+    a = ap.parse_args()
+    import torch
+    import transformers
+
+    torch.set_num_threads(2)
+    fams = a.families.split(",")
+    out_dir = os.path.join(ROOT, "models", "llm")
+    os.makedirs(out_dir, exist_ok=True)
+    res = json.load(open(a.out)) if os.path.exists(a.out) else {}
+    res["_meta"] = {
+        "generated_by": "python tools/llm/reference.py",
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "device": "cpu",
+        "seq": a.seq,
+        "definitions": "as models/training_reference.json (_meta.definitions), with AdamW "
+        "(torch.optim.AdamW(lr=1e-3, foreach=True)) beside SGD; the model is the family's config "
+        "built by transformers (seed 0), called as model(input_ids=, labels=, use_cache=False, "
+        "return_dict=False); loss = the model's own (labels given) or logits.mean()",
+    }
+    for fam in fams:
+        ex = export_fixture(fam, a.seq, a.dtype, out_dir)
+        print("exported %s (%d nodes)" % (ex.path, ex.nodes), flush=True)
+        if a.no_measure:
+            continue
+        key = fam if a.dtype == "float32" else "%s_%s" % (fam, a.dtype)
+        spec = FAMILIES[fam]
+        entry = res.get(key, {})
+        entry.update({"config": spec["config"], "attn": spec["attn"],
+                      "loss": "graph" if spec["labels"] else "mean", "dtype": a.dtype,
+                      "file": os.path.relpath(ex.path, ROOT)})
+        for b in [int(x) for x in a.batches.split(",")]:
+            entry["batch_%d" % b] = measure(fam, b, a.seq, a.dtype, lambda m: print(m, flush=True))
+        res[key] = entry
+        tmp = a.out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(res, f, indent=1)
+        os.replace(tmp, a.out)
+
+
+if __name__ == "__main__":
+    main()
