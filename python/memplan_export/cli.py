@@ -46,7 +46,7 @@ def parser():
     p.add_argument("--seq", type=int, default=2048, help="sequence length (default 2048)")
     p.add_argument("--labels", action="store_true",
                    help="the model computes its own loss (labels=); read it with memplan's --loss graph")
-    p.add_argument("--attn", default="eager", choices=["eager", "sdpa"], help="attention (default eager)")
+    p.add_argument("--attn", default="sdpa", choices=["eager", "sdpa"], help="attention (default sdpa, as transformers)")
     p.add_argument("--lora", metavar="SPEC", help="peft LoRA adapters: r=16,alpha=32,targets=q_proj,v_proj")
     p.add_argument("--gradient-checkpointing", action="store_true",
                    help="record that the model trains with every block checkpointed "

@@ -209,6 +209,9 @@ def to_shape_only(program, path: str, metadata: dict | None = None) -> Exported:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 is no output file's mode
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

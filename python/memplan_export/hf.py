@@ -4,6 +4,7 @@ Nothing is downloaded."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -58,7 +59,7 @@ def _read_json(path: str) -> dict:
     return d
 
 
-def build_config(d: dict, *, attn: str = "eager", overrides: dict | None = None):
+def build_config(d: dict, *, attn: str = "sdpa", overrides: dict | None = None):
     """A transformers config from the dict, with overrides (``num_hidden_layers=2``, ...)."""
     import transformers
     from transformers import AutoConfig
@@ -142,7 +143,7 @@ def build_model(cfg, *, dtype: str = "fp32", lora: dict | None = None, gradient_
     return model
 
 
-def _add_lora(model, lora: dict):
+def _add_lora(model, lora: dict, device: str = "meta"):
     import torch
 
     try:
@@ -159,7 +160,7 @@ def _add_lora(model, lora: dict):
     conf = LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], target_modules=lora["targets"],
                       lora_dropout=lora["dropout"], bias="none", task_type="CAUSAL_LM")
     try:
-        with torch.device("meta"):
+        with torch.device(device):
             return get_peft_model(model, conf)
     except ValueError as e:
         raise ExportError("peft: %s" % str(e).splitlines()[0][:200])
@@ -171,7 +172,37 @@ def _linear_names(model):
     return {n.split(".")[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
 
 
-def export_hf(spec: str, path: str, *, dtype="fp32", seq=2048, labels=False, attn="eager",
+@contextlib.contextmanager
+def _masks_as_eager():
+    """transformers builds attention masks as eager PyTorch does while we export: under
+    torch.export it materializes the causal mask of every SDPA call (in case the exported graph
+    serves other query lengths), where an eager step passes none and SDPA runs with
+    ``is_causal=True`` without saving one (a [S, S] float mask per layer: Qwen2-style, seq 2048,
+    16 MiB a layer). The file is for one sequence length and unpacked sequences (position ids
+    0..S-1), so its mask is the eager one."""
+    try:
+        from transformers import masking_utils
+    except ImportError:
+        yield
+        return
+    patches = {
+        # an eager step skips the mask where it can: not while exporting
+        "is_torchdynamo_exporting": lambda: False,
+        # position ids 0..S-1 (none given) are no packed sequences: eager finds that from their
+        # values, which a trace cannot read, so it would mask per packed sequence
+        "find_packed_sequence_indices": lambda position_ids: None,
+    }
+    saved = {k: getattr(masking_utils, k) for k in patches if hasattr(masking_utils, k)}
+    for k in saved:
+        setattr(masking_utils, k, patches[k])
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(masking_utils, k, v)
+
+
+def export_hf(spec: str, path: str, *, dtype="fp32", seq=2048, labels=False, attn="sdpa",
               lora=None, gradient_checkpointing=False, overrides=None, batch=2, verbose=False):
     """Export a causal LM from its config (see ``resolve_config``) as a shape-only ONNX file:
     input ``input_ids [batch, seq]`` (and ``labels`` of the same shape with ``labels=True``), the
@@ -199,8 +230,9 @@ def export_hf(spec: str, path: str, *, dtype="fp32", seq=2048, labels=False, att
         kwargs["labels"] = torch.zeros((batch, seq), dtype=torch.long, device="meta")
         input_names, output_names = ["input_ids", "labels"], ["loss", "logits"]
     hint = "try --attn eager" if attn == "sdpa" else "try --attn sdpa, or fewer options"
-    prog = export_program(model, (), kwargs, input_names=None, output_names=output_names,
-                          batch_dim=0, verbose=verbose, hint=hint)
+    with _masks_as_eager():
+        prog = export_program(model, (), kwargs, input_names=None, output_names=output_names,
+                              batch_dim=0, verbose=verbose, hint=hint)
     meta = {
         "memplan.exported_by": "memplan-export",
         "memplan.config": source,

@@ -114,6 +114,7 @@ pub fn run(a: FitArgs) -> anyhow::Result<()> {
         dims: parse_dims(&dims)?,
         plan_time_limit_s: time_limit,
     };
+    super::warn_precision(&path, &m, opts.train.precision);
     let r = fit(&m, &path, &opts).with_context(|| path.clone())?;
     if json {
         println!("{}", serde_json::to_string_pretty(&r)?);

@@ -30,6 +30,24 @@ pub fn warn_inference_export(path: &str, m: &Model) -> Vec<String> {
     warnings
 }
 
+/// Prints to standard error, in one line, where the file's parameters are written in
+/// a half type the precision policy does not train them in (a bf16 export profiled
+/// under fp32), and returns it.
+pub fn warn_precision(path: &str, m: &Model, precision: Precision) -> Option<String> {
+    let half = memplan::train::policy::file_half_type(m)?;
+    if half == memplan::ir::DType::BF16 && precision == Precision::Bf16 {
+        return None;
+    }
+    let w = format!(
+        "the model's parameters are {half} in the file (exported in {half}), but the step is \
+         counted under --precision {}, which retypes every tensor and loses the model's own \
+         float32 upcasts; a bf16 export trains as written under --precision bf16",
+        precision.name()
+    );
+    eprintln!("warning: {path}: {w}");
+    Some(w)
+}
+
 /// A value parser for one of the library's named choices: its names, each with its
 /// description in `--help`.
 pub fn choice<T: Choice + Clone>() -> impl TypedValueParser<Value = T> {

@@ -86,6 +86,8 @@ pub fn run(a: ProfileArgs) -> anyhow::Result<()> {
         let replay = simulate(&sched);
         let mut t = TrainingReport::new(&opts, &sched, &replay);
         t.warnings = super::warn_inference_export(&path, &m);
+        t.warnings
+            .extend(super::warn_precision(&path, &m, opts.precision));
         let d = device.model()?;
         let a = replay_schedule(&sched, &d).map_err(|e| super::replay_failed(&path, e))?;
         t.set_device(&d, a);

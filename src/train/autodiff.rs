@@ -329,6 +329,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
 
     // 5. Precision: the float type of every forward tensor.
     let prec = opts.precision;
+    let as_written = super::policy::exported_in_bf16(model, prec);
     let mut float_dtype: Vec<Option<DType>> = vec![None; n_t];
     for (t, info) in g.tensors.iter().enumerate() {
         if is_float(t) {
@@ -337,7 +338,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
                     .and_then(|d| d.float())
                     .unwrap_or(prec.master()),
                 TensorKind::Parameter => prec.master(),
-                _ if prec == super::Precision::Bf16 => DType::BF16,
+                _ if prec == super::Precision::Bf16 && !as_written => DType::BF16,
                 _ => inf.facts[t].dtype,
             });
         }
@@ -543,9 +544,10 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         let back = cast_back.get(&ix).map(|&x0| b.dtype_of(x0, &float_dtype));
         for t in node.outputs.iter().flatten() {
             if is_float(*t) {
-                float_dtype[*t] = Some(
-                    back.unwrap_or_else(|| prec.output_dtype(class, widest, inf.facts[*t].dtype)),
-                );
+                float_dtype[*t] = Some(back.unwrap_or_else(|| match as_written {
+                    true => inf.facts[*t].dtype,
+                    false => prec.output_dtype(class, widest, inf.facts[*t].dtype),
+                }));
             }
         }
         // Output storages.

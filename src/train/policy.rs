@@ -100,6 +100,38 @@ impl Precision {
     }
 }
 
+/// Whether pure-bf16 training of `model` runs in the types its file is written in:
+/// under [`Precision::Bf16`], when every float parameter is already bfloat16 (a model
+/// exported after `.to(torch.bfloat16)`). Such a file holds the model's own float32
+/// upcasts as Casts (RMSNorm's variance, an eager softmax, the loss's
+/// `logits.float()`), which the policy would otherwise turn into bfloat16 too.
+pub fn exported_in_bf16(model: &Model, prec: Precision) -> bool {
+    prec == Precision::Bf16 && file_half_type(model) == Some(DType::BF16)
+}
+
+/// The half type a file's float parameters are all written in (a model exported
+/// after `.to(dtype)`), `None` where any is float32 or they differ. Such a file
+/// trains in that type: a policy other than [`Precision::Bf16`] on a bfloat16 file
+/// retypes every tensor (the commands warn).
+pub fn file_half_type(model: &Model) -> Option<DType> {
+    let mut half = None;
+    for info in &model.graph.tensors {
+        let Some(d) = info.declared_dtype.filter(|d| d.is_float()) else {
+            continue;
+        };
+        if info.kind != TensorKind::Parameter {
+            continue;
+        }
+        match half {
+            _ if matches!(d, DType::F32 | DType::F64) => return None,
+            None => half = Some(d),
+            Some(h) if h != d => return None,
+            _ => {}
+        }
+    }
+    half
+}
+
 /// Where each tensor comes from, as autocast's type rules need it.
 pub(super) struct Origins {
     /// Computed from the model's inputs (the rest come from parameters and

@@ -61,6 +61,11 @@ FAMILIES = {
         config=dict(model_type="qwen2", hidden_size=448, intermediate_size=1216, num_hidden_layers=3,
                     num_attention_heads=7, num_key_value_heads=1, vocab_size=VOCAB, tie_word_embeddings=True),
         attn="sdpa", labels=True),
+    # peft LoRA (r 16 on q/k/v/o) on the llama config: only the adapters train (--trainable lora_)
+    "llama_lora": dict(
+        config=dict(model_type="llama", hidden_size=512, intermediate_size=1376, num_hidden_layers=4,
+                    num_attention_heads=8, num_key_value_heads=4, vocab_size=VOCAB, tie_word_embeddings=False),
+        attn="sdpa", labels=True, lora="r=16,alpha=32,targets=q_proj,k_proj,v_proj,o_proj"),
 }
 OPTIMIZERS = ("sgd", "adamw")
 
@@ -87,7 +92,12 @@ def _builder(fam, seq, dtype):
 
         cfg = build_config(spec["config"], attn=spec["attn"])
         torch.manual_seed(0)
-        m = LM(AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype)))
+        base = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
+        if spec.get("lora"):
+            from memplan_export.hf import _add_lora, parse_lora
+
+            base = _add_lora(base, parse_lora(spec["lora"]), device="cpu")
+        m = LM(base)
         m._memplan_graph_loss = spec["labels"]
         m.train()
         names = [("input_ids", "int64", [seq])] + ([("labels", "int64", [seq])] if spec["labels"] else [])
@@ -130,7 +140,8 @@ def export_fixture(fam, seq, dtype, out_dir):
     spec = FAMILIES[fam]
     path = os.path.join(out_dir, "%s.onnx" % fam if dtype == "float32" else "%s_%s.onnx" % (fam, dtype))
     short = {"float32": "fp32", "bfloat16": "bf16"}[dtype]
-    return export_hf(spec["config"], path, dtype=short, seq=seq, labels=spec["labels"], attn=spec["attn"])
+    return export_hf(spec["config"], path, dtype=short, seq=seq, labels=spec["labels"], attn=spec["attn"],
+                     lora=spec.get("lora"))
 
 
 def main():
@@ -171,6 +182,8 @@ def main():
         entry.update({"config": spec["config"], "attn": spec["attn"],
                       "loss": "graph" if spec["labels"] else "mean", "dtype": a.dtype,
                       "file": os.path.relpath(ex.path, ROOT)})
+        if spec.get("lora"):
+            entry.update({"lora": spec["lora"], "trainable": "lora_"})
         for b in [int(x) for x in a.batches.split(",")]:
             entry["batch_%d" % b] = measure(fam, b, a.seq, a.dtype, lambda m: print(m, flush=True))
         res[key] = entry

@@ -42,7 +42,7 @@ pub(super) fn find_sdpa(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
         else {
             continue;
         };
-        let masked = g.node(src).op_type == "Add";
+        let mut masked = g.node(src).op_type == "Add";
         let mut mask = None;
         if masked {
             pattern.push(src);
@@ -64,6 +64,12 @@ pub(super) fn find_sdpa(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
                 .flatten()
                 .copied()
                 .find(|&t| Some(t) != scores && !is_const(t));
+            // `is_causal=True`, which the exporter writes as a mask it builds: the
+            // kernel takes the flag, saves no mask, and flash attention applies.
+            if mask.is_some_and(|t| causal_mask(model, t)) {
+                mask = None;
+                masked = false;
+            }
             src = p;
         }
         if g.node(src).op_type != "MatMul" {
@@ -87,12 +93,19 @@ pub(super) fn find_sdpa(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
                 (ins.len() == 2 && var.len() == 1).then(|| {
                     pattern.push(p);
                     // The kernel saves the key itself, not the exporter's transpose of it.
-                    match key_transposed(model, inf, var[0]).filter(|_| slot == 1) {
+                    let k = match key_transposed(model, inf, var[0]).filter(|_| slot == 1) {
                         Some((k, nodes)) => {
                             pattern.extend(nodes);
                             k
                         }
                         None => var[0],
+                    };
+                    match gqa_expanded(model, inf, k).filter(|_| slot == 1) {
+                        Some((k, nodes)) => {
+                            pattern.extend(nodes);
+                            k
+                        }
+                        None => k,
                     }
                 })
             })
@@ -122,9 +135,13 @@ pub(super) fn find_sdpa(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
         if m2n.op_type != "MatMul" || m2n.inputs.first() != Some(&Some(probs)) {
             continue;
         }
-        let (Some(v), Some(o)) = (m2n.inputs.get(1).copied().flatten(), out0(*m2)) else {
+        let (Some(mut v), Some(o)) = (m2n.inputs.get(1).copied().flatten(), out0(*m2)) else {
             continue;
         };
+        if let Some((x, nodes)) = gqa_expanded(model, inf, v) {
+            pattern.extend(nodes);
+            v = x;
+        }
         let shape = &inf.facts[o].shape;
         if shape.len() != 4 {
             continue;
@@ -162,6 +179,29 @@ pub(super) fn find_sdpa(model: &Model, inf: &Inferred) -> Vec<FusedPattern> {
     out
 }
 
+/// Whether `t` is the dynamo exporter's spelling of `is_causal=True` (onnxscript's
+/// `aten_scaled_dot_product_attention`): `Where(Equal(Trilu(Expand(1, [L, S]),
+/// upper=0), 0), -inf, 0)`, a mask made from shapes alone inside the attention call.
+/// A mask the model builds and passes (Hugging Face's sliding window) is no Trilu's.
+fn causal_mask(model: &Model, t: TensorId) -> bool {
+    let g = &model.graph;
+    let op_of = |t: TensorId, op: &str| {
+        g.tensor(t)
+            .producer
+            .filter(|&p| g.node(p).op_type == op)
+            .map(|p| g.node(p))
+    };
+    let Some(cond) = op_of(t, "Where").and_then(|w| w.inputs.first().copied().flatten()) else {
+        return false;
+    };
+    op_of(cond, "Equal").is_some_and(|eq| {
+        eq.inputs
+            .iter()
+            .flatten()
+            .any(|&x| op_of(x, "Trilu").is_some_and(|tr| tr.attrs.int("upper").unwrap_or(1) == 0))
+    })
+}
+
 /// The exporters' guard after a Softmax over boolean-masked scores: `IsNaN(p)` and
 /// `Where(IsNaN(p), 0, p)` the only readers of `p`, the IsNaN read only by the Where.
 /// Returns (IsNaN, Where).
@@ -195,6 +235,40 @@ fn nan_guard(
 /// value read only by the next node. Returns `k` and the three nodes. (The flattening
 /// reshape copies when `k` is a strided view, as the heads split from one projection
 /// are; PyTorch's kernel reads `k` as it is.)
+/// `enable_gqa=True` as the dynamo exporter writes it inside the attention call:
+/// `Reshape(Expand(Unsqueeze(x, 2)))` from `[B, Hkv, S, D]` to `[B, Hkv·g, S, D]`.
+/// PyTorch's kernel reads the grouped key or value itself and saves it, not a copy
+/// repeated per head (Hugging Face passes the flag where there is no mask:
+/// Phi-3-style fused qkv, seq 2048, saved a 4 MiB copy per layer and operand). The
+/// expanded tensor is `x` and the three nodes are the kernel's.
+fn gqa_expanded(model: &Model, inf: &Inferred, t: TensorId) -> Option<(TensorId, [NodeIndex; 3])> {
+    let g = &model.graph;
+    let op = |n: NodeIndex| g.node(n).op_type.as_str();
+    let only_reader =
+        |t: TensorId, n: NodeIndex| consumers(model, t) == [n] && !g.outputs.contains(&t);
+    let reshape = g.tensor(t).producer.filter(|&n| op(n) == "Reshape")?;
+    let expanded = g.node(reshape).inputs.first().copied().flatten()?;
+    let expand = g.tensor(expanded).producer.filter(|&n| op(n) == "Expand")?;
+    let unsq_t = g.node(expand).inputs.first().copied().flatten()?;
+    let unsq = g
+        .tensor(unsq_t)
+        .producer
+        .filter(|&n| op(n) == "Unsqueeze")?;
+    let x = g.node(unsq).inputs.first().copied().flatten()?;
+    let (xs, ts) = (&inf.facts[x].shape, &inf.facts[t].shape);
+    let grouped = xs.len() == 4
+        && ts.len() == 4
+        && xs[0] == ts[0]
+        && xs[2..] == ts[2..]
+        && xs[1] > 0
+        && ts[1] > xs[1]
+        && ts[1] % xs[1] == 0
+        && inf.facts[unsq_t].shape.len() == 5
+        && inf.facts[unsq_t].shape[2] == 1;
+    (grouped && only_reader(unsq_t, expand) && only_reader(expanded, reshape))
+        .then_some((x, [unsq, expand, reshape]))
+}
+
 fn key_transposed(
     model: &Model,
     inf: &Inferred,

@@ -1,0 +1,100 @@
+//! Decoder LLMs at sequence 2048 against what PyTorch measured for the same step
+//! (models/llm_reference.json, written by `python tools/llm/reference.py` on CPU,
+//! float32): six families covering GQA, RoPE, SwiGLU and GeGLU, RMSNorm, qk-norm,
+//! sliding-window attention, tied and untied embeddings, Hugging Face's in-model
+//! cross-entropy (`--loss graph`), and eager and SDPA attention. The models are the
+//! shape-only files `memplan-export` wrote from the same configs (models/llm/), read
+//! as a user reads them: `memplan profile FILE --train --json`. Saved activations
+//! within 2 %, the step's peak within 5 %, at batch 1 and 2, SGD and AdamW.
+
+mod common;
+
+use serde_json::Value;
+
+fn reference() -> serde_json::Map<String, Value> {
+    let text = std::fs::read_to_string(common::shipped("llm_reference.json")).unwrap();
+    serde_json::from_str::<Value>(&text)
+        .unwrap()
+        .as_object()
+        .unwrap()
+        .clone()
+}
+
+/// `memplan profile` of a reference entry's file at `batch` with `optimizer`: its
+/// `training` object.
+fn profile(entry: &Value, batch: u64, optimizer: &str) -> Value {
+    let file = common::shipped(
+        entry["file"]
+            .as_str()
+            .unwrap()
+            .strip_prefix("models/")
+            .unwrap(),
+    );
+    let b = batch.to_string();
+    let mut args = vec![
+        "profile",
+        file.to_str().unwrap(),
+        "--batch",
+        &b,
+        "--train",
+        "--optimizer",
+        optimizer,
+        "--json",
+    ];
+    if entry["loss"] == "graph" {
+        args.extend(["--loss", "graph"]);
+    }
+    if entry["dtype"] == "bfloat16" {
+        args.extend(["--precision", "bf16"]);
+    }
+    if let Some(pattern) = entry["trainable"].as_str() {
+        args.extend(["--trainable", pattern]);
+    }
+    common::memplan_json(&args)["training"].clone()
+}
+
+#[test]
+fn llm_families_match_pytorch_at_sequence_2048() {
+    let mut report = Vec::new();
+    let mut failed = Vec::new();
+    let mut families = 0;
+    for (name, r) in reference().iter().filter(|(k, _)| !k.starts_with('_')) {
+        families += 1;
+        for b in [1u64, 2] {
+            let Some(x) = r.get(format!("batch_{b}")) else {
+                failed.push(format!("{name}: no batch {b} measured"));
+                continue;
+            };
+            let want_saved = x["saved_bytes_cuda_equivalent"].as_u64().unwrap();
+            for opt in ["sgd", "adamw"] {
+                let t = profile(r, b, opt);
+                let saved = t["saved_activation_bytes"].as_u64().unwrap();
+                let peak = t["peak_bytes"].as_u64().unwrap();
+                let want_peak = common::device_equivalent_peak(&x[opt]);
+                let ds = saved as f64 / want_saved as f64 - 1.0;
+                let dp = peak as f64 / want_peak as f64 - 1.0;
+                let line = format!(
+                    "{name} b{b} {opt}: saved {:+.3}% ({saved} vs {want_saved}), peak {:+.3}% ({peak} vs {want_peak})",
+                    ds * 100.0,
+                    dp * 100.0
+                );
+                if ds.abs() > 0.02 || dp.abs() > 0.05 {
+                    failed.push(line.clone());
+                }
+                report.push(line);
+                assert_eq!(
+                    t["grads_bytes"].as_u64(),
+                    x["grads_bytes"].as_u64(),
+                    "{name} b{b}: gradients"
+                );
+            }
+        }
+    }
+    println!("{}", report.join("\n"));
+    assert!(
+        failed.is_empty(),
+        "outside 2 % / 5 %:\n{}",
+        failed.join("\n")
+    );
+    assert!(families >= 6, "{families} families");
+}
