@@ -229,7 +229,10 @@ def export_hf(spec: str, path: str, *, dtype="fp32", seq=2048, labels=False, att
     if labels:
         kwargs["labels"] = torch.zeros((batch, seq), dtype=torch.long, device="meta")
         input_names, output_names = ["input_ids", "labels"], ["loss", "logits"]
-    hint = "try --attn eager" if attn == "sdpa" else "try --attn sdpa, or fewer options"
+    if any(k in d for k in ("num_experts", "num_local_experts", "n_routed_experts")):
+        hint = "mixture-of-experts layers do not export yet: their routing is data-dependent"
+    else:
+        hint = "try --attn eager" if attn == "sdpa" else "try --attn sdpa, or fewer options"
     with _masks_as_eager():
         prog = export_program(model, (), kwargs, input_names=None, output_names=output_names,
                               batch_dim=0, verbose=verbose, hint=hint)
