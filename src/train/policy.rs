@@ -119,7 +119,8 @@ pub fn file_half_type(model: &Model) -> Option<DType> {
         let Some(d) = info.declared_dtype.filter(|d| d.is_float()) else {
             continue;
         };
-        if info.kind != TensorKind::Parameter {
+        // Buffers keep their own type (a rotary embedding's float32 inv_freq).
+        if info.kind != TensorKind::Parameter || info.buffer {
             continue;
         }
         match half {
