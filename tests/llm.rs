@@ -110,11 +110,12 @@ fn llm_families_match_pytorch_at_sequence_2048() {
     assert!(families >= 6, "{families} families");
 }
 
-/// A file exported in bfloat16 (models/llm/llama_bf16.onnx, the llama family after
+/// A file exported in bfloat16 (models/llm/llama_bfloat16.onnx, the llama family after
 /// `--dtype bf16`) holds the model's own float32 upcasts as Casts; `--precision bf16`
 /// keeps them, so it saves more than the float32 export retyped to bfloat16
 /// (measured: 736,714,760 against 449,368,064 B at batch 1), and profiling it under
-/// another precision warns. Not yet checked against PyTorch in bfloat16.
+/// another precision warns. Against PyTorch in bfloat16 on the CPU it is not yet
+/// close (models/llm_reference_bf16.json: 26.7 % less saved; docs/LLM.md).
 #[test]
 fn a_bf16_export_trains_as_written() {
     let saved = |file: &str| {
@@ -133,12 +134,12 @@ fn a_bf16_export_trains_as_written() {
         ]);
         t["training"]["saved_activation_bytes"].as_u64().unwrap()
     };
-    let (written, retyped) = (saved("llm/llama_bf16.onnx"), saved("llm/llama.onnx"));
+    let (written, retyped) = (saved("llm/llama_bfloat16.onnx"), saved("llm/llama.onnx"));
     assert!(
         written > retyped + retyped / 2,
         "bf16 export {written} B, fp32 export retyped {retyped} B"
     );
-    let f = common::shipped("llm/llama_bf16.onnx");
+    let f = common::shipped("llm/llama_bfloat16.onnx");
     let (ok, _, err) =
         common::run_memplan(&["profile", f.to_str().unwrap(), "--batch", "1", "--train"]);
     assert!(ok, "{err}");
