@@ -878,6 +878,21 @@ pub fn train_step_on<B: StepBackend>(
                         }
                     }
                 }
+                // What a backward step's derivative formulas hold beyond its
+                // gradients (`Op::backward_scratch`, autodiff's "<node>/grad scratch"):
+                // the CPU's kernels make it inside, the schedule counts it until its
+                // free; a backend that counts its own tensors holds zeros of its size.
+                if matches!(step.kind, StepKind::Backward) && b.live_bytes().is_some() {
+                    for &w in &step.writes {
+                        let st = &s.storages[w];
+                        if sval[w].is_none() && st.name.ends_with("/grad scratch") {
+                            let n = st.bytes / st.dtype.bytes_for(1).unwrap_or(1).max(1);
+                            let z = Tensor::zeros(st.dtype, vec![n as usize])
+                                .map_err(|e| err(e.into()))?;
+                            sval[w] = Some(b.hold(b.put(z).map_err(&err)?));
+                        }
+                    }
+                }
                 let dt = t0.elapsed().as_secs_f64();
                 if executions[i] == 1 {
                     step_seconds[i] = dt;
