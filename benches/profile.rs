@@ -66,6 +66,7 @@ fn bench(c: &mut Criterion) {
             dims: Default::default(),
             plan_time_limit_s: 10.0,
             device: None,
+            routing: None,
         };
         c.bench_function(&format!("fit/{name}"), |b| {
             b.iter(|| {

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 
 use crate::error::{Error, Result, Setting};
 use crate::ir::{DimDecl, Model, TensorId, TensorKind};
+use crate::moe::{Routing, RoutingSummary, Site};
 use crate::ops::{registry, shape::literal_fact, Cx, Fact, RuleError};
 
 /// Largest accepted batch size: far beyond any real GPU step, small enough that
@@ -24,6 +25,9 @@ pub struct Bindings {
     pub batch: Option<u64>,
     /// `--dim name=value`.
     pub dims: BTreeMap<String, u64>,
+    /// `--moe-routing`: how many tokens each expert of a mixture-of-experts layer
+    /// receives ([`crate::moe`]); `None` is the default, balanced, not asked for.
+    pub routing: Option<Routing>,
 }
 
 /// The result of inference over a model.
@@ -35,6 +39,8 @@ pub struct Inferred {
     pub flops: Vec<u64>,
     /// The batch size in effect (bound, or fixed by the model), if the model has one.
     pub batch: Option<u64>,
+    /// The routing assumption that sized the experts, when the model has any.
+    pub routing: Option<RoutingSummary>,
 }
 
 impl Inferred {
@@ -283,9 +289,13 @@ pub fn infer(model: &Model, b: &Bindings) -> Result<Inferred> {
     let (mut facts, batch, env) = initial_facts(model, b)?;
     let g = &model.graph;
     let mut flops = Vec::with_capacity(g.order.len());
+    let routing = b.routing.unwrap_or_default();
+    let mut sites = Vec::new();
     for &ix in &g.order {
-        flops.push(infer_node(model, ix, &mut facts)?);
+        flops.push(infer_node(model, ix, &mut facts, routing)?);
+        sites.extend(crate::moe::site(model, ix, &facts));
     }
+    let routing = routed(b, &sites)?;
     let facts: Vec<Fact> = facts
         .into_iter()
         .enumerate()
@@ -310,7 +320,40 @@ pub fn infer(model: &Model, b: &Bindings) -> Result<Inferred> {
         facts,
         flops,
         batch,
+        routing,
     })
+}
+
+/// What the routing assumption sized; an error when `--moe-routing` was given for a
+/// model without expert routing.
+fn routed(b: &Bindings, sites: &[Site]) -> Result<Option<RoutingSummary>> {
+    let routing = b.routing.unwrap_or_default();
+    if sites.is_empty() {
+        if let Some(r) = b.routing {
+            return Err(Error::Binding(format!(
+                "--moe-routing {r}: this model has no mixture-of-experts routing (no NonZero \
+                 over a TopK's expert indices)"
+            )));
+        }
+    }
+    Ok(RoutingSummary::of(sites, routing))
+}
+
+/// The fact of an expert's token selection whose mask is not a known constant: sized
+/// by the routing assumption ([`crate::moe`]).
+fn expert_selection(
+    model: &Model,
+    ix: petgraph::stable_graph::NodeIndex,
+    facts: &[Option<Fact>],
+    routing: Routing,
+) -> Option<Fact> {
+    let mask = model.graph.node(ix).inputs.first().copied().flatten()?;
+    let m = facts[mask].as_ref()?;
+    if m.value.is_some() {
+        return None;
+    }
+    let site = crate::moe::site(model, ix, facts)?;
+    Some(crate::moe::selection_fact(&site, m.rank(), routing))
 }
 
 /// Every named dim's value.
@@ -356,9 +399,16 @@ pub(crate) fn infer_node(
     model: &Model,
     ix: petgraph::stable_graph::NodeIndex,
     facts: &mut [Option<Fact>],
+    routing: Routing,
 ) -> Result<u64> {
     let g = &model.graph;
     let node = g.node(ix);
+    if let Some(f) = expert_selection(model, ix, facts, routing) {
+        if let Some(t) = node.outputs.first().copied().flatten() {
+            facts[t] = Some(f);
+        }
+        return Ok(0);
+    }
     let err = |reason: String| Error::node(&node.name, &node.op_type, reason);
     let rule_err = |e: RuleError| Error::rule(&node.name, &node.op_type, e);
     let Some(op) = registry().get(&node.domain, &node.op_type) else {

@@ -16,6 +16,7 @@ pub mod infer;
 pub mod ir;
 pub mod lower;
 pub mod memory;
+pub mod moe;
 pub mod numeric;
 pub mod onnx;
 pub mod ops;

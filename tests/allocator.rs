@@ -292,6 +292,7 @@ mod training {
             dims: Default::default(),
             plan_time_limit_s: 5.0,
             device: Some(d.clone()),
+            routing: None,
         };
         let r = fit(&model, "cnn", &o).unwrap();
         let tensors = fit(
@@ -349,6 +350,7 @@ mod training {
             dims: Default::default(),
             plan_time_limit_s: 5.0,
             device: Some(d.clone()),
+            routing: None,
         };
         let r = fit(&model, "cnn", &o).unwrap();
         let steps = Steps::new(&model, &o);
@@ -408,6 +410,7 @@ mod training {
             gpus: 8,
             target_batch: Some(512),
             dims: Default::default(),
+            routing: None,
             plan_time_limit_s: 10.0,
             device: Some(d.clone()),
         };
@@ -474,6 +477,7 @@ mod training {
             gpus: 1,
             target_batch: None,
             dims: Default::default(),
+            routing: None,
             // 2 s for each plan made again: other tests run beside this one.
             plan_time_limit_s: 20.0,
             device: Some(d.clone()),

@@ -390,3 +390,21 @@ fn bad_dag_files() {
         assert!(!err.contains("ONNX"), "{err}");
     }
 }
+
+/// `--moe-routing` sizes experts; on a model without them it is an error, and an
+/// unknown assumption or a capacity factor that is no positive number is refused.
+#[test]
+fn moe_routing_needs_experts_and_a_known_assumption() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write_tmp(&dir, "mlp.onnx", &encode(&mlp()));
+    fails_with(
+        &p,
+        &["--batch", "2", "--moe-routing", "worst"],
+        &["--moe-routing worst", "no mixture-of-experts routing"],
+    );
+    for bad in ["even", "capacity=0", "capacity=-2", "capacity=nan"] {
+        let (ok, _, err) = profile(&p, &["--batch", "2", "--moe-routing", bad]);
+        assert!(!ok && err.contains("--moe-routing"), "{bad}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}

@@ -252,6 +252,7 @@ fn the_executor_reads_the_dynamo_exporters_external_data() {
         let b = Bindings {
             batch: Some(2),
             dims: Default::default(),
+            routing: None,
         };
         let m = memplan::onnx::load_model(&file(name)).unwrap();
         let m = memplan::lower::lowered(m, &b).unwrap();

@@ -51,6 +51,7 @@ fn max_batch_agrees_with_profile() {
             dims: Default::default(),
             plan_time_limit_s: 20.0,
             device: None,
+            routing: None,
         };
         let r = fit(&model, name, &o).unwrap();
         // Ten strategies, the two offloads, then the combinations (target batch).
@@ -210,6 +211,7 @@ fn planned_checkpointing_search() {
         dims: Default::default(),
         plan_time_limit_s: 20.0,
         device: None,
+        routing: None,
     };
     let r = fit(&model, "resnet18", &o).unwrap();
     let base = r.strategies[0].max_batch;
@@ -385,6 +387,7 @@ fn affine_step_max_fit_agrees_with_replay() {
         dims: Default::default(),
         plan_time_limit_s: 5.0,
         device: None,
+        routing: None,
     };
     let g = |b: u64| {
         let b = Bindings {

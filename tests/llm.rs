@@ -50,6 +50,9 @@ fn profile(entry: &Value, batch: u64, optimizer: &str) -> Value {
     if let Some(pattern) = entry["trainable"].as_str() {
         args.extend(["--trainable", pattern]);
     }
+    if let Some(routing) = entry["moe_routing"].as_str() {
+        args.extend(["--moe-routing", routing]);
+    }
     common::memplan_json(&args)["training"].clone()
 }
 
@@ -146,5 +149,63 @@ fn a_bf16_export_trains_as_written() {
     assert!(
         err.contains("warning") && err.contains("--precision bf16"),
         "{err}"
+    );
+}
+
+/// A mixture-of-experts file (models/llm/mixtral.onnx: 8 experts, top-2, sequence
+/// 2048) is sized by the routing assumption, which the output states: balanced gives
+/// each expert T·k/E tokens, capacity=2 twice that, worst one expert every token.
+/// Every routing holds T·k rows in all, so balanced and worst save the same bytes
+/// (as PyTorch measured with the router forced to each: models/llm_reference.json,
+/// mixtral and mixtral_worst); capacity=2 sizes every expert at twice its share.
+#[test]
+fn moe_routing_sizes_the_experts_and_is_stated() {
+    let file = common::shipped("llm/mixtral.onnx");
+    let run = |routing: &str| {
+        common::memplan_json(&[
+            "profile",
+            file.to_str().unwrap(),
+            "--batch",
+            "1",
+            "--train",
+            "--optimizer",
+            "sgd",
+            "--loss",
+            "graph",
+            "--moe-routing",
+            routing,
+            "--json",
+        ])
+    };
+    let (bal, cap, worst) = (run("balanced"), run("capacity=2"), run("worst"));
+    let r = &bal["moe_routing"];
+    assert_eq!(r["assumption"], "balanced");
+    assert_eq!(r["experts"], 8);
+    assert_eq!(r["top_k"], 2);
+    assert_eq!(r["tokens"], 2048);
+    assert_eq!(r["selections"], 2 * 8, "2 layers of 8 experts");
+    assert_eq!(r["max_expert_tokens"], 2048 * 2 / 8);
+    assert_eq!(cap["moe_routing"]["max_expert_tokens"], 2048 * 2 * 2 / 8);
+    assert_eq!(worst["moe_routing"]["max_expert_tokens"], 2048);
+    let saved = |v: &Value| v["training"]["saved_activation_bytes"].as_u64().unwrap();
+    assert_eq!(saved(&bal), saved(&worst));
+    assert!(
+        saved(&cap) > saved(&bal),
+        "{} vs {}",
+        saved(&cap),
+        saved(&bal)
+    );
+    let (ok, out, _) = common::run_memplan(&[
+        "profile",
+        file.to_str().unwrap(),
+        "--batch",
+        "1",
+        "--moe-routing",
+        "capacity=1.25",
+    ]);
+    assert!(ok);
+    assert!(
+        out.contains("MoE routing assumed capacity=1.25 (--moe-routing)"),
+        "{out}"
     );
 }

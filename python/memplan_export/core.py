@@ -21,7 +21,8 @@ KIND_KEY = "pkg.torch.export.graph_signature.InputSpec.kind"
 
 
 #: Node metadata dropped from the file: a stack trace and the FX node's text per node.
-_DROPPED_NODE_METADATA = {"pkg.torch.onnx.stack_trace", "pkg.torch.onnx.fx_node"}
+_DROPPED_NODE_METADATA = {"pkg.torch.onnx.stack_trace", "pkg.torch.onnx.fx_node", "namespace",
+                          "pkg.torch.onnx.class_hierarchy"}
 
 
 class ExportError(Exception):
@@ -230,8 +231,9 @@ def to_shape_only(program, path: str, metadata: dict | None = None) -> Exported:
 
 
 def export_program(model, args=(), kwargs=None, *, input_names=None, output_names=None,
-                   batch_dim: int | None = 0, verbose=False, hint=None):
-    """``torch.onnx.export(dynamo=True, optimize=False)`` of a (meta) model in training mode."""
+                   batch_dim: int | None = 0, verbose=False, hint=None, translations=None):
+    """``torch.onnx.export(dynamo=True, optimize=False)`` of a (meta) model in training mode;
+    ``translations`` is its ``custom_translation_table`` (ops memplan-export writes itself)."""
     import torch
 
     kwargs = kwargs or {}
@@ -250,6 +252,7 @@ def export_program(model, args=(), kwargs=None, *, input_names=None, output_name
                 input_names=input_names,
                 output_names=output_names,
                 external_data=False,
+                custom_translation_table=translations,
             )
     except Exception as e:  # noqa: BLE001  the exporter raises many kinds
         msg = "torch.onnx.export failed: " + _first_line(_root_cause(e))

@@ -10,6 +10,8 @@ import os
 import re
 
 from .core import ExportError, export_program, to_shape_only
+from .moe import prepare as prepare_moe
+from .moe import translation_table
 
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "configs")
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -217,25 +219,30 @@ def export_hf(spec: str, path: str, *, dtype="fp32", seq=2048, labels=False, att
         raise ExportError("--seq must be a positive integer")
     d, source = (dict(spec), "a config given in Python") if isinstance(spec, dict) else resolve_config(spec)
     cfg = build_config(d, attn=attn, overrides=overrides)
+    if hasattr(cfg, "_experts_implementation"):
+        cfg._experts_implementation = "eager"
     limit = getattr(cfg, "max_position_embeddings", None)
     notes = []
     if limit and seq > limit:
         notes.append("sequence %d is over the config's max_position_embeddings %d" % (seq, limit))
     lora_spec = parse_lora(lora) if isinstance(lora, str) else lora
     model = build_model(cfg, dtype=dtype, lora=lora_spec, gradient_checkpointing=gradient_checkpointing)
+    moe = prepare_moe(model)
     ids = torch.zeros((batch, seq), dtype=torch.long, device="meta")
     kwargs = {"input_ids": ids, "use_cache": False, "return_dict": False}
     input_names, output_names = ["input_ids"], ["logits"]
     if labels:
         kwargs["labels"] = torch.zeros((batch, seq), dtype=torch.long, device="meta")
         input_names, output_names = ["input_ids", "labels"], ["loss", "logits"]
-    if any(k in d for k in ("num_experts", "num_local_experts", "n_routed_experts")):
-        hint = "mixture-of-experts layers do not export yet: their routing is data-dependent"
+    if any(k in d for k in ("num_experts", "num_local_experts", "n_routed_experts")) and not moe:
+        hint = ("this model's mixture-of-experts layers are not stacked expert banks "
+                "(gate_up_proj, down_proj [experts, ...]), the kind memplan-export exports")
     else:
         hint = "try --attn eager" if attn == "sdpa" else "try --attn sdpa, or fewer options"
     with _masks_as_eager():
         prog = export_program(model, (), kwargs, input_names=None, output_names=output_names,
-                              batch_dim=0, verbose=verbose, hint=hint)
+                              batch_dim=0, verbose=verbose, hint=hint,
+                              translations=translation_table(moe))
     meta = {
         "memplan.exported_by": "memplan-export",
         "memplan.config": source,
@@ -245,6 +252,8 @@ def export_hf(spec: str, path: str, *, dtype="fp32", seq=2048, labels=False, att
         "memplan.attn": attn,
         "memplan.loss": "graph" if labels else "none",
     }
+    if moe:
+        meta["memplan.moe"] = json.dumps(moe)
     if lora_spec:
         meta["memplan.lora"] = json.dumps(lora_spec)
     if gradient_checkpointing:

@@ -94,19 +94,25 @@ def test_the_factory_runs_on_the_meta_device(tmp_path):
 MOE = {"mixtral-8x7b", "qwen3-30b-a3b"}
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(
-        strict=True, raises=ExportError,
-        reason="MoE experts do not export yet (torch.onnx: histc on int32 routing counts)"))
-    if n in MOE else n for n in committed_names()])
+@pytest.mark.parametrize("name", committed_names())
 def test_every_committed_name_exports(tmp_path, name):
     path = str(tmp_path / (name + ".onnx"))
     ex = export_hf(name, path, seq=64, overrides={"num_hidden_layers": 2})
     assert ex.parameters > 0 and os.path.getsize(path) < 8 << 20
     m = onnx.load(path)
     assert all(not t.raw_data for t in m.graph.initializer)
+    meta = {p.key: p.value for p in m.metadata_props}
     j = profile(path)
     assert j["training"]["peak_bytes"] > j["params"]["bytes"]
+    if name in MOE:
+        # the experts are sized by the routing assumption, which memplan states
+        moe = json.loads(meta["memplan.moe"])
+        assert j["moe_routing"]["assumption"] == "balanced"
+        assert j["moe_routing"]["experts"] == moe["experts"]
+        assert j["moe_routing"]["top_k"] == moe["top_k"]
+        assert j["moe_routing"]["selections"] == 2 * moe["experts"]
+    else:
+        assert "memplan.moe" not in meta and "moe_routing" not in j
 
 
 def test_committed_config_numbers():

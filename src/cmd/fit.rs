@@ -35,6 +35,12 @@ pub struct FitArgs {
     /// Binds another named dimension, e.g. `--dim seq=128` (repeatable).
     #[arg(long = "dim", value_name = "NAME=VALUE")]
     dims: Vec<String>,
+    /// Mixture-of-experts models: how many tokens each expert receives, which the
+    /// data decides: `balanced` (the default: T·k/E each), `capacity=F` (each at F
+    /// times that, at most every token) or `worst` (one expert takes every token).
+    /// Stated in the output.
+    #[arg(long, value_name = "ROUTING", value_parser = super::routing_arg)]
+    moe_routing: Option<memplan::moe::Routing>,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -54,6 +60,7 @@ pub struct FitArgs {
 pub fn run(a: FitArgs) -> anyhow::Result<()> {
     let FitArgs {
         model,
+        moe_routing,
         memory,
         gpus,
         target_batch,
@@ -113,6 +120,7 @@ pub fn run(a: FitArgs) -> anyhow::Result<()> {
         target_batch,
         dims: parse_dims(&dims)?,
         plan_time_limit_s: time_limit,
+        routing: moe_routing,
     };
     super::warn_precision(&path, &m, opts.train.precision);
     let r = fit(&m, &path, &opts).with_context(|| path.clone())?;

@@ -239,6 +239,11 @@ pub fn size_arg(flag: &str, text: &str) -> Result<u64, String> {
     memplan::units::parse_size(text).map_err(|e| format!("{flag} {e}"))
 }
 
+/// `--moe-routing`'s value parser.
+pub fn routing_arg(text: &str) -> Result<memplan::moe::Routing, String> {
+    memplan::moe::Routing::parse(text)
+}
+
 /// `--memory`'s value parser.
 pub fn memory_arg(text: &str) -> Result<u64, String> {
     size_arg("--memory", text)

@@ -33,6 +33,12 @@ pub struct PlanArgs {
     /// Binds another named dimension (repeatable).
     #[arg(long = "dim", value_name = "NAME=VALUE")]
     dims: Vec<String>,
+    /// Mixture-of-experts models: how many tokens each expert receives, which the
+    /// data decides: `balanced` (the default: T·k/E each), `capacity=F` (each at F
+    /// times that, at most every token) or `worst` (one expert takes every token).
+    /// Stated in the output.
+    #[arg(long, value_name = "ROUTING", value_parser = super::routing_arg)]
+    moe_routing: Option<memplan::moe::Routing>,
     /// Budget: a size (`8GiB`), a percentage of the no-recompute peak (`50%`) or,
     /// below 1, a fraction of it (`0.5`).
     /// With --pareto: the lowest budget of the sweep (optional).
@@ -104,6 +110,7 @@ pub struct PlanArgs {
 pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     let PlanArgs {
         model,
+        moe_routing,
         dag,
         batch,
         dims,
@@ -178,6 +185,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
             let b = Bindings {
                 batch,
                 dims: parse_dims(&dims)?,
+                routing: moe_routing,
             };
             let (model, step) = load(&m, &b, &opts).with_context(|| path.clone())?;
             super::warn_inference_export(&path, &model);
@@ -306,6 +314,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         let bindings = Bindings {
             batch,
             dims: parse_dims(&dims)?,
+            routing: moe_routing,
         };
         memplan::remat::rewrite::write_rewrite(m, &bindings, &opts, &g, &r, out)
             .with_context(|| format!("--rewrite {}", out.display()))?;

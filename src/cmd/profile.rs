@@ -26,6 +26,12 @@ pub struct ProfileArgs {
     /// Binds another named dimension, e.g. `--dim seq=128` (repeatable).
     #[arg(long = "dim", value_name = "NAME=VALUE")]
     dims: Vec<String>,
+    /// Mixture-of-experts models: how many tokens each expert receives, which the
+    /// data decides: `balanced` (the default: T·k/E each), `capacity=F` (each at F
+    /// times that, at most every token) or `worst` (one expert takes every token).
+    /// Stated in the output.
+    #[arg(long, value_name = "ROUTING", value_parser = super::routing_arg)]
+    moe_routing: Option<memplan::moe::Routing>,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -49,6 +55,7 @@ pub struct ProfileArgs {
 pub fn run(a: ProfileArgs) -> anyhow::Result<()> {
     let ProfileArgs {
         model,
+        moe_routing,
         batch,
         dims,
         json,
@@ -73,6 +80,7 @@ pub fn run(a: ProfileArgs) -> anyhow::Result<()> {
     let bindings = Bindings {
         batch,
         dims: parse_dims(&dims)?,
+        routing: moe_routing,
     };
     let path = model.display().to_string();
     let loaded = load_model(&model).with_context(|| path.clone())?;

@@ -44,6 +44,12 @@ pub struct ReportArgs {
     /// Binds another named dimension, e.g. `--dim seq=128` (repeatable).
     #[arg(long = "dim", value_name = "NAME=VALUE")]
     dims: Vec<String>,
+    /// Mixture-of-experts models: how many tokens each expert receives, which the
+    /// data decides: `balanced` (the default: T·k/E each), `capacity=F` (each at F
+    /// times that, at most every token) or `worst` (one expert takes every token).
+    /// Stated in the output.
+    #[arg(long, value_name = "ROUTING", value_parser = super::routing_arg)]
+    moe_routing: Option<memplan::moe::Routing>,
     /// Also plan recomputation under this budget and draw the step before and after:
     /// a size (`8GiB`), a percentage of the no-recompute peak (`50%`) or,
     /// below 1, a fraction of it (`0.5`).
@@ -135,6 +141,7 @@ fn write_report(a: ReportArgs) -> anyhow::Result<()> {
     let bindings = Bindings {
         batch: a.batch,
         dims: dims.clone(),
+        routing: a.moe_routing,
     };
     let (model, step) = load(&a.model, &bindings, &opts).with_context(|| path.clone())?;
     let replay = simulate(&step.schedule);
@@ -202,6 +209,7 @@ fn write_report(a: ReportArgs) -> anyhow::Result<()> {
             target_batch: a.target_batch,
             dims: dims.clone(),
             plan_time_limit_s: a.time_limit,
+            routing: a.moe_routing,
         };
         let m = load_model(&a.model).with_context(|| path.clone())?;
         report.fit = Some(fit(&m, &path, &fo).with_context(|| path.clone())?);

@@ -23,6 +23,12 @@ pub struct VerifyArgs {
     /// Binds another named dimension (repeatable).
     #[arg(long = "dim", value_name = "NAME=VALUE")]
     dims: Vec<String>,
+    /// Mixture-of-experts models: how many tokens each expert receives, which the
+    /// data decides: `balanced` (the default: T·k/E each), `capacity=F` (each at F
+    /// times that, at most every token) or `worst` (one expert takes every token).
+    /// Stated in the output.
+    #[arg(long, value_name = "ROUTING", value_parser = super::routing_arg)]
+    moe_routing: Option<memplan::moe::Routing>,
     /// A plan written by `memplan plan -o` for this model, batch and options.
     #[arg(long, value_name = "plan.json", conflicts_with = "budget")]
     plan: Option<PathBuf>,
@@ -120,6 +126,7 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
     let bindings = Bindings {
         batch: a.batch,
         dims: dims.clone(),
+        routing: a.moe_routing,
     };
     let m = lower(&m, &bindings).with_context(|| path.clone())?;
     let inf = infer(&m, &bindings).with_context(|| path.clone())?;

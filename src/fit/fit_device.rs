@@ -373,6 +373,7 @@ pub(super) fn confirm_planned(
         let bind = Bindings {
             batch: Some(b),
             dims: o.dims.clone(),
+            routing: o.routing,
         };
         let step = crate::remat::step::build(model, &bind, &o.train, "fit")?;
         let plan = match replay(&step.graph, &found) {

@@ -215,6 +215,10 @@ pub struct FitReport {
     /// allocator may reserve (expandable segments would give most of it back).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fragmentation: Option<Fragmentation>,
+    /// A mixture-of-experts model: the routing assumption that sized its experts
+    /// (`--moe-routing`; the token counts are batch 1's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub moe_routing: Option<crate::moe::RoutingSummary>,
 }
 
 /// The allocator's fragmentation at one strategy's max batch.
@@ -243,6 +247,8 @@ pub struct FitOptions {
     pub target_batch: Option<u64>,
     /// Other dimension bindings.
     pub dims: std::collections::BTreeMap<String, u64>,
+    /// `--moe-routing`: the token count each expert is sized by ([`crate::moe`]).
+    pub routing: Option<crate::moe::Routing>,
     /// Time limit of the ILP planner for planned checkpointing, in seconds (each
     /// lowest-peak plan gets at most [`LOWEST_PEAK_TIME_LIMIT_S`]).
     pub plan_time_limit_s: f64,
@@ -310,6 +316,7 @@ impl<'a> Steps<'a> {
         let b = Bindings {
             batch: Some(batch),
             dims: o.dims.clone(),
+            routing: o.routing,
         };
         let model = &*crate::lower::lower(self.model, &b)?;
         let inf = infer(model, &b)?;
@@ -695,6 +702,7 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
         ]);
     }
     strategies.extend([Strategy::ZeroOffload, Strategy::Zero3Offload]);
+    let moe_routing = routing_at_batch_1(model, o)?;
     let steps = Steps::new(model, o);
     let mut rows = Vec::new();
     let mut batch1 = 0;
@@ -837,7 +845,20 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
         unreachable,
         device: o.device.as_ref().map(DeviceModel::summary),
         fragmentation,
+        moe_routing,
     })
+}
+
+/// The routing assumption that sizes a mixture-of-experts model's experts, as batch 1
+/// infers it (an error for `--moe-routing` on a model without experts).
+fn routing_at_batch_1(model: &Model, o: &FitOptions) -> Result<Option<crate::moe::RoutingSummary>> {
+    let b = Bindings {
+        batch: Some(1),
+        dims: o.dims.clone(),
+        routing: o.routing,
+    };
+    let model = &*crate::lower::lower(model, &b)?;
+    Ok(infer(model, &b)?.routing)
 }
 
 /// A row's traffic fields (offload rows: PCIe and host bytes; over GPUs: collective

@@ -62,6 +62,7 @@ fn step_graph(model: &Model, o: &FitOptions, batch: u64) -> Result<RematGraph> {
     let b = Bindings {
         batch: Some(batch),
         dims: o.dims.clone(),
+        routing: o.routing,
     };
     Ok(crate::remat::step::build(model, &b, &o.train, "fit")?.graph)
 }

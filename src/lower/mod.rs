@@ -148,6 +148,7 @@ pub fn lower<'m>(model: &'m Model, b: &Bindings) -> Result<Cow<'m, Model>> {
         grids: Vec::new(),
         shaped: Vec::new(),
         changed: false,
+        routing: b.routing.unwrap_or_default(),
     };
     for ix in order {
         l.process(ix)?;
@@ -170,6 +171,8 @@ pub fn lowered(model: Model, b: &Bindings) -> Result<Model> {
 
 struct Lowering {
     m: Model,
+    /// The routing assumption that sizes experts' token selections.
+    routing: crate::moe::Routing,
     /// One fact per tensor, as inference gives them (sequences have none).
     facts: Vec<Option<Fact>>,
     /// The tensors each sequence-valued tensor holds.
@@ -275,7 +278,7 @@ impl Lowering {
                 self.changed = true;
             }
         }
-        infer_node(&self.m, ix, &mut self.facts)?;
+        infer_node(&self.m, ix, &mut self.facts, self.routing)?;
         self.order.push(ix);
         Ok(())
     }

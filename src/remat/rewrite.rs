@@ -955,6 +955,7 @@ pub fn read_proto(m: ModelProto) -> Result<ReadBack> {
                 .map_err(|e| bad(format!("metadata '{}': {e}", keys::DIMS)))?,
             None => BTreeMap::new(),
         },
+        routing: None,
     };
     let solver = get(keys::SOLVER)?.to_string();
     let graph_name = get(keys::GRAPH)?.to_string();

@@ -16,6 +16,12 @@ pub fn fit_text(r: &FitReport, to_try: Option<&str>) -> String {
         if r.gpus == 1 { "" } else { "s" },
         human_bytes(r.batch1_bytes)
     );
+    if let Some(m) = &r.moe_routing {
+        s.push_str(&format!(
+            "experts      MoE routing assumed {} (--moe-routing): {} experts, top-{}\n\n",
+            m.assumption, m.experts, m.top_k
+        ));
+    }
     if let Some(d) = &r.device {
         s.push_str(&format!(
             "device       {}: CUDA context {}, headroom {}, so PyTorch's caching allocator may reserve {}{}

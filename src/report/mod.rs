@@ -113,6 +113,10 @@ pub struct ProfileReport {
     pub tensors: usize,
     /// Batch size in effect.
     pub batch: Option<u64>,
+    /// The routing assumption that sized a mixture-of-experts model's experts
+    /// (`--moe-routing`); absent for a model without experts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub moe_routing: Option<crate::moe::RoutingSummary>,
     /// Graph inputs.
     pub inputs: Vec<IoInfo>,
     /// Graph outputs.
@@ -189,6 +193,7 @@ impl ProfileReport {
             nodes: g.order.len(),
             tensors: g.tensors.len(),
             batch: inf.batch,
+            moe_routing: inf.routing.clone(),
             inputs: io(&g.inputs),
             outputs: io(&g.outputs),
             params: ParamsJson {
@@ -245,6 +250,9 @@ impl ProfileReport {
             self.tensors,
             self.batch.map_or("-".to_string(), |b| b.to_string())
         );
+        if let Some(r) = &self.moe_routing {
+            let _ = writeln!(s, "experts      {}", r.line());
+        }
         for (label, list) in [("input ", &self.inputs), ("output", &self.outputs)] {
             for io in list {
                 let _ = writeln!(

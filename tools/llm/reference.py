@@ -66,8 +66,64 @@ FAMILIES = {
         config=dict(model_type="llama", hidden_size=512, intermediate_size=1376, num_hidden_layers=4,
                     num_attention_heads=8, num_key_value_heads=4, vocab_size=VOCAB, tie_word_embeddings=False),
         attn="sdpa", labels=True, lora="r=16,alpha=32,targets=q_proj,k_proj,v_proj,o_proj"),
+    # mixture of experts (8 experts, top-2, SwiGLU experts), SDPA, in-model loss; routing forced
+    # balanced in PyTorch (round robin), as memplan assumes by default (--moe-routing balanced)
+    "mixtral": dict(
+        config=dict(model_type="mixtral", hidden_size=384, intermediate_size=512, num_hidden_layers=2,
+                    num_attention_heads=6, num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2,
+                    vocab_size=VOCAB, tie_word_embeddings=False, sliding_window=None),
+        attn="sdpa", labels=True, moe="balanced"),
+    # Qwen3-MoE: 16 experts, top-4, normalised top-k weights, qk-norm, eager attention, in-model loss
+    "qwen3_moe": dict(
+        config=dict(model_type="qwen3_moe", hidden_size=384, intermediate_size=1024, moe_intermediate_size=256,
+                    num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2, head_dim=64,
+                    num_experts=16, num_experts_per_tok=4, norm_topk_prob=True, decoder_sparse_step=1,
+                    mlp_only_layers=[], vocab_size=VOCAB, tie_word_embeddings=False),
+        attn="eager", labels=True, moe="balanced"),
 }
+# the mixtral family again, its router forced to memplan's worst case (--moe-routing worst): one
+# expert receives every token; the same file
+FAMILIES["mixtral_worst"] = dict(FAMILIES["mixtral"], moe="worst", fixture="mixtral")
 OPTIMIZERS = ("sgd", "adamw")
+
+
+def _forced_indices(t, k, e, routing):
+    """[t, k] expert indices, distinct per token. balanced: token i goes to experts (i·k + j) mod
+    E, so every expert receives T·k/E tokens; worst: slot 0 of every token goes to expert 0 and
+    the other slots round robin over the other experts (memplan's --moe-routing worst)."""
+    import torch
+
+    i, j = torch.arange(t)[:, None], torch.arange(k)[None, :]
+    if routing == "balanced":
+        return (i * k + j) % e
+    assert routing == "worst"
+    rest = 1 + (i * (k - 1) + (j - 1)) % (e - 1)
+    return torch.where(j == 0, torch.zeros_like(rest), rest)
+
+
+def _forced_router(self, hidden_states):
+    """transformers' top-k router (MixtralTopKRouter.forward) with the experts chosen by
+    ``_forced_indices`` instead of by score. The scores still come from the router's softmax,
+    so its gradient flows as in training."""
+    import torch
+    import torch.nn.functional as F
+
+    hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+    router_logits = F.linear(hidden_states, self.weight)
+    router_probs = F.softmax(router_logits, dtype=torch.float, dim=-1)
+    idx = _forced_indices(router_probs.shape[0], self.top_k, self.num_experts, self._memplan_routing)
+    top_value = router_probs.gather(1, idx)
+    if getattr(self, "norm_topk_prob", True):
+        top_value /= top_value.sum(dim=-1, keepdim=True)
+    return router_logits, top_value.to(router_logits.dtype), idx
+
+
+def _force_routing(model, routing):
+    routers = [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
+    assert routers, "a MoE family without top-k routers"
+    for r in routers:
+        r._memplan_routing = routing
+        r.forward = _forced_router.__get__(r)
 
 
 def _builder(fam, seq, dtype):
@@ -91,8 +147,12 @@ def _builder(fam, seq, dtype):
         from transformers import AutoModelForCausalLM
 
         cfg = build_config(spec["config"], attn=spec["attn"])
+        if spec.get("moe"):
+            cfg._experts_implementation = "eager"  # transformers' per-expert loop, as exported
         torch.manual_seed(0)
         base = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
+        if spec.get("moe"):
+            _force_routing(base, spec["moe"])
         if spec.get("lora"):
             from memplan_export.hf import _add_lora, parse_lora
 
@@ -138,7 +198,8 @@ def export_fixture(fam, seq, dtype, out_dir):
     from memplan_export import export_hf
 
     spec = FAMILIES[fam]
-    path = os.path.join(out_dir, "%s.onnx" % fam if dtype == "float32" else "%s_%s.onnx" % (fam, dtype))
+    name = spec.get("fixture", fam)
+    path = os.path.join(out_dir, "%s.onnx" % name if dtype == "float32" else "%s_%s.onnx" % (name, dtype))
     short = {"float32": "fp32", "bfloat16": "bf16"}[dtype]
     return export_hf(spec["config"], path, dtype=short, seq=seq, labels=spec["labels"], attn=spec["attn"],
                      lora=spec.get("lora"))
@@ -184,6 +245,8 @@ def main():
                       "file": os.path.relpath(ex.path, ROOT)})
         if spec.get("lora"):
             entry.update({"lora": spec["lora"], "trainable": "lora_"})
+        if spec.get("moe"):
+            entry.update({"moe_routing": spec["moe"], "experts_implementation": "eager"})
         for b in [int(x) for x in a.batches.split(",")]:
             entry["batch_%d" % b] = measure(fam, b, a.seq, a.dtype, lambda m: print(m, flush=True))
         res[key] = entry

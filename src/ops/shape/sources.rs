@@ -356,9 +356,18 @@ impl Op for LikeInput {
             return Ok(None);
         }
         let n = out[0].numel();
+        let adds = cx.attrs().string("reduction") == Some("add");
         Ok(match cx.node.op_type.as_str() {
             "EyeLike" => None,
             "Trilu" => Some(Backward::each(&[0], &[], n)),
+            // torch.onnx writes `index_add_` (a mixture-of-experts layer's combine) as
+            // a ScatterND add, and PyTorch's IndexAddBackward0 keeps its source for
+            // `expand_as(source)`: saved here too (measured: tests/llm.rs, mixtral).
+            "ScatterND" if adds => Some(Backward::each(
+                &[0, 2],
+                &[Saved::Input(1), Saved::Input(2)],
+                n,
+            )),
             _ => Some(Backward::each(&[0, 2], &[Saved::Input(1)], n)),
         })
     }
