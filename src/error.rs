@@ -161,6 +161,8 @@ pub enum Setting {
     Trainable,
     /// How frozen parameters are stored.
     WeightDtype,
+    /// How many tokens each expert of a mixture-of-experts layer receives.
+    MoeRouting,
 }
 
 impl std::fmt::Display for Setting {
@@ -174,6 +176,7 @@ impl std::fmt::Display for Setting {
             Setting::Freeze => write!(f, "the parameters to freeze"),
             Setting::Trainable => write!(f, "the parameters that train"),
             Setting::WeightDtype => write!(f, "the frozen parameters' storage type"),
+            Setting::MoeRouting => write!(f, "the mixture-of-experts routing assumption"),
         }
     }
 }

@@ -330,10 +330,13 @@ fn routed(b: &Bindings, sites: &[Site]) -> Result<Option<RoutingSummary>> {
     let routing = b.routing.unwrap_or_default();
     if sites.is_empty() {
         if let Some(r) = b.routing {
-            return Err(Error::Binding(format!(
-                "--moe-routing {r}: this model has no mixture-of-experts routing (no NonZero \
-                 over a TopK's expert indices)"
-            )));
+            return Err(Error::setting(
+                Setting::MoeRouting,
+                format!(
+                    "routing '{r}' given, but this model has no mixture-of-experts routing (no \
+                     NonZero over a TopK's expert indices)"
+                ),
+            ));
         }
     }
     Ok(RoutingSummary::of(sites, routing))

@@ -242,7 +242,7 @@ impl RoutingSummary {
     /// One line for the text reports.
     pub fn line(&self) -> String {
         format!(
-            "MoE routing assumed {} (--moe-routing): {} expert selections, {} experts, top-{}, \
+            "MoE routing assumed {}: {} expert selections, {} experts, top-{}, \
              {} tokens a layer, at most {} to one expert",
             self.assumption,
             self.selections,

@@ -50,6 +50,9 @@ fn profile(entry: &Value, batch: u64, optimizer: &str) -> Value {
     if let Some(pattern) = entry["trainable"].as_str() {
         args.extend(["--trainable", pattern]);
     }
+    if let Some(wd) = entry["weight_dtype"].as_str() {
+        args.extend(["--weight-dtype", wd]);
+    }
     if let Some(routing) = entry["moe_routing"].as_str() {
         args.extend(["--moe-routing", routing]);
     }
@@ -205,7 +208,27 @@ fn moe_routing_sizes_the_experts_and_is_stated() {
     ]);
     assert!(ok);
     assert!(
-        out.contains("MoE routing assumed capacity=1.25 (--moe-routing)"),
+        out.contains("MoE routing assumed capacity=1.25: 16 expert selections"),
         "{out}"
     );
+}
+
+/// QLoRA: the llama_lora file read with `--weight-dtype nf4` stores each frozen Linear
+/// weight as bitsandbytes' `Params4bit` does (models/llm_reference.json llama_qlora:
+/// what bitsandbytes stored for the same model, quantized on the CPU), the output head
+/// kept in float32 as transformers keeps it; the step itself is checked with the other
+/// families (`llm_families_match_pytorch_at_sequence_2048`).
+#[test]
+fn nf4_stores_what_bitsandbytes_stores() {
+    let r = reference();
+    let q = &r["llama_qlora"];
+    let with = profile(q, 1, "sgd");
+    let mut plain = q.clone();
+    plain.as_object_mut().unwrap().remove("weight_dtype");
+    let without = profile(&plain, 1, "sgd");
+    let params = |t: &Value| t["params_bytes"].as_u64().unwrap();
+    let elements = q["nf4_quantized_elements"].as_u64().unwrap();
+    let stored = q["nf4_stored_bytes"].as_u64().unwrap();
+    // The float32 weights out, their NF4 storage in: exactly what bitsandbytes keeps.
+    assert_eq!(params(&without) - params(&with), 4 * elements - stored);
 }

@@ -231,6 +231,7 @@ pub fn flag_for(s: &memplan::error::Setting) -> String {
         Setting::Freeze => "--freeze".into(),
         Setting::Trainable => "--trainable".into(),
         Setting::WeightDtype => "--weight-dtype".into(),
+        Setting::MoeRouting => "--moe-routing".into(),
     }
 }
 

@@ -18,7 +18,7 @@ pub fn fit_text(r: &FitReport, to_try: Option<&str>) -> String {
     );
     if let Some(m) = &r.moe_routing {
         s.push_str(&format!(
-            "experts      MoE routing assumed {} (--moe-routing): {} experts, top-{}\n\n",
+            "experts      MoE routing assumed {}: {} experts, top-{}\n\n",
             m.assumption, m.experts, m.top_k
         ));
     }

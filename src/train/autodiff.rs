@@ -198,25 +198,32 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
     // as its second operand; `Some(true)` when it is stored `[in, out]` (MatMul,
     // Gemm without transB), so its output rows are its last dim.
     let mut linear_rhs: Vec<Option<bool>> = vec![None; n_t];
+    // A weight's transposed view that a MatMul reads (`Transpose(W)`), by the view.
+    let mut weight_of_view: Vec<Option<TensorId>> = vec![None; n_t];
     for &ix in &g.order {
-        let n = g.node(ix);
-        if let (true, Some(Some(t))) = (
-            n.op_type == "MatMul" || n.op_type == "Gemm",
-            n.inputs.get(1),
-        ) {
-            if inf.facts[*t].shape.len() == 2 {
-                let in_out = n.op_type == "MatMul" || n.attrs.int("transB").unwrap_or(0) == 0;
-                linear_rhs[*t] = Some(in_out);
+        if let Some((w, in_out, view)) = super::quant::linear_weight(model, g.node(ix)) {
+            if inf.facts[w].shape.len() == 2 {
+                linear_rhs[w] = Some(in_out);
+                if let Some(v) = view {
+                    weight_of_view[v] = Some(w);
+                }
             }
         }
     }
+    let head = super::quant::kept_unquantized(model);
     let quantized: Vec<bool> = (0..n_t)
         .map(|t| {
             is_param[t]
                 && !trainable[t]
                 && linear_rhs[t].is_some()
+                && !head[t]
                 && frozen_dtype.is_some_and(|d| d.is_quantized())
         })
+        .collect();
+    // The transposed view of a quantized weight is read as the weight: dequantized by
+    // the MatMul that reads it (the Transpose itself only views).
+    let quantized: Vec<bool> = (0..n_t)
+        .map(|t| quantized[t] || weight_of_view[t].is_some_and(|w| quantized[w]))
         .collect();
     if let Some(wd) = frozen_dtype.filter(|d| d.is_quantized()) {
         if !quantized.contains(&true) {
@@ -415,7 +422,13 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
             };
             let src = tstore[t].expect("inputs are stored before use");
             let cur = b.dtype_of(t, &float_dtype);
-            if quantized[t] {
+            let views_it = node
+                .outputs
+                .first()
+                .copied()
+                .flatten()
+                .is_some_and(|o| weight_of_view[o] == Some(t));
+            if quantized[t] && !views_it {
                 // Dequantized to the compute dtype for this op only; the op (and its
                 // backward) keeps the quantized weight.
                 let dt = target.unwrap_or(cur);

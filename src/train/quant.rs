@@ -23,7 +23,11 @@
 //! int8 and nf4 apply, as bitsandbytes' `Linear8bitLt` / `Linear4bit` replace
 //! `nn.Linear`, to frozen 2-D weights that a `MatMul` or `Gemm` reads as its second
 //! operand; other frozen parameters (biases, norms, embeddings, convolutions) keep
-//! the precision's dtype. fp32, fp16 and bf16 apply to every frozen parameter.
+//! the precision's dtype. As transformers quantizes a model (`BitsAndBytesConfig`:
+//! `get_keys_to_not_convert`), the output head stays unquantized: a weight whose
+//! `MatMul` or `Gemm` writes a graph output (`lm_head`: the logits), and a weight an
+//! embedding (`Gather`) also reads (tied embeddings) ([`kept_unquantized`]). fp32,
+//! fp16 and bf16 apply to every frozen parameter.
 //!
 //! Dequantized temporaries: each forward op that reads an int8 or nf4 weight first
 //! dequantizes it to the compute dtype, a temporary that lives while the op runs
@@ -32,7 +36,7 @@
 //! to the incoming gradient's dtype for the input gradient (`MatMul4Bit.backward`):
 //! another temporary, of that backward step.
 
-use crate::ir::DType;
+use crate::ir::{DType, Model, Node, TensorId};
 
 /// Storage of the frozen parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -101,6 +105,59 @@ impl WeightDtype {
 pub fn output_rows(shape: &[usize], in_out: bool) -> u64 {
     let d = if in_out { shape.last() } else { shape.first() };
     d.map_or(1, |&d| d as u64)
+}
+
+/// The Linear weight node `n` reads, when it is a `MatMul` or `Gemm` whose second
+/// operand is a 2-D tensor: `(weight, in_out, view)`, `in_out` when the weight is stored
+/// `[in, out]` (so its output rows are its last dim). The dynamo exporter writes
+/// `F.linear(x, W)` on a 3-D `x` as `MatMul(x, Transpose(W))`: the weight is then the
+/// Transpose's input, stored `[out, in]`, and `view` is the transposed tensor.
+pub fn linear_weight(model: &Model, n: &Node) -> Option<(TensorId, bool, Option<TensorId>)> {
+    if n.op_type != "MatMul" && n.op_type != "Gemm" {
+        return None;
+    }
+    let t = n.inputs.get(1).copied().flatten()?;
+    let in_out = n.op_type == "MatMul" || n.attrs.int("transB").unwrap_or(0) == 0;
+    let g = &model.graph;
+    if let Some(p) = g.tensor(t).producer.map(|p| g.node(p)) {
+        let w = p.inputs.first().copied().flatten()?;
+        let perm = p.attrs.ints("perm");
+        let swaps = perm.is_none_or(|p| p[..] == [1, 0]);
+        return (p.op_type == "Transpose" && swaps && g.tensor(w).init.is_some()).then_some((
+            w,
+            !in_out,
+            Some(t),
+        ));
+    }
+    Some((t, in_out, None))
+}
+
+/// By tensor id: the weights a quantized base keeps in its float type, as transformers
+/// leaves them (see the module docs): the output head, which a `MatMul` or `Gemm`
+/// writing a graph output reads as its second operand, and any weight a `Gather`
+/// reads (an embedding, tied or not).
+pub fn kept_unquantized(model: &Model) -> Vec<bool> {
+    let g = &model.graph;
+    let mut keep = vec![false; g.tensors.len()];
+    for &ix in &g.order {
+        let n = g.node(ix);
+        let weight = linear_weight(model, n).map(|(w, _, _)| w);
+        let writes_output = n.outputs.iter().flatten().any(|o| g.outputs.contains(o));
+        match n.op_type.as_str() {
+            "MatMul" | "Gemm" if writes_output => {
+                if let Some(w) = weight {
+                    keep[w] = true;
+                }
+            }
+            "Gather" => {
+                if let Some(Some(w)) = n.inputs.first() {
+                    keep[*w] = true;
+                }
+            }
+            _ => {}
+        }
+    }
+    keep
 }
 
 #[cfg(test)]

@@ -81,10 +81,50 @@ FAMILIES = {
                     mlp_only_layers=[], vocab_size=VOCAB, tie_word_embeddings=False),
         attn="eager", labels=True, moe="balanced"),
 }
+# QLoRA: the llama_lora family with its frozen Linear weights quantized to NF4 by bitsandbytes
+# (Linear4bit, double-quantized absmax, compute in float32; lm_head kept, as transformers'
+# BitsAndBytesConfig keeps it); the same file, read with --weight-dtype nf4
+FAMILIES["llama_qlora"] = dict(FAMILIES["llama_lora"], qlora="nf4", fixture="llama_lora")
 # the mixtral family again, its router forced to memplan's worst case (--moe-routing worst): one
 # expert receives every token; the same file
 FAMILIES["mixtral_worst"] = dict(FAMILIES["mixtral"], moe="worst", fixture="mixtral")
 OPTIMIZERS = ("sgd", "adamw")
+
+
+def _quantize_nf4(model):
+    """Every nn.Linear but the output head becomes bitsandbytes' Linear4bit (NF4, blocksize 64,
+    compress_statistics=True as QLoRA), quantized on the CPU from the model's own weights."""
+    import torch
+    from bitsandbytes.nn import Linear4bit, Params4bit
+
+    head = model.get_output_embeddings()
+    for mod in list(model.modules()):
+        for name, child in list(mod.named_children()):
+            if isinstance(child, torch.nn.Linear) and child is not head:
+                q = Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
+                               compute_dtype=child.weight.dtype, quant_type="nf4", compress_statistics=True)
+                q.weight = Params4bit(child.weight.data, requires_grad=False, quant_type="nf4",
+                                      compress_statistics=True)._quantize("cpu")
+                if child.bias is not None:
+                    q.bias = child.bias
+                setattr(mod, name, q)
+    return model
+
+
+def nf4_stored_bytes(model):
+    """What bitsandbytes stores for the model's quantized weights: the 4-bit codes, the 8-bit
+    absmax, its fp32 second-level absmax and offset (the shared code tables apart); and how
+    many elements they quantize."""
+    from bitsandbytes.nn import Params4bit
+
+    total, elements = 0, 0
+    for p in model.parameters():
+        if isinstance(p, Params4bit) and p.quant_state is not None:
+            qs = p.quant_state
+            parts = [p.data, qs.absmax] + ([qs.state2.absmax, qs.offset] if qs.nested else [])
+            total += sum(t.numel() * t.element_size() for t in parts)
+            elements += qs.shape.numel()
+    return total, elements
 
 
 def _forced_indices(t, k, e, routing):
@@ -153,12 +193,16 @@ def _builder(fam, seq, dtype):
         base = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
         if spec.get("moe"):
             _force_routing(base, spec["moe"])
+        if spec.get("qlora"):
+            _quantize_nf4(base)
+            nf4_bytes = nf4_stored_bytes(base)
         if spec.get("lora"):
             from memplan_export.hf import _add_lora, parse_lora
 
             base = _add_lora(base, parse_lora(spec["lora"]), device="cpu")
         m = LM(base)
         m._memplan_graph_loss = spec["labels"]
+        m._memplan_nf4_bytes = nf4_bytes if spec.get("qlora") else None
         m.train()
         names = [("input_ids", "int64", [seq])] + ([("labels", "int64", [seq])] if spec["labels"] else [])
 
@@ -170,6 +214,10 @@ def _builder(fam, seq, dtype):
         return m, make_inputs, names, ["loss", "logits"] if spec["labels"] else ["logits"]
 
     return build
+
+
+def _nf4_bytes(fam, seq, dtype):
+    return _builder(fam, seq, dtype)(fam)[0]._memplan_nf4_bytes
 
 
 def measure(fam, batch, seq, dtype, log):
@@ -245,6 +293,10 @@ def main():
                       "file": os.path.relpath(ex.path, ROOT)})
         if spec.get("lora"):
             entry.update({"lora": spec["lora"], "trainable": "lora_"})
+        if spec.get("qlora"):
+            stored, elements = _nf4_bytes(fam, a.seq, a.dtype)
+            entry.update({"weight_dtype": spec["qlora"], "nf4_stored_bytes": stored,
+                          "nf4_quantized_elements": elements})
         if spec.get("moe"):
             entry.update({"moe_routing": spec["moe"], "experts_implementation": "eager"})
         for b in [int(x) for x in a.batches.split(",")]:
