@@ -29,7 +29,9 @@
 //! (`NewGELUActivation`, with `torch.pow`) and eager attention are left as written,
 //! since PyTorch runs them op by op.
 
-use super::fusion::{cast_backs, fake_quant_roles, fused_patterns, per_node, FakeQuantRole};
+use super::fusion::{
+    cast_backs, fake_quant_roles, fused_patterns, per_node, FakeQuantRole, Fusion,
+};
 use super::policy::Origins;
 use super::schedule::{Schedule, Step, StepKind, Storage, StorageId, StorageKind};
 use super::{Loss, TrainOptions};
@@ -39,6 +41,17 @@ use crate::ir::{parameter_name, DType, Model, TensorId, TensorKind};
 use crate::ops::{self, layout, registry, Backward, Cx, Fact, Saved};
 use petgraph::stable_graph::NodeIndex;
 use std::collections::{HashMap, HashSet};
+
+/// Whether a flash attention's query (the tensor its output's layout follows) is
+/// contiguous as shaped: PyTorch computes it so after RoPE over a non-dense slice of
+/// a fused qkv projection (Phi-3), and the output then follows it.
+fn query_is_contiguous(f: &Fusion, strides: &[Option<Vec<usize>>], inf: &Inferred) -> bool {
+    f.layout_of.is_some_and(|q| {
+        strides[q]
+            .as_ref()
+            .is_some_and(|st| layout::is_contiguous(&inf.facts[q].shape, st))
+    })
+}
 
 /// Per-node facts the builder needs.
 struct NodeRule<'a> {
@@ -635,6 +648,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
                 b.storages[s].held = true;
             }
             let layout = fusions.get(&ix).and_then(|f| match &f.out_layout_f32 {
+                _ if query_is_contiguous(f, &strides, inf) => None,
                 Some(l) if b.storages[s].dtype == DType::F32 => Some(l),
                 _ => f.out_layout.as_ref(),
             });

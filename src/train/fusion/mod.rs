@@ -298,6 +298,10 @@ pub(super) struct Fusion {
     pub(super) out_layout: Option<Vec<usize>>,
     /// The same where the output is float32, when that differs (SDPA: [`SDPA_F32_LAYOUT`]).
     pub(super) out_layout_f32: Option<Vec<usize>>,
+    /// Flash attention (SDPA without a mask) writes its output in its query's memory
+    /// layout: when the query is contiguous as shaped, so is the output, whatever
+    /// `out_layout` says.
+    pub(super) layout_of: Option<TensorId>,
 }
 
 /// The per-node view of the patterns (fake quantization apart: its nodes keep
@@ -315,6 +319,10 @@ pub(super) fn per_node(patterns: &[FusedPattern]) -> HashMap<NodeIndex, Fusion> 
                 extras: p.extras.clone(),
                 out_layout: p.out_layout.clone(),
                 out_layout_f32: (p.kind == FusedKind::Sdpa).then(|| SDPA_F32_LAYOUT.to_vec()),
+                layout_of: (p.kind == FusedKind::Sdpa
+                    && p.out_layout.as_deref() != Some(&SDPA_F32_LAYOUT[..]))
+                .then(|| p.reads.first().copied())
+                .flatten(),
             },
         );
     }
