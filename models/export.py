@@ -1244,8 +1244,9 @@ TRAINING_DEFINITIONS = {
     "peak_alive_dropout_noise_bytes": "CPU dropout's float noise (4 B per element where CUDA keeps a 1-byte mask) "
     "alive at the step peak's instant (_alloc_kind)",
     "peak_alive_rng_state_bytes": "CPU RNG states kept by non-reentrant checkpoint calls alive at the step peak",
-    "peak_alive_cpu_kernel_copy_bytes": "copies a CPU convolution kernel made of its operands (aten::contiguous "
-    "inside convolution_backward / mkldnn_convolution) alive at the step peak",
+    "peak_alive_cpu_kernel_copy_bytes": "copies a CPU kernel made of its operands (aten::contiguous inside "
+    "convolution_backward / mkldnn_convolution; the float32 copy CPU's mean sums of a half tensor) alive at the "
+    "step peak",
     "peak_alive_cpu_kernel_scratch_bytes": "memory a CPU convolution kernel allocated itself (not through a "
     "factory op) and freed before it returned, alive at the step peak (_collect_profile)",
     "device_equivalent_step_peak_delta_bytes": "the step timeline's peak after taking out, at every instant, what "
@@ -1424,6 +1425,13 @@ def _alloc_kind(chain, size):
     if size > 0 and "aten::contiguous" in chain:
         i = chain.index("aten::contiguous")
         if any(op in _CPU_CONV_KERNELS for op in chain[:i]):
+            return "cpu_kernel_copy"
+    if size > 0 and "aten::mean" in chain:
+        # CPU's mean of a bfloat16 or float16 tensor sums a float32 copy of it (ReduceOps.cpp:
+        # make_reduction casts the input on the CPU); CUDA's reduces it in place, accumulating
+        # in float32
+        i = chain.index("aten::mean")
+        if any(op in ("aten::to", "aten::_to_copy") for op in chain[i + 1:]):
             return "cpu_kernel_copy"
     return None
 

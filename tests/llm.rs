@@ -14,7 +14,11 @@ mod common;
 use serde_json::Value;
 
 fn reference() -> serde_json::Map<String, Value> {
-    let text = std::fs::read_to_string(common::shipped("llm_reference.json")).unwrap();
+    reference_from("llm_reference.json")
+}
+
+fn reference_from(file: &str) -> serde_json::Map<String, Value> {
+    let text = std::fs::read_to_string(common::shipped(file)).unwrap();
     serde_json::from_str::<Value>(&text)
         .unwrap()
         .as_object()
@@ -61,18 +65,26 @@ fn profile(entry: &Value, batch: u64, optimizer: &str) -> Value {
     common::memplan_json(&args)["training"].clone()
 }
 
-#[test]
-fn llm_families_match_pytorch_at_sequence_2048() {
+/// Every family of a reference file at each batch measured, SGD and AdamW: saved
+/// bytes within 2 % and the step's peak within 5 %. Returns how many families.
+fn matches_pytorch(file: &str) -> usize {
     let mut report = Vec::new();
     let mut failed = Vec::new();
     let mut families = 0;
-    for (name, r) in reference().iter().filter(|(k, _)| !k.starts_with('_')) {
+    for (name, r) in reference_from(file)
+        .iter()
+        .filter(|(k, _)| !k.starts_with('_'))
+    {
         families += 1;
-        for b in [1u64, 2] {
-            let Some(x) = r.get(format!("batch_{b}")) else {
-                failed.push(format!("{name}: no batch {b} measured"));
-                continue;
-            };
+        let batches: Vec<u64> = [1u64, 2]
+            .into_iter()
+            .filter(|b| r.get(format!("batch_{b}")).is_some())
+            .collect();
+        if batches.is_empty() {
+            failed.push(format!("{name}: no batch measured"));
+        }
+        for b in batches {
+            let x = &r[format!("batch_{b}")];
             let want_saved = x["saved_bytes_cuda_equivalent"].as_u64().unwrap();
             for opt in ["sgd", "adamw"] {
                 let t = profile(r, b, opt);
@@ -104,15 +116,30 @@ fn llm_families_match_pytorch_at_sequence_2048() {
         "outside 2 % / 5 %:\n{}",
         failed.join("\n")
     );
+    families
+}
+
+#[test]
+fn llm_families_match_pytorch_at_sequence_2048() {
+    let families = matches_pytorch("llm_reference.json");
     assert!(families >= 6, "{families} families");
+}
+
+/// The llama and qwen3 configs built in bfloat16 and stepped on the CPU
+/// (models/llm_reference_bf16.json), against their bf16 exports under
+/// `--precision bf16`: Hugging Face's `softmax(x, dtype=float32)` computes and saves
+/// in float32, which the exporter writes as a cast after the softmax
+/// ([`memplan::lower`] swaps them back).
+#[test]
+fn bf16_llm_families_match_pytorch() {
+    assert!(matches_pytorch("llm_reference_bf16.json") >= 2);
 }
 
 /// A file exported in bfloat16 (models/llm/llama_bfloat16.onnx, the llama family after
 /// `--dtype bf16`) holds the model's own float32 upcasts as Casts; `--precision bf16`
 /// keeps them, so it saves more than the float32 export retyped to bfloat16
-/// (measured: 736,714,760 against 449,368,064 B at batch 1), and profiling it under
-/// another precision warns. Against PyTorch in bfloat16 on the CPU it is not yet
-/// close (models/llm_reference_bf16.json: 26.7 % less saved; docs/LLM.md).
+/// (measured: 1,005,150,216 against 449,368,064 B at batch 1; PyTorch saves
+/// 1,005,150,208), and profiling it under another precision warns.
 #[test]
 fn a_bf16_export_trains_as_written() {
     let saved = |file: &str| {

@@ -92,8 +92,43 @@ pub fn needs_lowering(model: &Model) -> bool {
     let g = &model.graph;
     g.order.iter().any(|&ix| {
         let n = g.node(ix);
-        is_lowered(n) || scatter::may_be_slice(model, n) || may_be_zero_bias(model, n)
+        is_lowered(n)
+            || scatter::may_be_slice(model, n)
+            || may_be_zero_bias(model, n)
+            || upcast_of_softmax(model, ix).is_some()
     })
+}
+
+/// `softmax(x, dim, dtype=torch.float32)` (Hugging Face's eager attention on a half
+/// `x`), which the dynamo exporter writes as `Cast(Softmax(x), to=FLOAT)`: PyTorch
+/// converts `x` to float32 first, then computes and saves the softmax in float32
+/// (SoftmaxBackward0 keeps the float32 result). [`lower`] swaps the two nodes where
+/// `x` is half, so that the graph computes as PyTorch does: `Softmax(Cast(x))`. The
+/// Cast node of `Softmax ix` when it is that Softmax's only reader.
+fn upcast_of_softmax(model: &Model, ix: NodeIndex) -> Option<NodeIndex> {
+    let g = &model.graph;
+    let n = g.node(ix);
+    if !(n.domain.is_empty() && n.op_type == "Softmax") {
+        return None;
+    }
+    let out = n.outputs.first().copied().flatten()?;
+    if g.outputs.contains(&out) {
+        return None;
+    }
+    let mut readers = g
+        .nodes
+        .edges_directed(ix, petgraph::Direction::Outgoing)
+        .map(|e| petgraph::visit::EdgeRef::target(&e));
+    let c = readers.next()?;
+    if readers.any(|r| r != c) {
+        return None;
+    }
+    let cast = g.node(c);
+    let to_float = cast.domain.is_empty()
+        && cast.op_type == "Cast"
+        && cast.attrs.int("to") == Some(1) // ONNX FLOAT
+        && cast.inputs.first() == Some(&Some(out));
+    to_float.then_some(c)
 }
 
 /// A Conv or ConvTranspose whose bias an `Expand` writes to a shape a `Concat`
@@ -269,6 +304,20 @@ impl Lowering {
         }
         if scatter::may_be_slice(&self.m, &node) && self.lower_box_scatter(ix, &node)? {
             return Ok(());
+        }
+        if let Some(cast) = upcast_of_softmax(&self.m, ix) {
+            let x = node.inputs.first().copied().flatten();
+            let half = x
+                .and_then(|x| self.facts[x].as_ref())
+                .is_some_and(|f| matches!(f.dtype, DType::F16 | DType::BF16));
+            if half {
+                let g = &mut self.m.graph;
+                let cast_attrs = std::mem::take(&mut g.nodes[cast].attrs);
+                g.nodes[cast].op_type = "Softmax".into();
+                g.nodes[cast].attrs = std::mem::replace(&mut g.nodes[ix].attrs, cast_attrs);
+                g.nodes[ix].op_type = "Cast".into();
+                self.changed = true;
+            }
         }
         if may_be_zero_bias(&self.m, &node) {
             let bias = node.inputs[2].expect("a bias");

@@ -42,6 +42,25 @@ use crate::ops::{self, layout, registry, Backward, Cx, Fact, Saved};
 use petgraph::stable_graph::NodeIndex;
 use std::collections::{HashMap, HashSet};
 
+/// The half input `x` of a `Softmax(Cast(x, to=FLOAT))`.
+fn upcast_softmax_source(
+    model: &Model,
+    inf: &Inferred,
+    node: &crate::ir::Node,
+) -> Option<TensorId> {
+    if !(node.domain.is_empty() && node.op_type == "Softmax") {
+        return None;
+    }
+    let g = &model.graph;
+    let cast = g.node(g.tensor(node.inputs.first().copied().flatten()?).producer?);
+    let x = cast.inputs.first().copied().flatten()?;
+    let upcast = cast.domain.is_empty()
+        && cast.op_type == "Cast"
+        && cast.attrs.int("to") == Some(1) // ONNX FLOAT
+        && matches!(inf.facts[x].dtype, DType::F16 | DType::BF16);
+    upcast.then_some(x)
+}
+
 /// Whether a flash attention's query (the tensor its output's layout follows) is
 /// contiguous as shaped: PyTorch computes it so after RoPE over a non-dense slice of
 /// a fused qkv projection (Phi-3), and the output then follows it.
@@ -485,6 +504,11 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
             };
             reads.push(s);
             slots.push(Some(s));
+        }
+        // `softmax(x, dtype=float32)` on a half `x` converts `x` inside the op, which
+        // [`crate::lower`] writes `Softmax(Cast(x))`: `x` lives through the softmax.
+        if let Some(s) = upcast_softmax_source(model, inf, node).and_then(|x| tstore[x]) {
+            reads.push(s);
         }
         // Operands PyTorch's kernel copies to contiguous memory before saving them
         // (torch.matmul's reshape of a strided operand): the copy is written here and
