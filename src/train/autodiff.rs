@@ -29,9 +29,7 @@
 //! (`NewGELUActivation`, with `torch.pow`) and eager attention are left as written,
 //! since PyTorch runs them op by op.
 
-use super::fusion::{
-    cast_backs, fake_quant_roles, fused_patterns, per_node, FakeQuantRole, Fusion,
-};
+use super::fusion::{cast_backs, fake_quant_roles, fused_patterns, per_node, FakeQuantRole};
 use super::policy::Origins;
 use super::schedule::{Schedule, Step, StepKind, Storage, StorageId, StorageKind};
 use super::{Loss, TrainOptions};
@@ -41,36 +39,6 @@ use crate::ir::{parameter_name, DType, Model, TensorId, TensorKind};
 use crate::ops::{self, layout, registry, Backward, Cx, Fact, Saved};
 use petgraph::stable_graph::NodeIndex;
 use std::collections::{HashMap, HashSet};
-
-/// The half input `x` of a `Softmax(Cast(x, to=FLOAT))`.
-fn upcast_softmax_source(
-    model: &Model,
-    inf: &Inferred,
-    node: &crate::ir::Node,
-) -> Option<TensorId> {
-    if !(node.domain.is_empty() && node.op_type == "Softmax") {
-        return None;
-    }
-    let g = &model.graph;
-    let cast = g.node(g.tensor(node.inputs.first().copied().flatten()?).producer?);
-    let x = cast.inputs.first().copied().flatten()?;
-    let upcast = cast.domain.is_empty()
-        && cast.op_type == "Cast"
-        && cast.attrs.int("to") == Some(1) // ONNX FLOAT
-        && matches!(inf.facts[x].dtype, DType::F16 | DType::BF16);
-    upcast.then_some(x)
-}
-
-/// Whether a flash attention's query (the tensor its output's layout follows) is
-/// contiguous as shaped: PyTorch computes it so after RoPE over a non-dense slice of
-/// a fused qkv projection (Phi-3), and the output then follows it.
-fn query_is_contiguous(f: &Fusion, strides: &[Option<Vec<usize>>], inf: &Inferred) -> bool {
-    f.layout_of.is_some_and(|q| {
-        strides[q]
-            .as_ref()
-            .is_some_and(|st| layout::is_contiguous(&inf.facts[q].shape, st))
-    })
-}
 
 /// Per-node facts the builder needs.
 struct NodeRule<'a> {
@@ -226,37 +194,14 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
             ));
         }
     }
-    // bitsandbytes quantizes Linear weights: a 2-D weight that MatMul or Gemm reads
-    // as its second operand; `Some(true)` when it is stored `[in, out]` (MatMul,
-    // Gemm without transB), so its output rows are its last dim.
-    let mut linear_rhs: Vec<Option<bool>> = vec![None; n_t];
-    // A weight's transposed view that a MatMul reads (`Transpose(W)`), by the view.
-    let mut weight_of_view: Vec<Option<TensorId>> = vec![None; n_t];
-    for &ix in &g.order {
-        if let Some((w, in_out, view)) = super::quant::linear_weight(model, g.node(ix)) {
-            if inf.facts[w].shape.len() == 2 {
-                linear_rhs[w] = Some(in_out);
-                if let Some(v) = view {
-                    weight_of_view[v] = Some(w);
-                }
-            }
-        }
-    }
-    let head = super::quant::kept_unquantized(model);
-    let quantized: Vec<bool> = (0..n_t)
-        .map(|t| {
-            is_param[t]
-                && !trainable[t]
-                && linear_rhs[t].is_some()
-                && !head[t]
-                && frozen_dtype.is_some_and(|d| d.is_quantized())
-        })
+    let frozen_quantized: Vec<bool> = (0..n_t)
+        .map(|t| is_param[t] && !trainable[t] && frozen_dtype.is_some_and(|d| d.is_quantized()))
         .collect();
-    // The transposed view of a quantized weight is read as the weight: dequantized by
-    // the MatMul that reads it (the Transpose itself only views).
-    let quantized: Vec<bool> = (0..n_t)
-        .map(|t| quantized[t] || weight_of_view[t].is_some_and(|w| quantized[w]))
-        .collect();
+    let super::quant::Quantized {
+        quantized,
+        linear_rhs,
+        weight_of_view,
+    } = super::quant::Quantized::of(model, inf, &frozen_quantized);
     if let Some(wd) = frozen_dtype.filter(|d| d.is_quantized()) {
         if !quantized.contains(&true) {
             let frozen = params.iter().filter(|&&t| !trainable[t]).count();
@@ -507,7 +452,9 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
         }
         // `softmax(x, dtype=float32)` on a half `x` converts `x` inside the op, which
         // [`crate::lower`] writes `Softmax(Cast(x))`: `x` lives through the softmax.
-        if let Some(s) = upcast_softmax_source(model, inf, node).and_then(|x| tstore[x]) {
+        if let Some(s) =
+            super::policy::upcast_softmax_source(model, inf, node).and_then(|x| tstore[x])
+        {
             reads.push(s);
         }
         // Operands PyTorch's kernel copies to contiguous memory before saving them
@@ -672,7 +619,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
                 b.storages[s].held = true;
             }
             let layout = fusions.get(&ix).and_then(|f| match &f.out_layout_f32 {
-                _ if query_is_contiguous(f, &strides, inf) => None,
+                _ if f.follows_contiguous_query(&strides, inf) => None,
                 Some(l) if b.storages[s].dtype == DType::F32 => Some(l),
                 _ => f.out_layout.as_ref(),
             });

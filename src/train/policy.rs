@@ -210,3 +210,22 @@ impl Origins {
         keep.into_iter().map(|(k, _)| k).collect()
     }
 }
+
+/// The half input `x` of a `Softmax(Cast(x, to=FLOAT))`.
+pub(super) fn upcast_softmax_source(
+    model: &Model,
+    inf: &Inferred,
+    node: &crate::ir::Node,
+) -> Option<TensorId> {
+    if !(node.domain.is_empty() && node.op_type == "Softmax") {
+        return None;
+    }
+    let g = &model.graph;
+    let cast = g.node(g.tensor(node.inputs.first().copied().flatten()?).producer?);
+    let x = cast.inputs.first().copied().flatten()?;
+    let upcast = cast.domain.is_empty()
+        && cast.op_type == "Cast"
+        && cast.attrs.int("to") == Some(1) // ONNX FLOAT
+        && matches!(inf.facts[x].dtype, DType::F16 | DType::BF16);
+    upcast.then_some(x)
+}

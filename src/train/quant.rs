@@ -132,6 +132,53 @@ pub fn linear_weight(model: &Model, n: &Node) -> Option<(TensorId, bool, Option<
     Some((t, in_out, None))
 }
 
+/// Which tensors are quantized Linear weights (bitsandbytes replaces `nn.Linear`: a
+/// 2-D weight a `MatMul` or `Gemm` reads as its second operand), by tensor id.
+pub struct Quantized {
+    /// The frozen Linear weights stored quantized, and their transposed views (the
+    /// `Transpose(W)` a MatMul reads is read as the weight: dequantized by the MatMul,
+    /// the Transpose only views).
+    pub quantized: Vec<bool>,
+    /// Linear weights: `Some(true)` when stored `[in, out]`, so that their output rows
+    /// are the last dim.
+    pub linear_rhs: Vec<Option<bool>>,
+    /// A weight's transposed view that a MatMul reads, by the view.
+    pub weight_of_view: Vec<Option<TensorId>>,
+}
+
+impl Quantized {
+    /// `candidates`: the frozen parameters of a quantized `--weight-dtype`; the Linear
+    /// weights among them are quantized, but the output head ([`kept_unquantized`]).
+    pub fn of(model: &Model, inf: &crate::infer::Inferred, candidates: &[bool]) -> Quantized {
+        let g = &model.graph;
+        let n_t = g.tensors.len();
+        let mut linear_rhs: Vec<Option<bool>> = vec![None; n_t];
+        let mut weight_of_view: Vec<Option<TensorId>> = vec![None; n_t];
+        for &ix in &g.order {
+            if let Some((w, in_out, view)) = linear_weight(model, g.node(ix)) {
+                if inf.facts[w].shape.len() == 2 {
+                    linear_rhs[w] = Some(in_out);
+                    if let Some(v) = view {
+                        weight_of_view[v] = Some(w);
+                    }
+                }
+            }
+        }
+        let head = kept_unquantized(model);
+        let weights: Vec<bool> = (0..n_t)
+            .map(|t| candidates[t] && linear_rhs[t].is_some() && !head[t])
+            .collect();
+        let quantized = (0..n_t)
+            .map(|t| weights[t] || weight_of_view[t].is_some_and(|w| weights[w]))
+            .collect();
+        Quantized {
+            quantized,
+            linear_rhs,
+            weight_of_view,
+        }
+    }
+}
+
 /// By tensor id: the weights a quantized base keeps in its float type, as transformers
 /// leaves them (see the module docs): the output head, which a `MatMul` or `Gemm`
 /// writing a graph output reads as its second operand, and any weight a `Gather`

@@ -74,6 +74,10 @@ def memplan_peak(entry, batch):
         args += ["--loss", "graph"]
     if entry.get("trainable"):
         args += ["--trainable", entry["trainable"]]
+    if entry.get("weight_dtype"):
+        args += ["--weight-dtype", entry["weight_dtype"]]
+    if entry.get("moe_routing"):
+        args += ["--moe-routing", entry["moe_routing"]]
     t = time.time()
     out = subprocess.run(args, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)["training"]["peak_bytes"], time.time() - t

@@ -3,7 +3,7 @@
 
 use petgraph::stable_graph::NodeIndex;
 
-use super::{consumers, FusedKind, FusedPattern};
+use super::{consumers, FusedKind, FusedPattern, Fusion};
 use crate::infer::Inferred;
 use crate::ir::{DType, Model, TensorId};
 use crate::ops::Fact;
@@ -302,4 +302,21 @@ fn key_transposed(
         && only_reader(flat, tr)
         && only_reader(flat_t, back);
     ok.then_some((k, [fwd, tr, back]))
+}
+
+impl Fusion {
+    /// Whether this flash attention's query (the tensor its output's layout follows)
+    /// is contiguous as shaped: PyTorch computes it so after RoPE over a non-dense
+    /// slice of a fused qkv projection (Phi-3), and the output then follows it.
+    pub(in crate::train) fn follows_contiguous_query(
+        &self,
+        strides: &[Option<Vec<usize>>],
+        inf: &Inferred,
+    ) -> bool {
+        self.layout_of.is_some_and(|q| {
+            strides[q]
+                .as_ref()
+                .is_some_and(|st| crate::ops::layout::is_contiguous(&inf.facts[q].shape, st))
+        })
+    }
 }
