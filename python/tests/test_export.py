@@ -204,3 +204,30 @@ def test_an_existing_output_is_kept(tmp_path, capsys):
     assert cli_main(["--hf", "qwen3-8b", "--set", "num_hidden_layers=1", "--seq", "16", "-o", str(out)]) == 1
     assert out.read_bytes() == b"precious"
     assert "--force" in capsys.readouterr().err
+
+
+def test_moe_experts_are_written_directly_and_sized_by_routing(tmp_path):
+    """A Mixtral-style bank exports as one custom op whose translation writes the eager loop:
+    one NonZero per expert and layer, no traced loop; memplan sizes the experts by
+    --moe-routing and refuses the flag on a dense model."""
+    cfg = {"model_type": "mixtral", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "num_local_experts": 4,
+           "num_experts_per_tok": 2}
+    path = str(tmp_path / "moe.onnx")
+    export_hf(cfg, path, seq=32, labels=True)
+    m = onnx.load(path)
+    meta = json.loads({p.key: p.value for p in m.metadata_props}["memplan.moe"])
+    assert meta["written"] == "directly" and meta["experts"] == 4 and meta["layers"] == 2
+    ops = [n.op_type for n in m.graph.node]
+    assert ops.count("NonZero") == 2 * 4
+    assert "SplitToSequence" not in ops  # the traced loop's chunk
+    worst = profile(path, "--loss", "graph", "--moe-routing", "worst")
+    balanced = profile(path, "--loss", "graph")
+    assert balanced["moe_routing"]["max_expert_tokens"] == 32 * 2 // 4
+    assert worst["moe_routing"]["max_expert_tokens"] == 32
+    exe = memplan_binary()
+    dense = str(tmp_path / "dense.onnx")
+    export_hf("llama-3.1-8b", dense, seq=16, overrides=SMALL)
+    out = subprocess.run([exe, "profile", dense, "--batch", "1", "--moe-routing", "worst"],
+                         capture_output=True, text=True)
+    assert out.returncode != 0 and "no mixture-of-experts routing" in out.stderr
