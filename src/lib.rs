@@ -11,6 +11,7 @@
 pub mod choice;
 pub mod error;
 pub mod exec;
+pub mod files;
 pub mod fit;
 pub mod infer;
 pub mod ir;

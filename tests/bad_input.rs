@@ -412,3 +412,28 @@ fn moe_routing_needs_experts_and_a_known_assumption() {
         assert!(!err.contains("panicked"), "{err}");
     }
 }
+
+/// A device or a FIFO given as the model or as a JSON input is refused at once in
+/// one line (before: `/dev/zero` was read until memory ran out, a FIFO blocked the
+/// open forever).
+#[cfg(unix)]
+#[test]
+fn special_files_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let model = write_tmp(&dir, "mlp.onnx", &encode(&mlp()));
+    let m = model.to_str().unwrap();
+    for special in ["/dev/zero", fifo.to_str().unwrap()] {
+        for args in [
+            vec!["profile", special],
+            vec!["plan", "--dag", special, "--budget", "1GiB"],
+            vec!["plan", m, "--batch", "2", "--budget", "50%", "--costs", special],
+        ] {
+            let (ok, _, err) = common::run_memplan(&args);
+            assert!(!ok, "{args:?}");
+            assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+            assert!(err.contains("not a regular file"), "{args:?}: {err}");
+        }
+    }
+}

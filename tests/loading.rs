@@ -144,11 +144,25 @@ fn external_data_is_mapped_when_its_file_is_there() {
     // path), too short for its range, or missing: left external (profiling does not
     // need it; the executor says it could not read it).
     let absolute = dir.path().join("w.bin");
+    // A link in the model's folder to a file outside it (issue 49: `link` ->
+    // /etc/passwd loaded that file) is outside too; a link to a file beside the
+    // model is not; a device is never read.
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::symlink(&absolute, sub.join("out")).unwrap();
+        std::os::unix::fs::symlink("w.bin", sub.join("beside")).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", sub.join("zero")).unwrap();
+        assert!(matches!(payload("beside"), Payload::Raw(_)));
+    }
     for location in [
         "../w.bin",
         absolute.to_str().unwrap(),
         "short.bin",
         "gone.bin",
+        #[cfg(unix)]
+        "out",
+        #[cfg(unix)]
+        "zero",
     ] {
         assert!(
             matches!(payload(location), Payload::External { .. }),

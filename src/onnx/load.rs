@@ -26,11 +26,7 @@ pub fn map_file(path: &Path) -> Result<Bytes> {
         path: path.to_path_buf(),
         source,
     };
-    let mut file = std::fs::File::open(path).map_err(io)?;
-    let meta = file.metadata().map_err(io)?;
-    if meta.is_dir() {
-        return Err(io(std::io::Error::other("is a directory")));
-    }
+    let (mut file, meta) = crate::files::open_regular(path)?;
     // A small file (a model without its weights, or with external data) is read:
     // one read costs less than mapping, faulting the pages in and unmapping.
     if meta.len() <= READ_BELOW {
@@ -93,7 +89,8 @@ pub fn load_model(path: &Path) -> Result<Model> {
 /// EXTERNAL`, what the dynamo exporter writes beside the model) and makes each
 /// such initializer's payload a slice of its file, as for data inside the model:
 /// nothing is read until the executor or a folded value needs it. A location that
-/// leaves the model's directory (absolute, or through `..`), a file that cannot be
+/// leaves the model's directory (absolute, through `..`, or a link whose target is
+/// outside it; [`crate::files::inside_model_dir`]), a file that cannot be
 /// mapped or a range past its end leaves the payload external: profiling never
 /// needs the data, and the executor says which file it could not read.
 pub(crate) fn map_external_data(path: &Path, model: &mut Model) {
@@ -112,15 +109,10 @@ pub(crate) fn map_external_data(path: &Path, model: &mut Model) {
             continue;
         };
         if !files.contains_key(location) {
-            let inside = Path::new(location)
-                .components()
-                .all(|c| matches!(c, std::path::Component::Normal(_)));
-            let file = dir.join(location);
-            // A regular file only: opening a FIFO would block.
-            let regular = || std::fs::metadata(&file).is_ok_and(|m| m.is_file());
-            let mapped = (inside && regular())
-                .then(|| map_file(&file).ok())
-                .flatten();
+            // A regular file inside the model's folder, links resolved: never a
+            // file elsewhere that a link in the folder points at.
+            let mapped = crate::files::inside_model_dir(dir, location)
+                .and_then(|file| map_file(&file).ok());
             files.insert(location.clone(), mapped);
         }
         let Some(file) = files[location].as_ref() else {

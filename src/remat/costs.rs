@@ -135,10 +135,7 @@ pub fn parse_costs(text: &str) -> Result<Costs> {
 
 /// Reads a costs file.
 pub fn load_costs(path: &Path) -> Result<Costs> {
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let text = crate::files::read_json_text(path)?;
     parse_costs(&text)
 }
 

@@ -21,10 +21,7 @@ fn bad(path: &Path, why: impl Into<String>) -> Error {
 
 /// Loads a benchmark DAG.
 pub fn load_dag(path: &Path) -> Result<RematGraph> {
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let text = crate::files::read_json_text(path)?;
     let v: Value = serde_json::from_str(&text).map_err(|e| bad(path, format!("JSON: {e}")))?;
     let nodes = v["nodes"]
         .as_array()

@@ -111,10 +111,7 @@ impl PlanFile {
     /// Reads `path`: format and version first, then the document's structure.
     pub fn read(path: &Path) -> Result<PlanFile> {
         let bad = |m: String| Error::Plan(format!("{}: {m}", path.display()));
-        let text = std::fs::read(path).map_err(|e| Error::Io {
-            path: path.to_path_buf(),
-            source: e,
-        })?;
+        let text = crate::files::read_capped(path, crate::files::MAX_JSON_BYTES)?;
         let v: serde_json::Value =
             serde_json::from_slice(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
         if v.get("format").and_then(|f| f.as_str()) != Some(FORMAT) {
