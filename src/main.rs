@@ -94,6 +94,8 @@ fn main() -> ExitCode {
     };
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
+        // `| head -1`: the reader has what it wanted.
+        Err(e) if e.downcast_ref::<cmd::StdoutClosed>().is_some() => ExitCode::SUCCESS,
         Err(e) => {
             // The chain, minus causes a message already ends with (an I/O error is
             // both part of "cannot read: ..." and its source).

@@ -421,19 +421,78 @@ fn moe_routing_needs_experts_and_a_known_assumption() {
 fn special_files_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let fifo = dir.path().join("fifo");
-    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
     let model = write_tmp(&dir, "mlp.onnx", &encode(&mlp()));
     let m = model.to_str().unwrap();
     for special in ["/dev/zero", fifo.to_str().unwrap()] {
         for args in [
             vec!["profile", special],
             vec!["plan", "--dag", special, "--budget", "1GiB"],
-            vec!["plan", m, "--batch", "2", "--budget", "50%", "--costs", special],
+            vec![
+                "plan", m, "--batch", "2", "--budget", "50%", "--costs", special,
+            ],
         ] {
             let (ok, _, err) = common::run_memplan(&args);
             assert!(!ok, "{args:?}");
             assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
             assert!(err.contains("not a regular file"), "{args:?}: {err}");
         }
+    }
+}
+
+/// Standard output that goes away (`| head -1`) ends the command quietly and
+/// successfully, as `cat` does; a full disk (`> /dev/full`) is one error line. Before,
+/// both panicked in every command that prints.
+#[cfg(unix)]
+#[test]
+fn failed_writes_to_standard_output() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let model = common::shipped("resnet50.onnx");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_memplan"))
+        .args([
+            "profile",
+            model.to_str().unwrap(),
+            "--batch",
+            "8",
+            "--train",
+            "--detail",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.starts_with("model"), "{first}");
+    // The reader is dropped here: the rest (hundreds of KiB) meets a closed pipe.
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {err}", out.status);
+    assert!(err.is_empty(), "{err}");
+
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    for args in [
+        vec!["profile", model.to_str().unwrap(), "--batch", "8"],
+        vec!["fit", model.to_str().unwrap(), "--memory", "8GiB", "--json"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_memplan"))
+            .args(&args)
+            .stdout(full.try_clone().unwrap())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains("cannot write to standard output"), "{err}");
     }
 }

@@ -59,11 +59,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     }
     let rows = run_bench(&gs, &budgets, &solvers, time_limit)?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        super::out(&(serde_json::to_string_pretty(&rows)? + "\n"))?;
     } else if csv {
-        print!("{}", bench_csv(&rows));
+        super::out(&bench_csv(&rows))?;
     } else {
-        print!("{}", bench_text(&rows));
+        super::out(&bench_text(&rows))?;
     }
     Ok(())
 }

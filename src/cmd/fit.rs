@@ -125,10 +125,10 @@ pub fn run(a: FitArgs) -> anyhow::Result<()> {
     super::warn_precision(&path, &m, opts.train.precision);
     let r = fit(&m, &path, &opts).with_context(|| path.clone())?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
+        super::out(&(serde_json::to_string_pretty(&r)? + "\n"))?;
     } else {
         let to_try = format!("fit again with {to_try} for the batches then");
-        print!("{}", fit_text(&r, Some(&to_try)));
+        super::out(&fit_text(&r, Some(&to_try)))?;
     }
     Ok(())
 }

@@ -48,6 +48,31 @@ pub fn warn_precision(path: &str, m: &Model, precision: Precision) -> Option<Str
     Some(w)
 }
 
+/// Writes a command's result to standard output. A reader that closed the pipe
+/// (`| head -1`) is [`StdoutClosed`], which ends the command quietly, as `cat` does; any
+/// other failure (a full disk) is an error naming standard output.
+pub fn out(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut o = std::io::stdout().lock();
+    match o.write_all(text.as_bytes()).and_then(|()| o.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(StdoutClosed.into()),
+        Err(e) => Err(anyhow::anyhow!("cannot write to standard output: {e}")),
+    }
+}
+
+/// Standard output's reader went away: the command stops, quietly and successfully.
+#[derive(Debug)]
+pub struct StdoutClosed;
+
+impl std::fmt::Display for StdoutClosed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "standard output was closed")
+    }
+}
+
+impl std::error::Error for StdoutClosed {}
+
 /// A value parser for one of the library's named choices: its names, each with its
 /// description in `--help`.
 pub fn choice<T: Choice + Clone>() -> impl TypedValueParser<Value = T> {

@@ -220,14 +220,14 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
             for p in v.as_array_mut().into_iter().flatten() {
                 p["cost_unit"] = serde_json::json!(unit);
             }
-            println!("{}", serde_json::to_string_pretty(&v)?);
+            super::out(&(serde_json::to_string_pretty(&v)? + "\n"))?;
         } else {
-            println!(
-                "graph        {path} ({} nodes, {} values)",
+            super::out(&format!(
+                "graph        {path} ({} nodes, {} values)\n",
                 g.nodes.len(),
                 g.values.len()
-            );
-            print!("{}", curve.to_text(unit));
+            ))?;
+            super::out(&curve.to_text(unit))?;
         }
         return Ok(());
     }
@@ -341,11 +341,11 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
                 }
             }
         }
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        super::out(&(serde_json::to_string_pretty(&v)? + "\n"))?;
     } else {
-        print!("{}", plan_text(&r, &g, &path, &modules, unit, &gran));
+        super::out(&plan_text(&r, &g, &path, &modules, unit, &gran))?;
         if let Some(dv) = &on_device {
-            print!("{}", dv.to_text());
+            super::out(&dv.to_text())?;
         }
     }
     // A budget that cannot be met is a failure for a script that asked for it; the

@@ -106,9 +106,9 @@ pub fn run(a: ProfileArgs) -> anyhow::Result<()> {
         report.training = Some(t);
     }
     if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        super::out(&(serde_json::to_string_pretty(&report)? + "\n"))?;
     } else {
-        print!("{}", report.to_text());
+        super::out(&report.to_text())?;
     }
     // The process ends here: its memory goes back to the OS at once, so do not free
     // every node, tensor and name one by one first.

@@ -181,9 +181,9 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
             .with_context(|| format!("cannot write {}", out.display()))?;
     }
     if json {
-        println!("{}", serde_json::to_string_pretty(&v.report)?);
+        super::out(&(serde_json::to_string_pretty(&v.report)? + "\n"))?;
     } else {
-        print!("{}", v.report.to_text());
+        super::out(&v.report.to_text())?;
     }
     let r = &v.report;
     if r.measured_peak_bytes != r.predicted_peak_bytes

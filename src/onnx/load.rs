@@ -111,8 +111,8 @@ pub(crate) fn map_external_data(path: &Path, model: &mut Model) {
         if !files.contains_key(location) {
             // A regular file inside the model's folder, links resolved: never a
             // file elsewhere that a link in the folder points at.
-            let mapped = crate::files::inside_model_dir(dir, location)
-                .and_then(|file| map_file(&file).ok());
+            let mapped =
+                crate::files::inside_model_dir(dir, location).and_then(|file| map_file(&file).ok());
             files.insert(location.clone(), mapped);
         }
         let Some(file) = files[location].as_ref() else {
