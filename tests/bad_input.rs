@@ -496,3 +496,22 @@ fn failed_writes_to_standard_output() {
         assert!(err.contains("cannot write to standard output"), "{err}");
     }
 }
+
+/// A graph output that is a sequence or an optional, declared as a tensor (or left
+/// untyped) so that loading lets it through: one line naming it. Before, lowering
+/// indexed the tensor table with `usize::MAX` (382 panics in a one-op campaign).
+#[test]
+fn a_sequence_or_optional_graph_output_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for (op, name) in [("SequenceConstruct", "seq"), ("Optional", "opt")] {
+        let m = model(
+            vec![node(op, "maker", &["x"], &["y"])],
+            vec![],
+            vec![value_info("x", 1, &[D::N(2), D::N(3)])],
+            vec![value_info("y", 1, &[D::N(2), D::N(3)])],
+        );
+        let p = write_tmp(&dir, &format!("{name}.onnx"), &encode(&m));
+        fails_with(&p, &["--batch", "2"], &["'y'"]);
+        fails_with(&p, &["--batch", "2", "--train"], &["'y'"]);
+    }
+}

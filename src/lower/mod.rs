@@ -188,6 +188,23 @@ pub fn lower<'m>(model: &'m Model, b: &Bindings) -> Result<Cow<'m, Model>> {
     for ix in order {
         l.process(ix)?;
     }
+    if let Some(&t) = l
+        .m
+        .graph
+        .outputs
+        .iter()
+        .find(|t| l.seqs.contains_key(t) || l.optionals.contains_key(t))
+    {
+        return Err(Error::UnsupportedType {
+            role: "output",
+            tensor: l.m.graph.tensor(t).name.to_string(),
+            kind: if l.seqs.contains_key(&t) {
+                "sequence"
+            } else {
+                "optional"
+            },
+        });
+    }
     if l.removed.is_empty() && !l.changed {
         // Scatters that are no slice assignment, and nothing else: unchanged.
         return Ok(Cow::Borrowed(model));
