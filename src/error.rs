@@ -21,6 +21,14 @@ pub enum Error {
         /// The OS error.
         source: std::io::Error,
     },
+    /// An output file could not be written.
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
     /// The bytes are not a protobuf-encoded ONNX model (truncated, corrupt, or another format).
     #[error("not a valid ONNX model: {reason}")]
     NotOnnx {

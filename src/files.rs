@@ -90,6 +90,66 @@ pub fn inside_model_dir(dir: &Path, location: &str) -> Option<PathBuf> {
     (regular && real.starts_with(&real_dir)).then_some(real)
 }
 
+/// The temporary file [`write_atomic`] writes beside `path` before renaming it.
+fn temp_beside(path: &Path) -> Result<PathBuf> {
+    let name = path.file_name().ok_or_else(|| {
+        io(
+            path,
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "is not a file name"),
+        )
+    })?;
+    let mut tmp = std::ffi::OsString::from(".");
+    tmp.push(name);
+    tmp.push(format!(".memplan-{}.tmp", std::process::id()));
+    Ok(path.with_file_name(tmp))
+}
+
+/// Writes `bytes` to `path` all at once: into a temporary file in the same folder,
+/// then renamed over `path` (an existing file keeps its permissions). A failure
+/// leaves any earlier file as it was and no partial file behind.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let tmp = temp_beside(path)?;
+    let write = || -> std::io::Result<()> {
+        let mut f = File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        if let Ok(meta) = std::fs::metadata(path) {
+            std::fs::set_permissions(&tmp, meta.permissions())?;
+        }
+        std::fs::rename(&tmp, path)
+    };
+    write().map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        Error::Write {
+            path: path.to_path_buf(),
+            source: e,
+        }
+    })
+}
+
+/// Fails now, before any work, where [`write_atomic`] could not write `path` later
+/// (a missing folder, no permission): creates and removes its temporary file.
+pub fn check_writable(path: &Path) -> Result<()> {
+    let tmp = temp_beside(path)?;
+    File::create(&tmp)
+        .and_then(|_| std::fs::remove_file(&tmp))
+        .map_err(|e| Error::Write {
+            path: path.to_path_buf(),
+            source: e,
+        })
+}
+
+/// Whether `out` is the same file as one of `inputs` (links resolved; an `out` that
+/// does not exist yet is none of them).
+pub fn same_file(out: &Path, inputs: &[&Path]) -> Option<PathBuf> {
+    let real = std::fs::canonicalize(out).ok()?;
+    inputs
+        .iter()
+        .find(|i| std::fs::canonicalize(i).is_ok_and(|r| r == real))
+        .map(|i| i.to_path_buf())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,6 +163,27 @@ mod tests {
         std::fs::write(&p, vec![b' '; 100]).unwrap();
         assert!(read_capped(&p, 99).is_err());
         assert_eq!(read_capped(&p, 100).unwrap().len(), 100);
+    }
+
+    #[test]
+    fn atomic_writes_leave_the_old_file_on_failure() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("out.json");
+        write_atomic(&p, b"one").unwrap();
+        write_atomic(&p, b"two").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"two");
+        // A folder that does not exist: an error, nothing written.
+        let missing = dir.path().join("no/such/out.json");
+        assert!(write_atomic(&missing, b"x").is_err());
+        assert!(check_writable(&missing).is_err());
+        check_writable(&p).unwrap();
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "no temporary left"
+        );
+        assert_eq!(same_file(&p, &[Path::new("x"), &p]), Some(p.clone()));
+        assert_eq!(same_file(&dir.path().join("new"), &[&p]), None);
     }
 
     #[cfg(unix)]

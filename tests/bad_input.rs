@@ -515,3 +515,96 @@ fn a_sequence_or_optional_graph_output_is_refused() {
         fails_with(&p, &["--batch", "2", "--train"], &["'y'"]);
     }
 }
+
+/// Values past what memplan counts are one line each, never an overflow panic:
+/// `--alloc-conf roundup_power2_divisions` of 2^55, a `--dag` node of 1e30 bytes, a
+/// plan.json budget of 2^63 (which also left a 0-byte report behind), and
+/// `--time-limit` of inf, 1e308 or NaN (bench did not check it).
+#[test]
+fn values_past_what_memplan_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_tmp(&dir, "mlp.onnx", &encode(&mlp()));
+    let m = model.to_str().unwrap();
+    let run = |args: &[&str]| {
+        let (ok, _, err) = common::run_memplan(args);
+        assert!(!err.contains("internal error"), "{args:?}: {err}");
+        (ok, err)
+    };
+    // A division count this large only rounds as plain 512-byte blocks do.
+    let (ok, err) = run(&[
+        "profile",
+        m,
+        "--batch",
+        "2",
+        "--train",
+        "--alloc-conf",
+        "roundup_power2_divisions:36028797018963968",
+    ]);
+    assert!(ok, "{err}");
+    let dag = dir.path().join("dag.json");
+    std::fs::write(
+        &dag,
+        r#"{"graph": {"name": "x"}, "nodes": [{"id": 0, "name": "a", "cost_cpu": 1, "cost_ram": 1e30},
+            {"id": 1, "name": "b", "cost_cpu": 1, "cost_ram": 10}], "links": [{"source": 0, "target": 1}]}"#,
+    )
+    .unwrap();
+    let (ok, err) = run(&["plan", "--dag", dag.to_str().unwrap(), "--budget", "1GiB"]);
+    assert!(!ok && err.contains("beyond what memplan counts"), "{err}");
+    for v in ["inf", "1e308", "NaN"] {
+        let (ok, err) = run(&["bench", m, "--time-limit", v]);
+        assert!(!ok && err.contains("--time-limit"), "{err}");
+    }
+    let plan = dir.path().join("plan.json");
+    let (ok, err) = run(&[
+        "plan",
+        m,
+        "--batch",
+        "8",
+        "--budget",
+        "100%",
+        "-o",
+        plan.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let mut doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&plan).unwrap()).unwrap();
+    doc["budget_bytes"] = serde_json::json!(1u64 << 63);
+    std::fs::write(&plan, serde_json::to_vec(&doc).unwrap()).unwrap();
+    let html = dir.path().join("r.html");
+    let (ok, err) = run(&[
+        "report",
+        m,
+        "--batch",
+        "8",
+        "--plan",
+        plan.to_str().unwrap(),
+        "-o",
+        html.to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains("budget_bytes"), "{err}");
+    assert!(!html.exists(), "a failed report leaves no file");
+}
+
+/// An output flag naming an input is refused, and the input is left as it was; an
+/// output in a missing folder fails before any work.
+#[test]
+fn outputs_never_overwrite_inputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_tmp(&dir, "mlp.onnx", &encode(&mlp()));
+    let m = model.to_str().unwrap();
+    let before = std::fs::read(&model).unwrap();
+    for args in [
+        vec!["plan", m, "--batch", "8", "--budget", "95%", "--rewrite", m],
+        vec!["plan", m, "--batch", "8", "--budget", "95%", "-o", m],
+        vec!["report", m, "--batch", "8", "-o", m],
+    ] {
+        let (ok, _, err) = common::run_memplan(&args);
+        assert!(!ok && err.contains("does not overwrite"), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+    assert_eq!(std::fs::read(&model).unwrap(), before);
+    let missing = dir.path().join("no/r.html");
+    let (ok, _, err) =
+        common::run_memplan(&["report", m, "--batch", "8", "-o", missing.to_str().unwrap()]);
+    assert!(!ok && err.contains("cannot write"), "{err}");
+}

@@ -25,7 +25,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 8)]
     batch: u64,
     /// Time limit per MILP solve, seconds.
-    #[arg(long, default_value_t = 60.0)]
+    #[arg(long, default_value_t = 60.0, value_parser = super::time_limit_arg)]
     time_limit: f64,
     /// Print JSON rows.
     #[arg(long, conflicts_with = "csv")]

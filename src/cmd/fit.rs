@@ -48,7 +48,7 @@ pub struct FitArgs {
     /// lowest-peak plan `fit` makes gets at most 0.5 s of it; on the device, each
     /// of the four plans made again at the batch that fits, two at a time, gets a
     /// tenth).
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 10.0, value_parser = super::time_limit_arg)]
     time_limit: f64,
     #[command(flatten)]
     training: TrainArgs,
@@ -72,9 +72,6 @@ pub fn run(a: FitArgs) -> anyhow::Result<()> {
         tensors_only,
         device,
     } = a;
-    if !(time_limit > 0.0 && time_limit <= 86400.0) {
-        bail!("--time-limit must be above 0 and at most 86400 seconds");
-    }
     let path = model.display().to_string();
     let m = load_model(&model).with_context(|| path.clone())?;
     super::warn_inference_export(&path, &m);

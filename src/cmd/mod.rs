@@ -265,6 +265,35 @@ pub fn size_arg(flag: &str, text: &str) -> Result<u64, String> {
     memplan::units::parse_size(text).map_err(|e| format!("{flag} {e}"))
 }
 
+/// Refuses an output flag naming one of the command's inputs (the model, a plan or
+/// costs file): memplan never overwrites what it reads.
+pub fn refuse_overwriting_inputs(
+    outputs: &[(&str, Option<&std::path::Path>)],
+    inputs: &[Option<&std::path::Path>],
+) -> anyhow::Result<()> {
+    let inputs: Vec<&std::path::Path> = inputs.iter().flatten().copied().collect();
+    for (flag, out) in outputs {
+        if let Some(input) = out.and_then(|o| memplan::files::same_file(o, &inputs)) {
+            bail!(
+                "{flag} {} is an input of this command: memplan does not overwrite what it reads",
+                input.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `--time-limit`'s value parser: seconds, above 0 and at most a day (`inf`, `NaN`
+/// and `1e308` are refused; they cannot be a `Duration`).
+pub fn time_limit_arg(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 86400.0 => Ok(v),
+        _ => Err(format!(
+            "'{text}' is not a number of seconds above 0 and at most 86400"
+        )),
+    }
+}
+
 /// `--moe-routing`'s value parser.
 pub fn routing_arg(text: &str) -> Result<memplan::moe::Routing, String> {
     memplan::moe::Routing::parse(text)

@@ -48,7 +48,7 @@ pub struct PlanArgs {
     #[arg(long, value_parser = choice::<Solver>(), default_value = "ilp")]
     solver: Solver,
     /// Solver time limit in seconds (MILP solvers).
-    #[arg(long, default_value_t = 60.0)]
+    #[arg(long, default_value_t = 60.0, value_parser = super::time_limit_arg)]
     time_limit: f64,
     /// Print one JSON object.
     #[arg(long)]
@@ -132,6 +132,14 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         training,
         device,
     } = a;
+    super::refuse_overwriting_inputs(
+        &[
+            ("--output", output.as_deref()),
+            ("--rewrite", rewrite.as_deref()),
+            ("--pytorch", pytorch.as_deref()),
+        ],
+        &[model.as_deref(), dag.as_deref(), costs.as_deref()],
+    )?;
     if device.given() && dag.is_some() {
         bail!("--allocator, --alloc-conf, --gpu and --cuda-context describe a model's training step, not --dag");
     }
@@ -202,9 +210,6 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     if let Some(r) = roofline {
         apply_roofline(&mut g, r);
     }
-    if !(time_limit > 0.0 && time_limit <= 86400.0) {
-        bail!("--time-limit must be above 0 and at most 86400 seconds");
-    }
     let baseline = g
         .baseline_peak()
         .map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
@@ -242,8 +247,10 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
                 peak_bytes: o.report.peak_bytes,
                 method: o.report.method.clone(),
             };
-            std::fs::write(py, pytorch_module(&h, &o.modules, &o.selective))
-                .with_context(|| format!("cannot write {}", py.display()))?;
+            memplan::files::write_atomic(
+                py,
+                pytorch_module(&h, &o.modules, &o.selective).as_bytes(),
+            )?;
         }
         let gran = Granularity {
             granularity: "module".into(),
@@ -270,8 +277,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
                 method: r.method.clone(),
             };
             let rr = reruns(&g, &r.plan);
-            std::fs::write(py, pytorch_op_module(&h, &rr))
-                .with_context(|| format!("cannot write {}", py.display()))?;
+            memplan::files::write_atomic(py, pytorch_op_module(&h, &rr).as_bytes())?;
             if let Some(note) = memplan::remat::pytorch_ops::unreachable_note(&rr) {
                 eprintln!("note: {}: {note}", py.display());
             }
@@ -307,8 +313,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
             plan: r.plan.clone(),
             step,
         };
-        std::fs::write(&out, doc.to_json())
-            .with_context(|| format!("cannot write {}", out.display()))?;
+        memplan::files::write_atomic(&out, &doc.to_json())?;
     }
     if let (Some(out), Some(m)) = (&rewrite, &model_path) {
         let bindings = Bindings {

@@ -1,7 +1,6 @@
 //! `memplan report`: the training step's memory as one self-contained HTML page (or
 //! its step chart alone as SVG).
 
-use std::io::Write as _;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
@@ -69,7 +68,7 @@ pub struct ReportArgs {
     #[arg(long, value_parser = choice::<Solver>(), default_value = "ilp")]
     solver: Solver,
     /// Planner time limit in seconds, per plan.
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 10.0, value_parser = super::time_limit_arg)]
     time_limit: f64,
     /// Also fit batches into this memory per GPU (as `memplan fit`) and show the table.
     #[arg(long, value_parser = memory_arg)]
@@ -109,9 +108,6 @@ pub fn run(a: ReportArgs) -> anyhow::Result<()> {
 
 /// Makes the report and writes it.
 fn write_report(a: ReportArgs) -> anyhow::Result<()> {
-    if !(a.time_limit > 0.0 && a.time_limit <= 86400.0) {
-        bail!("--time-limit must be above 0 and at most 86400 seconds");
-    }
     if a.format == Format::Svg
         && (a.budget.is_some()
             || a.plan.is_some()
@@ -122,18 +118,14 @@ fn write_report(a: ReportArgs) -> anyhow::Result<()> {
         bail!("--format svg writes the step chart alone: drop --budget, --plan, --checkpoint, --pareto and --memory, or write html");
     }
     // The output first: a path that cannot be written fails before any work. An
-    // existing file keeps its content until the report is written.
-    let mut file_out = match &a.output {
-        Some(p) => Some(
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(p)
-                .with_context(|| format!("cannot write {}", p.display()))?,
-        ),
-        None => None,
-    };
+    // existing file keeps its content until the report is written, all at once.
+    super::refuse_overwriting_inputs(
+        &[("--output", a.output.as_deref())],
+        &[Some(a.model.as_path()), a.plan.as_deref()],
+    )?;
+    if let Some(p) = &a.output {
+        memplan::files::check_writable(p)?;
+    }
     let file = a.plan.as_ref().map(|p| PlanFile::read(p)).transpose()?;
     let path = a.model.display().to_string();
     let dims = parse_dims(&a.dims)?;
@@ -218,20 +210,9 @@ fn write_report(a: ReportArgs) -> anyhow::Result<()> {
         Format::Html => report.html(),
         Format::Svg => report.svg(),
     };
-    let shown = a
-        .output
-        .as_ref()
-        .map_or("standard output".to_string(), |p| p.display().to_string());
-    match &mut file_out {
-        Some(f) => f
-            .set_len(0)
-            .and_then(|_| f.write_all(text.as_bytes()))
-            .and_then(|_| f.flush()),
-        None => {
-            let mut o = std::io::stdout().lock();
-            o.write_all(text.as_bytes()).and_then(|_| o.flush())
-        }
+    match &a.output {
+        Some(p) => memplan::files::write_atomic(p, text.as_bytes())?,
+        None => super::out(&text)?,
     }
-    .with_context(|| format!("cannot write {shown}"))?;
     Ok(())
 }

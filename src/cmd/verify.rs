@@ -40,7 +40,7 @@ pub struct VerifyArgs {
     #[arg(long, value_parser = choice::<Solver>(), default_value = "ilp")]
     solver: Solver,
     /// Planner time limit in seconds (with --budget).
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 10.0, value_parser = super::time_limit_arg)]
     time_limit: f64,
     /// Refuse to run when the predicted peak exceeds this (default: the machine's
     /// available memory).
@@ -78,12 +78,13 @@ enum ExecDevice {
 
 /// Runs `verify`.
 pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
+    super::refuse_overwriting_inputs(
+        &[("--write-costs", a.write_costs.as_deref())],
+        &[Some(a.model.as_path()), a.plan.as_deref()],
+    )?;
     let (json, training) = (a.json, a.training);
     use memplan::exec::verify::{available_memory, verify, PlanSource, VerifyOptions};
     use memplan::remat::planfile::{PlanFile, StepSource};
-    if !(a.time_limit > 0.0 && a.time_limit <= 86400.0) {
-        bail!("--time-limit must be above 0 and at most 86400 seconds");
-    }
     if a.runs == 0 || a.runs > 1000 {
         bail!("--runs must be between 1 and 1000");
     }
@@ -177,8 +178,7 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
     let v = verify(&m, &inf, &source, &plan_source, &vo);
     let v = v.with_context(|| path.clone())?;
     if let Some(out) = &a.write_costs {
-        std::fs::write(out, serde_json::to_vec_pretty(&v.costs)?)
-            .with_context(|| format!("cannot write {}", out.display()))?;
+        memplan::files::write_atomic(out, &serde_json::to_vec_pretty(&v.costs)?)?;
     }
     if json {
         super::out(&(serde_json::to_string_pretty(&v.report)? + "\n"))?;

@@ -188,12 +188,11 @@ pub fn lower<'m>(model: &'m Model, b: &Bindings) -> Result<Cow<'m, Model>> {
     for ix in order {
         l.process(ix)?;
     }
-    if let Some(&t) = l
-        .m
-        .graph
-        .outputs
-        .iter()
-        .find(|t| l.seqs.contains_key(t) || l.optionals.contains_key(t))
+    if let Some(&t) =
+        l.m.graph
+            .outputs
+            .iter()
+            .find(|t| l.seqs.contains_key(t) || l.optionals.contains_key(t))
     {
         return Err(Error::UnsupportedType {
             role: "output",

@@ -309,7 +309,8 @@ impl AllocConf {
             return MIN_BLOCK;
         }
         let d = self.divisions(size);
-        if d > 1 && size > MIN_BLOCK * d {
+        // (A product past 64 bits is above every size: plain rounding.)
+        if d > 1 && MIN_BLOCK.checked_mul(d).is_some_and(|m| size > m) {
             return roundup_power2_next_division(size, d);
         }
         size.div_ceil(MIN_BLOCK) * MIN_BLOCK

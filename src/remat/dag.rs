@@ -134,6 +134,15 @@ pub fn load_dag(path: &Path) -> Result<RematGraph> {
                 format!("node {} has a negative cost or size", keys[i]),
             ));
         }
+        if !(cost <= MAX_COST && bytes <= MAX_VALUE_BYTES as f64) {
+            return Err(bad(
+                path,
+                format!(
+                    "node {} has a cost or size beyond what memplan counts (cost {cost}, {bytes} bytes; at most {MAX_COST} and {MAX_VALUE_BYTES})",
+                    keys[i]
+                ),
+            ));
+        }
         let label = match &n["name"] {
             Value::String(s) => s.clone(),
             other => other.to_string(),
@@ -155,5 +164,21 @@ pub fn load_dag(path: &Path) -> Result<RematGraph> {
             op: String::new(),
         });
     }
+    let total: u128 = g.values.iter().map(|v| v.bytes as u128).sum();
+    if total > MAX_VALUE_BYTES as u128 {
+        return Err(bad(
+            path,
+            format!(
+                "its values total {total} bytes, beyond what memplan counts ({MAX_VALUE_BYTES})"
+            ),
+        ));
+    }
     Ok(g)
 }
+
+/// The most bytes a DAG's values may total (and so any one of them): 4 EiB, so that
+/// every sum of them fits 64 bits.
+const MAX_VALUE_BYTES: u64 = 1 << 62;
+
+/// The largest cost of one node (seconds or FLOPs): far past any real one, finite.
+const MAX_COST: f64 = 1e18;

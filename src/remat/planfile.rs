@@ -128,7 +128,19 @@ impl PlanFile {
             }
             None => return Err(bad("no \"version\"".into())),
         }
-        serde_json::from_value(v).map_err(|e| bad(format!("malformed plan: {e}")))
+        let plan: PlanFile =
+            serde_json::from_value(v).map_err(|e| bad(format!("malformed plan: {e}")))?;
+        // Byte counts past 2^62 are no device's: refused, so that every sum stays
+        // inside 64 bits.
+        for (key, n) in [
+            ("budget_bytes", plan.budget_bytes),
+            ("predicted_peak_bytes", plan.predicted_peak_bytes),
+        ] {
+            if n > 1 << 62 {
+                return Err(bad(format!("\"{key}\" {n} is beyond what memplan counts")));
+            }
+        }
+        Ok(plan)
     }
 
     /// Checks the file against the step `source` whose graph is `g`, and replays the

@@ -237,10 +237,7 @@ pub fn write_loaded(
     let (m, mut stats) = rewrite(src, g, report)?;
     let bytes = m.encode_to_vec();
     stats.bytes = bytes.len();
-    std::fs::write(out, &bytes).map_err(|source| Error::Io {
-        path: out.to_path_buf(),
-        source,
-    })?;
+    crate::files::write_atomic(out, &bytes)?;
     Ok(stats)
 }
 

@@ -185,7 +185,10 @@ impl Frame {
                 y + 4.0,
                 esc(&short_bytes(v))
             );
-            v += step;
+            match v.checked_add(step.max(1)) {
+                Some(next) => v = next,
+                None => break,
+            }
         }
     }
 
