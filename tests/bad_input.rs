@@ -608,3 +608,76 @@ fn outputs_never_overwrite_inputs() {
         common::run_memplan(&["report", m, "--batch", "8", "-o", missing.to_str().unwrap()]);
     assert!(!ok && err.contains("cannot write"), "{err}");
 }
+
+/// A training chain of 60,000 forward and 60,000 backward nodes: planning recomputes
+/// through the whole chain (the lowest-peak plan drops everything), which overflowed
+/// the stack when `heuristics::ensure` recursed; and `greedy` stops at
+/// `--time-limit` (it ran past 120 s on 50,000 nodes).
+#[test]
+fn deep_dags_plan_within_the_stack_and_the_time_limit() {
+    let n = 60_000;
+    let mut nodes = Vec::with_capacity(2 * n);
+    let mut links = Vec::with_capacity(3 * n);
+    for i in 0..n {
+        nodes.push(
+            serde_json::json!({"id": i, "name": format!("f{i}"), "cost_cpu": 1, "cost_ram": 100}),
+        );
+        if i + 1 < n {
+            links.push(serde_json::json!({"source": i, "target": i + 1}));
+        }
+    }
+    for i in 0..n {
+        nodes.push(serde_json::json!({"id": n + i, "name": format!("b{i}"), "cost_cpu": 1, "cost_ram": 100, "backward": true}));
+        // b_i reads the forward value it differentiates and the gradient before it.
+        links.push(serde_json::json!({"source": n - 1 - i, "target": n + i}));
+        if i > 0 {
+            links.push(serde_json::json!({"source": n + i - 1, "target": n + i}));
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let dag = dir.path().join("chain.json");
+    let doc = serde_json::json!({"graph": {"name": "chain"}, "nodes": nodes, "links": links});
+    std::fs::write(&dag, serde_json::to_vec(&doc).unwrap()).unwrap();
+    // In a thread with a 512 KiB stack: recursion 60,000 deep cannot fit there.
+    let path = dag.clone();
+    std::thread::Builder::new()
+        .stack_size(512 << 10)
+        .spawn(move || {
+            let g = memplan::remat::dag::load_dag(&path).unwrap();
+            let r = memplan::remat::plan::plan(
+                &g,
+                u64::MAX,
+                memplan::remat::plan::Solver::Sqrt,
+                2.0,
+            )
+            .unwrap();
+            assert!(r.peak_bytes > 0);
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    for solver in ["sqrt", "greedy"] {
+        let t = std::time::Instant::now();
+        let (_, out, err) = common::run_memplan(&[
+            "plan",
+            "--dag",
+            dag.to_str().unwrap(),
+            "--budget",
+            "30%",
+            "--solver",
+            solver,
+            "--time-limit",
+            "2",
+        ]);
+        assert!(
+            !err.contains("overflow") && !err.contains("internal error"),
+            "{err}"
+        );
+        assert!(
+            out.contains("lowest") || err.contains("no plan fits"),
+            "{out}{err}"
+        );
+        // The limit bounds the walk; loading, replays and the report come on top.
+        assert!(t.elapsed().as_secs() < 90, "{solver}: {:?}", t.elapsed());
+    }
+}

@@ -155,9 +155,18 @@ impl Op for Recurrent {
     /// 3 per hidden element for the state update.
     fn flops(&self, cx: &Cx, _out: &[Fact]) -> u64 {
         let Ok(d) = Self::dims(cx) else { return 0 };
-        let gh = (d.gates * d.hidden) as u64;
-        let per = 2 * gh * (d.input + d.hidden) as u64 + 3 * gh + 3 * d.hidden as u64;
-        ((d.seq * d.dirs * d.batch) as u64).saturating_mul(per)
+        // Saturating: u64::MAX is the overflow inference refuses in one line.
+        let u = |v: usize| v as u64;
+        let gh = u(d.gates).saturating_mul(u(d.hidden));
+        let per = gh
+            .saturating_mul(2)
+            .saturating_mul(u(d.input).saturating_add(u(d.hidden)))
+            .saturating_add(gh.saturating_mul(3))
+            .saturating_add(u(d.hidden).saturating_mul(3));
+        u(d.seq)
+            .saturating_mul(u(d.dirs))
+            .saturating_mul(u(d.batch))
+            .saturating_mul(per)
     }
     /// As cuDNN's RNN backward in PyTorch (`_cudnn_rnn`): it saves the input, the
     /// weights, the initial states, the output `Y` (all hidden states) and the

@@ -336,8 +336,9 @@ impl Op for RoiAlign {
     }
     fn flops(&self, cx: &Cx, out: &[Fact]) -> u64 {
         let sr = cx.attrs().int_or("sampling_ratio", 0).max(0) as u64;
-        let samples = if sr == 0 { 4 } else { sr * sr };
-        out[0].numel().saturating_mul(samples * 9)
+        // Saturating: u64::MAX is the overflow inference refuses in one line.
+        let samples = if sr == 0 { 4 } else { sr.saturating_mul(sr) };
+        out[0].numel().saturating_mul(samples.saturating_mul(9))
     }
     /// torchvision's RoIAlignFunction saves the rois (here rois and batch
     /// indices, its `[K, 5]` rois split in two) and the input's shape; the

@@ -95,22 +95,28 @@ pub fn plan_with_drops(g: &RematGraph, dropped: &[bool]) -> Vec<Instr> {
 /// Makes value `v` live by computing its writer after (recursively) its writer's
 /// inputs, appending the computes to `plan`. Fixed values are always live.
 pub(super) fn ensure(g: &RematGraph, v: ValueId, live: &mut [bool], plan: &mut Vec<Instr>) {
-    fn go(g: &RematGraph, v: ValueId, live: &mut [bool], plan: &mut Vec<Instr>, depth: usize) {
-        if live[v] || depth > g.nodes.len() {
-            return;
-        }
-        let Some(p) = g.values[v].producer else {
-            return;
+    // Depth first with a stack of its own (value, next input to ensure): a chain of
+    // 200,000 nodes overflowed the thread's stack when this recursed.
+    let mut stack: Vec<(ValueId, usize)> = vec![(v, 0)];
+    while let Some(&(x, next)) = stack.last() {
+        let Some(p) = g.values[x].producer.filter(|_| !live[x]) else {
+            stack.pop();
+            continue;
         };
-        for &u in &g.nodes[p].inputs {
-            go(g, u, live, plan, depth + 1);
+        if let Some(&u) = g.nodes[p].inputs.get(next) {
+            stack.last_mut().expect("not empty").1 += 1;
+            // A DAG is never deeper than its nodes; the bound guards a cycle.
+            if !live[u] && stack.len() <= g.nodes.len() {
+                stack.push((u, 0));
+            }
+            continue;
         }
+        stack.pop();
         plan.push(Instr::Compute(p));
         for &o in &g.nodes[p].outputs {
             live[o] = true;
         }
     }
-    go(g, v, live, plan, 0);
 }
 
 /// Drops everything `sqrt` would: all candidates except tensors that cross one of
@@ -159,7 +165,16 @@ pub fn greedy_order(g: &RematGraph) -> Vec<ValueId> {
 /// checked by replaying the plan. Returns the plan and whether it fits; when the budget
 /// is out of reach, the lowest-peak plan found.
 pub fn greedy(g: &RematGraph, budget: u64) -> (Vec<Instr>, bool) {
-    let d = greedy_drops(g, budget);
+    greedy_until(g, budget, None)
+}
+
+/// [`greedy`], its walks stopped at `deadline` (`--time-limit`): the plan it has then.
+pub fn greedy_until(
+    g: &RematGraph,
+    budget: u64,
+    deadline: Option<std::time::Instant>,
+) -> (Vec<Instr>, bool) {
+    let d = greedy_drops_until(g, budget, deadline);
     let plan = plan_with_drops(g, &d);
     let fits = replay(g, &plan).is_ok_and(|r| r.peak_bytes <= budget);
     (plan, fits)

@@ -1,11 +1,11 @@
 //! Choosing a plan under a memory budget, and what is reported about it.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
 use super::graph::{replay, Instr, RematGraph};
-use super::heuristics::{candidates, greedy, plan_with_drops, sqrt_drops};
+use super::heuristics::{candidates, greedy, greedy_until, plan_with_drops, sqrt_drops};
 use crate::error::{Error, Result};
 
 /// Planner selection (`--solver`).
@@ -107,7 +107,7 @@ pub fn plan(g: &RematGraph, budget: u64, solver: Solver, time_limit_s: f64) -> R
             if base.peak_bytes <= budget {
                 base_plan
             } else {
-                greedy(g, budget).0
+                greedy_until(g, budget, Some(t0 + Duration::from_secs_f64(time_limit_s))).0
             }
         }
         Solver::Ilp => {
