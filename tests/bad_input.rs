@@ -644,13 +644,9 @@ fn deep_dags_plan_within_the_stack_and_the_time_limit() {
         .stack_size(512 << 10)
         .spawn(move || {
             let g = memplan::remat::dag::load_dag(&path).unwrap();
-            let r = memplan::remat::plan::plan(
-                &g,
-                u64::MAX,
-                memplan::remat::plan::Solver::Sqrt,
-                2.0,
-            )
-            .unwrap();
+            let r =
+                memplan::remat::plan::plan(&g, u64::MAX, memplan::remat::plan::Solver::Sqrt, 2.0)
+                    .unwrap();
             assert!(r.peak_bytes > 0);
         })
         .unwrap()

@@ -331,3 +331,18 @@ fn slice_assignments_lose_their_index_grids() {
     assert!(!ok && err.contains("ScatterND"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
 }
+
+/// A 4.8 KB Loop of 10,000 iterations over 202 nodes is refused in one line once
+/// unrolling passes `MAX_ADDED_NODES` (it unrolled to 2 million nodes, 26 s and
+/// 5.9 GB, before).
+#[test]
+fn unrolling_has_a_budget() {
+    let p = path("loop_huge");
+    let (ok, err) = memplan(&["profile", p.to_str().unwrap(), "--train"]);
+    assert!(!ok);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains(&memplan::lower::MAX_ADDED_NODES.to_string()),
+        "{err}"
+    );
+}

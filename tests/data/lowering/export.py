@@ -15,6 +15,8 @@ Dev-time only: /work/venv/bin/python tests/data/lowering/export.py
 - scan_rnn: written with onnx.helper: a tanh RNN as Scan (opset 17) over axis 1,
   its body reading two weights of the main graph (outer scope), so they train.
 - if_dynamic: an If whose condition is a graph input (refused).
+- loop_huge: a 4.8 KB Loop of 10,000 iterations over a body of 202 nodes (refused past
+  lower::MAX_ADDED_NODES, in about a second; it unrolled to 2 million nodes before).
 """
 import json
 import os
@@ -130,6 +132,32 @@ def if_dynamic():
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def loop_huge():
+    nodes, prev = [], "x_in"
+    for i in range(200):
+        nodes.append(helper.make_node("Add", [prev, "one"], ["a%d" % i]))
+        prev = "a%d" % i
+    nodes += [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+              helper.make_node("Identity", [prev], ["x_out"])]
+    body = helper.make_graph(
+        nodes, "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x_in", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x_out", TensorProto.FLOAT, [4])],
+        [helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])])
+    g = helper.make_graph(
+        [helper.make_node("Loop", ["M", "C", "x"], ["y"], body=body)], "loop_huge",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+        [helper.make_tensor("M", TensorProto.INT64, [], [10000]),
+         helper.make_tensor("C", TensorProto.BOOL, [], [1])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
 def main():
     torch.manual_seed(0)
     expected = {}
@@ -147,6 +175,7 @@ def main():
     rng = np.random.default_rng(1)
     models["scan_rnn"] = (scan_rnn(), {"x": rng.standard_normal((2, 5, 8)).astype(np.float32)})
     models["if_dynamic"] = (if_dynamic(), None)
+    models["loop_huge"] = (loop_huge(), None)
     for name, (m, feeds) in models.items():
         # Metadata that changes from run to run is dropped.
         del m.metadata_props[:]
