@@ -677,3 +677,84 @@ fn deep_dags_plan_within_the_stack_and_the_time_limit() {
         assert!(t.elapsed().as_secs() < 90, "{solver}: {:?}", t.elapsed());
     }
 }
+
+/// An opset of the default domain no onnx release defines is refused, not echoed
+/// back as the model's format.
+#[test]
+fn out_of_range_opsets_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for v in [0i64, -3, 99_999] {
+        let mut m = mlp();
+        for o in &mut m.opset_import {
+            if o.domain.as_deref().unwrap_or("").is_empty() {
+                o.version = Some(v);
+            }
+        }
+        let p = write_tmp(&dir, &format!("opset{v}.onnx"), &encode(&m));
+        fails_with(
+            &p,
+            &["--batch", "2"],
+            &[&format!("opset {v}"), "out of range"],
+        );
+    }
+}
+
+/// Costs no run can have are refused, in `--costs` (1e308 seconds summed to an
+/// overhead of NaN %) and in a plan file's graph (negative costs gave -inf %); an
+/// infeasible plan says so in plan.json (`"feasible": false`).
+#[test]
+fn costs_and_plans_that_no_run_can_have() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_tmp(&dir, "mlp.onnx", &encode(&mlp()));
+    let m = model.to_str().unwrap();
+    let plan = dir.path().join("plan.json");
+    let (ok, _, err) = common::run_memplan(&[
+        "plan",
+        m,
+        "--batch",
+        "8",
+        "--budget",
+        "100%",
+        "-o",
+        plan.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let mut doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&plan).unwrap()).unwrap();
+    assert_eq!(doc["feasible"], true);
+    let names: Vec<String> = doc["graph"]["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["name"].as_str().unwrap().to_string())
+        .collect();
+    let costs = dir.path().join("costs.json");
+    let huge: serde_json::Map<String, serde_json::Value> = names
+        .iter()
+        .map(|n| (n.clone(), serde_json::json!(1e308)))
+        .collect();
+    std::fs::write(&costs, serde_json::to_vec(&huge).unwrap()).unwrap();
+    let (ok, _, err) = common::run_memplan(&[
+        "plan",
+        m,
+        "--batch",
+        "8",
+        "--budget",
+        "100%",
+        "--costs",
+        costs.to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains("seconds from 0"), "{err}");
+    doc["graph"]["nodes"][0]["cost"] = serde_json::json!(-5.0);
+    std::fs::write(&plan, serde_json::to_vec(&doc).unwrap()).unwrap();
+    let (ok, _, err) = common::run_memplan(&[
+        "verify",
+        m,
+        "--batch",
+        "8",
+        "--plan",
+        plan.to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains("not a finite cost"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}

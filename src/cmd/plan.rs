@@ -312,6 +312,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
                 .to_string(),
             plan: r.plan.clone(),
             step,
+            feasible: Some(r.feasible),
         };
         memplan::files::write_atomic(&out, &doc.to_json())?;
     }

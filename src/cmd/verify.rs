@@ -120,6 +120,16 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
     };
     // The plan file is read (format, version) before the model is loaded.
     let file = a.plan.as_ref().map(|p| PlanFile::read(p)).transpose()?;
+    if let (Some(f), Some(p)) = (&file, &a.plan) {
+        if f.infeasible() {
+            eprintln!(
+                "warning: {}: the plan misses its budget (predicted peak {} B, budget {} B): it runs as the lowest peak found",
+                p.display(),
+                f.predicted_peak_bytes,
+                f.budget_bytes
+            );
+        }
+    }
     let path = a.model.display().to_string();
     let dims = parse_dims(&a.dims)?;
     let m = load_model(&a.model).with_context(|| path.clone())?;

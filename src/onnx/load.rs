@@ -45,6 +45,9 @@ pub fn decode_model(buf: Bytes) -> std::result::Result<proto::ModelProto, prost:
     proto::ModelProto::decode(buf)
 }
 
+/// The newest version of the default ONNX domain (onnx 1.23.2's `onnx_opset_version()`).
+pub const NEWEST_OPSET: i64 = 28;
+
 /// Loads an ONNX file: map, decode, check, and build the IR graph.
 pub fn load_model(path: &Path) -> Result<Model> {
     let buf = map_file(path)?;
@@ -195,6 +198,11 @@ fn build_model<G: GraphSrc>(m: Header<'_, G>) -> Result<Model> {
     }
     if ir_version >= 3 && !opsets.contains_key("") {
         return Err(structural("no opset_import for the default ONNX domain"));
+    }
+    if let Some(v) = opsets.get("").filter(|v| !(1..=NEWEST_OPSET).contains(*v)) {
+        return Err(structural(&format!(
+            "opset {v} of the default ONNX domain is out of range (1 to {NEWEST_OPSET}, the newest onnx 1.23 defines)"
+        )));
     }
     let producer = format!(
         "{} {}",

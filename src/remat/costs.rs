@@ -99,6 +99,10 @@ fn plural(n: usize, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
+/// The most seconds one node may cost: a year (1e308 summed to infinity, and the
+/// overhead printed as NaN %).
+const MAX_NODE_SECONDS: f64 = 365.0 * 86400.0;
+
 /// Parses the text of a costs file.
 pub fn parse_costs(text: &str) -> Result<Costs> {
     let Entries(entries) = serde_json::from_str(text).map_err(|e| {
@@ -117,10 +121,10 @@ pub fn parse_costs(text: &str) -> Result<Costs> {
             _ => None,
         };
         match secs {
-            Some(s) if s.is_finite() && s >= 0.0 => out.push((name, s)),
+            Some(s) if (0.0..=MAX_NODE_SECONDS).contains(&s) => out.push((name, s)),
             Some(s) => {
                 return Err(bad(format!(
-                    "'{name}': {s} is not a non-negative number of seconds"
+                    "'{name}': {s} is not a number of seconds from 0 to {MAX_NODE_SECONDS} (a year)"
                 )))
             }
             None => {

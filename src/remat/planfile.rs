@@ -100,6 +100,10 @@ pub struct PlanFile {
     /// The training step it was made for (ONNX models).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step: Option<StepSource>,
+    /// Whether the plan meets its budget: `false` for the lowest-peak plan written
+    /// when none does (absent in files written before this key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub feasible: Option<bool>,
 }
 
 impl PlanFile {
@@ -140,7 +144,32 @@ impl PlanFile {
                 return Err(bad(format!("\"{key}\" {n} is beyond what memplan counts")));
             }
         }
+        // Costs and sizes a replay and an overhead can count: finite, not negative
+        // (negative costs printed an overhead of -inf %).
+        if let Some(n) = plan
+            .graph
+            .nodes
+            .iter()
+            .find(|n| !(n.cost.is_finite() && (0.0..=1e18).contains(&n.cost)))
+        {
+            return Err(bad(format!(
+                "node '{}' has cost {}, not a finite cost from 0 to 1e18",
+                n.name, n.cost
+            )));
+        }
+        let total: u128 = plan.graph.values.iter().map(|v| v.bytes as u128).sum();
+        if total > 1 << 62 {
+            return Err(bad(format!(
+                "its values total {total} bytes, beyond what memplan counts"
+            )));
+        }
         Ok(plan)
+    }
+
+    /// Whether the plan misses its budget: as the file says, or, in a file without
+    /// `feasible`, by its predicted peak.
+    pub fn infeasible(&self) -> bool {
+        self.feasible == Some(false) || self.predicted_peak_bytes > self.budget_bytes
     }
 
     /// Checks the file against the step `source` whose graph is `g`, and replays the

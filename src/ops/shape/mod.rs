@@ -170,4 +170,46 @@ mod tests {
         assert!(reshape_target(&[2, 3, 4], &[-1, -1], false).is_err());
         assert!(reshape_target(&[8, 768], &[1, 768], false).is_err());
     }
+
+    /// Integer ranges are counted exactly, near the int64 extremes too (a float
+    /// count gave `[0]` for `Range(i64::MAX - 1, i64::MAX, 1)`).
+    #[test]
+    fn integer_ranges_are_exact() {
+        use crate::ir::{Node, Value};
+        let n = Node {
+            name: "r".into(),
+            op_type: "Range".into(),
+            domain: Default::default(),
+            inputs: vec![Some(0), Some(1), Some(2)].into(),
+            outputs: vec![Some(3)].into(),
+            attrs: Default::default(),
+        };
+        let range = |s: i64, l: i64, d: i64| {
+            let f = |v: i64| Fact::with_value(DType::I64, Value::ints(vec![], vec![v]));
+            let (a, b, c) = (f(s), f(l), f(d));
+            let cx = Cx {
+                node: &n,
+                inputs: smallvec::smallvec![Some(&a), Some(&b), Some(&c)],
+                opset: 17,
+            };
+            let out = sources::Range.infer(&cx).map(|o| o[0].clone());
+            out.map(|f| {
+                (
+                    f.shape,
+                    f.value
+                        .filter(|v| !v.data.is_empty())
+                        .map(|v| v.data.int(0)),
+                )
+            })
+        };
+        assert_eq!(
+            range(i64::MAX - 1, i64::MAX, 1).unwrap(),
+            (vec![1], Some(i64::MAX - 1))
+        );
+        assert_eq!(range(i64::MIN, i64::MIN + 3, 2).unwrap().0, vec![2]);
+        assert_eq!(range(5, 0, -2).unwrap().0, vec![3]);
+        assert_eq!(range(0, 5, -1).unwrap().0, vec![0]);
+        assert!(range(i64::MIN, i64::MAX, 1).is_err(), "2^64 elements");
+        assert!(range(0, 1, 0).is_err());
+    }
 }

@@ -254,6 +254,42 @@ impl Op for ConstantOfShape {
 /// `Range(start, limit, delta)`: 1-D of `max(ceil((limit-start)/delta), 0)` elements.
 pub(super) struct Range;
 
+/// An integer `Range`, counted exactly (in 128 bits: float arithmetic loses the
+/// difference of two int64 values near the extremes, and gave `[0]` where ONNX
+/// gives `[1]`).
+fn range_of_ints(cx: &Cx, dtype: DType) -> RuleResult<Vec<Fact>> {
+    let get = |i| -> RuleResult<i128> {
+        let v = cx.value(i)?;
+        if v.data.len() != 1 {
+            return Err(format!("input {i} must be a scalar").into());
+        }
+        Ok(v.data.int(0) as i128)
+    };
+    let (s, l, d) = (get(0)?, get(1)?, get(2)?);
+    if d == 0 {
+        return Err("delta is 0".into());
+    }
+    let diff = l - s;
+    let n = if diff == 0 || (diff > 0) != (d > 0) {
+        0
+    } else {
+        (diff.abs() + d.abs() - 1) / d.abs()
+    };
+    if n > u32::MAX as i128 {
+        return Err(format!("range of {n} elements is too large").into());
+    }
+    let n = n as usize;
+    let value = (n <= MAX_FOLD_ELEMS).then(|| Value {
+        shape: vec![n],
+        data: Data::Int((0..n).map(|i| (s + i as i128 * d) as i64).collect()),
+    });
+    Ok(vec![Fact {
+        dtype,
+        shape: vec![n],
+        value: value.map(Box::new),
+    }])
+}
+
 impl Op for Range {
     fn arity(&self) -> Arity {
         Arity::new(3, 3, 1, 1)
@@ -266,22 +302,21 @@ impl Op for Range {
                 .scalar_float()
                 .ok_or_else(|| format!("input {i} must be a scalar"))?)
         };
+        if !dtype.is_float() {
+            return range_of_ints(cx, dtype);
+        }
         let (s, l, d) = (get(0)?, get(1)?, get(2)?);
         if d == 0.0 {
             return Err("delta is 0".into());
         }
         let n = ((l - s) / d).ceil().max(0.0);
-        if n > u32::MAX as f64 {
+        if !(n <= u32::MAX as f64) {
             return Err(format!("range of {n} elements is too large").into());
         }
         let n = n as usize;
         let value = (n <= MAX_FOLD_ELEMS).then(|| Value {
             shape: vec![n],
-            data: if dtype.is_float() {
-                Data::Float((0..n).map(|i| s + i as f64 * d).collect())
-            } else {
-                Data::Int((0..n).map(|i| (s + i as f64 * d) as i64).collect())
-            },
+            data: Data::Float((0..n).map(|i| s + i as f64 * d).collect()),
         });
         Ok(vec![Fact {
             dtype,
