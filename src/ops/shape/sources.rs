@@ -310,7 +310,7 @@ impl Op for Range {
             return Err("delta is 0".into());
         }
         let n = ((l - s) / d).ceil().max(0.0);
-        if !(n <= u32::MAX as f64) {
+        if n.is_nan() || n > u32::MAX as f64 {
             return Err(format!("range of {n} elements is too large").into());
         }
         let n = n as usize;
