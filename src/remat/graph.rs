@@ -138,6 +138,35 @@ impl RematGraph {
         fixed + local
     }
 
+    /// That every id the graph holds names one of its nodes or values, and that its
+    /// value bytes total at most 2^62 (a graph read from a file is checked before
+    /// anything indexes by those ids).
+    pub fn check(&self) -> std::result::Result<(), String> {
+        let (nn, nv) = (self.nodes.len(), self.values.len());
+        for n in &self.nodes {
+            if let Some(&v) = n.inputs.iter().chain(&n.outputs).find(|&&v| v >= nv) {
+                return Err(format!("node '{}' names value {v}, of {nv}", n.name));
+            }
+        }
+        if let Some(v) = self
+            .values
+            .iter()
+            .find(|v| v.producer.is_some_and(|p| p >= nn))
+        {
+            return Err(format!(
+                "value '{}' names a writer past the {nn} nodes",
+                v.name
+            ));
+        }
+        let total: u128 = self.values.iter().map(|v| v.bytes as u128).sum();
+        if total > 1 << 62 {
+            return Err(format!(
+                "its values total {total} bytes, beyond what memplan counts"
+            ));
+        }
+        Ok(())
+    }
+
     /// The peak of [`RematGraph::no_recompute_plan`], replayed: the baseline every
     /// budget fraction is of.
     pub fn baseline_peak(&self) -> std::result::Result<u64, String> {
@@ -199,6 +228,7 @@ pub fn replay_on_device(
 /// Replays a plan: every compute must find its inputs live; returns the peak and
 /// costs, or a message naming the first violation.
 pub fn replay(g: &RematGraph, plan: &[Instr]) -> Result<Replayed, String> {
+    g.check()?;
     let mut live = vec![false; g.values.len()];
     let mut cur = 0u64;
     for (v, val) in g.values.iter().enumerate() {

@@ -157,12 +157,9 @@ impl PlanFile {
                 n.name, n.cost
             )));
         }
-        let total: u128 = plan.graph.values.iter().map(|v| v.bytes as u128).sum();
-        if total > 1 << 62 {
-            return Err(bad(format!(
-                "its values total {total} bytes, beyond what memplan counts"
-            )));
-        }
+        plan.graph
+            .check()
+            .map_err(|e| bad(format!("its graph: {e}")))?;
         Ok(plan)
     }
 
