@@ -366,7 +366,7 @@ fn bad_costs_files_are_one_line_errors() {
     neg[1].1 = -0.5;
     check(
         &write_costs(dir.path(), "neg.json", &neg),
-        &[&names[1], "non-negative"],
+        &[&names[1], "from 0 to"],
     );
     let zero: Vec<(String, f64)> = names.iter().map(|n| (n.clone(), 0.0)).collect();
     check(
