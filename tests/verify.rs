@@ -513,7 +513,11 @@ fn refusals() {
     };
     call(
         &["--budget", "0.8", "--max-memory", "1MiB"],
-        &["the step needs 1.30 MiB", "1359332 bytes", "--max-memory"],
+        &[
+            "the run needs about",
+            "4 × the predicted peak of 1.30 MiB (1359332 bytes)",
+            "--max-memory",
+        ],
     );
     call(
         &["--budget", "0.3"],
@@ -640,4 +644,32 @@ fn graph_loss_trains_on_the_models_own_loss() {
         ],
         &["not a scalar", "--loss"],
     );
+}
+
+/// The memory guard bounds what the process will use, not just the step's tensors:
+/// GPT-2 at batch 2 predicts 2.37 GiB but the CPU executor's process reaches 9.6 GB
+/// (measured), so `--max-memory 8GiB` stops it before it allocates.
+#[test]
+fn the_memory_guard_counts_the_executor() {
+    let gpt2 = common::shipped("gpt2.onnx");
+    let t = std::time::Instant::now();
+    let (ok, _, err) = common::run_memplan(&[
+        "verify",
+        gpt2.to_str().unwrap(),
+        "--batch",
+        "2",
+        "--solver",
+        "sqrt",
+        "--budget",
+        "100%",
+        "--max-memory",
+        "8GiB",
+    ]);
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("the run needs about 9.49 GiB") && err.contains("--max-memory"),
+        "{err}"
+    );
+    // Refused before any run: the step takes tens of seconds.
+    assert!(t.elapsed().as_secs() < 60, "{:?}", t.elapsed());
 }
