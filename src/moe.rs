@@ -73,10 +73,7 @@ impl Routing {
         let slots = t * k;
         match *self {
             Routing::Balanced => slots / n + u64::from(e < slots % n),
-            Routing::Capacity(f) => {
-                let c = (f * slots as f64 / n as f64).ceil();
-                (c.min(t as f64) as u64).min(t)
-            }
+            Routing::Capacity(f) => ((f * slots as f64 / n as f64).ceil() as u64).min(t),
             Routing::Worst if n == 1 || e == 0 => t,
             Routing::Worst => {
                 let rest = slots - t;

@@ -554,20 +554,7 @@ fn values_past_what_memplan_counts() {
         let (ok, err) = run(&["bench", m, "--time-limit", v]);
         assert!(!ok && err.contains("--time-limit"), "{err}");
     }
-    let plan = dir.path().join("plan.json");
-    let (ok, err) = run(&[
-        "plan",
-        m,
-        "--batch",
-        "8",
-        "--budget",
-        "100%",
-        "-o",
-        plan.to_str().unwrap(),
-    ]);
-    assert!(ok, "{err}");
-    let mut doc: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&plan).unwrap()).unwrap();
+    let (plan, mut doc) = plan_json(&dir, m);
     doc["budget_bytes"] = serde_json::json!(1u64 << 63);
     std::fs::write(&plan, serde_json::to_vec(&doc).unwrap()).unwrap();
     let html = dir.path().join("r.html");
@@ -583,6 +570,24 @@ fn values_past_what_memplan_counts() {
     ]);
     assert!(!ok && err.contains("budget_bytes"), "{err}");
     assert!(!html.exists(), "a failed report leaves no file");
+}
+
+/// `plan MODEL --batch 8 --budget 100% -o plan.json` in `dir`: the file and its JSON.
+fn plan_json(dir: &tempfile::TempDir, model: &str) -> (std::path::PathBuf, serde_json::Value) {
+    let plan = dir.path().join("plan.json");
+    let (ok, _, err) = common::run_memplan(&[
+        "plan",
+        model,
+        "--batch",
+        "8",
+        "--budget",
+        "100%",
+        "-o",
+        plan.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let doc = serde_json::from_slice(&std::fs::read(&plan).unwrap()).unwrap();
+    (plan, doc)
 }
 
 /// An output flag naming an input is refused, and the input is left as it was; an
@@ -707,20 +712,7 @@ fn costs_and_plans_that_no_run_can_have() {
     let dir = tempfile::tempdir().unwrap();
     let model = write_tmp(&dir, "mlp.onnx", &encode(&mlp()));
     let m = model.to_str().unwrap();
-    let plan = dir.path().join("plan.json");
-    let (ok, _, err) = common::run_memplan(&[
-        "plan",
-        m,
-        "--batch",
-        "8",
-        "--budget",
-        "100%",
-        "-o",
-        plan.to_str().unwrap(),
-    ]);
-    assert!(ok, "{err}");
-    let mut doc: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&plan).unwrap()).unwrap();
+    let (plan, mut doc) = plan_json(&dir, m);
     assert_eq!(doc["feasible"], true);
     let names: Vec<String> = doc["graph"]["nodes"]
         .as_array()

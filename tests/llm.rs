@@ -18,12 +18,7 @@ fn reference() -> serde_json::Map<String, Value> {
 }
 
 fn reference_from(file: &str) -> serde_json::Map<String, Value> {
-    let text = std::fs::read_to_string(common::shipped(file)).unwrap();
-    serde_json::from_str::<Value>(&text)
-        .unwrap()
-        .as_object()
-        .unwrap()
-        .clone()
+    common::json_object(file)
 }
 
 /// `memplan profile` of a reference entry's file at `batch` with `optimizer`: its

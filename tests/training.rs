@@ -24,12 +24,7 @@ fn reference() -> serde_json::Map<String, Value> {
 }
 
 fn read_reference(file: &str) -> serde_json::Map<String, Value> {
-    let text = std::fs::read_to_string(common::shipped(file)).unwrap();
-    serde_json::from_str::<Value>(&text)
-        .unwrap()
-        .as_object()
-        .unwrap()
-        .clone()
+    common::json_object(file)
 }
 
 /// The loss a reference entry was measured with: a model whose first output is its

@@ -26,7 +26,7 @@
 //! the precision's dtype. As transformers quantizes a model (`BitsAndBytesConfig`:
 //! `get_keys_to_not_convert`), the output head stays unquantized: a weight whose
 //! `MatMul` or `Gemm` writes a graph output (`lm_head`: the logits), and a weight an
-//! embedding (`Gather`) also reads (tied embeddings) ([`kept_unquantized`]). fp32,
+//! embedding (`Gather`) also reads (tied embeddings) ([`Quantized::of`]). fp32,
 //! fp16 and bf16 apply to every frozen parameter.
 //!
 //! Dequantized temporaries: each forward op that reads an int8 or nf4 weight first
@@ -148,25 +148,38 @@ pub struct Quantized {
 
 impl Quantized {
     /// `candidates`: the frozen parameters of a quantized `--weight-dtype`; the Linear
-    /// weights among them are quantized, but the output head ([`kept_unquantized`]).
+    /// weights among them are quantized, but those a quantized base keeps in its float
+    /// type, as transformers leaves them (see the module docs): the output head, which
+    /// a `MatMul` or `Gemm` writing a graph output reads, and any weight a `Gather`
+    /// reads (an embedding, tied or not).
     pub fn of(model: &Model, inf: &crate::infer::Inferred, candidates: &[bool]) -> Quantized {
         let g = &model.graph;
         let n_t = g.tensors.len();
         let mut linear_rhs: Vec<Option<bool>> = vec![None; n_t];
         let mut weight_of_view: Vec<Option<TensorId>> = vec![None; n_t];
+        let mut kept = vec![false; n_t];
         for &ix in &g.order {
-            if let Some((w, in_out, view)) = linear_weight(model, g.node(ix)) {
-                if inf.facts[w].shape.len() == 2 {
-                    linear_rhs[w] = Some(in_out);
-                    if let Some(v) = view {
-                        weight_of_view[v] = Some(w);
-                    }
+            let n = g.node(ix);
+            if n.op_type == "Gather" {
+                if let Some(w) = n.inputs.first().copied().flatten() {
+                    kept[w] = true;
+                }
+            }
+            let Some((w, in_out, view)) = linear_weight(model, n) else {
+                continue;
+            };
+            if n.outputs.iter().flatten().any(|o| g.outputs.contains(o)) {
+                kept[w] = true;
+            }
+            if inf.facts[w].shape.len() == 2 {
+                linear_rhs[w] = Some(in_out);
+                if let Some(v) = view {
+                    weight_of_view[v] = Some(w);
                 }
             }
         }
-        let head = kept_unquantized(model);
         let weights: Vec<bool> = (0..n_t)
-            .map(|t| candidates[t] && linear_rhs[t].is_some() && !head[t])
+            .map(|t| candidates[t] && linear_rhs[t].is_some() && !kept[t])
             .collect();
         let quantized = (0..n_t)
             .map(|t| weights[t] || weight_of_view[t].is_some_and(|w| weights[w]))
@@ -177,34 +190,6 @@ impl Quantized {
             weight_of_view,
         }
     }
-}
-
-/// By tensor id: the weights a quantized base keeps in its float type, as transformers
-/// leaves them (see the module docs): the output head, which a `MatMul` or `Gemm`
-/// writing a graph output reads as its second operand, and any weight a `Gather`
-/// reads (an embedding, tied or not).
-pub fn kept_unquantized(model: &Model) -> Vec<bool> {
-    let g = &model.graph;
-    let mut keep = vec![false; g.tensors.len()];
-    for &ix in &g.order {
-        let n = g.node(ix);
-        let weight = linear_weight(model, n).map(|(w, _, _)| w);
-        let writes_output = n.outputs.iter().flatten().any(|o| g.outputs.contains(o));
-        match n.op_type.as_str() {
-            "MatMul" | "Gemm" if writes_output => {
-                if let Some(w) = weight {
-                    keep[w] = true;
-                }
-            }
-            "Gather" => {
-                if let Some(Some(w)) = n.inputs.first() {
-                    keep[*w] = true;
-                }
-            }
-            _ => {}
-        }
-    }
-    keep
 }
 
 #[cfg(test)]

@@ -216,6 +216,15 @@ pub fn memplan_json(args: &[&str]) -> serde_json::Value {
 /// 9 MiB; the CPU conv3d's buffers). Taken at every instant, not only at the raw
 /// peak: by a backward peak most of forward's noise and many checkpoints' states
 /// are freed, and without the scratch the peak may move. `m`: one optimizer's entry.
+/// A JSON object shipped in models/ (a reference file).
+pub fn json_object(file: &str) -> serde_json::Map<String, serde_json::Value> {
+    let text = std::fs::read_to_string(shipped(file)).unwrap();
+    match serde_json::from_str(&text).unwrap() {
+        serde_json::Value::Object(m) => m,
+        other => panic!("{file}: not an object: {other}"),
+    }
+}
+
 pub fn device_equivalent_peak(m: &serde_json::Value) -> u64 {
     m["resident_bytes_before_step"].as_u64().unwrap()
         + m["device_equivalent_step_peak_delta_bytes"]

@@ -242,19 +242,9 @@ fn nan_guard(
 /// Phi-3-style fused qkv, seq 2048, saved a 4 MiB copy per layer and operand). The
 /// expanded tensor is `x` and the three nodes are the kernel's.
 fn gqa_expanded(model: &Model, inf: &Inferred, t: TensorId) -> Option<(TensorId, [NodeIndex; 3])> {
-    let g = &model.graph;
-    let op = |n: NodeIndex| g.node(n).op_type.as_str();
-    let only_reader =
-        |t: TensorId, n: NodeIndex| consumers(model, t) == [n] && !g.outputs.contains(&t);
-    let reshape = g.tensor(t).producer.filter(|&n| op(n) == "Reshape")?;
-    let expanded = g.node(reshape).inputs.first().copied().flatten()?;
-    let expand = g.tensor(expanded).producer.filter(|&n| op(n) == "Expand")?;
-    let unsq_t = g.node(expand).inputs.first().copied().flatten()?;
-    let unsq = g
-        .tensor(unsq_t)
-        .producer
-        .filter(|&n| op(n) == "Unsqueeze")?;
-    let x = g.node(unsq).inputs.first().copied().flatten()?;
+    let (reshape, expanded) = written_by(model, t, "Reshape")?;
+    let (expand, unsq_t) = written_by(model, expanded, "Expand")?;
+    let (unsq, x) = written_by(model, unsq_t, "Unsqueeze")?;
     let (xs, ts) = (&inf.facts[x].shape, &inf.facts[t].shape);
     let grouped = xs.len() == 4
         && ts.len() == 4
@@ -265,7 +255,7 @@ fn gqa_expanded(model: &Model, inf: &Inferred, t: TensorId) -> Option<(TensorId,
         && ts[1] % xs[1] == 0
         && inf.facts[unsq_t].shape.len() == 5
         && inf.facts[unsq_t].shape[2] == 1;
-    (grouped && only_reader(unsq_t, expand) && only_reader(expanded, reshape))
+    (grouped && only_reader(model, unsq_t, expand) && only_reader(model, expanded, reshape))
         .then_some((x, [unsq, expand, reshape]))
 }
 
@@ -274,20 +264,10 @@ fn key_transposed(
     inf: &Inferred,
     t: TensorId,
 ) -> Option<(TensorId, [NodeIndex; 3])> {
-    let g = &model.graph;
-    let op = |n: NodeIndex| g.node(n).op_type.as_str();
-    let only_reader =
-        |t: TensorId, n: NodeIndex| consumers(model, t) == [n] && !g.outputs.contains(&t);
-    let back = g.tensor(t).producer.filter(|&n| op(n) == "Reshape")?;
-    let flat_t = g.node(back).inputs.first().copied().flatten()?;
-    let tr = g
-        .tensor(flat_t)
-        .producer
-        .filter(|&n| op(n) == "Transpose")?;
-    let flat = g.node(tr).inputs.first().copied().flatten()?;
-    let fwd = g.tensor(flat).producer.filter(|&n| op(n) == "Reshape")?;
-    let k = g.node(fwd).inputs.first().copied().flatten()?;
-    let perm = g.node(tr).attrs.ints("perm")?;
+    let (back, flat_t) = written_by(model, t, "Reshape")?;
+    let (tr, flat) = written_by(model, flat_t, "Transpose")?;
+    let (fwd, k) = written_by(model, flat, "Reshape")?;
+    let perm = model.graph.node(tr).attrs.ints("perm")?;
     let (ks, ts) = (&inf.facts[k].shape, &inf.facts[t].shape);
     let n = ks.len();
     let swapped = n >= 2
@@ -299,9 +279,21 @@ fn key_transposed(
     let ok = perm == [0, 2, 1]
         && swapped
         && inf.facts[flat].shape == [rows, ks[n - 2], ks[n - 1]]
-        && only_reader(flat, tr)
-        && only_reader(flat_t, back);
+        && only_reader(model, flat, tr)
+        && only_reader(model, flat_t, back);
     ok.then_some((k, [fwd, tr, back]))
+}
+
+/// The `op` node that writes `t`, and that node's first input.
+fn written_by(model: &Model, t: TensorId, op: &str) -> Option<(NodeIndex, TensorId)> {
+    let g = &model.graph;
+    let n = g.tensor(t).producer.filter(|&n| g.node(n).op_type == op)?;
+    Some((n, g.node(n).inputs.first().copied().flatten()?))
+}
+
+/// Whether node `n` is the only reader of `t`, and `t` no graph output.
+fn only_reader(model: &Model, t: TensorId, n: NodeIndex) -> bool {
+    consumers(model, t) == [n] && !model.graph.outputs.contains(&t)
 }
 
 impl Fusion {
