@@ -329,7 +329,7 @@ def build(name):
         else:
             m, spec = Transformer(), [("input", "float32", [16, 64])]
         outs = ["output"]
-    elif name.startswith(("resnet18", "resnet50", "mobilenet_v2", "vit_b_16")):
+    elif name.startswith(("resnet18", "resnet50", "mobilenet_v2", "vit_b_16", "densenet121")):
         import torchvision
 
         base = name.replace("_dynamo", "")
@@ -644,6 +644,7 @@ MODELS = collections.OrderedDict(
         ("poolformer_tiny", ("torchscript", False)),
         ("wav2vec2_tiny", ("torchscript", False)),
         ("video_cnn", ("torchscript", False)),
+        ("densenet121", ("torchscript", True)),
     ]
 )
 # dynamo exports written as torch.onnx.export(..., optimize=False) returns them: none of

@@ -213,6 +213,7 @@ def make_prepare(case, rec, info):
         elif case.get("checkpoint_file"):
             plan = load_checkpoint_file(case["checkpoint_file"])
             plan.apply(model)
+            info["planned_model"] = model  # its memplan_missing is read after the step
             info["checkpointed"] = rec.wrap(model, list(getattr(plan, "CHECKPOINT_MODULES", [])),
                                             run_checkpoint=False)
             info["checkpoint_file"] = case["checkpoint_file"]
@@ -365,6 +366,9 @@ def measure_case(case, log, timing=True):
                 entry["selective_modules"] = info["selective"]
             if info.get("compile_policy"):
                 entry["compile_policy"] = dict(info["compile_policy"])
+            if hasattr(info.get("planned_model"), "memplan_missing"):
+                # the values of an op plan's file that its hooks did not find in forward (kept)
+                entry["memplan_missing"] = list(info["planned_model"].memplan_missing)
             excl_hook = set(stor)
             ck_in = {p: nb for p, nb in rec.inputs.items() if p not in excl_hook}
             entry["_ck"] = (ck_in, sum(rec.inputs.values()), [d[2] for d in rec.dropout])

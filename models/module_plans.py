@@ -26,6 +26,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 BATCH = 2
 BUDGETS = ["0.8", "0.6"]
+# Besides: the case of issue 49 (torchvision's DenseNet-121, whose blocks pass each layer
+# the list of earlier features and append to it afterwards).
+EXTRA = [("densenet121", 4, "297MiB")]
 # The dynamo exports (no scopes) and the models PyTorch cannot rebuild by name.
 EXCLUDED = {"resnet18_dynamo", "gpt2_dynamo", "transformer_dynamo_raw"}
 
@@ -39,38 +42,39 @@ def main():
     names = [n for n in E.MODELS if n not in EXCLUDED and os.path.exists(os.path.join(HERE, n + ".onnx"))]
     if len(sys.argv) > 1:
         names = sys.argv[1].split(",")
-    for name in names:
-        for b in BUDGETS:
-            tag = "%s_b%d_%s" % (name, BATCH, b.replace(".", ""))
-            py = os.path.join("models", "module_plans", tag + ".py")
-            cmd = [exe, "plan", "models/%s.onnx" % name, "--batch", str(BATCH), "--optimizer", "sgd",
-                   "--granularity", "module", "--budget", b, "--time-limit", "10", "--json", "--pytorch", py]
-            if name in E.TRAIN_GRAPH_LOSS:
-                cmd += ["--loss", "graph"]
-            r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-            # A budget no plan meets exits non-zero after printing the lowest-peak plan
-            # (`"feasible": false`): that plan is measured too.
-            try:
-                plan = json.loads(r.stdout)
-            except ValueError:
-                plan = None
-            if plan is None or (r.returncode != 0 and plan.get("feasible") is not False):
-                skipped[tag] = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "exit %d" % r.returncode
-                print("skip", tag, skipped[tag], flush=True)
-                continue
-            mods = plan["checkpoint_modules"]
-            if not mods:
-                skipped[tag] = "no module to checkpoint"
-                if os.path.exists(os.path.join(ROOT, py)):
-                    os.remove(os.path.join(ROOT, py))
-                print("skip", tag, "no module", flush=True)
-                continue
-            print(tag, plan["feasible"], plan["peak_bytes"], len(mods), mods[:4], flush=True)
-            cases.append({"name": tag, "model": name, "batch": BATCH, "optimizer": None, "freeze": None,
-                          "trainable": None, "checkpoint": None, "checkpoint_file": py,
-                          "memplan": {"budget": b, "feasible": plan["feasible"], "peak_bytes": plan["peak_bytes"],
-                                      "overhead": plan["overhead"], "method": plan.get("method"),
-                                      "checkpoint_modules": mods}})
+    runs = [(n, BATCH, b) for n in names for b in BUDGETS]
+    runs += [r for r in EXTRA if len(sys.argv) == 1 or r[0] in names]
+    for name, batch, b in runs:
+        tag = "%s_b%d_%s" % (name, batch, b.replace(".", ""))
+        py = os.path.join("models", "module_plans", tag + ".py")
+        cmd = [exe, "plan", "models/%s.onnx" % name, "--batch", str(batch), "--optimizer", "sgd",
+               "--granularity", "module", "--budget", b, "--time-limit", "10", "--json", "--pytorch", py]
+        if name in E.TRAIN_GRAPH_LOSS:
+            cmd += ["--loss", "graph"]
+        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        # A budget no plan meets exits non-zero after printing the lowest-peak plan
+        # (`"feasible": false`): that plan is measured too.
+        try:
+            plan = json.loads(r.stdout)
+        except ValueError:
+            plan = None
+        if plan is None or (r.returncode != 0 and plan.get("feasible") is not False):
+            skipped[tag] = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "exit %d" % r.returncode
+            print("skip", tag, skipped[tag], flush=True)
+            continue
+        mods = plan["checkpoint_modules"]
+        if not mods:
+            skipped[tag] = "no module to checkpoint"
+            if os.path.exists(os.path.join(ROOT, py)):
+                os.remove(os.path.join(ROOT, py))
+            print("skip", tag, "no module", flush=True)
+            continue
+        print(tag, plan["feasible"], plan["peak_bytes"], len(mods), mods[:4], flush=True)
+        cases.append({"name": tag, "model": name, "batch": batch, "optimizer": None, "freeze": None,
+                      "trainable": None, "checkpoint": None, "checkpoint_file": py,
+                      "memplan": {"budget": b, "feasible": plan["feasible"], "peak_bytes": plan["peak_bytes"],
+                                  "overhead": plan["overhead"], "method": plan.get("method"),
+                                  "checkpoint_modules": mods}})
     with open(os.path.join(HERE, "module_plan_cases.json"), "w") as f:
         json.dump(cases, f, indent=1)
         f.write("\n")

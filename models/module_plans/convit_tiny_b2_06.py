@@ -3,7 +3,7 @@
 model: models/convit_tiny.onnx
 batch: 2
 budget: 2.75 MiB (2888614 bytes)
-predicted peak: 2.65 MiB (2778582 bytes)
+predicted peak: 2.88 MiB (3017630 bytes), over the budget: the lowest peak found
 method: module:exhaustive
 
 apply(model) wraps each module below so that its forward runs through
@@ -17,11 +17,23 @@ import functools
 import torch.utils.checkpoint
 
 CHECKPOINT_MODULES = [
-    "blocks.0.attn",
-    "blocks.0.mlp",
-    "blocks.1.attn",
-    "blocks.1.mlp",
+    "blocks.0",
+    "blocks.1",
+    "blocks.2",
+    "blocks.3",
 ]
+
+
+def _snapshot(v):
+    """Lists, tuples and dicts copied (tensors are not): a container argument as it is
+    at call time."""
+    if isinstance(v, list):
+        return [_snapshot(x) for x in v]
+    if type(v) is tuple:
+        return tuple(_snapshot(x) for x in v)
+    if isinstance(v, dict):
+        return {k: _snapshot(x) for k, x in v.items()}
+    return v
 
 
 def apply(model):
@@ -34,6 +46,10 @@ def apply(model):
 
         @functools.wraps(forward)
         def checkpointed(*args, _forward=forward, **kwargs):
+            # The recompute must see the arguments as they are now: DenseNet passes
+            # each layer the list of earlier features and appends to it afterwards.
+            args = tuple(_snapshot(a) for a in args)
+            kwargs = {k: _snapshot(v) for k, v in kwargs.items()}
             return torch.utils.checkpoint.checkpoint(
                 _forward, *args, use_reentrant=False, **kwargs
             )

@@ -22,6 +22,18 @@ CHECKPOINT_MODULES = [
 ]
 
 
+def _snapshot(v):
+    """Lists, tuples and dicts copied (tensors are not): a container argument as it is
+    at call time."""
+    if isinstance(v, list):
+        return [_snapshot(x) for x in v]
+    if type(v) is tuple:
+        return tuple(_snapshot(x) for x in v)
+    if isinstance(v, dict):
+        return {k: _snapshot(x) for k, x in v.items()}
+    return v
+
+
 def apply(model):
     """Checkpoints every module of CHECKPOINT_MODULES in `model`; returns `model`."""
     for name in CHECKPOINT_MODULES:
@@ -32,6 +44,10 @@ def apply(model):
 
         @functools.wraps(forward)
         def checkpointed(*args, _forward=forward, **kwargs):
+            # The recompute must see the arguments as they are now: DenseNet passes
+            # each layer the list of earlier features and appends to it afterwards.
+            args = tuple(_snapshot(a) for a in args)
+            kwargs = {k: _snapshot(v) for k, v in kwargs.items()}
             return torch.utils.checkpoint.checkpoint(
                 _forward, *args, use_reentrant=False, **kwargs
             )

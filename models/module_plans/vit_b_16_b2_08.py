@@ -2,7 +2,7 @@
 
 model: models/vit_b_16.onnx
 batch: 2
-budget: 533.49 MiB (559406455 bytes)
+budget: 533.86 MiB (559792746 bytes)
 predicted peak: 668.02 MiB (700468437 bytes), over the budget: the lowest peak found
 method: module:greedy
 
@@ -17,8 +17,43 @@ import functools
 import torch.utils.checkpoint
 
 CHECKPOINT_MODULES = [
-    "encoder",
+    "encoder.layers.encoder_layer_0.self_attention",
+    "encoder.layers.encoder_layer_0.mlp",
+    "encoder.layers.encoder_layer_1.self_attention",
+    "encoder.layers.encoder_layer_1.mlp",
+    "encoder.layers.encoder_layer_2.self_attention",
+    "encoder.layers.encoder_layer_2.mlp",
+    "encoder.layers.encoder_layer_3.self_attention",
+    "encoder.layers.encoder_layer_3.mlp",
+    "encoder.layers.encoder_layer_4.self_attention",
+    "encoder.layers.encoder_layer_4.mlp",
+    "encoder.layers.encoder_layer_5.self_attention",
+    "encoder.layers.encoder_layer_5.mlp",
+    "encoder.layers.encoder_layer_6.self_attention",
+    "encoder.layers.encoder_layer_6.mlp",
+    "encoder.layers.encoder_layer_7.self_attention",
+    "encoder.layers.encoder_layer_7.mlp",
+    "encoder.layers.encoder_layer_8.self_attention",
+    "encoder.layers.encoder_layer_8.mlp",
+    "encoder.layers.encoder_layer_9.self_attention",
+    "encoder.layers.encoder_layer_9.mlp",
+    "encoder.layers.encoder_layer_10.self_attention",
+    "encoder.layers.encoder_layer_10.mlp",
+    "encoder.layers.encoder_layer_11.self_attention",
+    "encoder.layers.encoder_layer_11.mlp",
 ]
+
+
+def _snapshot(v):
+    """Lists, tuples and dicts copied (tensors are not): a container argument as it is
+    at call time."""
+    if isinstance(v, list):
+        return [_snapshot(x) for x in v]
+    if type(v) is tuple:
+        return tuple(_snapshot(x) for x in v)
+    if isinstance(v, dict):
+        return {k: _snapshot(x) for k, x in v.items()}
+    return v
 
 
 def apply(model):
@@ -31,6 +66,10 @@ def apply(model):
 
         @functools.wraps(forward)
         def checkpointed(*args, _forward=forward, **kwargs):
+            # The recompute must see the arguments as they are now: DenseNet passes
+            # each layer the list of earlier features and appends to it afterwards.
+            args = tuple(_snapshot(a) for a in args)
+            kwargs = {k: _snapshot(v) for k, v in kwargs.items()}
             return torch.utils.checkpoint.checkpoint(
                 _forward, *args, use_reentrant=False, **kwargs
             )
