@@ -298,7 +298,7 @@ fn frozen_steps_match_pytorch() {
 
 /// Module plans applied in PyTorch with the file `plan --pytorch` writes
 /// (models/module_plan_reference.json: every model with modules, batch 2, the plans
-/// at budgets 0.8 and 0.6; models/finetune_reference.json: every-block on ResNet-50
+/// at budgets 0.8 and 0.6, and DenseNet-121 at batch 4 under 297 MiB; models/finetune_reference.json: every-block on ResNet-50
 /// and GPT-2 at batch 8, the transformer's first layer). Bytes alive when forward
 /// ends (what forward keeps for backward, plus the outputs) and step peaks, CPU
 /// dropout noise converted to CUDA masks as above, and the host-side bytes a CPU run
@@ -317,6 +317,24 @@ fn module_plans_match_pytorch() {
     use memplan::remat::step::build;
     let mut report = Vec::new();
     let mut checked = 0;
+    // Every plan models/module_plans.py wrote ran in PyTorch (DenseNet-121 included:
+    // its blocks append to the list they pass each layer, issue 49).
+    let planned: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(common::shipped("module_plan_cases.json")).unwrap(),
+    )
+    .unwrap();
+    let measured: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(common::shipped("module_plan_reference.json")).unwrap(),
+    )
+    .unwrap();
+    for c in planned.as_array().unwrap() {
+        let name = c["name"].as_str().unwrap();
+        assert!(
+            measured["cases"][name].is_object(),
+            "{name}: planned, not run in PyTorch"
+        );
+    }
+    assert!(measured["cases"]["densenet121_b4_297MiB"].is_object());
     for file in [
         "module_plan_reference.json",
         "finetune_reference.json",
@@ -441,7 +459,16 @@ fn op_plan_file(name: &str, x: &serde_json::Value) -> OpPlanFile {
         batch: case["batch"].as_u64(),
         ..Default::default()
     };
-    let step = build(&model, &bindings, &opts(None, None, Optimizer::Sgd), name).unwrap();
+    let loss = if case["model"] == "mlp_loss" {
+        memplan::train::Loss::Graph
+    } else {
+        memplan::train::Loss::Mean
+    };
+    let o = TrainOptions {
+        loss,
+        ..opts(None, None, Optimizer::Sgd)
+    };
+    let step = build(&model, &bindings, &o, name).unwrap();
     let g = &step.graph;
     let py_path = x["checkpoint_file"].as_str().unwrap();
     let py_file = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(py_path);
@@ -478,7 +505,7 @@ fn op_plan_file(name: &str, x: &serde_json::Value) -> OpPlanFile {
     );
     // The file lists exactly the plan's recomputed forward nodes.
     let rr = reruns(g, &plan);
-    assert!(rr.len() > 50, "{name}: {} reruns", rr.len());
+    assert!(!rr.is_empty(), "{name}: no reruns");
     assert_eq!(py.matches("\n    (\"").count(), rr.len(), "{name}");
     for e in &rr {
         let line = e.python_line();
@@ -504,11 +531,115 @@ fn op_plan_file(name: &str, x: &serde_json::Value) -> OpPlanFile {
 /// updated in place in PyTorch), and its device-equivalent step peak is within 5 %.
 #[test]
 fn op_plans_match_pytorch() {
+    let cases = op_plans_against("op_plan_pytorch.json", 50);
+    let bad: Vec<&str> = cases
+        .iter()
+        .filter(|c| c.forward_end_off().abs() > 0.001 || c.peak_off().abs() > 0.05)
+        .map(|c| c.name.as_str())
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "forward end over 0.1 % or peak over 5 % off: {bad:?}"
+    );
+    assert_eq!(cases.len(), 8);
+}
+
+/// Models whose op plan's bytes at forward end are not memplan's in PyTorch on the
+/// CPU, with the reason. torchvision's ViT: memplan's step keeps a 1.2 MB contiguous
+/// copy per encoder layer that PyTorch's CPU multi-head attention does not (the
+/// no-recompute step is off by the same 14.5 MB; the plan's own saving is exact).
+const OP_PLAN_FORWARD_END_EXCLUDED: [&str; 1] = ["vit_b_16"];
+
+/// The op plan of every model in models/ (batch 2, SGD, 0.8 of the no-recompute peak;
+/// `python models/op_plans.py`, measured into models/op_plan_every.json): the file
+/// written with `--pytorch`, applied with its `apply(model)`, runs the step in PyTorch,
+/// its hooks find every value of RECOMPUTE (`memplan_missing` empty: the plan was made
+/// recomputing only ops the file reruns), and PyTorch keeps after forward the bytes the
+/// plan predicts (within 0.1 %; [`OP_PLAN_FORWARD_END_EXCLUDED`] printed only). Every
+/// model the generator planned is measured. PyTorch's step peak is printed against the
+/// plan's: PyTorch recomputes a value when backward first needs it and keeps it until
+/// its last use, where a plan may recompute it twice, so PyTorch's peak is up to 41 %
+/// above the plan's (docs/TRAINING_MEMORY.md); asserted: never 0.1 % above PyTorch's own peak
+/// without the file (models/training_reference.json), where that is measured.
+#[test]
+fn op_plans_of_every_model_run_in_pytorch() {
+    let read = |f: &str| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(common::shipped(f)).unwrap()).unwrap()
+    };
+    let doc = read("op_plan_every.json");
+    let planned = read("op_plan_every_cases.json");
+    let plain = read("training_reference.json");
+    for c in planned.as_array().unwrap() {
+        let name = c["name"].as_str().unwrap();
+        let x = &doc["cases"][name];
+        assert!(x.is_object(), "{name}: planned but not measured in PyTorch");
+        assert_eq!(
+            x["memplan_missing"].as_array().map(Vec::len),
+            Some(0),
+            "{name}: values the file did not find: {}",
+            x["memplan_missing"]
+        );
+    }
+    assert!(
+        doc["cases"]["densenet121_b2_08"].is_object(),
+        "DenseNet-121 is measured"
+    );
+    let cases = op_plans_against("op_plan_every.json", 1);
+    assert!(cases.len() >= 20, "{} models", cases.len());
+    let mut bad = Vec::new();
+    for c in &cases {
+        if !OP_PLAN_FORWARD_END_EXCLUDED.contains(&c.model.as_str())
+            && c.forward_end_off().abs() > 0.001
+        {
+            bad.push(format!(
+                "{}: forward end {:+.3}%",
+                c.name,
+                c.forward_end_off() * 100.0
+            ));
+        }
+        let without = &plain[&c.model]["batch_2"]["sgd"];
+        if without.is_object() {
+            let without = common::device_equivalent_peak(without);
+            if c.pytorch_peak > without + without / 1000 {
+                bad.push(format!(
+                    "{}: peak {} above {without} without the file",
+                    c.name, c.pytorch_peak
+                ));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{bad:#?}");
+}
+
+/// One op plan measured in PyTorch against memplan's plan.
+struct OpPlanMeasured {
+    name: String,
+    model: String,
+    /// Bytes alive at forward end: memplan's plan, PyTorch's (device-equivalent).
+    forward_end: (u64, u64),
+    /// memplan's replayed peak.
+    peak: u64,
+    /// PyTorch's device-equivalent step peak.
+    pytorch_peak: u64,
+}
+
+impl OpPlanMeasured {
+    fn forward_end_off(&self) -> f64 {
+        self.forward_end.0 as f64 / self.forward_end.1 as f64 - 1.0
+    }
+    fn peak_off(&self) -> f64 {
+        self.peak as f64 / self.pytorch_peak as f64 - 1.0
+    }
+}
+
+/// Each case of a measurement file of op plans against its committed plan: PyTorch's
+/// bytes alive at forward end against the plan's, its device-equivalent step peak
+/// against the replay's (printed); every plan recomputes at least `min_reruns` values.
+fn op_plans_against(file: &str, min_reruns: usize) -> Vec<OpPlanMeasured> {
     use memplan::remat::modules::saved_at_forward_end;
-    let text = std::fs::read_to_string(common::shipped("op_plan_pytorch.json")).unwrap();
+    let text = std::fs::read_to_string(common::shipped(file)).unwrap();
     let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let mut report = Vec::new();
-    let mut bad: Vec<String> = Vec::new();
+    let mut out = Vec::new();
     let cases = doc["cases"].as_object().unwrap();
     for (name, x) in cases {
         let OpPlanFile {
@@ -517,6 +648,7 @@ fn op_plans_match_pytorch() {
             replay: r,
             reruns: rr,
         } = op_plan_file(name, x);
+        assert!(rr.len() >= min_reruns, "{name}: {} reruns", rr.len());
         let g = &step.graph;
         let m = &x["sgd"];
         let outputs: u64 = g
@@ -534,27 +666,29 @@ fn op_plans_match_pytorch() {
             .map(|e| e.bytes / 4)
             .sum();
         let noise = 3 * (x["dropout_alive_numel"].as_u64().unwrap() - redrawn);
-        let want_fe = m["forward_end_delta_bytes"].as_u64().unwrap() - noise - 4;
-        let want_peak = common::device_equivalent_peak(m);
-        let df = fe as f64 / want_fe as f64 - 1.0;
-        let dp = r.peak_bytes as f64 / want_peak as f64 - 1.0;
-        report.push(format!(
-            "{name}: forward end {fe} vs {want_fe} ({:+.3}%), peak {} vs {want_peak} ({:+.2}%), {} values recomputed",
-            df * 100.0,
-            r.peak_bytes,
-            dp * 100.0,
+        // A dropout drawn again keeps the random state it drew from: on the CPU
+        // `torch.get_rng_state()` (5,056 B), on a GPU 16 B of host memory.
+        let states =
+            RNG_STATE_BYTES * rr.iter().filter(|e| e.op == "Dropout" && e.rest).count() as u64;
+        let want_fe = m["forward_end_delta_bytes"].as_u64().unwrap() - noise - 4 - states;
+        let m_out = OpPlanMeasured {
+            name: name.clone(),
+            model: x["case"]["model"].as_str().unwrap().to_string(),
+            forward_end: (fe, want_fe),
+            peak: r.peak_bytes,
+            pytorch_peak: common::device_equivalent_peak(m),
+        };
+        println!(
+            "{name}: forward end {fe} vs {want_fe} ({:+.3}%), peak {} vs {} ({:+.2}%), {} values recomputed",
+            m_out.forward_end_off() * 100.0,
+            m_out.peak,
+            m_out.pytorch_peak,
+            m_out.peak_off() * 100.0,
             rr.len()
-        ));
-        if df.abs() > 0.001 || dp.abs() > 0.05 {
-            bad.push(name.clone());
-        }
+        );
+        out.push(m_out);
     }
-    println!("{}", report.join("\n"));
-    assert!(
-        bad.is_empty(),
-        "forward end over 0.1 % or peak over 5 % off: {bad:?}"
-    );
-    assert_eq!(cases.len(), 8);
+    out
 }
 
 /// Op plans given to torch.compile: `compile_policy(model, *inputs)` of the file `plan

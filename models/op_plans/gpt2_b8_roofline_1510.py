@@ -195,6 +195,8 @@ _ATEN = {
     "AveragePool": ("avg_pool2d", "avg_pool1d", "avg_pool3d"),
     "BatchNormalization": ("native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
                            "cudnn_batch_norm", "miopen_batch_norm", "_batch_norm_with_update"),
+    "Clip": ("hardtanh", "hardtanh_", "clamp", "clamp_"),
+    "Concat": ("cat",),
     "Conv": ("convolution",),
     "Div": ("div", "div_"),
     "Dropout": ("native_dropout",),
@@ -214,7 +216,7 @@ _ATEN = {
     "Sigmoid": ("sigmoid", "sigmoid_"),
     "Softmax": ("_softmax",),
     "Sqrt": ("sqrt", "sqrt_"),
-    "Sub": ("sub", "sub_"),
+    "Sub": ("sub", "sub_", "rsub"),
     "Tanh": ("tanh", "tanh_"),
 }
 _KIND = {a: k for k, names in _ATEN.items() for a in names}
@@ -226,11 +228,12 @@ _BATCH_NORM = ("native_batch_norm", "_native_batch_norm_legit", "_native_batch_n
 # In-place ops whose out-of-place op has the same overload (relu_.default -> relu.default);
 # any other in-place op reruns on a copy of its input.
 _SAME_OVERLOAD = ("add_", "sub_", "mul_", "div_", "relu_", "sigmoid_", "tanh_", "hardswish_",
-                  "hardsigmoid_", "leaky_relu_", "elu_", "gelu_", "neg_", "sqrt_", "erf_")
+                  "hardsigmoid_", "leaky_relu_", "elu_", "gelu_", "neg_", "sqrt_", "erf_", "hardtanh_",
+                  "clamp_")
 # Further outputs of these kinds, dropped with the first where the plan drops the node's
-# other outputs too (an entry's `rest`): MaxPool's indices, BatchNorm's batch mean and
-# inverse deviation, dropout's mask (drawn again from the random state forward used).
-_ALSO = {"MaxPool": (1,), "BatchNormalization": (1, 2), "Dropout": (1,)}
+# other outputs too (an entry's `rest`): MaxPool's indices, BatchNorm's and LayerNorm's
+# mean and inverse deviation, dropout's mask (drawn again from the random state forward used).
+_ALSO = {"MaxPool": (1,), "BatchNormalization": (1, 2), "Dropout": (1,), "LayerNormalization": (1, 2)}
 
 
 class _Held:
@@ -534,6 +537,7 @@ class _Mode(TorchDispatchMode):
         self.fwd = fwd
         self.stream = stream  # compile_policy: (kind, taken) of every op counted, in order
         self.kinds = _Kinds() if stream is not None else None
+        self.pre_clone = None  # (the argument, its copy) of the op just before, a clone
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -542,7 +546,8 @@ class _Mode(TorchDispatchMode):
         kind = _KIND.get(name)
         first = args[0] if args and isinstance(args[0], torch.Tensor) else None
         # Dropout on CPU is empty_like, bernoulli_ of that noise, div_ of the noise, and a
-        # mul of the input by it: that mul is the ONNX Dropout, the div_ no ONNX op.
+        # mul of the input by it: that mul is the ONNX Dropout (or the ONNX Mul of a mask
+        # the model draws itself, below), the div_ no ONNX op.
         noise = [a for a in args[:2] if isinstance(a, torch.Tensor) and a in f.noise]
         if noise:
             kind = "Dropout" if name == "mul" else None
@@ -565,10 +570,24 @@ class _Mode(TorchDispatchMode):
             key = key_of(first)
             want = f.wanted.get(key)
             if want is not None:
-                captured = self.capture(func, args, kwargs, want)
+                pre = self.pre_clone
+                if pre is not None and pre[0]() is first and first not in f.recipes:
+                    # autograd copied the argument just now to save it for the op's
+                    # backward (hardtanh_ needs its input): the recipe reads that copy,
+                    # which nothing changes, instead of copying it again
+                    args = (pre[1],) + tuple(args[1:])
+                    captured = self.capture(func, args, kwargs, want)
+                    args = (first,) + tuple(args[1:])
+                else:
+                    captured = self.capture(func, args, kwargs, want)
         if mutates:
             f.before_mutation(first)
         out = func(*args, **kwargs)
+        self.pre_clone = (weakref.ref(args[0]), out) if name == "clone" and first is not None else None
+        if name == "clone" and first is not None and f.recipes.get(first) is not None:
+            # a copy of a value the plan recomputes (autograd's, before an in-place op
+            # whose backward needs its input): the same recipe computes it
+            f.recipes[out] = f.recipes[first]
         if name == "bernoulli_":
             f.noise[first] = _Noise(first, rng, args[1] if len(args) > 1 else kwargs.get("p", 0.5))
         elif name == "div_" and first in f.noise and f.frames:
@@ -582,6 +601,11 @@ class _Mode(TorchDispatchMode):
         if not mutates and kind is not None and f.frames and isinstance(t, torch.Tensor):
             key = key_of(t)
             want = f.wanted.get(key)
+            if noise and name == "mul":
+                # an ONNX Mul where the model draws its mask itself (timm's drop_path)
+                other = key_of(t, "Mul")
+                if want is None and other in f.wanted:
+                    key, want = other, f.wanted[other]
             if want is not None:
                 captured = self.capture(func, args, kwargs, want, out)
         if want is not None:
@@ -590,7 +614,9 @@ class _Mode(TorchDispatchMode):
             # a BatchNorm whose statistics stay reruns from them (see _normalize)
             stats = _batch_norm_stats(func, args, kwargs, out) if name in _BATCH_NORM and not rest else None
             siblings = []
-            for i in (0,) + (_ALSO.get(kind, ()) if rest else ()):
+            # "rest": only the other outputs are dropped (MaxPool's indices), the value stays
+            own = () if rest == "rest" else (0,)
+            for i in own + (_ALSO.get(kind, ()) if rest else ()):
                 if i == 0 or (isinstance(out, (tuple, list)) and i < len(out) and isinstance(out[i], torch.Tensor)):
                     r = _Recipe(func, rargs, rkw, i, siblings, rng if name == "native_dropout" and rest else None,
                                 stats)

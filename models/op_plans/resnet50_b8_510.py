@@ -155,6 +155,8 @@ _ATEN = {
     "AveragePool": ("avg_pool2d", "avg_pool1d", "avg_pool3d"),
     "BatchNormalization": ("native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
                            "cudnn_batch_norm", "miopen_batch_norm", "_batch_norm_with_update"),
+    "Clip": ("hardtanh", "hardtanh_", "clamp", "clamp_"),
+    "Concat": ("cat",),
     "Conv": ("convolution",),
     "Div": ("div", "div_"),
     "Dropout": ("native_dropout",),
@@ -174,7 +176,7 @@ _ATEN = {
     "Sigmoid": ("sigmoid", "sigmoid_"),
     "Softmax": ("_softmax",),
     "Sqrt": ("sqrt", "sqrt_"),
-    "Sub": ("sub", "sub_"),
+    "Sub": ("sub", "sub_", "rsub"),
     "Tanh": ("tanh", "tanh_"),
 }
 _KIND = {a: k for k, names in _ATEN.items() for a in names}
@@ -186,7 +188,8 @@ _BATCH_NORM = ("native_batch_norm", "_native_batch_norm_legit", "_native_batch_n
 # In-place ops whose out-of-place op has the same overload (relu_.default -> relu.default);
 # any other in-place op reruns on a copy of its input.
 _SAME_OVERLOAD = ("add_", "sub_", "mul_", "div_", "relu_", "sigmoid_", "tanh_", "hardswish_",
-                  "hardsigmoid_", "leaky_relu_", "elu_", "gelu_", "neg_", "sqrt_", "erf_")
+                  "hardsigmoid_", "leaky_relu_", "elu_", "gelu_", "neg_", "sqrt_", "erf_", "hardtanh_",
+                  "clamp_")
 # Further outputs of these kinds, dropped with the first where the plan drops the node's
 # other outputs too (an entry's `rest`): MaxPool's indices, BatchNorm's batch mean and
 # inverse deviation, dropout's mask (drawn again from the random state forward used).
@@ -502,7 +505,8 @@ class _Mode(TorchDispatchMode):
         kind = _KIND.get(name)
         first = args[0] if args and isinstance(args[0], torch.Tensor) else None
         # Dropout on CPU is empty_like, bernoulli_ of that noise, div_ of the noise, and a
-        # mul of the input by it: that mul is the ONNX Dropout, the div_ no ONNX op.
+        # mul of the input by it: that mul is the ONNX Dropout (or the ONNX Mul of a mask
+        # the model draws itself, below), the div_ no ONNX op.
         noise = [a for a in args[:2] if isinstance(a, torch.Tensor) and a in f.noise]
         if noise:
             kind = "Dropout" if name == "mul" else None
@@ -542,6 +546,11 @@ class _Mode(TorchDispatchMode):
         if not mutates and kind is not None and f.frames and isinstance(t, torch.Tensor):
             key = key_of(t)
             want = f.wanted.get(key)
+            if noise and name == "mul":
+                # an ONNX Mul where the model draws its mask itself (timm's drop_path)
+                other = key_of(t, "Mul")
+                if want is None and other in f.wanted:
+                    key, want = other, f.wanted[other]
             if want is not None:
                 captured = self.capture(func, args, kwargs, want, out)
         if want is not None:

@@ -266,7 +266,27 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         (o.report, gran)
     } else {
         let budget_bytes = budget_bytes.context("--budget is required without --pareto")?;
-        let r = plan(&g, budget_bytes, solver, time_limit).with_context(|| path.clone())?;
+        // A PyTorch file reruns only some ops: the plan for it recomputes no other.
+        let for_pytorch = pytorch.as_ref().map(|_| {
+            let mut h = g.clone();
+            let kept = memplan::remat::pytorch_ops::keep_what_pytorch_cannot_rerun(&mut h);
+            (h, kept)
+        });
+        if let Some((_, kept)) = for_pytorch.as_ref().filter(|(_, k)| !k.is_empty()) {
+            let n: usize = kept.iter().map(|k| k.1).sum();
+            let ops: Vec<String> = kept
+                .iter()
+                .take(6)
+                .map(|(o, c)| format!("{o} {c}"))
+                .collect();
+            let more = if kept.len() > 6 { ", ..." } else { "" };
+            eprintln!(
+                "note: {n} forward ops the --pytorch file cannot rerun in PyTorch are kept, not recomputed ({}{more})",
+                ops.join(", ")
+            );
+        }
+        let planned_on = for_pytorch.as_ref().map_or(&g, |(h, _)| h);
+        let r = plan(planned_on, budget_bytes, solver, time_limit).with_context(|| path.clone())?;
         if let Some(py) = &pytorch {
             use memplan::remat::pytorch_ops::{pytorch_op_module, reruns};
             let h = PytorchHeader {

@@ -26,21 +26,26 @@ pub fn scopes(node: &str) -> Vec<&str> {
         .collect()
 }
 
-/// Joins a scope to its parent's path as TorchScript writes them: a container's
-/// child is named with the container's attribute (`layer1` + `layer1.0` →
-/// `layer1.0`; `layer1.0.downsample` + `downsample.0` → `layer1.0.downsample.0`), a
-/// child of a module that is not called keeps it (`transformer` + `h.0` →
-/// `transformer.h.0`).
+/// Joins a scope to its parent's path as TorchScript writes them. The exporter names
+/// a module by its attribute path from an ancestor, so the longest tail of the parent's
+/// path that begins the scope is written once: `layer1` + `layer1.0` → `layer1.0`;
+/// `layer1.0.downsample` + `downsample.0` → `layer1.0.downsample.0`;
+/// `features.2.conv.0` + `conv.0.2` → `features.2.conv.0.2` (MobileNetV2's ReLU6);
+/// `blocks.0.0` + `blocks.0.0.1` → `blocks.0.0.1`. A child of a module that is not
+/// called keeps its whole name (`transformer` + `h.0` → `transformer.h.0`), and so
+/// does a one-name scope (`blocks.0.attn` + `attn` → `blocks.0.attn.attn`).
 pub fn join(parent: &str, scope: &str) -> String {
     if parent.is_empty() {
         return scope.to_string();
     }
-    if let Some((head, rest)) = scope.split_once('.') {
-        if parent == head || parent.ends_with(&format!(".{head}")) {
-            return format!("{parent}.{rest}");
-        }
-    }
-    format!("{parent}.{scope}")
+    let p: Vec<&str> = parent.split('.').collect();
+    let s: Vec<&str> = scope.split('.').collect();
+    // A scope of one name is a child (`attn` inside `blocks.0.attn`), never a repeat.
+    let overlap = (1..=p.len().min(s.len() - 1))
+        .rev()
+        .find(|&k| p[p.len() - k..] == s[..k])
+        .unwrap_or(0);
+    format!("{parent}.{}", s[overlap..].join("."))
 }
 
 /// A parameter's name as PyTorch's `named_parameters()` gives it. The initializer's
@@ -90,6 +95,15 @@ mod tests {
         assert_eq!(
             module_path("/encoder/layer.0/attention/self/query/MatMul").as_deref(),
             Some("encoder.layer.0.attention.self.query")
+        );
+        assert_eq!(
+            module_path("/features/features.2/conv/conv.0/conv.0.2/Clip").as_deref(),
+            Some("features.2.conv.0.2")
+        );
+        // A Sequential inside a ModuleList: the exporter writes full paths.
+        assert_eq!(
+            module_path("/blocks.0.0/blocks.0.0.1/BatchNormalization").as_deref(),
+            Some("blocks.0.0.1")
         );
         assert_eq!(module_path("Relu_3"), None);
     }

@@ -45,6 +45,7 @@ pub fn plan_with_drops(g: &RematGraph, dropped: &[bool]) -> Vec<Instr> {
     let phases = has_phases(g);
     let first_bw = g.nodes.iter().position(|x| x.backward).unwrap_or(n);
     let mut live: Vec<bool> = g.values.iter().map(|v| v.fixed).collect();
+    let kept_for_reruns = kept_for_reruns(g, dropped, &readers);
     let mut plan = Vec::with_capacity(n * 2);
     // Next reader of v strictly after position i.
     let next_reader = |v: ValueId, i: NodeId| -> Option<NodeId> {
@@ -79,7 +80,7 @@ pub fn plan_with_drops(g: &RematGraph, dropped: &[bool]) -> Vec<Instr> {
             }
             let next = next_reader(v, i);
             let release = match next {
-                None => true,
+                None => kept_for_reruns[v].is_none_or(|k| k <= i),
                 Some(r) if phases => dropped[v] && i < first_bw && r >= first_bw,
                 Some(r) => dropped[v] && r > i + 1,
             };
@@ -90,6 +91,50 @@ pub fn plan_with_drops(g: &RematGraph, dropped: &[bool]) -> Vec<Instr> {
         }
     }
     plan
+}
+
+/// For each value whose writer cannot run again, the last node before which a
+/// recompute may read it: it stays live until then (`None` where no recompute reads
+/// it). A dropped value is recomputed before its readers, and with it whatever freed
+/// values its writer reads, back to live ones. In a training step every forward node
+/// can run again and this is all `None`; a graph some of whose forward nodes may not
+/// (a plan for a PyTorch file that reruns only some ops) needs it.
+fn kept_for_reruns(
+    g: &RematGraph,
+    dropped: &[bool],
+    readers: &[Vec<NodeId>],
+) -> Vec<Option<NodeId>> {
+    let mut need: Vec<Option<NodeId>> = vec![None; g.values.len()];
+    let mut kept: Vec<Option<NodeId>> = vec![None; g.values.len()];
+    // Latest writer first: a value's need is final before its inputs get theirs.
+    for p in (0..g.nodes.len()).rev() {
+        let node = &g.nodes[p];
+        if !node.recomputable {
+            continue;
+        }
+        let own = |w: ValueId| readers[w].last().copied().filter(|_| dropped[w]);
+        let Some(last) = node
+            .outputs
+            .iter()
+            .filter_map(|&w| own(w).max(need[w]))
+            .max()
+        else {
+            continue;
+        };
+        for &u in &node.inputs {
+            let val = &g.values[u];
+            let Some(q) = val.producer.filter(|_| !val.fixed) else {
+                continue;
+            };
+            let slot = if g.nodes[q].recomputable {
+                &mut need[u]
+            } else {
+                &mut kept[u]
+            };
+            *slot = (*slot).max(Some(last));
+        }
+    }
+    kept
 }
 
 /// Makes value `v` live by computing its writer after (recursively) its writer's

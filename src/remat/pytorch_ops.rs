@@ -23,10 +23,12 @@ use super::module_plan::PytorchHeader;
 
 /// The ONNX op types the runtime finds in eager PyTorch (its `_ATEN` table); a value
 /// of another op is kept by the file (and listed in `model.memplan_missing`).
-pub const RUNTIME_OPS: [&str; 24] = [
+pub const RUNTIME_OPS: [&str; 26] = [
     "Add",
     "AveragePool",
     "BatchNormalization",
+    "Clip",
+    "Concat",
     "Conv",
     "Div",
     "Dropout",
@@ -49,6 +51,46 @@ pub const RUNTIME_OPS: [&str; 24] = [
     "Sub",
     "Tanh",
 ];
+
+/// Whether the runtime can find forward node `i`'s value in eager PyTorch: its op is
+/// one of [`RUNTIME_OPS`], and it is not a Linear's bias (an Add of a matrix product
+/// and a parameter: PyTorch adds the bias inside `addmm`, so no aten op writes the
+/// sum alone).
+pub fn reruns_in_pytorch(g: &RematGraph, i: usize) -> bool {
+    let n = &g.nodes[i];
+    if !RUNTIME_OPS.contains(&n.op.as_str()) {
+        return false;
+    }
+    let product = |v: usize| {
+        g.values[v]
+            .producer
+            .is_some_and(|p| matches!(g.nodes[p].op.as_str(), "MatMul" | "Gemm"))
+    };
+    // (The step's Add may read more than its two operands: what a fused product keeps.)
+    let bias_add = n.op == "Add"
+        && n.inputs.iter().any(|&v| g.values[v].fixed)
+        && n.inputs.iter().any(|&v| product(v));
+    !bias_add
+}
+
+/// Makes the forward nodes the runtime cannot rerun ([`reruns_in_pytorch`]) not
+/// recomputable, so that an op plan made for a PyTorch file recomputes only what the
+/// file reproduces and its predicted peak is what PyTorch keeps. Returns the op types
+/// so kept and how many of each, most first.
+pub fn keep_what_pytorch_cannot_rerun(g: &mut RematGraph) -> Vec<(String, usize)> {
+    let mut kept: std::collections::BTreeMap<String, usize> = Default::default();
+    for i in 0..g.nodes.len() {
+        let n = &g.nodes[i];
+        if n.backward || !n.recomputable || n.outputs.is_empty() || reruns_in_pytorch(g, i) {
+            continue;
+        }
+        *kept.entry(n.op.clone()).or_default() += 1;
+        g.nodes[i].recomputable = false;
+    }
+    let mut kept: Vec<(String, usize)> = kept.into_iter().collect();
+    kept.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    kept
+}
 
 /// The values of `reruns` the runtime cannot find, as a one-line note (`None` if it
 /// finds them all): ops outside [`RUNTIME_OPS`], and values with no module scope.
@@ -107,6 +149,10 @@ pub struct Rerun {
     /// none of them live when forward ends): BatchNorm's batch statistics, MaxPool's
     /// indices, dropout's mask (drawn again from the random state forward used).
     pub rest: bool,
+    /// Whether only those other outputs are dropped, the value itself kept (a MaxPool
+    /// whose output stays for the next layer while its indices are recomputed):
+    /// written `"rest"` in the file.
+    pub only_rest: bool,
 }
 
 impl Rerun {
@@ -119,14 +165,19 @@ impl Rerun {
             self.rank,
             self.bytes,
             serde_json::json!(self.value),
-            if self.rest { "True" } else { "False" }
+            match (self.only_rest, self.rest) {
+                (true, _) => "\"rest\"",
+                (false, true) => "True",
+                (false, false) => "False",
+            }
         )
     }
 }
 
 /// The forward nodes `plan` runs more than once whose first output (the one the aten
-/// op returns first) is not live when forward ends, in graph order: the values the
-/// plan drops after forward and recomputes in backward.
+/// op returns first) is not live when forward ends, or whose other outputs all are
+/// not ([`Rerun::only_rest`]), in graph order: the values the plan drops after forward
+/// and recomputes in backward.
 pub fn reruns(g: &RematGraph, plan: &[Instr]) -> Vec<Rerun> {
     let count = super::plan::run_counts(g, plan);
     let live = super::modules::live_at_forward_end(g, plan);
@@ -145,7 +196,8 @@ pub fn reruns(g: &RematGraph, plan: &[Instr]) -> Vec<Rerun> {
             .or_insert(0);
         let r = *rank;
         *rank += 1;
-        if count[i] < 2 || live[v] {
+        let rest = n.outputs.len() > 1 && n.outputs[1..].iter().all(|&w| !live[w]);
+        if count[i] < 2 || (live[v] && !rest) {
             continue;
         }
         out.push(Rerun {
@@ -154,7 +206,8 @@ pub fn reruns(g: &RematGraph, plan: &[Instr]) -> Vec<Rerun> {
             rank: r,
             bytes: g.values[v].bytes,
             value: g.values[v].name.clone(),
-            rest: n.outputs.len() > 1 && n.outputs[1..].iter().all(|&w| !live[w]),
+            rest,
+            only_rest: live[v],
         });
     }
     out
@@ -174,7 +227,7 @@ hooks; the values are bitwise the same, BatchNorm's running statistics are not u
 again). Each entry: the module call (the exporter's scope; `relu_2` is the third call of
 `relu`), the ONNX op, its rank among that call's ops of that kind and size, its bytes,
 its name, and whether the op's other outputs (BatchNorm's batch statistics, MaxPool's
-indices, dropout's mask) are dropped too.
+indices, dropout's mask) are dropped too ("rest": only they are, the value is kept).
 PyTorch 2.1 or later; eager mode. For torch.compile (PyTorch 2.4 or later) call
 compile_policy(model, *example_inputs) instead, before compiling: the compiler then
 recomputes the same values, fused with their neighbours.
@@ -264,7 +317,97 @@ mod tests {
             &r,
         );
         assert!(text.contains("    (\"layer1.0\", \"Add\", 1, 64, \"c\", False),\n"));
+        // Only a node's other outputs dropped (MaxPool's indices): written "rest".
+        let only = Rerun {
+            rest: true,
+            only_rest: true,
+            ..r[0].clone()
+        };
+        assert!(only.python_line().ends_with(", \"c\", \"rest\"),\n"));
         assert!(text.contains("def apply(model):"));
+    }
+}
+
+#[cfg(test)]
+mod restriction_tests {
+    use super::*;
+    use crate::remat::graph::{replay, RNode, RValue};
+    use crate::remat::heuristics::{candidates, plan_with_drops};
+
+    /// x → MatMul(x, W) → Add(·, b) → Relu → Flatten → Mul; the backward reads the
+    /// Relu's and the Flatten's outputs.
+    fn graph() -> RematGraph {
+        let value = |name: &str, producer: Option<usize>, fixed| RValue {
+            name: name.into(),
+            bytes: 100,
+            producer,
+            fixed,
+            held: false,
+        };
+        let node = |name: &str, op: &str, inputs: Vec<usize>, out: usize, backward| RNode {
+            name: name.into(),
+            cost: 1.0,
+            inputs,
+            outputs: vec![out],
+            backward,
+            recomputable: !backward,
+            op: op.into(),
+        };
+        RematGraph {
+            name: "t".into(),
+            nodes: vec![
+                node("/fc/MatMul", "MatMul", vec![0, 1], 3, false),
+                node("/fc/Add", "Add", vec![2, 3], 4, false),
+                node("/act/Relu", "Relu", vec![4], 5, false),
+                node("/Flatten", "Flatten", vec![5], 6, false),
+                node("/Mul", "Mul", vec![6, 6], 7, false),
+                node("/Mul/grad", "", vec![7, 6], 8, true),
+                node("/act/Relu/grad", "", vec![8, 5], 9, true),
+            ],
+            values: vec![
+                value("x", None, true),
+                value("W", None, true),
+                value("b", None, true),
+                value("mm", Some(0), false),
+                value("lin", Some(1), false),
+                value("act", Some(2), false),
+                value("flat", Some(3), false),
+                value("out", Some(4), false),
+                value("g_out", Some(5), false),
+                value("g_act", Some(6), false),
+            ],
+        }
+    }
+
+    #[test]
+    fn a_plan_for_pytorch_keeps_what_the_file_cannot_rerun() {
+        let mut g = graph();
+        assert!(!reruns_in_pytorch(&g, 0), "MatMul");
+        assert!(!reruns_in_pytorch(&g, 1), "a Linear's bias: inside addmm");
+        assert!(reruns_in_pytorch(&g, 2), "Relu");
+        let kept = keep_what_pytorch_cannot_rerun(&mut g);
+        assert_eq!(
+            kept,
+            vec![
+                ("Add".to_string(), 1),
+                ("Flatten".into(), 1),
+                ("MatMul".into(), 1)
+            ]
+        );
+        assert!(g.nodes[2].recomputable && !g.nodes[3].recomputable);
+        // Dropping the Relu's output recomputes it from the bias Add's, which cannot
+        // run again: that value stays live until the recompute (it was freed after
+        // the Relu before, and the plan did not replay).
+        let c = candidates(&g);
+        assert!(
+            c.contains(&5) && !c.contains(&4) && !c.contains(&6),
+            "{c:?}"
+        );
+        let mut dropped = vec![false; g.values.len()];
+        dropped[5] = true;
+        let plan = plan_with_drops(&g, &dropped);
+        let r = replay(&g, &plan).unwrap();
+        assert_eq!(r.recompute_cost, 1.0, "only the Relu runs again");
     }
 }
 
