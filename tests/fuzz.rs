@@ -129,17 +129,24 @@ fn swap_number(text: &str, n: usize, k: usize) -> String {
     )
 }
 
-/// What `memplan profile --train` and `plan` run on a model file.
+/// What `memplan profile --train` and `plan` run on a model file, with `--batch 2`
+/// and, for a model whose batch is fixed, without.
 fn run_model(path: &Path) {
-    use memplan::infer::{infer, Bindings};
     let Ok(model) = memplan::onnx::load_model(path) else {
         return;
     };
+    for batch in [Some(2), None] {
+        run_bound(&model, batch);
+    }
+}
+
+fn run_bound(model: &memplan::ir::Model, batch: Option<u64>) {
+    use memplan::infer::{infer, Bindings};
     let b = Bindings {
-        batch: Some(2),
+        batch,
         ..Default::default()
     };
-    let Ok(m) = memplan::lower::lower(&model, &b) else {
+    let Ok(m) = memplan::lower::lower(model, &b) else {
         return;
     };
     let Ok(inf) = infer(&m, &b) else {
@@ -152,7 +159,7 @@ fn run_model(path: &Path) {
     };
     if let Ok(s) = memplan::train::build_schedule(&m, &inf, &opts) {
         let _ = memplan::memory::simulate(&s);
-        if let Ok(step) = memplan::remat::step::build(&model, &b, &opts, "fuzz") {
+        if let Ok(step) = memplan::remat::step::build(model, &b, &opts, "fuzz") {
             let budget = step.graph.baseline_peak().unwrap_or(0) / 2;
             let _ = memplan::remat::plan::plan(
                 &step.graph,
@@ -161,6 +168,20 @@ fn run_model(path: &Path) {
                 0.5,
             );
         }
+    }
+}
+
+/// Every seed model as it is, the crash cases among them (issue 49: a Col2Im with a
+/// block or image of 2^40 per side, a DepthToSpace with blocksize 2^33, multiplied
+/// unchecked in their shape rules), runs without a panic.
+#[test]
+fn seeds_never_panic() {
+    for (name, _) in seeds(".onnx") {
+        let path = seed_dir().join(&name);
+        assert!(
+            std::panic::catch_unwind(|| run_model(&path)).is_ok(),
+            "{name} panicked"
+        );
     }
 }
 

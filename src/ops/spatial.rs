@@ -42,7 +42,10 @@ impl Op for Col2Im {
             )
             .into());
         }
-        let per: usize = block.iter().product();
+        let per = block
+            .iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d))
+            .ok_or_else(|| format!("block_shape {block:?} is too large"))?;
         if per == 0 || x.shape[1] % per != 0 {
             return Err(format!(
                 "{} channels are not a multiple of the block's {per}",
@@ -50,9 +53,10 @@ impl Op for Col2Im {
             )
             .into());
         }
-        let positions: usize = window_out(&image, &block, cx.attrs(), false)?
+        let positions = window_out(&image, &block, cx.attrs(), false)?
             .iter()
-            .product();
+            .try_fold(1usize, |a, &d| a.checked_mul(d))
+            .ok_or_else(|| format!("image_shape {image:?} has too many block positions"))?;
         if positions != x.shape[2] {
             return Err(format!(
                 "{} blocks given, the image has {positions} block positions",

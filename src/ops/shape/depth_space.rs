@@ -30,12 +30,18 @@ impl DepthSpace {
         if b == 0 {
             return Err("blocksize must be positive".into());
         }
+        let too_large = || format!("blocksize {b} makes the output too large");
         if self.to_space {
-            if c % (b * b) != 0 {
-                return Err(format!("{c} channels do not divide by blocksize² = {}", b * b).into());
+            let bb = b.checked_mul(b).ok_or_else(too_large)?;
+            if c % bb != 0 {
+                return Err(format!("{c} channels do not divide by blocksize² = {bb}").into());
             }
-            let cc = c / (b * b);
-            let out = vec![n, cc, h * b, w * b];
+            let cc = c / bb;
+            let (oh, ow) = (h.checked_mul(b), w.checked_mul(b));
+            let (Some(oh), Some(ow)) = (oh, ow) else {
+                return Err(too_large().into());
+            };
+            let out = vec![n, cc, oh, ow];
             Ok(match cx_attrs.string("mode").unwrap_or("DCR") {
                 "DCR" => (out, [n, b, b, cc, h, w], [0, 3, 4, 1, 5, 2]),
                 "CRD" => (out, [n, cc, b, b, h, w], [0, 1, 4, 2, 5, 3]),
@@ -45,7 +51,8 @@ impl DepthSpace {
             if h % b != 0 || w % b != 0 {
                 return Err(format!("{h}×{w} does not divide by blocksize {b}").into());
             }
-            let out = vec![n, c * b * b, h / b, w / b];
+            let oc = b.checked_mul(b).and_then(|bb| c.checked_mul(bb));
+            let out = vec![n, oc.ok_or_else(too_large)?, h / b, w / b];
             Ok((out, [n, c, h / b, b, w / b, b], [0, 3, 5, 1, 2, 4]))
         }
     }
