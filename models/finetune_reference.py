@@ -342,6 +342,10 @@ def measure_case(case, log, timing=True):
         orig_sa = E._saved_analysis
 
         def sa(*a, **kw):
+            if info.get("compile_policy") is not None:
+                # what the training step's trace marked: the analysis forward below
+                # runs under saved-tensor hooks, which dynamo leaves to eager mode
+                info["compile_policy_step"] = dict(info["compile_policy"])
             rec.recording, rec.inputs, rec.dropout = True, {}, []
             try:
                 return orig_sa(*a, **kw)
@@ -365,7 +369,7 @@ def measure_case(case, log, timing=True):
             if info.get("selective"):
                 entry["selective_modules"] = info["selective"]
             if info.get("compile_policy"):
-                entry["compile_policy"] = dict(info["compile_policy"])
+                entry["compile_policy"] = dict(info.get("compile_policy_step") or info["compile_policy"])
             if hasattr(info.get("planned_model"), "memplan_missing"):
                 # the values of an op plan's file that its hooks did not find in forward (kept)
                 entry["memplan_missing"] = list(info["planned_model"].memplan_missing)

@@ -718,12 +718,18 @@ fn compiled_op_plans_match_their_plans() {
         assert_eq!(x["case"]["compile_plan"], true, "{name}");
         let f = op_plan_file(name, x);
         let policy = &x["compile_policy"];
-        // every value is marked or reported missing; dropout too (inductor reruns it
+        // every value is marked, reported missing or left as rest-only; dropout too (inductor reruns it
         // from its forward's seed; left unmarked only with fallback_random or where
         // dynamo runs the checkpoint eagerly)
         let n = |k: &str| policy[k].as_u64().unwrap();
+        let rest_only = policy["rest_only"].as_u64().unwrap_or(0);
         assert_eq!(
-            n("to_mark") + n("missing"),
+            rest_only,
+            f.reruns.iter().filter(|e| e.only_rest).count() as u64,
+            "{name}"
+        );
+        assert_eq!(
+            n("to_mark") + n("missing") + rest_only,
             f.reruns.len() as u64,
             "{name}: {policy}"
         );

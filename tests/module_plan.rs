@@ -507,7 +507,9 @@ fn cli_module_plans_keep_every_key() {
         e["saved_bytes_at_forward_end"].as_u64().unwrap()
             < op["saved_bytes_at_forward_end"].as_u64().unwrap()
     );
-    // An op plan as Python: one RECOMPUTE entry per recomputed forward node.
+    // An op plan as Python: one RECOMPUTE entry per recomputed forward node (made
+    // recomputing only what the file reruns: 0.85 of the peak, where 0.7 was reached
+    // by recomputing matrix products too).
     let py = std::env::temp_dir().join(format!("memplan-op-{}.py", std::process::id()));
     let o = common::memplan_json(&[
         "plan",
@@ -515,7 +517,7 @@ fn cli_module_plans_keep_every_key() {
         "--batch",
         "64",
         "--budget",
-        "0.7",
+        "0.85",
         "--json",
         "--pytorch",
         py.to_str().unwrap(),

@@ -515,7 +515,7 @@ fn refusals() {
         &["--budget", "0.8", "--max-memory", "1MiB"],
         &[
             "the run needs about",
-            "4 × the predicted peak of 1.30 MiB (1359332 bytes)",
+            "5 × the predicted peak of 1.30 MiB (1359332 bytes)",
             "--max-memory",
         ],
     );
@@ -667,7 +667,7 @@ fn the_memory_guard_counts_the_executor() {
     ]);
     assert!(!ok, "{err}");
     assert!(
-        err.contains("the run needs about 9.49 GiB") && err.contains("--max-memory"),
+        err.contains("the run needs about 11.86 GiB") && err.contains("--max-memory"),
         "{err}"
     );
     // Refused before any run: the step takes tens of seconds.

@@ -607,7 +607,9 @@ class _Mode(TorchDispatchMode):
             if k is not None:
                 # dropout is marked too: inductor reruns it from the seed forward drew
                 # its mask from (compile_policy's checkpoint keeps no random state)
-                self.stream.append((k, want is not None))
+                # (an entry that drops only the other outputs is not: the compiler
+                # would rerun the whole op and keep none of its outputs)
+                self.stream.append((k, want is not None and want[1] != "rest"))
         return out
 
     def capture(self, func, args, kwargs, want, out=None):
@@ -772,7 +774,9 @@ def compile_policy(model, *args, **kwargs):
     `model.memplan_missing` lists the values the eager forward did not find;
     `model.memplan_compiled` says what was found and what the compiler's last trace did:
     "to_mark", the ops found, "dropouts_left" (dropouts kept, see above) and
-    "missing", the values not marked, and "marked", the ops the trace marked;
+    "missing", the values not marked, "rest_only", the entries that drop only a node's
+    other outputs (left to the compiler, which would rerun the whole op), and "marked",
+    the ops the trace marked;
     "first_difference" is None where its ops came in the eager forward's order, else
     (index, its op, the eager forward's op).
     In eager mode use apply(): run eagerly, the wrapped forward is the plain one (it
@@ -803,7 +807,8 @@ def compile_policy(model, *args, **kwargs):
     kinds = {n for n, _ in taken}
     order = [n for n, _ in stream]
     stats = model.memplan_compiled = {"marked": 0, "to_mark": len(taken), "dropouts_left": 0,
-                                      "missing": len(model.memplan_missing), "first_difference": None}
+                                      "missing": len(model.memplan_missing), "first_difference": None,
+                                      "rest_only": sum(1 for e in RECOMPUTE if e[5] == "rest")}
 
     def context():
         kind_of = (_Kinds(), _Kinds())  # forward, and the rerun (PyTorch that calls the policy again)

@@ -191,9 +191,9 @@ _SAME_OVERLOAD = ("add_", "sub_", "mul_", "div_", "relu_", "sigmoid_", "tanh_", 
                   "hardsigmoid_", "leaky_relu_", "elu_", "gelu_", "neg_", "sqrt_", "erf_", "hardtanh_",
                   "clamp_")
 # Further outputs of these kinds, dropped with the first where the plan drops the node's
-# other outputs too (an entry's `rest`): MaxPool's indices, BatchNorm's batch mean and
-# inverse deviation, dropout's mask (drawn again from the random state forward used).
-_ALSO = {"MaxPool": (1,), "BatchNormalization": (1, 2), "Dropout": (1,)}
+# other outputs too (an entry's `rest`): MaxPool's indices, BatchNorm's and LayerNorm's
+# mean and inverse deviation, dropout's mask (drawn again from the random state forward used).
+_ALSO = {"MaxPool": (1,), "BatchNormalization": (1, 2), "Dropout": (1,), "LayerNormalization": (1, 2)}
 
 
 class _Held:
@@ -497,6 +497,7 @@ class _Mode(TorchDispatchMode):
         self.fwd = fwd
         self.stream = stream  # compile_policy: (kind, taken) of every op counted, in order
         self.kinds = _Kinds() if stream is not None else None
+        self.pre_clone = None  # (the argument, its copy) of the op just before, a clone
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -529,10 +530,24 @@ class _Mode(TorchDispatchMode):
             key = key_of(first)
             want = f.wanted.get(key)
             if want is not None:
-                captured = self.capture(func, args, kwargs, want)
+                pre = self.pre_clone
+                if pre is not None and pre[0]() is first and first not in f.recipes:
+                    # autograd copied the argument just now to save it for the op's
+                    # backward (hardtanh_ needs its input): the recipe reads that copy,
+                    # which nothing changes, instead of copying it again
+                    args = (pre[1],) + tuple(args[1:])
+                    captured = self.capture(func, args, kwargs, want)
+                    args = (first,) + tuple(args[1:])
+                else:
+                    captured = self.capture(func, args, kwargs, want)
         if mutates:
             f.before_mutation(first)
         out = func(*args, **kwargs)
+        self.pre_clone = (weakref.ref(args[0]), out) if name == "clone" and first is not None else None
+        if name == "clone" and first is not None and f.recipes.get(first) is not None:
+            # a copy of a value the plan recomputes (autograd's, before an in-place op
+            # whose backward needs its input): the same recipe computes it
+            f.recipes[out] = f.recipes[first]
         if name == "bernoulli_":
             f.noise[first] = _Noise(first, rng, args[1] if len(args) > 1 else kwargs.get("p", 0.5))
         elif name == "div_" and first in f.noise and f.frames:
@@ -559,7 +574,9 @@ class _Mode(TorchDispatchMode):
             # a BatchNorm whose statistics stay reruns from them (see _normalize)
             stats = _batch_norm_stats(func, args, kwargs, out) if name in _BATCH_NORM and not rest else None
             siblings = []
-            for i in (0,) + (_ALSO.get(kind, ()) if rest else ()):
+            # "rest": only the other outputs are dropped (MaxPool's indices), the value stays
+            own = () if rest == "rest" else (0,)
+            for i in own + (_ALSO.get(kind, ()) if rest else ()):
                 if i == 0 or (isinstance(out, (tuple, list)) and i < len(out) and isinstance(out[i], torch.Tensor)):
                     r = _Recipe(func, rargs, rkw, i, siblings, rng if name == "native_dropout" and rest else None,
                                 stats)
@@ -574,7 +591,9 @@ class _Mode(TorchDispatchMode):
             if k is not None:
                 # dropout is marked too: inductor reruns it from the seed forward drew
                 # its mask from (compile_policy's checkpoint keeps no random state)
-                self.stream.append((k, want is not None))
+                # (an entry that drops only the other outputs is not: the compiler
+                # would rerun the whole op and keep none of its outputs)
+                self.stream.append((k, want is not None and want[1] != "rest"))
         return out
 
     def capture(self, func, args, kwargs, want, out=None):
@@ -739,7 +758,9 @@ def compile_policy(model, *args, **kwargs):
     `model.memplan_missing` lists the values the eager forward did not find;
     `model.memplan_compiled` says what was found and what the compiler's last trace did:
     "to_mark", the ops found, "dropouts_left" (dropouts kept, see above) and
-    "missing", the values not marked, and "marked", the ops the trace marked;
+    "missing", the values not marked, "rest_only", the entries that drop only a node's
+    other outputs (left to the compiler, which would rerun the whole op), and "marked",
+    the ops the trace marked;
     "first_difference" is None where its ops came in the eager forward's order, else
     (index, its op, the eager forward's op).
     In eager mode use apply(): run eagerly, the wrapped forward is the plain one (it
@@ -770,7 +791,8 @@ def compile_policy(model, *args, **kwargs):
     kinds = {n for n, _ in taken}
     order = [n for n, _ in stream]
     stats = model.memplan_compiled = {"marked": 0, "to_mark": len(taken), "dropouts_left": 0,
-                                      "missing": len(model.memplan_missing), "first_difference": None}
+                                      "missing": len(model.memplan_missing), "first_difference": None,
+                                      "rest_only": sum(1 for e in RECOMPUTE if e[5] == "rest")}
 
     def context():
         kind_of = (_Kinds(), _Kinds())  # forward, and the rerun (PyTorch that calls the policy again)

@@ -301,6 +301,12 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
             if let Some(note) = memplan::remat::pytorch_ops::unreachable_note(&rr) {
                 eprintln!("note: {}: {note}", py.display());
             }
+            if !rr.is_empty() {
+                eprintln!(
+                    "note: {}: PyTorch recomputes each value when backward first needs it and keeps it until its last use, so its step peak can exceed this plan's (measured: up to +41 %, docs/TRAINING_MEMORY.md); what it keeps after forward is this plan's",
+                    py.display()
+                );
+            }
         }
         let gran = Granularity {
             granularity: "op".into(),

@@ -84,7 +84,13 @@ pub fn keep_what_pytorch_cannot_rerun(g: &mut RematGraph) -> Vec<(String, usize)
         if n.backward || !n.recomputable || n.outputs.is_empty() || reruns_in_pytorch(g, i) {
             continue;
         }
-        *kept.entry(n.op.clone()).or_default() += 1;
+        // A node inside a fused kernel has no op of its own (`from_schedule`).
+        let op = if n.op.is_empty() {
+            "fused"
+        } else {
+            n.op.as_str()
+        };
+        *kept.entry(op.to_string()).or_default() += 1;
         g.nodes[i].recomputable = false;
     }
     let mut kept: Vec<(String, usize)> = kept.into_iter().collect();
