@@ -42,6 +42,20 @@ fn opts(freeze: Option<&str>, trainable: Option<&str>, optimizer: Optimizer) -> 
     }
 }
 
+/// A measured case's step options: the model's own loss for `mlp_loss` (models/export.py's
+/// TRAIN_GRAPH_LOSS), `out.mean()` otherwise; every parameter trained.
+fn case_options(case: &serde_json::Value, optimizer: Optimizer) -> TrainOptions {
+    let loss = if case["model"] == "mlp_loss" {
+        memplan::train::Loss::Graph
+    } else {
+        memplan::train::Loss::Mean
+    };
+    TrainOptions {
+        loss,
+        ..opts(None, None, optimizer)
+    }
+}
+
 fn bytes(s: &Schedule, k: StorageKind) -> u64 {
     s.bytes_where(|x| x.kind == k)
 }
@@ -370,15 +384,7 @@ fn module_plans_match_pytorch() {
                 if m.is_null() {
                     continue;
                 }
-                let loss = if case["model"] == "mlp_loss" {
-                    memplan::train::Loss::Graph
-                } else {
-                    memplan::train::Loss::Mean
-                };
-                let o = TrainOptions {
-                    loss,
-                    ..opts(None, None, optimizer)
-                };
+                let o = case_options(case, optimizer);
                 let step = build(&model, &bindings, &o, name).unwrap();
                 let g = &step.graph;
                 let p = module_plan_in(g, &ModuleTree::build(g), &whole, &sel).unwrap();
@@ -459,15 +465,7 @@ fn op_plan_file(name: &str, x: &serde_json::Value) -> OpPlanFile {
         batch: case["batch"].as_u64(),
         ..Default::default()
     };
-    let loss = if case["model"] == "mlp_loss" {
-        memplan::train::Loss::Graph
-    } else {
-        memplan::train::Loss::Mean
-    };
-    let o = TrainOptions {
-        loss,
-        ..opts(None, None, Optimizer::Sgd)
-    };
+    let o = case_options(case, Optimizer::Sgd);
     let step = build(&model, &bindings, &o, name).unwrap();
     let g = &step.graph;
     let py_path = x["checkpoint_file"].as_str().unwrap();
