@@ -54,10 +54,10 @@ fn max_batch_agrees_with_profile() {
             routing: None,
         };
         let r = fit(&model, name, &o).unwrap();
-        // Ten strategies, the two offloads, then the combinations (target batch).
+        // Eleven strategies, the two offloads, then the combinations (target batch).
         let single = r.strategies.iter().filter(|s| s.combines.is_none()).count();
-        assert_eq!(single, 12);
-        assert!(r.strategies[..12].iter().all(|s| s.combines.is_none()));
+        assert_eq!(single, 13);
+        assert!(r.strategies[..13].iter().all(|s| s.combines.is_none()));
         assert!(r.recommendation.is_some(), "{name}");
         let base = &r.strategies[0];
         assert_eq!(base.name, "as-exported");
@@ -94,6 +94,12 @@ fn max_batch_agrees_with_profile() {
             let s = build_schedule(&model, &inf, &o.train).unwrap();
             every_block(&from_schedule(&s, name)).unwrap().peak_bytes
         };
+        // Selective blocks keep their matrix products: between the two.
+        let sel = by("checkpoint-every-block-selective");
+        assert!(
+            sel >= base.max_batch && sel <= eb.max_batch,
+            "{name}: {sel}"
+        );
         assert_eq!(ck(eb.max_batch), eb.peak_bytes, "{name}");
         assert!(ck(eb.max_batch + 1) > mem, "{name}");
         if name == "cnn" {

@@ -64,6 +64,14 @@ fn config_peak(model: &Model, names: &[String], b: u64, o: &FitOptions) -> u64 {
         partition(&mut s, dist, gpus);
         return every_block(&from_schedule(&s, "t")).unwrap().peak_bytes;
     }
+    if has("checkpoint-every-block-selective") {
+        partition(&mut s, dist, gpus);
+        let g = from_schedule(&s, "t");
+        let t = memplan::remat::modules::ModuleTree::build(&g);
+        return memplan::remat::modules::every_block_with(&g, &t, true)
+            .unwrap()
+            .peak_bytes;
+    }
     if has("checkpointing-sqrt") {
         s = checkpoint_sqrt(&s, 0).schedule;
     }

@@ -652,6 +652,79 @@ fn cli_profile_reports_every_block() {
     assert!(!ok && err.contains("--train"), "{err}");
 }
 
+/// `--checkpoint every-block:selective` checkpoints the same blocks as every-block,
+/// each keeping its matrix products' and attention's outputs: it saves more at
+/// forward end and recomputes less; `=nothing` is every-block; `plan` gives the same
+/// figures and its `--pytorch` file lists every block in SELECTIVE_MODULES with a
+/// policy that saves matrix products and fused attention; `fit` has the row.
+#[test]
+fn every_block_selective_keeps_the_matrix_products() {
+    let m = common::shipped("llama_small.onnx");
+    let m = m.to_str().unwrap();
+    let profile = |preset: &str| {
+        let v = common::memplan_json(&[
+            "profile",
+            m,
+            "--batch",
+            "2",
+            "--train",
+            "--checkpoint",
+            preset,
+            "--json",
+        ]);
+        v["training"]["checkpoint"].clone()
+    };
+    let whole = profile("every-block");
+    let sel = profile("every-block:selective");
+    assert_eq!(sel["preset"], "every-block:selective");
+    assert_eq!(sel["modules"], whole["modules"]);
+    assert_eq!(sel["selective_modules"], whole["modules"]);
+    assert_eq!(whole["selective_modules"], serde_json::json!([]));
+    let n = |c: &serde_json::Value, k: &str| c[k].as_f64().unwrap();
+    assert!(n(&sel, "saved_bytes_at_forward_end") > n(&whole, "saved_bytes_at_forward_end"));
+    assert!(n(&sel, "saved_bytes_at_forward_end") < n(&sel, "baseline_saved_bytes_at_forward_end"));
+    assert!(n(&sel, "recompute_flops") < n(&whole, "recompute_flops"));
+    assert!(n(&sel, "recompute_flops") > 0.0);
+    let same = profile("every-block:selective=matmul-attention");
+    assert_eq!(
+        same["saved_bytes_at_forward_end"],
+        sel["saved_bytes_at_forward_end"]
+    );
+    let nothing = profile("every-block:selective=nothing");
+    assert_eq!(nothing["peak_bytes"], whole["peak_bytes"]);
+    assert_eq!(nothing["recompute_flops"], whole["recompute_flops"]);
+    let py = std::env::temp_dir().join(format!("memplan-sel-{}.py", std::process::id()));
+    let p = common::memplan_json(&[
+        "plan",
+        m,
+        "--batch",
+        "2",
+        "--checkpoint",
+        "every-block:selective",
+        "--json",
+        "--pytorch",
+        py.to_str().unwrap(),
+    ]);
+    let text = std::fs::read_to_string(&py).unwrap();
+    let _ = std::fs::remove_file(&py);
+    assert_eq!(p["peak_bytes"], sel["peak_bytes"]);
+    assert_eq!(p["method"], "module:every-block:selective");
+    assert_eq!(p["selective_modules"], sel["modules"]);
+    let list = text.split("SELECTIVE_MODULES = [").nth(1).unwrap();
+    for b in sel["modules"].as_array().unwrap() {
+        assert!(
+            list.contains(&format!("\"{}\"", b.as_str().unwrap())),
+            "{b}"
+        );
+    }
+    assert!(
+        text.contains("_scaled_dot_product_flash_attention") && text.contains("aten.mm.default")
+    );
+    let f = common::memplan_json(&["fit", m, "--gpu", "rtx4090", "--json"]);
+    let rows = f.to_string();
+    assert!(rows.contains("checkpoint-every-block-selective"), "{rows}");
+}
+
 /// What PyTorch keeps after forward with these modules checkpointed (resnet18, batch
 /// 4; measured by tools/checkpoint_saved_bytes.py with torch 2.15.0): the module
 /// plans' saved bytes at forward end are exactly these.

@@ -99,9 +99,8 @@ pub fn run(a: ProfileArgs) -> anyhow::Result<()> {
         let d = device.model()?;
         let a = replay_schedule(&sched, &d).map_err(|e| super::replay_failed(&path, e))?;
         t.set_device(&d, a);
-        if let Some(Preset::EveryBlock) = checkpoint {
-            t.checkpoint =
-                Some(CheckpointReport::every_block(&sched).with_context(|| path.clone())?);
+        if let Some(p) = checkpoint {
+            t.checkpoint = Some(CheckpointReport::of(&sched, p).with_context(|| path.clone())?);
         }
         report.training = Some(t);
     }

@@ -38,6 +38,9 @@ pub enum Ckpt {
     Sqrt,
     /// Every repeated block (`torch.utils.checkpoint`).
     EveryBlock,
+    /// Every repeated block under a selective checkpoint that keeps matrix products'
+    /// and attention's outputs (`--checkpoint every-block:selective`).
+    EveryBlockSelective,
 }
 
 /// How the step spreads over the GPUs or the host.
@@ -100,6 +103,7 @@ impl Combo {
             Ckpt::None => {}
             Ckpt::Sqrt => v.push("checkpointing-sqrt".into()),
             Ckpt::EveryBlock => v.push("checkpoint-every-block".into()),
+            Ckpt::EveryBlockSelective => v.push("checkpoint-every-block-selective".into()),
         }
         v.extend(self.dist.name());
         if self.accumulate {
@@ -437,7 +441,12 @@ pub fn combos(gpus: u64) -> Vec<Combo> {
     let dists = dists(gpus);
     let mut v = Vec::new();
     for mixed in [false, true] {
-        for ckpt in [Ckpt::None, Ckpt::Sqrt, Ckpt::EveryBlock] {
+        for ckpt in [
+            Ckpt::None,
+            Ckpt::Sqrt,
+            Ckpt::EveryBlock,
+            Ckpt::EveryBlockSelective,
+        ] {
             for &dist in &dists {
                 v.push(Combo {
                     mixed,

@@ -57,6 +57,9 @@ pub enum Strategy {
     /// Every repeated block checkpointed as `torch.utils.checkpoint` does (Hugging
     /// Face's `gradient_checkpointing_enable()`; `remat::modules::every_block`).
     CheckpointEveryBlock,
+    /// Every repeated block under selective checkpointing that keeps matrix products'
+    /// and attention's outputs (torchtitan's default policy).
+    CheckpointEveryBlockSelective,
     /// Gradient accumulation: gradients stay allocated across micro-batches.
     GradAccumulation,
     /// DistributedDataParallel: a full replica per GPU plus gradient buckets.
@@ -78,6 +81,7 @@ impl Strategy {
             Strategy::Checkpointing => "checkpointing-sqrt".into(),
             Strategy::PlannedCheckpointing => "checkpointing-planned".into(),
             Strategy::CheckpointEveryBlock => "checkpoint-every-block".into(),
+            Strategy::CheckpointEveryBlockSelective => "checkpoint-every-block-selective".into(),
             Strategy::GradAccumulation => "grad-accumulation".into(),
             Strategy::DataParallel => "data-parallel".into(),
             Strategy::Zero(k) => format!("zero-{k}"),
@@ -99,6 +103,10 @@ impl Strategy {
             },
             Strategy::CheckpointEveryBlock => Combo {
                 ckpt: Ckpt::EveryBlock,
+                ..p
+            },
+            Strategy::CheckpointEveryBlockSelective => Combo {
+                ckpt: Ckpt::EveryBlockSelective,
                 ..p
             },
             Strategy::GradAccumulation => Combo {
@@ -442,13 +450,16 @@ impl<'a> Steps<'a> {
             Rc::new(s)
         };
         match c.ckpt {
-            Ckpt::EveryBlock => {
+            Ckpt::EveryBlock | Ckpt::EveryBlockSelective => {
                 // The module set does not depend on the batch, so the plan's
                 // instructions are the same at every batch and their live bytes are
                 // affine in it.
                 let s = partitioned();
                 let g = crate::remat::from_schedule::from_schedule(&s, "fit");
-                let p = crate::remat::modules::every_block(&g).map_err(Error::Graph)?;
+                let t = crate::remat::modules::ModuleTree::build(&g);
+                let selective = c.ckpt == Ckpt::EveryBlockSelective;
+                let p = crate::remat::modules::every_block_with(&g, &t, selective)
+                    .map_err(Error::Graph)?;
                 let cost = g.base_cost().max(1.0);
                 let ov = p.recompute_cost / cost;
                 Ok((
@@ -691,6 +702,7 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
         Strategy::Checkpointing,
         Strategy::PlannedCheckpointing,
         Strategy::CheckpointEveryBlock,
+        Strategy::CheckpointEveryBlockSelective,
         Strategy::GradAccumulation,
     ];
     if o.gpus > 1 {
@@ -758,6 +770,7 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
             Strategy::MixedPrecision => (mb, None, "autocast: half-precision matmul/conv, fp32 master weights and states".into()),
             Strategy::Checkpointing => (mb, None, "sqrt(n) equal segments, each recomputed once in backward".into()),
             Strategy::CheckpointEveryBlock => (mb, None, "torch.utils.checkpoint on every repeated block (layer1.0, h.3, ...), as gradient_checkpointing_enable()".into()),
+            Strategy::CheckpointEveryBlockSelective => (mb, None, "selective checkpoint on every repeated block: matrix products' and attention's outputs kept, the rest recomputed (torchtitan's default policy)".into()),
             Strategy::PlannedCheckpointing => (mb, None, match &planned {
                 Some(p) if p.max_batch > 0 => format!(
                     "memplan's planner: {} tensors recomputed ({} plan; overhead lower bound {:.1}%; greedy alone fits {})",

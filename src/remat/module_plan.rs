@@ -510,11 +510,38 @@ pub enum Preset {
     /// Every repeated block (`layer1.0`, `transformer.h.3`...), as Hugging Face's
     /// `gradient_checkpointing_enable()`.
     EveryBlock,
+    /// Every repeated block under a selective checkpoint whose policy saves the
+    /// outputs of matrix products and attention (torchtitan's default op list; and
+    /// convolutions) and recomputes the rest ([`super::modules::SELECTIVE_SAVED_OPS`]).
+    EveryBlockSelective,
+    /// The same, the policy named.
+    EveryBlockSelectiveMatmul,
+    /// Every repeated block under a selective policy that saves nothing: every-block.
+    EveryBlockSelectiveNothing,
 }
 
 crate::choice::choice!(Preset {
     EveryBlock => "every-block", "Checkpoint every repeated block (layer1.0, transformer.h.3, ...), as Hugging Face's gradient_checkpointing_enable()";
+    EveryBlockSelective => "every-block:selective", "Every repeated block under selective activation checkpointing: matrix products' and attention's outputs kept (torchtitan's default policy), the rest recomputed";
+    EveryBlockSelectiveMatmul => "every-block:selective=matmul-attention", "The same as every-block:selective, the policy named";
+    EveryBlockSelectiveNothing => "every-block:selective=nothing", "Every repeated block under a selective policy that saves nothing: the same as every-block";
 });
+
+impl Preset {
+    /// Whether its blocks are checkpointed selectively (their matrix products' and
+    /// attention's outputs kept).
+    pub fn selective(self) -> bool {
+        matches!(
+            self,
+            Preset::EveryBlockSelective | Preset::EveryBlockSelectiveMatmul
+        )
+    }
+
+    /// The preset's module plan of `g` (tree `t`).
+    pub fn plan_in(self, g: &RematGraph, t: &ModuleTree) -> Result<ModulePlan, String> {
+        super::modules::every_block_with(g, t, self.selective())
+    }
+}
 
 /// What the `--pytorch` file says it was made from.
 #[derive(Debug, Clone)]
@@ -575,8 +602,8 @@ pub fn pytorch_module(h: &PytorchHeader, modules: &[String], selective: &[String
         format!(
             r#"
 # Of CHECKPOINT_MODULES, these are checkpointed selectively (PyTorch 2.4 or later):
-# the outputs of their convolutions and matrix products are kept from forward, and
-# only the ops between them run again in backward.
+# the outputs of their convolutions, matrix products and fused attention are kept
+# from forward, and only the ops between them run again in backward.
 SELECTIVE_MODULES = [
 {list}]
 
@@ -585,6 +612,15 @@ _SAVED_OPS = {{
     torch.ops.aten.mm.default,
     torch.ops.aten.addmm.default,
     torch.ops.aten.bmm.default,
+}} | {{
+    getattr(torch.ops.aten, name).default
+    for name in (
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+    )
+    if hasattr(torch.ops.aten, name)
 }}
 
 
@@ -742,10 +778,17 @@ pub fn plan_modules(
                         "module:given",
                     )
                 }
-                _ => (
-                    super::modules::every_block_in(g, &t).map_err(Error::Graph)?,
-                    "module:every-block",
+                Chosen::Preset(p) => (
+                    p.plan_in(g, &t).map_err(Error::Graph)?,
+                    if p.selective() {
+                        "module:every-block:selective"
+                    } else {
+                        "module:every-block"
+                    },
                 ),
+                Chosen::Search { .. } => {
+                    return Err(Error::Graph("a module search has no preset".into()))
+                }
             };
             let lb =
                 stage_lower_bound(g, budget.unwrap_or(p.peak_bytes)).unwrap_or(0.0) / base_cost;

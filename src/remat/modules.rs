@@ -655,9 +655,25 @@ pub fn every_block(g: &RematGraph) -> Result<ModulePlan, String> {
 
 /// [`every_block`] over the tree `t` of `g`.
 pub fn every_block_in(g: &RematGraph, t: &ModuleTree) -> Result<ModulePlan, String> {
+    every_block_with(g, t, false)
+}
+
+/// Every repeated block checkpointed, selectively (its matrix products', attention's
+/// and convolutions' outputs kept: [`Checkpoint::selective`]) or whole.
+pub fn every_block_with(
+    g: &RematGraph,
+    t: &ModuleTree,
+    selective: bool,
+) -> Result<ModulePlan, String> {
     let cks = repeated_blocks(t)
         .into_iter()
-        .map(|m| Checkpoint::new(g, t, m))
+        .map(|m| {
+            if selective {
+                Checkpoint::selective(g, t, m)
+            } else {
+                Checkpoint::new(g, t, m)
+            }
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let refs: Vec<&Checkpoint> = cks.iter().collect();
     evaluate(g, t, &refs)

@@ -88,10 +88,13 @@ pub struct TrainingReport {
 /// The training step with modules checkpointed (`training.checkpoint` in the JSON).
 #[derive(Debug, Clone, Serialize)]
 pub struct CheckpointReport {
-    /// The preset (`every-block`).
+    /// The preset (`every-block`, `every-block:selective`).
     pub preset: String,
     /// The checkpointed modules, in execution order.
     pub modules: Vec<String>,
+    /// Those of them checkpointed selectively (their matrix products' and attention's
+    /// outputs kept).
+    pub selective_modules: Vec<String>,
     /// Peak bytes of the step under it (replayed).
     pub peak_bytes: u64,
     /// Non-fixed, non-held bytes live when forward ends, under it.
@@ -105,14 +108,20 @@ pub struct CheckpointReport {
 }
 
 impl CheckpointReport {
-    /// The step of `s` with every repeated block checkpointed.
-    pub fn every_block(s: &Schedule) -> crate::error::Result<CheckpointReport> {
-        use crate::remat::modules::{every_block, saved_at_forward_end};
+    /// The step of `s` checkpointed as `preset` says.
+    pub fn of(
+        s: &Schedule,
+        preset: crate::remat::module_plan::Preset,
+    ) -> crate::error::Result<CheckpointReport> {
+        use crate::remat::modules::{saved_at_forward_end, ModuleTree};
         let g = crate::remat::from_schedule::from_schedule(s, "step");
-        let p = every_block(&g).map_err(crate::error::Error::Graph)?;
+        let p = preset
+            .plan_in(&g, &ModuleTree::build(&g))
+            .map_err(crate::error::Error::Graph)?;
         let base = g.base_cost();
         Ok(CheckpointReport {
-            preset: "every-block".into(),
+            preset: preset.to_string(),
+            selective_modules: p.selective,
             modules: p.modules,
             peak_bytes: p.peak_bytes,
             saved_bytes_at_forward_end: p.saved_bytes,
