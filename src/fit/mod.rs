@@ -821,6 +821,7 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
         }
         rows.push(row);
     }
+    take_the_better_preset(&mut rows);
     let (mut recommendation, mut unreachable) = (None, None);
     if let Some(target) = o.target_batch {
         let (more, rec, unr) = combine(&steps, o, target)?;
@@ -860,6 +861,60 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
         fragmentation,
         moe_routing,
     })
+}
+
+/// The schemes the planned row must never lose to, on the device where one is given:
+/// their plans are in the planner's portfolio.
+const PLANNED_PORTFOLIO: [Strategy; 3] = [
+    Strategy::Checkpointing,
+    Strategy::CheckpointEveryBlock,
+    Strategy::CheckpointEveryBlockSelective,
+];
+
+/// The planned row takes the figures of a scheme of [`PLANNED_PORTFOLIO`] that reaches
+/// a larger batch, or the same batch for less recomputation: the op planner optimises
+/// live bytes, and replayed through the caching allocator its thousands of small
+/// re-runs can fragment what block-sized checkpoints keep compact (issue 50: a
+/// Llama-3-8B-shaped bf16 export reached batch 2 planned, 4 with every block).
+fn take_the_better_preset(rows: &mut [StrategyFit]) {
+    let planned = Strategy::PlannedCheckpointing.name();
+    let Some(p) = rows.iter().position(|r| r.name == planned) else {
+        return;
+    };
+    for st in PLANNED_PORTFOLIO {
+        let Some(k) = rows.iter().position(|r| r.name == st.name()) else {
+            continue;
+        };
+        let (a, b) = (&rows[p], &rows[k]);
+        let better = b.max_batch > a.max_batch
+            || (b.max_batch == a.max_batch && b.max_batch > 0 && b.overhead < a.overhead);
+        if !better {
+            continue;
+        }
+        let (batch, was) = (a.max_batch, a.overhead);
+        let b = rows[k].clone();
+        let row = &mut rows[p];
+        row.max_batch = b.max_batch;
+        row.peak_bytes = b.peak_bytes;
+        row.overhead = b.overhead;
+        row.global_batch = b.global_batch;
+        row.reserved_bytes = b.reserved_bytes;
+        row.device_bytes = b.device_bytes;
+        row.planner = None;
+        row.lower_bound_overhead = None;
+        row.recomputed_tensors = None;
+        let op = if batch == 0 {
+            "no batch".to_string()
+        } else {
+            format!("batch {batch} at +{:.1}%", was * 100.0)
+        };
+        row.note = format!(
+            "memplan's planner: {}'s plan, which fits batch {} at +{:.1}% FLOPs where the op plan fit {op}",
+            b.name,
+            b.max_batch,
+            b.overhead * 100.0
+        );
+    }
 }
 
 /// The routing assumption that sizes a mixture-of-experts model's experts, as batch 1
@@ -1014,7 +1069,7 @@ pub use crate::units::parse_size as parse_memory;
 
 #[cfg(test)]
 mod tests {
-    use super::split_batch;
+    use super::{split_batch, take_the_better_preset, Solver, Strategy, StrategyFit};
 
     #[test]
     fn split_batch_is_exact_when_it_can_be() {
@@ -1028,5 +1083,54 @@ mod tests {
         // Nothing exact within twice the fewest steps over 3 GPUs: even split, 66.
         assert_eq!(split_batch(64, 11, 3), (11, 2));
         assert_eq!(split_batch(1 << 40, 3, 1), (2, 1 << 39));
+    }
+
+    /// The planned row takes every-block's figures where every-block reaches a larger
+    /// batch (the device's verdict in issue 50), and the selective preset's where it
+    /// reaches the same batch for less recomputation; never a worse one's.
+    #[test]
+    fn the_planned_row_never_loses_to_a_preset() {
+        let row = |st: Strategy, max_batch, overhead| StrategyFit {
+            name: st.name(),
+            max_batch,
+            peak_bytes: max_batch * 10,
+            overhead,
+            global_batch: Some(max_batch),
+            accumulation_steps: None,
+            note: String::new(),
+            planner: Some(Solver::Ilp),
+            lower_bound_overhead: Some(0.01),
+            recomputed_tensors: Some(5),
+            combines: None,
+            communication_bytes: None,
+            pcie_bytes: None,
+            host_bytes: None,
+            reserved_bytes: None,
+            device_bytes: None,
+        };
+        let mut rows = vec![
+            row(Strategy::Checkpointing, 3, 0.33),
+            row(Strategy::PlannedCheckpointing, 2, 0.278),
+            row(Strategy::CheckpointEveryBlock, 4, 0.234),
+            row(Strategy::CheckpointEveryBlockSelective, 1, 0.01),
+        ];
+        take_the_better_preset(&mut rows);
+        let p = &rows[1];
+        assert_eq!((p.max_batch, p.peak_bytes, p.overhead), (4, 40, 0.234));
+        assert!(p.planner.is_none() && p.note.contains("checkpoint-every-block's plan"));
+        // The same batch for less recomputation wins too; a smaller batch never does.
+        let mut rows = vec![
+            row(Strategy::PlannedCheckpointing, 4, 0.05),
+            row(Strategy::CheckpointEveryBlock, 4, 0.2),
+            row(Strategy::CheckpointEveryBlockSelective, 4, 0.004),
+        ];
+        take_the_better_preset(&mut rows);
+        assert_eq!((rows[0].max_batch, rows[0].overhead), (4, 0.004));
+        let mut rows = vec![
+            row(Strategy::PlannedCheckpointing, 5, 0.3),
+            row(Strategy::CheckpointEveryBlock, 4, 0.2),
+        ];
+        take_the_better_preset(&mut rows);
+        assert_eq!((rows[0].max_batch, rows[0].planner), (5, Some(Solver::Ilp)));
     }
 }
