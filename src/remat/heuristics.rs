@@ -47,6 +47,8 @@ pub fn plan_with_drops(g: &RematGraph, dropped: &[bool]) -> Vec<Instr> {
     let mut live: Vec<bool> = g.values.iter().map(|v| v.fixed).collect();
     let kept_for_reruns = kept_for_reruns(g, dropped, &readers);
     let mut plan = Vec::with_capacity(n * 2);
+    // The values each step touches, one buffer for all steps.
+    let mut touched: Vec<ValueId> = Vec::new();
     // Next reader of v strictly after position i.
     let next_reader = |v: ValueId, i: NodeId| -> Option<NodeId> {
         let rs = &readers[v];
@@ -65,7 +67,8 @@ pub fn plan_with_drops(g: &RematGraph, dropped: &[bool]) -> Vec<Instr> {
         }
         // Free: values touched now (inputs, outputs, and anything recomputed) that have
         // no later reader, or that are dropped and have no later forward reader.
-        let mut touched: Vec<ValueId> = node.inputs.iter().chain(&node.outputs).copied().collect();
+        touched.clear();
+        touched.extend(node.inputs.iter().chain(&node.outputs));
         for op in &plan[before..] {
             if let Instr::Compute(p) = *op {
                 touched.extend(g.nodes[p].inputs.iter().chain(&g.nodes[p].outputs));
@@ -73,7 +76,7 @@ pub fn plan_with_drops(g: &RematGraph, dropped: &[bool]) -> Vec<Instr> {
         }
         touched.sort_unstable();
         touched.dedup();
-        for v in touched {
+        for &v in &touched {
             let val = &g.values[v];
             if !live[v] || val.fixed || val.held {
                 continue;
