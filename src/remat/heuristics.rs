@@ -107,8 +107,11 @@ fn kept_for_reruns(
     dropped: &[bool],
     readers: &[Vec<NodeId>],
 ) -> Vec<Option<NodeId>> {
-    let mut need: Vec<Option<NodeId>> = vec![None; g.values.len()];
     let mut kept: Vec<Option<NodeId>> = vec![None; g.values.len()];
+    if g.nodes.iter().all(|n| n.backward || n.recomputable) {
+        return kept;
+    }
+    let mut need: Vec<Option<NodeId>> = vec![None; g.values.len()];
     // Latest writer first: a value's need is final before its inputs get theirs.
     for p in (0..g.nodes.len()).rev() {
         let node = &g.nodes[p];

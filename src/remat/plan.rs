@@ -136,15 +136,12 @@ pub fn plan(g: &RematGraph, budget: u64, solver: Solver, time_limit_s: f64) -> R
     };
     // Re-runs whose outputs nothing reads are dropped, and every value is freed after
     // its last read: a solver's plan can only get cheaper and lower by it.
-    let chosen = {
-        let lean = super::dtr::tighten(g, &super::hoist::drop_dead_reruns(g, &chosen));
-        let (a, b) = (replay(g, &chosen), replay(g, &lean));
-        match (a, b) {
-            (Ok(a), Ok(b)) if b.peak_bytes <= a.peak_bytes && b.cost <= a.cost => lean,
-            _ => chosen,
-        }
-    };
     let r = replay(g, &chosen).map_err(Error::Graph)?;
+    let lean = super::dtr::tighten(g, &super::hoist::drop_dead_reruns(g, &chosen));
+    let (chosen, r) = match replay(g, &lean) {
+        Ok(b) if b.peak_bytes <= r.peak_bytes && b.cost <= r.cost => (lean, b),
+        _ => (chosen, r),
+    };
     let recomputed = recomputed_values(g, &chosen);
     let base_cost = g.base_cost();
     Ok(PlanReport {
