@@ -41,6 +41,9 @@ pub enum Ckpt {
     /// Every repeated block under a selective checkpoint that keeps matrix products'
     /// and attention's outputs (`--checkpoint every-block:selective`).
     EveryBlockSelective,
+    /// Per repeated block, kept, selective or whole, planned for the card
+    /// (`remat::blocks`; the planned row's block plans).
+    Blocks,
 }
 
 /// How the step spreads over the GPUs or the host.
@@ -104,6 +107,7 @@ impl Combo {
             Ckpt::Sqrt => v.push("checkpointing-sqrt".into()),
             Ckpt::EveryBlock => v.push("checkpoint-every-block".into()),
             Ckpt::EveryBlockSelective => v.push("checkpoint-every-block-selective".into()),
+            Ckpt::Blocks => v.push("checkpoint-blocks-planned".into()),
         }
         v.extend(self.dist.name());
         if self.accumulate {

@@ -25,6 +25,7 @@ use std::rc::Rc;
 
 use serde::Serialize;
 
+mod blocks;
 pub mod combo;
 mod fit_device;
 mod planned;
@@ -135,7 +136,7 @@ impl Strategy {
 }
 
 /// One row of the answer.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct StrategyFit {
     /// Strategy name.
     pub name: String,
@@ -471,6 +472,7 @@ impl<'a> Steps<'a> {
                     ov,
                 ))
             }
+            Ckpt::Blocks => blocks::realise(self.o, &partitioned()),
             Ckpt::Sqrt => {
                 let flops = base.flops().max(1);
                 let r = checkpoint_sqrt(&base, 0);
@@ -717,6 +719,9 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
     let moe_routing = routing_at_batch_1(model, o)?;
     let steps = Steps::new(model, o);
     let mut rows = Vec::new();
+    let mut block_row = None;
+    // Above this size the op-level search is skipped where blocks can be planned.
+    let mut op_skipped = None;
     let mut batch1 = 0;
     let mut as_exported = 0;
     for st in strategies {
@@ -724,6 +729,18 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
         let mut planned_device = None;
         let (mb, peak, overhead) = match st.combo() {
             Some(c) => steps.max_batch(c)?,
+            None if {
+                block_row = blocks::row(&steps)?;
+                let n = blocks::nodes(&steps)?;
+                if block_row.is_some() && n > blocks::OP_PLAN_MAX_NODES {
+                    op_skipped = Some(n);
+                }
+                op_skipped.is_some()
+            } =>
+            {
+                let b = block_row.as_ref().expect("a block row");
+                (b.max_batch, b.peak_bytes, b.overhead)
+            }
             None => {
                 let mut p = planned_max_batch(model, o, as_exported)?;
                 planned_device = match &o.device {
@@ -779,6 +796,7 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
                     p.lower_bound_overhead * 100.0,
                     p.greedy_max_batch
                 ),
+                _ if op_skipped.is_some() => "memplan's planner: no block plan fits batch 1; peak is the lowest reachable".into(),
                 _ => "memplan's planner: no plan fits batch 1; peak is the lowest reachable".into(),
             }),
         };
@@ -816,12 +834,13 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
         set_traffic(&mut row, tr);
         match (st.combo(), &o.device) {
             (Some(c), _) => steps.set_device(&mut row, c)?,
+            (None, _) if op_skipped.is_some() => steps.set_device(&mut row, blocks::BLOCKS)?,
             (None, Some(d)) => set_device_figures(&mut row, d, planned_device),
             (None, None) => {}
         }
         rows.push(row);
     }
-    take_the_better_preset(&mut rows);
+    blocks::take_the_better_preset(&mut rows, block_row, op_skipped);
     let (mut recommendation, mut unreachable) = (None, None);
     if let Some(target) = o.target_batch {
         let (more, rec, unr) = combine(&steps, o, target)?;
@@ -861,60 +880,6 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
         fragmentation,
         moe_routing,
     })
-}
-
-/// The schemes the planned row must never lose to, on the device where one is given:
-/// their plans are in the planner's portfolio.
-const PLANNED_PORTFOLIO: [Strategy; 3] = [
-    Strategy::Checkpointing,
-    Strategy::CheckpointEveryBlock,
-    Strategy::CheckpointEveryBlockSelective,
-];
-
-/// The planned row takes the figures of a scheme of [`PLANNED_PORTFOLIO`] that reaches
-/// a larger batch, or the same batch for less recomputation: the op planner optimises
-/// live bytes, and replayed through the caching allocator its thousands of small
-/// re-runs can fragment what block-sized checkpoints keep compact (issue 50: a
-/// Llama-3-8B-shaped bf16 export reached batch 2 planned, 4 with every block).
-fn take_the_better_preset(rows: &mut [StrategyFit]) {
-    let planned = Strategy::PlannedCheckpointing.name();
-    let Some(p) = rows.iter().position(|r| r.name == planned) else {
-        return;
-    };
-    for st in PLANNED_PORTFOLIO {
-        let Some(k) = rows.iter().position(|r| r.name == st.name()) else {
-            continue;
-        };
-        let (a, b) = (&rows[p], &rows[k]);
-        let better = b.max_batch > a.max_batch
-            || (b.max_batch == a.max_batch && b.max_batch > 0 && b.overhead < a.overhead);
-        if !better {
-            continue;
-        }
-        let (batch, was) = (a.max_batch, a.overhead);
-        let b = rows[k].clone();
-        let row = &mut rows[p];
-        row.max_batch = b.max_batch;
-        row.peak_bytes = b.peak_bytes;
-        row.overhead = b.overhead;
-        row.global_batch = b.global_batch;
-        row.reserved_bytes = b.reserved_bytes;
-        row.device_bytes = b.device_bytes;
-        row.planner = None;
-        row.lower_bound_overhead = None;
-        row.recomputed_tensors = None;
-        let op = if batch == 0 {
-            "no batch".to_string()
-        } else {
-            format!("batch {batch} at +{:.1}%", was * 100.0)
-        };
-        row.note = format!(
-            "memplan's planner: {}'s plan, which fits batch {} at +{:.1}% FLOPs where the op plan fit {op}",
-            b.name,
-            b.max_batch,
-            b.overhead * 100.0
-        );
-    }
 }
 
 /// The routing assumption that sizes a mixture-of-experts model's experts, as batch 1
@@ -1069,7 +1034,7 @@ pub use crate::units::parse_size as parse_memory;
 
 #[cfg(test)]
 mod tests {
-    use super::{split_batch, take_the_better_preset, Solver, Strategy, StrategyFit};
+    use super::split_batch;
 
     #[test]
     fn split_batch_is_exact_when_it_can_be() {
@@ -1083,54 +1048,5 @@ mod tests {
         // Nothing exact within twice the fewest steps over 3 GPUs: even split, 66.
         assert_eq!(split_batch(64, 11, 3), (11, 2));
         assert_eq!(split_batch(1 << 40, 3, 1), (2, 1 << 39));
-    }
-
-    /// The planned row takes every-block's figures where every-block reaches a larger
-    /// batch (the device's verdict in issue 50), and the selective preset's where it
-    /// reaches the same batch for less recomputation; never a worse one's.
-    #[test]
-    fn the_planned_row_never_loses_to_a_preset() {
-        let row = |st: Strategy, max_batch, overhead| StrategyFit {
-            name: st.name(),
-            max_batch,
-            peak_bytes: max_batch * 10,
-            overhead,
-            global_batch: Some(max_batch),
-            accumulation_steps: None,
-            note: String::new(),
-            planner: Some(Solver::Ilp),
-            lower_bound_overhead: Some(0.01),
-            recomputed_tensors: Some(5),
-            combines: None,
-            communication_bytes: None,
-            pcie_bytes: None,
-            host_bytes: None,
-            reserved_bytes: None,
-            device_bytes: None,
-        };
-        let mut rows = vec![
-            row(Strategy::Checkpointing, 3, 0.33),
-            row(Strategy::PlannedCheckpointing, 2, 0.278),
-            row(Strategy::CheckpointEveryBlock, 4, 0.234),
-            row(Strategy::CheckpointEveryBlockSelective, 1, 0.01),
-        ];
-        take_the_better_preset(&mut rows);
-        let p = &rows[1];
-        assert_eq!((p.max_batch, p.peak_bytes, p.overhead), (4, 40, 0.234));
-        assert!(p.planner.is_none() && p.note.contains("checkpoint-every-block's plan"));
-        // The same batch for less recomputation wins too; a smaller batch never does.
-        let mut rows = vec![
-            row(Strategy::PlannedCheckpointing, 4, 0.05),
-            row(Strategy::CheckpointEveryBlock, 4, 0.2),
-            row(Strategy::CheckpointEveryBlockSelective, 4, 0.004),
-        ];
-        take_the_better_preset(&mut rows);
-        assert_eq!((rows[0].max_batch, rows[0].overhead), (4, 0.004));
-        let mut rows = vec![
-            row(Strategy::PlannedCheckpointing, 5, 0.3),
-            row(Strategy::CheckpointEveryBlock, 4, 0.2),
-        ];
-        take_the_better_preset(&mut rows);
-        assert_eq!((rows[0].max_batch, rows[0].planner), (5, Some(Solver::Ilp)));
     }
 }

@@ -2,6 +2,7 @@
 //! activations are kept for backward, at the cost of recomputing them.
 
 pub mod bench;
+pub mod blocks;
 pub mod bounds;
 pub mod chain;
 pub mod checkmate;
