@@ -36,7 +36,7 @@ fn block_plans_fit_and_never_lose_to_the_presets() {
         let mut cheaper = 0;
         for k in 0..=8u64 {
             let budget = every.peak_bytes + (none - every.peak_bytes) * k / 8;
-            let p = plan_blocks_live(&g, budget).unwrap().unwrap();
+            let p = plan_blocks_live(&g, budget, true).unwrap().unwrap();
             assert!(p.fits && p.plan.peak_bytes <= budget, "{name} at {budget}");
             assert!(
                 p.plan.recompute_cost <= every.recompute_cost,
@@ -68,11 +68,13 @@ fn block_plans_fit_and_never_lose_to_the_presets() {
             cheaper >= least,
             "{name}: the program beat both presets {cheaper} times"
         );
-        let all = plan_blocks_live(&g, none).unwrap().unwrap();
+        let all = plan_blocks_live(&g, none, true).unwrap().unwrap();
         assert_eq!(all.plan.recompute_cost, 0.0, "{name}");
         assert!(all.choices.iter().all(|&c| c == Choice::Keep), "{name}");
         // Below every-block's peak nothing fits: the lowest peak is reported.
-        let low = plan_blocks_live(&g, every.peak_bytes - 1).unwrap().unwrap();
+        let low = plan_blocks_live(&g, every.peak_bytes - 1, true)
+            .unwrap()
+            .unwrap();
         assert!(
             !low.fits && low.plan.peak_bytes == every.peak_bytes,
             "{name}"
@@ -92,11 +94,11 @@ fn the_callers_test_decides() {
     let budget = (1..8)
         .map(|k| every.peak_bytes + (none - every.peak_bytes) * k / 8)
         .find(|&b| {
-            let free = plan_blocks_live(&g, b).unwrap().unwrap();
+            let free = plan_blocks_live(&g, b, true).unwrap().unwrap();
             free.choices.contains(&Choice::Selective)
         })
         .expect("a budget at which the program checkpoints a block selectively");
-    let p = plan_blocks(&g, &t, budget, &|_, p| {
+    let p = plan_blocks(&g, &t, budget, true, &|_, p| {
         let over = p.peak_bytes.saturating_sub(budget);
         if !p.selective.is_empty() {
             Some(over.max(1))
@@ -107,11 +109,13 @@ fn the_callers_test_decides() {
     .unwrap()
     .unwrap();
     assert!(p.fits && p.plan.selective.is_empty(), "{:?}", p.choices);
+    let whole = plan_blocks_live(&g, budget, false).unwrap().unwrap();
+    assert!(whole.fits && !whole.choices.contains(&Choice::Selective));
     assert!(p.choices.contains(&Choice::Full), "{:?}", p.choices);
     assert!(p.plan.recompute_cost < every.recompute_cost);
     // A graph without repeated blocks has no block plan.
     let mlp = step("mlp.onnx", 2);
-    assert!(plan_blocks_live(&mlp, u64::MAX).unwrap().is_none());
+    assert!(plan_blocks_live(&mlp, u64::MAX, true).unwrap().is_none());
 }
 
 /// In `fit`, the planned row is never behind every-block or the selective preset on
@@ -150,5 +154,43 @@ fn the_planned_row_is_never_behind_the_presets_on_the_device() {
                 );
             }
         }
+    }
+}
+
+/// `plan` holds the block plan in its portfolios: an op plan and a module search
+/// (`--granularity module --selective`, which then chooses blocks and their policies)
+/// each cost no more than it.
+#[test]
+fn plan_holds_the_block_plan() {
+    let g = step("gpt2.onnx", 32);
+    let t = ModuleTree::build(&g);
+    let every = every_block_with(&g, &t, false).unwrap();
+    let none = replay(&g, &g.no_recompute_plan()).unwrap().peak_bytes;
+    let budget = every.peak_bytes + (none - every.peak_bytes) / 2;
+    let b = plan_blocks_live(&g, budget, true).unwrap().unwrap();
+    assert!(b.fits);
+    let m = common::shipped("gpt2.onnx");
+    let bytes = format!("{budget}B");
+    for extra in [&[][..], &["--granularity", "module", "--selective"]] {
+        let mut args = vec![
+            "plan",
+            m.to_str().unwrap(),
+            "--batch",
+            "32",
+            "--budget",
+            &bytes,
+            "--time-limit",
+            "5",
+            "--json",
+        ];
+        args.extend(extra);
+        let v = common::memplan_json(&args);
+        assert_eq!(v["feasible"], true, "{extra:?}");
+        let cost = v["recompute_flops"].as_f64().unwrap();
+        assert!(
+            cost <= b.plan.recompute_cost * (1.0 + 1e-9),
+            "{extra:?}: {cost} vs {}",
+            b.plan.recompute_cost
+        );
     }
 }

@@ -19,7 +19,7 @@ use crate::train::Schedule;
 /// Above this many nodes in the step's graph (a Llama-3-8B step has 8,731; GPT-2's
 /// 3,079), the planned row plans by blocks alone: the op-level planners take tens of
 /// seconds there, and their thousands of small re-runs fragment the allocator.
-pub const OP_PLAN_MAX_NODES: usize = 4000;
+pub const OP_PLAN_MAX_NODES: usize = crate::remat::portfolio::LARGE_NODES;
 
 /// Batches past the presets' answer the block plan is tried at.
 const CLIMB: u64 = 4;
@@ -56,7 +56,7 @@ pub(super) fn plan(
         };
         Some(live.max(dev)).filter(|&e| e > 0)
     };
-    let p = plan_blocks(&g, &t, budget, &over).map_err(Error::Graph)?;
+    let p = plan_blocks(&g, &t, budget, true, &over).map_err(Error::Graph)?;
     Ok((g, p, values))
 }
 

@@ -335,11 +335,13 @@ fn repair(
 /// `over`: `None` when a plan fits, else by how many bytes it does not (the live
 /// peak over a budget, or the allocator's reserved bytes over the card's). `budget`
 /// is where the program starts: the live bytes the caller allows. `Ok(None)` when
-/// the graph has fewer than two repeated blocks.
+/// the graph has fewer than two repeated blocks. `selective`: whether a block may be
+/// checkpointed selectively.
 pub fn plan_blocks(
     g: &RematGraph,
     t: &ModuleTree,
     budget: u64,
+    selective: bool,
     over: &dyn Fn(&[Instr], &ModulePlan) -> Option<u64>,
 ) -> Result<Option<BlockPlan>, String> {
     let Some(chain) = Chain::build(g, t)? else {
@@ -369,19 +371,23 @@ pub fn plan_blocks(
             Ok(excess)
         };
     test(chain.uniform(Choice::Full), "every-block", 0)?;
-    if chain
-        .blocks
-        .iter()
-        .any(|b| b.options.iter().any(|o| o.0 == Choice::Selective))
-    {
+    let selective = selective
+        && chain
+            .blocks
+            .iter()
+            .any(|b| b.options.iter().any(|o| o.0 == Choice::Selective));
+    if selective {
         test(chain.uniform(Choice::Selective), "every-block-selective", 0)?;
     }
     // Selective blocks keep matrix products between freed tensors; where the card's
     // allocator fragments around them, the plans of kept and whole blocks alone.
-    for allowed in [
-        &[Choice::Keep, Choice::Selective, Choice::Full][..],
-        &[Choice::Keep, Choice::Full],
-    ] {
+    let all = [Choice::Keep, Choice::Selective, Choice::Full];
+    let sets: &[&[Choice]] = if selective {
+        &[&all, &[Choice::Keep, Choice::Full]]
+    } else {
+        &[&[Choice::Keep, Choice::Full]]
+    };
+    for &allowed in sets {
         if repair(&chain, allowed, budget, &mut test)? {
             break;
         }
@@ -400,9 +406,13 @@ pub fn plan_blocks(
 }
 
 /// [`plan_blocks`] against live bytes: the plan's replayed peak within `budget`.
-pub fn plan_blocks_live(g: &RematGraph, budget: u64) -> Result<Option<BlockPlan>, String> {
+pub fn plan_blocks_live(
+    g: &RematGraph,
+    budget: u64,
+    selective: bool,
+) -> Result<Option<BlockPlan>, String> {
     let t = ModuleTree::build(g);
-    plan_blocks(g, &t, budget, &|_, p| {
+    plan_blocks(g, &t, budget, selective, &|_, p| {
         p.peak_bytes.checked_sub(budget).filter(|&e| e > 0)
     })
 }

@@ -14,6 +14,10 @@
 //!   plan fits at all: the lowest peak over all of them is the lowest module plans
 //!   reach). Cut short by the time limit, the result is not proven.
 //!
+//! - **Blocks**: the block plan ([`super::blocks`]: per repeated block kept, whole
+//!   or, with `selective`, selective, from a dynamic program over the chain) replaces
+//!   the search's answer where it is cheaper (or, nothing fitting, lower).
+//!
 //! Candidates: modules that run as one call, that drop something (checkpointed
 //! alone, they lower the peak or the bytes saved at forward end by more than 0.1% of
 //! the latter: a BatchNorm alone, which drops only its mean and inverse deviation,
@@ -49,7 +53,7 @@ pub struct ModuleSearch {
     pub proven_optimal: bool,
     /// Lowest peak over the module plans evaluated (every one when proven).
     pub lowest_peak: u64,
-    /// `exhaustive` or `greedy`.
+    /// `exhaustive`, `greedy` or `blocks`.
     pub method: &'static str,
     /// Candidate modules.
     pub candidates: usize,
@@ -168,6 +172,31 @@ fn antichains(roots: &[usize], kids: &[Vec<usize>], cap: usize) -> Option<Vec<u1
 /// exhaustive search, so the search over whole modules runs first (half the time)
 /// and its plan seeds the wider one, which never returns a worse plan.
 pub fn search(
+    g: &RematGraph,
+    budget: u64,
+    selective: bool,
+    time_limit_s: f64,
+) -> Result<ModuleSearch, String> {
+    let s = search_modules(g, budget, selective, time_limit_s)?;
+    // The block plan ([`super::blocks`]): per repeated block, kept, whole or (with
+    // `selective`) selective, from a dynamic program over the chain.
+    let blocks = super::blocks::plan_blocks_live(g, budget, selective)?;
+    Ok(match blocks {
+        Some(b) if !s.proven_optimal && beats(&b.plan, &s.best, budget) => ModuleSearch {
+            lowest_peak: s.lowest_peak.min(b.plan.peak_bytes),
+            feasible: b.fits,
+            method: "blocks",
+            evaluated: s.evaluated + b.rounds,
+            best: b.plan,
+            ..s
+        },
+        _ => s,
+    })
+}
+
+/// [`search`] over modules alone: whole ones, then (with `selective`) selective ones
+/// too, seeded with the first search's answer.
+fn search_modules(
     g: &RematGraph,
     budget: u64,
     selective: bool,

@@ -85,6 +85,14 @@ use crate::error::Result;
 /// (which is not re-entrant) busy for the next solves.
 pub const EXACT_NODES: usize = 60;
 
+/// Graphs above this many nodes are large (a Llama-3-8B training step has 8,731, a
+/// GPT-2 step 3,079): `plan`'s default time limit is then [`LARGE_TIME_LIMIT_S`], and
+/// `fit` plans their checkpointing by blocks ([`super::blocks`]).
+pub const LARGE_NODES: usize = 4000;
+
+/// `plan`'s default time limit on large graphs, in seconds (60 on the others).
+pub const LARGE_TIME_LIMIT_S: f64 = 8.0;
+
 /// What [`solve`] returns.
 #[derive(Debug, Clone)]
 pub struct ScaleResult {
@@ -163,6 +171,14 @@ pub fn solve(g: &RematGraph, budget: u64, time_limit_s: f64) -> Result<ScaleResu
         measure(g, plan_with_drops(g, &sqrt_drops(g)), "sqrt"),
         &mut cands,
     );
+    // The block plan ([`super::blocks`]): per repeated block, kept, selective or
+    // whole; milliseconds, and the plan to beat on LLMs. Not where some forward node
+    // cannot run again (a `--pytorch` op plan's graph: its file reruns single ops).
+    if g.nodes.iter().all(|n| n.backward || n.recomputable) {
+        if let Ok(Some(b)) = super::blocks::plan_blocks_live(g, budget, true) {
+            push(measure(g, b.plan.plan, "blocks"), &mut cands);
+        }
+    }
     // Every ordinary and early gap (held-input gaps only add memory here).
     let all_on: Vec<bool> = gaps.list.iter().map(|gp| gp.hold.is_empty()).collect();
     push(measure(g, gaps.plan(g, &all_on), "all-gaps"), &mut cands);
