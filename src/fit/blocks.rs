@@ -230,8 +230,7 @@ pub(super) fn take_the_better_preset(
         row.recomputed_tensors = None;
         row.note = if b.max_batch == 0 {
             format!(
-                "memplan's planner: nothing fits batch 1; the lowest peak is {}'s, {op}",
-                b.name
+                "memplan's planner: nothing fits batch 1; the lowest peak is that of {label}, {op}"
             )
         } else {
             format!(
