@@ -140,6 +140,7 @@ fn same_counts(
         let name = match plan[k] {
             memplan::remat::graph::Instr::Compute(i) => su.g.nodes[i].name.clone(),
             memplan::remat::graph::Instr::Free(v) => format!("free {}", su.g.values[v].name),
+            memplan::remat::graph::Instr::Load(v) => format!("load {}", su.g.values[v].name),
         };
         panic!(
             "{} {what}: after instruction {k} ({name}) the device counts {} B live, the schedule {} B",

@@ -138,6 +138,12 @@ fn replay_live(g: &RematGraph, plan: &[Instr]) -> Vec<u64> {
                     cur -= g.values[v].bytes;
                 }
             }
+            Instr::Load(v) => {
+                if !live[v] {
+                    live[v] = true;
+                    cur += g.values[v].bytes;
+                }
+            }
         }
         out.push(cur);
     }

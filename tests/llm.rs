@@ -255,7 +255,48 @@ fn nf4_stores_what_bitsandbytes_stores() {
 /// made again here: the same blocks and the same bytes as when it was measured.
 #[test]
 fn a_selective_llm_plan_matches_pytorch() {
-    let r = Value::Object(reference_from("llm_selective_reference.json"));
+    let p = preset_matches_pytorch(
+        "llm_selective_reference.json",
+        &[
+            "peak_bytes",
+            "saved_bytes_at_forward_end",
+            "selective_modules",
+        ],
+    );
+    assert_eq!(p["selective_modules"], p["checkpoint_modules"]);
+}
+
+/// `plan --checkpoint every-block:offload`'s file in PyTorch (tools/llm/selective.py
+/// --preset every-block:offload, models/llm_offload_reference.json): what is alive
+/// after forward and the step peak as memplan's, the gradients bitwise the baseline's,
+/// and the bytes its hooks copied back equal to memplan's; what they copied to the
+/// host within 2 % under memplan's (a tensor saved twice is copied once).
+#[test]
+fn an_offload_llm_plan_matches_pytorch() {
+    let p = preset_matches_pytorch(
+        "llm_offload_reference.json",
+        &[
+            "peak_bytes",
+            "saved_bytes_at_forward_end",
+            "offloaded_modules",
+            "host_bytes",
+            "pcie_bytes",
+        ],
+    );
+    assert_eq!(p["offloaded_modules"], p["checkpoint_modules"]);
+    assert_eq!(p["overhead"], 0.0);
+    let r = Value::Object(reference_from("llm_offload_reference.json"));
+    let n = |v: &Value, k: &str| v[k].as_u64().unwrap();
+    let t = &r["transfers"];
+    assert_eq!(2 * n(t, "to_device_bytes"), n(&p, "pcie_bytes"));
+    let host = n(&p, "host_bytes");
+    assert!(n(t, "to_host_bytes") <= host && n(t, "to_host_bytes") as f64 >= 0.98 * host as f64);
+}
+
+/// Plans `reference`'s preset as it was measured, checks `keys` unchanged, and the
+/// measured step against the plan; returns the plan.
+fn preset_matches_pytorch(reference: &str, keys: &[&str]) -> Value {
+    let r = Value::Object(reference_from(reference));
     let file = common::shipped(&format!("llm/{}.onnx", r["family"].as_str().unwrap()));
     let batch = r["batch"].as_u64().unwrap().to_string();
     let p = common::memplan_json(&[
@@ -270,14 +311,9 @@ fn a_selective_llm_plan_matches_pytorch() {
         "--json",
     ]);
     let m = &r["memplan"];
-    for k in [
-        "peak_bytes",
-        "saved_bytes_at_forward_end",
-        "selective_modules",
-    ] {
+    for &k in keys {
         assert_eq!(p[k], m[k], "{k}: the plan changed since it was measured");
     }
-    assert_eq!(p["selective_modules"], p["checkpoint_modules"]);
     let n = |v: &Value, k: &str| v[k].as_u64().unwrap();
     let pt = &r["pytorch"];
     let fe = n(m, "saved_bytes_at_forward_end") + n(&r, "output_bytes");
@@ -285,7 +321,7 @@ fn a_selective_llm_plan_matches_pytorch() {
     let d = fe as f64 / want as f64 - 1.0;
     assert!(
         d.abs() < 1e-4,
-        "alive after forward {fe} vs PyTorch {want} ({:+.4}%)",
+        "{reference}: alive after forward {fe} vs PyTorch {want} ({:+.4}%)",
         d * 100.0
     );
     let peak =
@@ -293,10 +329,11 @@ fn a_selective_llm_plan_matches_pytorch() {
     let dp = n(m, "peak_bytes") as f64 / peak as f64 - 1.0;
     assert!(
         dp.abs() < 0.05,
-        "peak {} vs PyTorch {peak} ({:+.2}%)",
+        "{reference}: peak {} vs PyTorch {peak} ({:+.2}%)",
         n(m, "peak_bytes"),
         dp * 100.0
     );
     assert_eq!(r["gradients_differ"], serde_json::json!([]));
     assert!(n(&r, "gradients_compared") > 10);
+    p
 }

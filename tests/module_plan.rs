@@ -8,7 +8,8 @@ mod common;
 use memplan::remat::graph::{replay, Instr, RNode, RValue, RematGraph};
 use memplan::remat::module_plan::{pytorch_module, search, PytorchHeader};
 use memplan::remat::modules::{
-    every_block, module_plan_for, module_plan_in, repeated_blocks, saved_at_forward_end, ModuleTree,
+    every_block, module_plan_for, module_plan_in, module_plan_with, repeated_blocks,
+    saved_at_forward_end, ModuleTree,
 };
 
 /// Builds a graph from `(name, inputs, outputs, backward)` rows; values from
@@ -114,6 +115,7 @@ fn live_before(g: &RematGraph, plan: &[Instr], node: usize, nth: usize) -> Vec<S
                 }
             }
             Instr::Free(v) => live[v] = false,
+            Instr::Load(v) => live[v] = true,
         }
     }
     (0..g.values.len())
@@ -189,6 +191,57 @@ fn checkpointing_keeps_inputs_drops_inner_and_stops_early() {
     // During forward, h2 is gone once out has read it.
     let live = live_before(&g, &p.plan, 4, 1);
     assert!(!live.contains(&"h2".to_string()), "{live:?}");
+}
+
+/// An offloaded module: what its backward reads and it wrote goes to the host after
+/// its last forward read and comes back right before each backward node that reads
+/// it (h2 twice: out's and act's backward); nothing runs again; its input stays.
+#[test]
+fn offloading_loads_before_each_backward_read_and_reruns_nothing() {
+    let g = chain();
+    let t = ModuleTree::build(&g);
+    let p = module_plan_with(&g, &t, &[], &[], &["a"]).unwrap();
+    let r = replay(&g, &p.plan).unwrap();
+    assert_eq!(p.offloaded, vec!["a".to_string()]);
+    assert_eq!((p.recompute_cost, r.recompute_cost), (0.0, 0.0));
+    for n in 0..g.nodes.len() {
+        assert_eq!(computes(&p.plan, n), 1);
+    }
+    // h2 (64 B) is loaded before out's and act's backward nodes: 128 B back, as much
+    // in host copies; h3 is read by head's backward only, h0 is a's input.
+    let loads: Vec<usize> = p
+        .plan
+        .iter()
+        .filter_map(|i| match i {
+            Instr::Load(v) => Some(*v),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(loads.len(), 2);
+    assert!(loads.iter().all(|&v| g.values[v].name == "h2"));
+    assert_eq!(
+        (r.loaded_bytes, p.host_bytes, p.pcie_bytes),
+        (128, 128, 256)
+    );
+    for (node, nth) in [(8, 1), (9, 1)] {
+        let at = p
+            .plan
+            .iter()
+            .position(|&i| i == Instr::Compute(node))
+            .unwrap();
+        assert!(matches!(p.plan[at - 1], Instr::Load(v) if g.values[v].name == "h2"));
+        assert!(live_before(&g, &p.plan, node, nth).contains(&"h2".to_string()));
+    }
+    // Gone after forward (the out MatMul read it last) and between the two loads.
+    assert!(!live_before(&g, &p.plan, 4, 1).contains(&"h2".to_string()));
+    // Only h3 (head's backward reads it); h0, read by no backward node, is not held
+    // by a checkpoint frame here.
+    assert_eq!(p.saved_bytes, 128);
+    let none = module_plan_with(&g, &t, &[], &[], &[]).unwrap();
+    assert!(p.peak_bytes <= none.peak_bytes);
+    // One way per module.
+    let e = module_plan_with(&g, &t, &["a"], &[], &["a"]).unwrap_err();
+    assert!(e.contains("listed both whole and offloaded"), "{e}");
 }
 
 #[test]
@@ -827,5 +880,83 @@ fn cli_searched_module_plan_verifies() {
     ]);
     assert_eq!(r["measured_peak_bytes"], v["peak_bytes"], "{r}");
     assert_eq!(r["gradients_identical"], true, "{r}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `plan --checkpoint every-block:offload` and `--offload-modules`: the JSON names the
+/// offloaded modules with host and PCIe bytes, the `--pytorch` file lists them under
+/// OFFLOAD_MODULES (and checkpoints none), and `verify --plan` and `--rewrite`, which
+/// run recomputation only, refuse the plan in one line.
+#[test]
+fn cli_offload_plans() {
+    let dir = std::env::temp_dir().join(format!("memplan-offload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (plan, py) = (dir.join("plan.json"), dir.join("off.py"));
+    let m = common::shipped("transformer.onnx");
+    let m = m.to_str().unwrap();
+    let v = common::memplan_json(&[
+        "plan",
+        m,
+        "--batch",
+        "2",
+        "--checkpoint",
+        "every-block:offload",
+        "--json",
+        "-o",
+        plan.to_str().unwrap(),
+        "--pytorch",
+        py.to_str().unwrap(),
+    ]);
+    assert_eq!(v["method"], "module:every-block:offload");
+    assert_eq!(
+        v["offloaded_modules"],
+        serde_json::json!(["layers.0", "layers.1"])
+    );
+    let host = v["host_bytes"].as_u64().unwrap();
+    assert!(host > 0 && v["pcie_bytes"].as_u64().unwrap() == 2 * host);
+    assert_eq!(v["recompute_flops"], 0.0);
+    let text = std::fs::read_to_string(&py).unwrap();
+    assert!(text.contains("OFFLOAD_MODULES = [\n    \"layers.0\",\n    \"layers.1\",\n]"));
+    assert!(text.contains("CHECKPOINT_MODULES = [\n]"), "{text}");
+    assert!(text.contains("saved_tensors_hooks"));
+    let given = common::memplan_json(&[
+        "plan",
+        m,
+        "--batch",
+        "2",
+        "--offload-modules",
+        "layers.0,layers.1",
+        "--json",
+    ]);
+    assert_eq!(given["peak_bytes"], v["peak_bytes"]);
+    for args in [
+        vec![
+            "verify",
+            m,
+            "--batch",
+            "2",
+            "--plan",
+            plan.to_str().unwrap(),
+        ],
+        vec![
+            "plan",
+            m,
+            "--batch",
+            "2",
+            "--offload-modules",
+            "layers.0",
+            "--rewrite",
+            dir.join("r.onnx").to_str().unwrap(),
+        ],
+        vec!["plan", m, "--batch", "2", "--offload-modules", "nosuch"],
+    ] {
+        let (ok, _, err) = common::run_memplan(&args);
+        assert!(!ok, "{args:?}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.contains("offload") || err.contains("no module 'nosuch'"),
+            "{args:?}: {err}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -10,7 +10,7 @@ use memplan::memory::device::StepValues;
 use memplan::remat::dag::load_dag;
 use memplan::remat::graph::replay_on_device;
 use memplan::remat::module_plan::{
-    plan_modules, pytorch_module, Chosen, Granularity as By, Preset, PytorchHeader,
+    plan_modules, pytorch_module_with, Chosen, Granularity as By, Preset, PytorchHeader,
 };
 use memplan::remat::modules::saved_at_forward_end;
 use memplan::remat::plan::{plan, recomputed_modules, Solver};
@@ -42,7 +42,7 @@ pub struct PlanArgs {
     /// Budget: a size (`8GiB`), a percentage of the no-recompute peak (`50%`) or,
     /// below 1, a fraction of it (`0.5`).
     /// With --pareto: the lowest budget of the sweep (optional).
-    #[arg(long, required_unless_present_any = ["pareto", "checkpoint", "checkpoint_modules", "selective_modules"])]
+    #[arg(long, required_unless_present_any = ["pareto", "checkpoint", "checkpoint_modules", "selective_modules", "offload_modules"])]
     budget: Option<String>,
     /// Planner.
     #[arg(long, value_parser = choice::<Solver>(), default_value = "ilp")]
@@ -90,12 +90,18 @@ pub struct PlanArgs {
     /// create_selective_checkpoint_contexts): its convolutions' and matrix products'
     /// outputs are kept, and only the ops between them run again. The search over whole
     /// modules then gets half of --time-limit and seeds the wider one.
-    #[arg(long, conflicts_with_all = ["pareto", "dag", "checkpoint", "checkpoint_modules", "selective_modules"])]
+    #[arg(long, conflicts_with_all = ["pareto", "dag", "checkpoint", "checkpoint_modules", "selective_modules", "offload_modules"])]
     selective: bool,
     /// Checkpoint these modules selectively (comma-separated paths), beside
     /// --checkpoint-modules, instead of a search; no budget needed.
     #[arg(long, value_name = "PATHS", conflicts_with_all = ["pareto", "dag", "checkpoint"])]
     selective_modules: Option<String>,
+    /// Offload these modules' saved activations to host memory (comma-separated
+    /// paths), beside --checkpoint-modules: copied to the host when saved, back before
+    /// each backward use (the --pytorch file's saved-tensor hooks); nothing recomputed,
+    /// no budget needed.
+    #[arg(long, value_name = "PATHS", conflicts_with_all = ["pareto", "dag", "checkpoint", "selective"])]
+    offload_modules: Option<String>,
     /// Write the plan as a Python module with apply(model). A module plan:
     /// CHECKPOINT_MODULES, wrapped in torch.utils.checkpoint. An op plan: RECOMPUTE,
     /// the values dropped after forward and recomputed in backward (saved-tensor hooks).
@@ -129,6 +135,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         checkpoint_modules,
         selective,
         selective_modules,
+        offload_modules,
         pytorch,
         training,
         device,
@@ -153,10 +160,16 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     };
     let chosen = match checkpoint {
         Some(p) => Chosen::Preset(p),
-        None if checkpoint_modules.is_some() || selective_modules.is_some() => Chosen::Modules {
-            full: paths(&checkpoint_modules),
-            selective: paths(&selective_modules),
-        },
+        None if checkpoint_modules.is_some()
+            || selective_modules.is_some()
+            || offload_modules.is_some() =>
+        {
+            Chosen::Modules {
+                full: paths(&checkpoint_modules),
+                selective: paths(&selective_modules),
+                offload: paths(&offload_modules),
+            }
+        }
         None => Chosen::Search { selective },
     };
     let opts = training.options()?;
@@ -256,13 +269,16 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
             };
             memplan::files::write_atomic(
                 py,
-                pytorch_module(&h, &o.modules, &o.selective).as_bytes(),
+                pytorch_module_with(&h, &o.modules, &o.selective, &o.offloaded).as_bytes(),
             )?;
         }
         let gran = Granularity {
             granularity: "module".into(),
             checkpoint_modules: o.modules,
             selective_modules: o.selective,
+            host_bytes: (!o.offloaded.is_empty()).then_some(o.host_bytes),
+            pcie_bytes: (!o.offloaded.is_empty()).then_some(o.pcie_bytes),
+            offloaded_modules: o.offloaded,
             saved_bytes_at_forward_end: o.saved_bytes,
             proven_optimal: o.proven_optimal,
             module_candidates: o.searched.map(|x| x.0),

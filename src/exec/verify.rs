@@ -513,6 +513,7 @@ fn verify_with<B: StepBackend>(
     let peak_step = match planned.get(peak_at) {
         Some(Instr::Compute(i)) => g.nodes[*i].name.clone(),
         Some(Instr::Free(v)) => format!("free {}", g.values[*v].name),
+        Some(Instr::Load(v)) => format!("load {}", g.values[*v].name),
         None => String::new(),
     };
     let base_flops = g.base_cost();

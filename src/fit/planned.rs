@@ -239,6 +239,14 @@ impl AffineStep {
                         c -= u128::from(self.bytes[v].1);
                     }
                 }
+                Instr::Load(v) => {
+                    if !live[v] {
+                        live[v] = true;
+                        a += u128::from(self.bytes[v].0);
+                        c += u128::from(self.bytes[v].1);
+                    }
+                    bound(a, c);
+                }
             }
         }
         best as u64

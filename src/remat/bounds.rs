@@ -24,6 +24,7 @@ pub(super) fn baseline_memory(g: &RematGraph) -> Vec<u64> {
                 }
                 mem[i] = cur;
             }
+            Instr::Load(_) => unreachable!("the no-recompute plan loads nothing"),
             Instr::Free(v) => {
                 if live[v] {
                     live[v] = false;

@@ -496,7 +496,7 @@ impl Gaps {
             .iter()
             .filter_map(|op| match *op {
                 Instr::Compute(p) => Some(p),
-                Instr::Free(_) => None,
+                Instr::Free(_) | Instr::Load(_) => None,
             })
             .collect();
         let dead = |v: ValueId| {

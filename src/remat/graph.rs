@@ -74,6 +74,10 @@ pub enum Instr {
     Compute(NodeId),
     /// Release a value.
     Free(ValueId),
+    /// Bring back a value offloaded to host memory (`plan --offload-modules`): a copy
+    /// written from the host before a backward node that reads it, with no compute;
+    /// the value must have been computed and be freed (offloaded) since.
+    Load(ValueId),
 }
 
 /// What replaying a plan measured.
@@ -87,6 +91,9 @@ pub struct Replayed {
     pub cost: f64,
     /// Cost of computes beyond each node's first.
     pub recompute_cost: f64,
+    /// Bytes copied back from host memory ([`Instr::Load`]), every load counted.
+    #[serde(default)]
+    pub loaded_bytes: u64,
 }
 
 impl RematGraph {
@@ -219,6 +226,7 @@ pub fn replay_on_device(
                 events.extend(n.inputs.iter().chain(&n.outputs).map(|&v| Event::Alloc(v)));
             }
             Instr::Free(v) => events.push(Event::Free(v)),
+            Instr::Load(v) => events.push(Event::Alloc(v)),
         }
     }
     let fixed: Vec<bool> = g.values.iter().map(|v| v.fixed).collect();
@@ -240,6 +248,7 @@ pub fn replay(g: &RematGraph, plan: &[Instr]) -> Result<Replayed, String> {
     let mut computed = vec![false; g.nodes.len()];
     let (mut peak, mut peak_at) = (cur, 0);
     let (mut cost, mut recompute_cost) = (0.0, 0.0);
+    let mut loaded_bytes = 0u64;
     for (k, op) in plan.iter().enumerate() {
         match *op {
             Instr::Compute(i) => {
@@ -288,6 +297,28 @@ pub fn replay(g: &RematGraph, plan: &[Instr]) -> Result<Replayed, String> {
                     cur -= val.bytes;
                 }
             }
+            Instr::Load(v) => {
+                let val = g
+                    .values
+                    .get(v)
+                    .ok_or_else(|| format!("step {k}: no value {v}"))?;
+                if !val.producer.is_some_and(|p| computed[p]) {
+                    return Err(format!(
+                        "step {k}: '{}' is loaded before it is computed",
+                        val.name
+                    ));
+                }
+                loaded_bytes += val.bytes;
+                // A copy of a value still live is one allocation here.
+                if !live[v] {
+                    live[v] = true;
+                    cur += val.bytes;
+                }
+                if cur > peak {
+                    peak = cur;
+                    peak_at = k;
+                }
+            }
         }
     }
     if let Some(i) = computed.iter().position(|&c| !c) {
@@ -298,5 +329,6 @@ pub fn replay(g: &RematGraph, plan: &[Instr]) -> Result<Replayed, String> {
         peak_at,
         cost,
         recompute_cost,
+        loaded_bytes,
     })
 }

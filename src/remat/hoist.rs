@@ -97,6 +97,11 @@ impl Intervals {
                         open[v] = usize::MAX;
                     }
                 }
+                Instr::Load(v) => {
+                    if open[v] == usize::MAX {
+                        open[v] = k;
+                    }
+                }
             }
         }
         for (v, &o) in open.iter().enumerate() {

@@ -547,6 +547,9 @@ pub enum Preset {
     EveryBlockSelectiveMatmul,
     /// Every repeated block under a selective policy that saves nothing: every-block.
     EveryBlockSelectiveNothing,
+    /// Every repeated block offloaded to host memory (saved-tensor hooks): nothing
+    /// recomputed.
+    EveryBlockOffload,
 }
 
 crate::choice::choice!(Preset {
@@ -554,6 +557,7 @@ crate::choice::choice!(Preset {
     EveryBlockSelective => "every-block:selective", "Every repeated block under selective activation checkpointing: matrix products' and attention's outputs kept (torchtitan's default policy), the rest recomputed";
     EveryBlockSelectiveMatmul => "every-block:selective=matmul-attention", "The same as every-block:selective, the policy named";
     EveryBlockSelectiveNothing => "every-block:selective=nothing", "Every repeated block under a selective policy that saves nothing: the same as every-block";
+    EveryBlockOffload => "every-block:offload", "Every repeated block's saved activations offloaded to host memory after forward and copied back before backward (saved-tensor hooks): nothing recomputed, PCIe traffic instead";
 });
 
 impl Preset {
@@ -568,7 +572,19 @@ impl Preset {
 
     /// The preset's module plan of `g` (tree `t`).
     pub fn plan_in(self, g: &RematGraph, t: &ModuleTree) -> Result<ModulePlan, String> {
-        super::modules::every_block_with(g, t, self.selective())
+        match self {
+            Preset::EveryBlockOffload => super::modules::every_block_offloaded(g, t),
+            _ => super::modules::every_block_with(g, t, self.selective()),
+        }
+    }
+
+    /// Its name in plan reports (`method`).
+    pub fn method(self) -> &'static str {
+        match self {
+            Preset::EveryBlockOffload => "module:every-block:offload",
+            p if p.selective() => "module:every-block:selective",
+            _ => "module:every-block",
+        }
     }
 }
 
@@ -737,6 +753,124 @@ def apply(model):
     )
 }
 
+/// [`pytorch_module`] with the modules at `offload` (also in `modules`) offloaded to
+/// host memory instead of checkpointed: `OFFLOAD_MODULES`, whose forward runs under
+/// `torch.autograd.graph.saved_tensors_hooks` that copy every tensor saved for
+/// backward to the host (pinned memory on a GPU; on a CPU run a NumPy copy, outside
+/// PyTorch's allocator as host memory is beside a device) and back, with its shape,
+/// strides and dtype, when backward unpacks it. Parameters, buffers and the module's
+/// inputs stay where they are ([`super::modules::Checkpoint::offload`]).
+pub fn pytorch_module_with(
+    h: &PytorchHeader,
+    modules: &[String],
+    selective: &[String],
+    offload: &[String],
+) -> String {
+    let checkpointed: Vec<String> = modules
+        .iter()
+        .filter(|m| !offload.contains(m))
+        .cloned()
+        .collect();
+    let base = pytorch_module(h, &checkpointed, selective);
+    if offload.is_empty() {
+        return base;
+    }
+    let list: String = offload
+        .iter()
+        .map(|m| format!("    {},\n", serde_json::json!(m)))
+        .collect();
+    let base = base
+        .replacen(
+            "import functools\n",
+            "import functools\nimport weakref\n\nimport torch\n",
+            1,
+        )
+        .replacen("def apply(model):", "def _apply_checkpoints(model):", 1);
+    format!(
+        r#"{base}
+
+# Offloaded instead of checkpointed: every tensor their forward saves for backward is
+# copied to host memory and back when backward needs it; nothing runs again.
+OFFLOAD_MODULES = [
+{list}]
+
+
+def _storage(t):
+    return t.untyped_storage().data_ptr()
+
+
+def _tensors(v, out):
+    if isinstance(v, torch.Tensor):
+        out.append(v)
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            _tensors(x, out)
+    elif isinstance(v, dict):
+        for x in v.values():
+            _tensors(x, out)
+    return out
+
+
+def _offload_hooks(keep):
+    # A tensor saved by several ops is copied once (the same tensor, still alive).
+    copies = {{}}
+
+    def pack(t):
+        if _storage(t) in keep:
+            return t
+        key = (_storage(t), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+        hit = copies.get(key)
+        if hit is not None and hit[0]() is t:
+            return hit[1]
+        flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
+        if flat.device.type == "cpu":
+            import numpy
+
+            host = numpy.array(flat.numpy(), copy=True)
+        else:
+            host = torch.empty(flat.shape, dtype=torch.uint8, pin_memory=True)
+            host.copy_(flat)
+        packed = (t.shape, t.stride(), t.dtype, t.device, host)
+        copies[key] = (weakref.ref(t), packed)
+        return packed
+
+    def unpack(p):
+        if isinstance(p, torch.Tensor):
+            return p
+        shape, stride, dtype, device, host = p
+        if not isinstance(host, torch.Tensor):
+            host = torch.from_numpy(host)
+        out = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+        out.copy_(host.view(dtype).view(shape))
+        return out
+
+    return pack, unpack
+
+
+def apply(model):
+    """Checkpoints CHECKPOINT_MODULES and offloads OFFLOAD_MODULES; returns `model`."""
+    _apply_checkpoints(model)
+    for name in OFFLOAD_MODULES:
+        module = model.get_submodule(name)
+        if getattr(module, "_memplan_offloaded", False):
+            continue
+        forward = module.forward
+        owned = {{_storage(p) for p in module.parameters()}}
+        owned |= {{_storage(b) for b in module.buffers()}}
+
+        @functools.wraps(forward)
+        def offloaded(*args, _forward=forward, _owned=owned, **kwargs):
+            keep = _owned | {{_storage(t) for t in _tensors((args, kwargs), [])}}
+            with torch.autograd.graph.saved_tensors_hooks(*_offload_hooks(keep)):
+                return _forward(*args, **kwargs)
+
+        module.forward = offloaded
+        module._memplan_offloaded = True
+    return model
+"#
+    )
+}
+
 /// A module plan as `plan` reports it.
 #[derive(Debug, Clone)]
 pub struct ModuleOutcome {
@@ -747,6 +881,12 @@ pub struct ModuleOutcome {
     pub modules: Vec<String>,
     /// Those of them checkpointed selectively.
     pub selective: Vec<String>,
+    /// Those of them offloaded to host memory, and the host and PCIe bytes.
+    pub offloaded: Vec<String>,
+    /// Host memory the offloaded activations take.
+    pub host_bytes: u64,
+    /// PCIe bytes per step (to the host and back).
+    pub pcie_bytes: u64,
     /// Bytes saved at forward end ([`super::modules::saved_at_forward_end`]).
     pub saved_bytes: u64,
     /// Whether proven optimal among module plans (`None` for a preset).
@@ -777,6 +917,8 @@ pub enum Chosen {
         full: Vec<String>,
         /// Checkpointed selectively.
         selective: Vec<String>,
+        /// Offloaded to host memory.
+        offload: Vec<String>,
     },
 }
 
@@ -798,29 +940,38 @@ pub fn plan_modules(
         (Chosen::Preset(_) | Chosen::Modules { .. }, _) => {
             let t = ModuleTree::build(g);
             let (p, method) = match chosen {
-                Chosen::Modules { full, selective } => {
-                    let paths: Vec<&str> = full.iter().map(|x| x.as_str()).collect();
-                    let sel: Vec<&str> = selective.iter().map(|x| x.as_str()).collect();
+                Chosen::Modules {
+                    full,
+                    selective,
+                    offload,
+                } => {
+                    fn refs(v: &[String]) -> Vec<&str> {
+                        v.iter().map(|x| x.as_str()).collect()
+                    }
                     (
-                        super::modules::module_plan_in(g, &t, &paths, &sel)
-                            .map_err(Error::Graph)?,
+                        super::modules::module_plan_with(
+                            g,
+                            &t,
+                            &refs(full),
+                            &refs(selective),
+                            &refs(offload),
+                        )
+                        .map_err(Error::Graph)?,
                         "module:given",
                     )
                 }
-                Chosen::Preset(p) => (
-                    p.plan_in(g, &t).map_err(Error::Graph)?,
-                    if p.selective() {
-                        "module:every-block:selective"
-                    } else {
-                        "module:every-block"
-                    },
-                ),
+                Chosen::Preset(p) => (p.plan_in(g, &t).map_err(Error::Graph)?, p.method()),
                 Chosen::Search { .. } => {
                     return Err(Error::Graph("a module search has no preset".into()))
                 }
             };
-            let lb =
-                stage_lower_bound(g, budget.unwrap_or(p.peak_bytes)).unwrap_or(0.0) / base_cost;
+            // The recompute bound does not hold for a plan that offloads instead.
+            let lb = match p.offloaded.is_empty() {
+                true => {
+                    stage_lower_bound(g, budget.unwrap_or(p.peak_bytes)).unwrap_or(0.0) / base_cost
+                }
+                false => 0.0,
+            };
             let low = p.peak_bytes;
             (
                 p,
@@ -874,6 +1025,9 @@ pub fn plan_modules(
         report,
         modules: best.modules.clone(),
         selective: best.selective.clone(),
+        offloaded: best.offloaded.clone(),
+        host_bytes: best.host_bytes,
+        pcie_bytes: best.pcie_bytes,
         saved_bytes: best.saved_bytes,
         proven_optimal: proven,
         unscoped,

@@ -266,6 +266,10 @@ pub fn rewrite(
                 w.emit(i, graph);
                 last_planned = Some(w.nodes.len() - 1);
             }
+            Instr::Load(_) => return Err(Error::Rewrite(
+                "the plan offloads activations to host memory: --rewrite writes recomputation only"
+                    .into(),
+            )),
             Instr::Free(v) => {
                 let name = w.fname[v].clone();
                 match last_planned {
@@ -843,7 +847,7 @@ impl ReadBack {
             .iter()
             .filter(|op| match **op {
                 Instr::Compute(i) => std::mem::replace(&mut seen[i], true),
-                Instr::Free(_) => false,
+                Instr::Free(_) | Instr::Load(_) => false,
             })
             .count()
     }

@@ -26,6 +26,18 @@ pub struct Granularity {
     /// convolutions' and matrix products' outputs kept; `--selective`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub selective_modules: Vec<String>,
+    /// Module plans: those of `checkpoint_modules` offloaded to host memory instead
+    /// (`--offload-modules`, `every-block:offload`): their saved activations copied
+    /// to the host after forward and back before backward, nothing recomputed.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub offloaded_modules: Vec<String>,
+    /// Offload: host memory the offloaded activations take.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_bytes: Option<u64>,
+    /// Offload: bytes over PCIe per step (to the host once, back before each backward
+    /// read).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pcie_bytes: Option<u64>,
     /// Non-fixed, non-held bytes live when forward ends (what forward keeps for
     /// backward; inputs, parameters and model outputs not counted).
     pub saved_bytes_at_forward_end: u64,
@@ -201,14 +213,27 @@ pub fn plan_text(
             } else {
                 gran.checkpoint_modules
                     .iter()
-                    .map(|m| match gran.selective_modules.contains(m) {
-                        true => format!("{m} (selective)"),
-                        false => m.clone(),
+                    .map(|m| {
+                        if gran.selective_modules.contains(m) {
+                            format!("{m} (selective)")
+                        } else if gran.offloaded_modules.contains(m) {
+                            format!("{m} (offloaded)")
+                        } else {
+                            m.clone()
+                        }
                     })
                     .collect::<Vec<_>>()
                     .join(", ")
             }
         );
+        if let (Some(h), Some(p)) = (gran.host_bytes, gran.pcie_bytes) {
+            let _ = writeln!(
+                s,
+                "offload      {} of activations in host memory; {} over PCIe per step",
+                human_bytes(h),
+                human_bytes(p)
+            );
+        }
         if !gran.unscoped_nodes.is_empty() {
             let shown: Vec<&str> = gran
                 .unscoped_nodes

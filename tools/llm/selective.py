@@ -1,15 +1,18 @@
-"""The selective every-block plan of an LLM in PyTorch (dev-time; CPU, float32; issue 50).
+"""An every-block preset of an LLM in PyTorch (dev-time; CPU, float32; issue 50): the
+selective checkpoint (default) or the offload to host memory (--preset every-block:offload).
 
 For a family of tools/llm/reference.py (default llama, sequence 2048, batch 1, SGD):
-  1. `memplan plan models/llm/<family>.onnx --checkpoint every-block:selective --pytorch F.py`
+  1. `memplan plan models/llm/<family>.onnx --checkpoint PRESET --pytorch F.py`
      (the release binary), its predicted peak and bytes kept after forward;
   2. the same model built in PyTorch (reference.py's builder), F.py's apply() on it, one
      training step measured as models/export.py measures every reference (profiler timeline:
      bytes alive when forward ends, the step peak and its device-equivalent);
   3. gradients of one step with the file against one without it, bitwise (torch.equal).
-Writes models/llm_selective_reference.json (or --out); tests/llm.rs reads it.
+Writes models/llm_selective_reference.json, or models/llm_offload_reference.json for the
+offload (or --out); tests/llm.rs reads them.
 
-    python tools/llm/selective.py [--family llama] [--seq 2048] [--batch 1] [--out PATH]
+    python tools/llm/selective.py [--preset every-block:offload] [--family llama] [--seq 2048]
+        [--batch 1] [--out PATH]
 """
 
 import argparse
@@ -28,6 +31,8 @@ import reference as R  # noqa: E402
 
 ref = R.ref  # models/export.py
 PRESET = "every-block:selective"
+OUT = {"every-block:selective": "llm_selective_reference.json",
+       "every-block:offload": "llm_offload_reference.json"}
 
 
 def plan(fam, batch, py):
@@ -45,6 +50,38 @@ def load(py):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def count_transfers(mod):
+    """An offload file's hooks, counting: bytes packed to the host and unpacked back
+    (the last step measured; {} for a file that offloads nothing)."""
+    if not hasattr(mod, "_offload_hooks"):
+        return {}
+    counts = {"to_host_bytes": 0, "to_device_bytes": 0, "packed": 0}
+    seen = {}
+    hooks = mod._offload_hooks
+
+    def counted(keep):
+        pack, unpack = hooks(keep)
+
+        def p(t):
+            out = pack(t)
+            if not isinstance(out, type(t)) and id(out[4]) not in seen:
+                seen[id(out[4])] = out[4]
+                counts["to_host_bytes"] += out[4].nbytes
+                counts["packed"] += 1
+            return out
+
+        def u(x):
+            out = unpack(x)
+            if not isinstance(x, type(out)):
+                counts["to_device_bytes"] += out.numel() * out.element_size()
+            return out
+
+        return p, u
+
+    mod._offload_hooks = counted
+    return counts
 
 
 def gradients_equal(fam, batch, seq, mod):
@@ -70,8 +107,11 @@ def main():
     ap.add_argument("--family", default="llama")
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--out", default=os.path.join(ROOT, "models", "llm_selective_reference.json"))
+    ap.add_argument("--preset", default=PRESET, choices=sorted(OUT))
+    ap.add_argument("--out")
     a = ap.parse_args()
+    globals()["PRESET"] = a.preset
+    a.out = a.out or os.path.join(ROOT, "models", OUT[a.preset])
     import torch
 
     torch.set_num_threads(2)
@@ -79,6 +119,7 @@ def main():
         py = os.path.join(d, "plan.py")
         p = plan(a.family, a.batch, py)
         mod = load(py)
+        transfers = count_transfers(mod)
         build = R._builder(a.family, a.seq, "float32")
         outputs = {}
 
@@ -92,7 +133,12 @@ def main():
             out = m(*make_inputs(a.batch))
         outputs = sum(t.numel() * t.element_size() for t in (out if isinstance(out, tuple) else (out,))
                       if isinstance(t, torch.Tensor))
+        for k in transfers:
+            transfers[k] = 0
+        # (the host copies counted by the measured step above are let go)
         n, differ = gradients_equal(a.family, a.batch, a.seq, mod)
+        # gradients_equal ran one step with the file: its transfers.
+        transfers = dict(transfers)
     doc = {
         "_meta": {"generated_by": "python tools/llm/selective.py --family %s --seq %d --batch %d"
                   % (a.family, a.seq, a.batch), "versions": ref.versions(), "device": "cpu",
@@ -101,15 +147,20 @@ def main():
                       "zero_grad (kept for backward, the outputs and loss, and one CPU RNG state per "
                       "checkpoint call)",
                       "output_bytes": "the model's outputs as it returns them",
-                      "rng_state_bytes": "torch.get_rng_state() per checkpointed block (preserve_rng_state)"}},
+                      "rng_state_bytes": "torch.get_rng_state() per checkpointed block (preserve_rng_state)",
+                      "transfers": "offload: bytes the file's hooks copied to the host (each saved tensor "
+                      "packed) and back (each unpack) in one training step"}},
         "family": a.family, "seq": a.seq, "batch": a.batch, "preset": PRESET,
         "memplan": {k: p[k] for k in ("peak_bytes", "baseline_peak_bytes", "saved_bytes_at_forward_end",
-                                       "checkpoint_modules", "selective_modules", "overhead")},
+                                       "checkpoint_modules", "selective_modules", "offloaded_modules",
+                                       "host_bytes", "pcie_bytes", "overhead") if k in p},
         "pytorch": {k: e[k] for k in ("forward_end_delta_bytes", "step_peak_bytes",
                                       "resident_bytes_before_step", "device_equivalent_step_peak_delta_bytes",
                                       "peak_phase")},
         "output_bytes": outputs,
-        "rng_state_bytes": int(torch.get_rng_state().numel()) * len(p["checkpoint_modules"]),
+        "rng_state_bytes": int(torch.get_rng_state().numel())
+        * (len(p["checkpoint_modules"]) - len(p.get("offloaded_modules", []))),
+        "transfers": transfers,
         "gradients_compared": n,
         "gradients_differ": differ,
     }
@@ -118,7 +169,7 @@ def main():
         json.dump(doc, f, indent=1)
         f.write("\n")
     print(json.dumps({k: doc[k] for k in ("memplan", "pytorch", "output_bytes", "rng_state_bytes",
-                                          "gradients_differ")}, indent=1))
+                                          "transfers", "gradients_differ")}, indent=1))
 
 
 if __name__ == "__main__":

@@ -475,6 +475,11 @@ pub fn train_step_on<B: StepBackend>(
 
     for (k, op) in plan.iter().enumerate() {
         match *op {
+            PlanOp::Load(_) => {
+                return Err(Error::Graph(format!(
+                    "plan step {k}: the plan offloads activations to host memory; the executor runs recomputation only (the --pytorch file applies offload)"
+                )))
+            }
             PlanOp::Free(v) => {
                 if v >= s.storages.len() {
                     return Err(Error::Graph(format!("plan step {k}: no storage {v}")));

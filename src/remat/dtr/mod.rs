@@ -573,7 +573,7 @@ pub fn tighten(g: &RematGraph, plan: &[Instr]) -> Vec<Instr> {
         .iter()
         .filter_map(|op| match *op {
             Instr::Compute(p) => Some(p),
-            Instr::Free(_) => None,
+            Instr::Free(_) | Instr::Load(_) => None,
         })
         .collect();
     let keep = |v: ValueId| g.values[v].fixed || g.values[v].held;
@@ -638,13 +638,19 @@ pub fn unrecompute(g: &RematGraph, plan: &[Instr], budget: u64) -> Vec<Instr> {
                 }
                 frees[v].push(k);
             }
+            Instr::Load(v) => {
+                if !live[v] {
+                    live[v] = true;
+                    cur += g.values[v].bytes;
+                }
+            }
         }
         mem[k] = cur;
     }
     let mut runs: Vec<usize> = (0..n).filter(|&k| prev[k] != usize::MAX).collect();
     let cost = |k: usize| match plan[k] {
         Instr::Compute(p) => g.nodes[p].cost,
-        Instr::Free(_) => 0.0,
+        Instr::Free(_) | Instr::Load(_) => 0.0,
     };
     runs.sort_by(|&a, &b| cost(b).total_cmp(&cost(a)).then(a.cmp(&b)));
     let mut removed = vec![false; n];

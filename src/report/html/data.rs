@@ -200,7 +200,7 @@ impl PlanView {
         let mut recompute_at = Vec::new();
         let computes = plan.iter().filter_map(|op| match *op {
             Instr::Compute(i) => Some(i),
-            Instr::Free(_) => None,
+            Instr::Free(_) | Instr::Load(_) => None,
         });
         for (i, live) in computes.zip(tl) {
             let x = if seen[i] {
