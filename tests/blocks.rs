@@ -98,7 +98,7 @@ fn the_callers_test_decides() {
             free.choices.contains(&Choice::Selective)
         })
         .expect("a budget at which the program checkpoints a block selectively");
-    let p = plan_blocks(&g, &t, budget, true, &|_, p| {
+    let p = plan_blocks(&g, &t, budget, true, None, &|_, p| {
         let over = p.peak_bytes.saturating_sub(budget);
         if !p.selective.is_empty() {
             Some(over.max(1))
@@ -210,4 +210,49 @@ fn plan_holds_the_block_plan() {
             b.plan.recompute_cost
         );
     }
+}
+
+/// With a host link, a block may be offloaded: where copies cost next to nothing the
+/// program offloads instead of recomputing; at an RTX 4090's PCIe Gen4 link and
+/// dense rate it recomputes (a block's copies take longer than rerunning it).
+#[test]
+fn blocks_are_offloaded_where_copies_are_cheap() {
+    use memplan::memory::device::Gpu;
+    use memplan::remat::blocks::Link;
+    let g = step("gpt2.onnx", 32);
+    let t = ModuleTree::build(&g);
+    let every = every_block_with(&g, &t, false).unwrap();
+    let none = replay(&g, &g.no_recompute_plan()).unwrap().peak_bytes;
+    let budget = every.peak_bytes + (none - every.peak_bytes) / 4;
+    let live = |_: &[memplan::remat::graph::Instr], p: &memplan::remat::modules::ModulePlan| {
+        Some(p.peak_bytes.saturating_sub(budget)).filter(|&e| e > 0)
+    };
+    let fast = Link {
+        bytes_per_s: 1e30,
+        flops_per_s: 1e12,
+    };
+    let p = plan_blocks(&g, &t, budget, true, Some(fast), &live)
+        .unwrap()
+        .unwrap();
+    assert!(
+        p.fits && p.choices.contains(&Choice::Offload),
+        "{:?}",
+        p.choices
+    );
+    assert!(p.plan.host_bytes > 0 && p.plan.pcie_bytes == 2 * p.plan.host_bytes);
+    assert!(p.plan.recompute_cost < every.recompute_cost);
+    let card = Gpu::named("rtx4090").unwrap();
+    let real = Link {
+        bytes_per_s: card.pcie_bytes_per_s(),
+        flops_per_s: card.flops_per_s(),
+    };
+    assert_eq!(card.pcie_bytes_per_s(), 31.5e9);
+    let p = plan_blocks(&g, &t, budget, true, Some(real), &live)
+        .unwrap()
+        .unwrap();
+    assert!(
+        p.fits && !p.choices.contains(&Choice::Offload),
+        "{:?}",
+        p.choices
+    );
 }

@@ -11,7 +11,7 @@ use super::{fit_device, Ckpt, Combo, FitOptions, Realised, Steps, Strategy, Stra
 use crate::error::{Error, Result};
 use crate::infer::MAX_BATCH;
 use crate::memory::device::StepValues;
-use crate::remat::blocks::{plan_blocks, BlockPlan, Choice};
+use crate::remat::blocks::{plan_blocks, BlockPlan, Choice, Link};
 use crate::remat::graph::{replay_on_device, Instr, RematGraph};
 use crate::remat::modules::{evaluate, ModulePlan, ModuleTree};
 use crate::train::Schedule;
@@ -56,8 +56,17 @@ pub(super) fn plan(
         };
         Some(live.max(dev)).filter(|&e| e > 0)
     };
-    let p = plan_blocks(&g, &t, budget, true, &over).map_err(Error::Graph)?;
+    let p = plan_blocks(&g, &t, budget, true, link(o), &over).map_err(Error::Graph)?;
     Ok((g, p, values))
+}
+
+/// The card's host link, where `fit` has a card: blocks may then be offloaded.
+fn link(o: &FitOptions) -> Option<Link> {
+    let g = o.device.as_ref()?.gpu?;
+    Some(Link {
+        bytes_per_s: g.pcie_bytes_per_s(),
+        flops_per_s: g.flops_per_s(),
+    })
 }
 
 /// [`Steps::realise`] of [`Ckpt::Blocks`] on schedule `s`: the plan and its recompute
@@ -88,7 +97,13 @@ fn describe(p: &BlockPlan) -> String {
         count(Choice::Full),
     );
     let mut parts = Vec::new();
-    for (n, what) in [(keep, "kept"), (sel, "selective"), (full, "whole")] {
+    let off = count(Choice::Offload);
+    for (n, what) in [
+        (keep, "kept"),
+        (sel, "selective"),
+        (full, "whole"),
+        (off, "offloaded"),
+    ] {
         if n > 0 {
             parts.push(format!("{n} {what}"));
         }
@@ -135,12 +150,19 @@ pub(super) fn row(steps: &Steps) -> Result<Option<StrategyFit>> {
     let (t, ov) = steps.peak_at(BLOCKS, b.max(1))?;
     let (_, chosen, _) = plan(o, &*steps.schedule(Combo::PLAIN, b.max(1))?)?;
     let name = chosen.as_ref().map(describe).unwrap_or_default();
+    let offloaded = chosen.as_ref().filter(|p| !p.plan.offloaded.is_empty());
     let mut row = StrategyFit {
         name,
         max_batch: b,
         peak_bytes: t.into_iter().max().unwrap_or(0),
         overhead: ov,
         global_batch: Some(b),
+        host_bytes: offloaded.map(|p| p.plan.host_bytes),
+        pcie_bytes: offloaded.map(|p| p.plan.pcie_bytes),
+        pcie_seconds: offloaded.and_then(|p| {
+            let l = link(o)?;
+            Some(p.plan.pcie_bytes as f64 / l.bytes_per_s)
+        }),
         ..StrategyFit::default()
     };
     steps.set_device(&mut row, BLOCKS)?;
@@ -225,6 +247,9 @@ pub(super) fn take_the_better_preset(
         row.global_batch = b.global_batch;
         row.reserved_bytes = b.reserved_bytes;
         row.device_bytes = b.device_bytes;
+        row.host_bytes = b.host_bytes;
+        row.pcie_bytes = b.pcie_bytes;
+        row.pcie_seconds = b.pcie_seconds;
         row.planner = None;
         row.lower_bound_overhead = None;
         row.recomputed_tensors = None;
@@ -268,6 +293,7 @@ mod tests {
             communication_bytes: None,
             pcie_bytes: None,
             host_bytes: None,
+            pcie_seconds: None,
             reserved_bytes: None,
             device_bytes: None,
         };

@@ -471,6 +471,7 @@ mod tests {
             communication_bytes: None,
             pcie_bytes: None,
             host_bytes: None,
+            pcie_seconds: None,
             reserved_bytes: Some(reserved),
             device_bytes: None,
         }

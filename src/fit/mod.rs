@@ -178,6 +178,11 @@ pub struct StrategyFit {
     /// Offload: host memory per GPU.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host_bytes: Option<u64>,
+    /// Offloaded activations (the planned row's block plan): `pcie_bytes` at the
+    /// card's PCIe link rate, seconds per step, on the compute stream (nothing
+    /// overlapped, as the `--pytorch` file's hooks copy).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pcie_seconds: Option<f64>,
     /// On a device (`--gpu`, `--headroom`, ...): bytes PyTorch's caching allocator
     /// reserves at `max_batch` (`torch.cuda.max_memory_reserved`, simulated).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -828,6 +833,7 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
             communication_bytes: None,
             pcie_bytes: None,
             host_bytes: None,
+            pcie_seconds: None,
             reserved_bytes: None,
             device_bytes: None,
         };
@@ -978,6 +984,7 @@ fn combine(
                 communication_bytes: None,
                 pcie_bytes: None,
                 host_bytes: None,
+                pcie_seconds: None,
                 reserved_bytes: None,
                 device_bytes: None,
             };

@@ -49,30 +49,44 @@ pub struct Gpu {
     /// a published figure exists; nvidia-smi's total includes memory the driver
     /// reserves.
     pub cuda_total_mib: Option<u64>,
+    /// PCIe generation of its x16 host link (the vendor's spec sheet).
+    pub pcie_gen: u8,
+    /// Dense bf16 (fp16 on cards without bf16) tensor-core rate, TFLOP/s, without
+    /// sparsity (the vendor's spec sheet; SXM parts where there are two).
+    pub dense_tflops: f64,
 }
 
 /// Cards with published totals (docs/ALLOCATOR.md gives the sources).
 pub const GPUS: &[Gpu] = &[
-    gpu("v100-16gb", (7, 0), 16160, Some(16130)),
-    gpu("v100-32gb", (7, 0), 32768, None),
-    gpu("t4", (7, 5), 15360, Some(15095)),
-    gpu("a10", (8, 6), 23028, None),
-    gpu("a100-40gb", (8, 0), 40960, Some(40339)),
-    gpu("a100-80gb", (8, 0), 81920, Some(81158)),
-    gpu("l4", (8, 9), 23034, None),
-    gpu("l40s", (8, 9), 46068, None),
-    gpu("rtx4090", (8, 9), 24564, Some(24563)),
-    gpu("h100", (9, 0), 81559, Some(81090)),
-    gpu("h200", (9, 0), 143771, Some(143156)),
-    gpu("b200", (10, 0), 183359, Some(182631)),
+    gpu("v100-16gb", (7, 0), 16160, Some(16130), 3, 125.0),
+    gpu("v100-32gb", (7, 0), 32768, None, 3, 125.0),
+    gpu("t4", (7, 5), 15360, Some(15095), 3, 65.0),
+    gpu("a10", (8, 6), 23028, None, 4, 125.0),
+    gpu("a100-40gb", (8, 0), 40960, Some(40339), 4, 312.0),
+    gpu("a100-80gb", (8, 0), 81920, Some(81158), 4, 312.0),
+    gpu("l4", (8, 9), 23034, None, 4, 121.0),
+    gpu("l40s", (8, 9), 46068, None, 4, 362.0),
+    gpu("rtx4090", (8, 9), 24564, Some(24563), 4, 165.0),
+    gpu("h100", (9, 0), 81559, Some(81090), 5, 989.0),
+    gpu("h200", (9, 0), 143771, Some(143156), 5, 989.0),
+    gpu("b200", (10, 0), 183359, Some(182631), 5, 2250.0),
 ];
 
-const fn gpu(name: &'static str, cc: (u8, u8), smi: u64, cuda: Option<u64>) -> Gpu {
+const fn gpu(
+    name: &'static str,
+    cc: (u8, u8),
+    smi: u64,
+    cuda: Option<u64>,
+    pcie_gen: u8,
+    dense_tflops: f64,
+) -> Gpu {
     Gpu {
         name,
         capability: cc,
         smi_total_mib: smi,
         cuda_total_mib: cuda,
+        pcie_gen,
+        dense_tflops,
     }
 }
 
@@ -88,6 +102,18 @@ impl Gpu {
                     GPUS.iter().map(|g| g.name).collect::<Vec<_>>().join(", ")
                 )
             })
+    }
+
+    /// The host link's rate per direction, bytes/s: the PCIe spec's x16 rate for its
+    /// generation (15.75 GB/s for Gen3, doubling each generation), an upper bound on
+    /// what a pinned-memory copy reaches.
+    pub fn pcie_bytes_per_s(&self) -> f64 {
+        15.75e9 * f64::from(1u32 << self.pcie_gen.saturating_sub(3))
+    }
+
+    /// [`Gpu::dense_tflops`] in FLOP/s.
+    pub fn flops_per_s(&self) -> f64 {
+        self.dense_tflops * 1e12
     }
 
     /// The memory PyTorch can use: CUDA's total where published, else nvidia-smi's.

@@ -61,6 +61,20 @@ pub enum Choice {
     Selective,
     /// Checkpoint it whole.
     Full,
+    /// Offload what its backward reads to host memory ([`Checkpoint::offload`]).
+    Offload,
+}
+
+/// The card's host link, for blocks offloaded to host memory: a block's copies
+/// (to the host and back, on the compute stream as the `--pytorch` file's hooks make
+/// them, so nothing overlaps) cost their time at `bytes_per_s`, counted as the
+/// FLOPs the card runs in that time at `flops_per_s`, the unit of recomputation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Link {
+    /// Bytes per second each way.
+    pub bytes_per_s: f64,
+    /// FLOP per second.
+    pub flops_per_s: f64,
 }
 
 /// The outcome of [`plan_blocks`].
@@ -125,7 +139,7 @@ struct Chain {
 }
 
 impl Chain {
-    fn build(g: &RematGraph, t: &ModuleTree) -> Result<Option<Chain>, String> {
+    fn build(g: &RematGraph, t: &ModuleTree, link: Option<Link>) -> Result<Option<Chain>, String> {
         let ids = repeated_blocks(t);
         if ids.len() < 2 {
             return Ok(None);
@@ -176,6 +190,27 @@ impl Chain {
                 options.push((Choice::Selective, ds, sel.cost, Some(sel)));
             }
             options.push((Choice::Full, df, full.cost, Some(full)));
+            if let Some(l) = link {
+                let off = Checkpoint::offload(g, t, m)?;
+                let gone: u64 = off
+                    .dropped
+                    .iter()
+                    .filter(|&&v| !stays(v))
+                    .map(|&v| g.values[v].bytes)
+                    .sum();
+                // One copy back per backward read, one to the host per copy back.
+                let loads: u64 = t.modules[m]
+                    .backward
+                    .iter()
+                    .flat_map(|&b| g.nodes[b].inputs.iter())
+                    .filter(|v| off.dropped.contains(v))
+                    .map(|&v| g.values[v].bytes)
+                    .sum();
+                let cost = 2.0 * loads as f64 / l.bytes_per_s * l.flops_per_s;
+                if gone > 0 {
+                    options.push((Choice::Offload, gone, cost, Some(off)));
+                }
+            }
             blocks.push(Block { options });
             if last + 1 < trigger {
                 delta[last + 1] += 1;
@@ -336,15 +371,16 @@ fn repair(
 /// peak over a budget, or the allocator's reserved bytes over the card's). `budget`
 /// is where the program starts: the live bytes the caller allows. `Ok(None)` when
 /// the graph has fewer than two repeated blocks. `selective`: whether a block may be
-/// checkpointed selectively.
+/// checkpointed selectively; `link`: the card's, where a block may be offloaded.
 pub fn plan_blocks(
     g: &RematGraph,
     t: &ModuleTree,
     budget: u64,
     selective: bool,
+    link: Option<Link>,
     over: &dyn Fn(&[Instr], &ModulePlan) -> Option<u64>,
 ) -> Result<Option<BlockPlan>, String> {
-    let Some(chain) = Chain::build(g, t)? else {
+    let Some(chain) = Chain::build(g, t, link)? else {
         return Ok(None);
     };
     let mut tried: Vec<BlockPlan> = Vec::new();
@@ -381,13 +417,18 @@ pub fn plan_blocks(
     }
     // Selective blocks keep matrix products between freed tensors; where the card's
     // allocator fragments around them, the plans of kept and whole blocks alone.
-    let all = [Choice::Keep, Choice::Selective, Choice::Full];
-    let sets: &[&[Choice]] = if selective {
-        &[&all, &[Choice::Keep, Choice::Full]]
-    } else {
-        &[&[Choice::Keep, Choice::Full]]
-    };
-    for &allowed in sets {
+    let mut sets: Vec<Vec<Choice>> = Vec::new();
+    let off = link.is_some();
+    if selective {
+        let mut all = vec![Choice::Keep, Choice::Selective, Choice::Full];
+        all.extend(off.then_some(Choice::Offload));
+        sets.push(all);
+    }
+    if off {
+        sets.push(vec![Choice::Keep, Choice::Full, Choice::Offload]);
+    }
+    sets.push(vec![Choice::Keep, Choice::Full]);
+    for allowed in &sets {
         if repair(&chain, allowed, budget, &mut test)? {
             break;
         }
@@ -412,7 +453,7 @@ pub fn plan_blocks_live(
     selective: bool,
 ) -> Result<Option<BlockPlan>, String> {
     let t = ModuleTree::build(g);
-    plan_blocks(g, &t, budget, selective, &|_, p| {
+    plan_blocks(g, &t, budget, selective, None, &|_, p| {
         p.peak_bytes.checked_sub(budget).filter(|&e| e > 0)
     })
 }
