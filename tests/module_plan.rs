@@ -929,6 +929,20 @@ fn cli_offload_plans() {
         "--json",
     ]);
     assert_eq!(given["peak_bytes"], v["peak_bytes"]);
+    assert!(given.get("pcie_seconds").is_none());
+    let on = common::memplan_json(&[
+        "plan",
+        m,
+        "--batch",
+        "2",
+        "--checkpoint",
+        "every-block:offload",
+        "--gpu",
+        "h100",
+        "--json",
+    ]);
+    let secs = on["pcie_seconds"].as_f64().unwrap();
+    assert!((secs - on["pcie_bytes"].as_f64().unwrap() / 63e9).abs() < 1e-12, "{on}");
     for args in [
         vec![
             "verify",

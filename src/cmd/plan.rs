@@ -278,6 +278,10 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
             selective_modules: o.selective,
             host_bytes: (!o.offloaded.is_empty()).then_some(o.host_bytes),
             pcie_bytes: (!o.offloaded.is_empty()).then_some(o.pcie_bytes),
+            pcie_seconds: device
+                .gpu
+                .filter(|_| !o.offloaded.is_empty())
+                .map(|c| o.pcie_bytes as f64 / c.pcie_bytes_per_s()),
             offloaded_modules: o.offloaded,
             saved_bytes_at_forward_end: o.saved_bytes,
             proven_optimal: o.proven_optimal,

@@ -38,6 +38,10 @@ pub struct Granularity {
     /// read).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pcie_bytes: Option<u64>,
+    /// Offload with `--gpu`: `pcie_bytes` at the card's PCIe link rate, seconds per
+    /// step (the `--pytorch` file's hooks copy on the compute stream: nothing overlaps).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pcie_seconds: Option<f64>,
     /// Non-fixed, non-held bytes live when forward ends (what forward keeps for
     /// backward; inputs, parameters and model outputs not counted).
     pub saved_bytes_at_forward_end: u64,
@@ -227,9 +231,13 @@ pub fn plan_text(
             }
         );
         if let (Some(h), Some(p)) = (gran.host_bytes, gran.pcie_bytes) {
+            let time = gran
+                .pcie_seconds
+                .map(|t| format!(", {t:.3} s at the card's PCIe link rate"))
+                .unwrap_or_default();
             let _ = writeln!(
                 s,
-                "offload      {} of activations in host memory; {} over PCIe per step",
+                "offload      {} of activations in host memory; {} over PCIe per step{time}",
                 human_bytes(h),
                 human_bytes(p)
             );
