@@ -942,7 +942,10 @@ fn cli_offload_plans() {
         "--json",
     ]);
     let secs = on["pcie_seconds"].as_f64().unwrap();
-    assert!((secs - on["pcie_bytes"].as_f64().unwrap() / 63e9).abs() < 1e-12, "{on}");
+    assert!(
+        (secs - on["pcie_bytes"].as_f64().unwrap() / 63e9).abs() < 1e-12,
+        "{on}"
+    );
     for args in [
         vec![
             "verify",
