@@ -267,7 +267,7 @@ pub fn rewrite(
                 last_planned = Some(w.nodes.len() - 1);
             }
             Instr::Load(_) => return Err(Error::Rewrite(
-                "the plan offloads activations to host memory: --rewrite writes recomputation only"
+                "the plan offloads activations to host memory: the rewritten ONNX step expresses recomputation only"
                     .into(),
             )),
             Instr::Free(v) => {

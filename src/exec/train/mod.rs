@@ -477,7 +477,7 @@ pub fn train_step_on<B: StepBackend>(
         match *op {
             PlanOp::Load(_) => {
                 return Err(Error::Graph(format!(
-                    "plan step {k}: the plan offloads activations to host memory; the executor runs recomputation only (the --pytorch file applies offload)"
+                    "plan step {k}: the plan offloads activations to host memory; the executor runs recomputation only (the PyTorch plan file applies offload)"
                 )))
             }
             PlanOp::Free(v) => {
