@@ -575,22 +575,13 @@ fn run_cases(dev: &Device) {
     assert_eq!(m.live_bytes, 0, "every device tensor was freed");
 }
 
-#[test]
-fn ops_agree_with_cpu() {
-    let Some(dev) = device("ops_agree_with_cpu") else {
-        return;
-    };
-    run_cases(&dev);
-}
-
 /// The same cases on the host emulation of kernels/ (src/exec/cuda/emulate.rs):
 /// the real launchers and kernels, compiled by `c++` (or `$CXX`), no GPU needed.
-#[test]
-fn ops_agree_with_cpu_emulated() {
-    if let Some(dev) = emulated("ops_agree_with_cpu_emulated") {
-        run_cases(&dev);
-    }
+fn ops_agree_with_cpu_on(dev: &Device) {
+    run_cases(dev);
 }
+
+device_test!(ops_agree_with_cpu_on: ops_agree_with_cpu, ops_agree_with_cpu_emulated);
 
 /// 3-D convolutions and pools (video models) against their planar forms: the
 /// device's window kernels are 2-D (kernels/common.cuh `Win`), so a 3-D Conv,
@@ -690,21 +681,11 @@ fn allocator_counts_and_cross_checks() {
 
 /// Whole models forward on the emulation against the CPU executor (same seeded
 /// parameters and inputs, Dropout on), rel 1e-4.
-#[test]
-fn models_forward_agree_emulated() {
-    if let Some(dev) = emulated("models_forward_agree_emulated") {
-        models_forward(&dev);
-    }
+fn models_forward_agree_on(dev: &Device) {
+    models_forward(dev);
 }
 
-/// The same on a GPU.
-#[test]
-fn models_forward_agree() {
-    let Some(dev) = device("models_forward_agree") else {
-        return;
-    };
-    models_forward(&dev);
-}
+device_test!(models_forward_agree_on: models_forward_agree, models_forward_agree_emulated);
 
 fn models_forward(dev: &Device) {
     use memplan::exec::{random_input, Executor, Options};

@@ -1,27 +1,29 @@
-//! The training step on the GPU backend (feature `cuda`; docs/CUDA.md), on a GPU
-//! and on the host emulation of kernels/ (tests/common/devices.rs).
+//! The training step on the GPU backend (feature `cuda`; docs/CUDA.md). Each test
+//! body is written once and run twice by `device_test!` (tests/common/devices.rs):
+//! `name` on a GPU (skipped, with the reason, without one) and `name_emulated` on
+//! the host emulation of kernels/.
 //!
 //! - `train_step_agrees[_emulated]`: the training step on the device
 //!   (`exec::cuda::step::DeviceStep`) following a baseline and planned schedules:
 //!   counted device peak == replay's, live bytes per instruction == the CPU
 //!   allocator's, gradients against the CPU executor, planned runs bitwise equal
-//!   to the device baseline. `train_step_fused_emulated`: the transformer (fused
-//!   exact GELU and SDPA, the logsumexp through the host), the same checks.
-//!   `train_step_half_emulated`: amp-fp16, amp-bf16 and bf16 (float16/bfloat16
-//!   storages); `train_step_loss_sum_emulated`: the sum loss and the model's own;
-//!   `half_conversions_bitwise_emulated`: kernels/half.cu's rounding is the
-//!   CPU's bit for bit. `train_step_resident_emulated`: resident gradients
-//!   (persistent `.grad`) under fp32 and the half policies.
-//!   `train_step_refusals_emulated`: an invalid plan is refused in one line.
-//!   `verify_on_device[_emulated]`: `verify_cuda`.
-//! - ignored: `train_step_larger_emulated` (mobilenet_v2, resnet18 on the
-//!   emulation), `resnet18_relu_sign_flips_emulated` (why resnet18's gradients
-//!   differ from the CPU's: ReLU inputs within rounding of 0).
+//!   to the device baseline; `train_step_agrees_larger_models` (GPU only) adds
+//!   the transformer, resnet18 and mobilenet_v2. `train_step_fused`: the
+//!   transformer (fused exact GELU and SDPA, the logsumexp through the host), the
+//!   same checks. `train_step_half`: amp-fp16, amp-bf16 and bf16 (float16/bfloat16
+//!   storages); `train_step_loss_sum`: the sum loss and the model's own;
+//!   `half_conversions_bitwise`: kernels/half.cu's rounding is the CPU's bit for
+//!   bit. `train_step_resident`: resident gradients (persistent `.grad`) under
+//!   fp32 and the half policies. `train_step_refusals`: an invalid plan is refused
+//!   in one line. `verify_on_device`: `verify_cuda`.
+//! - ignored: `train_step_larger` (mobilenet_v2, resnet18), `resnet18_relu_sign_flips`
+//!   (why resnet18's gradients differ from the CPU's: ReLU inputs within rounding
+//!   of 0).
 #![cfg(feature = "cuda")]
 
 mod common;
 
-use common::devices::{agree, device, emulated};
+use common::devices::{agree, device};
 use memplan::exec::cuda::Device;
 use memplan::exec::Tensor;
 
@@ -374,31 +376,27 @@ fn device_run(
 
 /// The training step on the host emulation: mlp and cnn with SGD (on the device),
 /// mlp with Adam (the update through the host).
-#[test]
-fn train_step_agrees_emulated() {
+fn train_step_agrees_on(dev: &Device) {
     use memplan::train::Optimizer;
-    let Some(dev) = emulated("train_step_agrees_emulated") else {
-        return;
-    };
-    device_step(&dev, "mlp", 4, Optimizer::Sgd, true);
-    device_step(&dev, "mlp", 4, Optimizer::Adam, true);
-    device_step(&dev, "mlp", 4, Optimizer::Momentum, true);
-    device_step(&dev, "cnn", 2, Optimizer::Sgd, true);
+    device_step(dev, "mlp", 4, Optimizer::Sgd, true);
+    device_step(dev, "mlp", 4, Optimizer::Adam, true);
+    device_step(dev, "mlp", 4, Optimizer::Momentum, true);
+    device_step(dev, "cnn", 2, Optimizer::Sgd, true);
 }
+
+device_test!(train_step_agrees_on: train_step_agrees, train_step_agrees_emulated);
 
 /// The transformer on the host emulation: its fused patterns (exact GELU, SDPA)
 /// run op by op on the device kernels, the attention's logsumexp through the host
 /// (uploaded into its Extra storage), so the counted peak is still replay's.
-#[test]
-fn train_step_fused_emulated() {
+fn train_step_fused_on(dev: &Device) {
     use memplan::train::Optimizer;
-    let Some(dev) = emulated("train_step_fused_emulated") else {
-        return;
-    };
     let su = step_setup("transformer", 2, Optimizer::Sgd);
     assert!(!su.s.fused.is_empty(), "the transformer has fused patterns");
-    device_step(&dev, "transformer", 2, Optimizer::Sgd, true);
+    device_step(dev, "transformer", 2, Optimizer::Sgd, true);
 }
+
+device_test!(train_step_fused_on: train_step_fused, train_step_fused_emulated);
 
 /// Half-precision policies on the host emulation: every float value in its
 /// storage's type (2 bytes an element under amp-fp16/amp-bf16 autocast copies,
@@ -415,12 +413,8 @@ fn train_step_fused_emulated() {
 /// layers carry. Measured here (printed): mlp bitwise under all three policies;
 /// cnn ≤ 8.5e-7 under AMP, bitwise under bf16; the transformer bitwise under AMP
 /// and 9.9e-3 (2.5 bf16 ulps) under bf16.
-#[test]
-fn train_step_half_emulated() {
+fn train_step_half_on(dev: &Device) {
     use memplan::train::{Loss, Optimizer, Precision};
-    let Some(dev) = emulated("train_step_half_emulated") else {
-        return;
-    };
     let half = |precision, tol| Run {
         precision,
         loss: Loss::Mean,
@@ -439,36 +433,34 @@ fn train_step_half_emulated() {
                 .any(|st| matches!(st.dtype, memplan::ir::DType::F16 | memplan::ir::DType::BF16)),
             "{precision}: half-precision storages"
         );
-        device_run(&dev, "mlp", 4, Optimizer::Sgd, half(precision, tol));
-        device_run(&dev, "cnn", 2, Optimizer::Sgd, half(precision, tol));
-        device_run(&dev, "transformer", 2, Optimizer::Sgd, half(precision, tol));
+        device_run(dev, "mlp", 4, Optimizer::Sgd, half(precision, tol));
+        device_run(dev, "cnn", 2, Optimizer::Sgd, half(precision, tol));
+        device_run(dev, "transformer", 2, Optimizer::Sgd, half(precision, tol));
     }
     // Pure bf16 with Adam: the update through the host, its bf16 state and
     // foreach temporary written back into their device storages.
-    device_run(&dev, "mlp", 4, Optimizer::Adam, half(Precision::Bf16, 2e-2));
+    device_run(dev, "mlp", 4, Optimizer::Adam, half(Precision::Bf16, 2e-2));
 }
+
+device_test!(train_step_half_on: train_step_half, train_step_half_emulated);
 
 /// The sum loss (and the model's own loss) on the host emulation: the gradient,
 /// a scalar broadcast to the output's shape, is materialised on the device and
 /// counted as the schedule's scalar storage, the rest apart as workspace; the
 /// same checks as `train_step_agrees_emulated` (CPU agreement at rel 1e-4).
-#[test]
-fn train_step_loss_sum_emulated() {
+fn train_step_loss_sum_on(dev: &Device) {
     use memplan::train::{Loss, Optimizer, Precision};
-    let Some(dev) = emulated("train_step_loss_sum_emulated") else {
-        return;
-    };
     let sum = Run {
         precision: Precision::Fp32,
         loss: Loss::Sum,
         cpu_tol: Some(1e-4),
         resident: false,
     };
-    device_run(&dev, "mlp", 4, Optimizer::Sgd, sum);
-    device_run(&dev, "cnn", 2, Optimizer::Momentum, sum);
-    device_run(&dev, "transformer", 2, Optimizer::Sgd, sum);
+    device_run(dev, "mlp", 4, Optimizer::Sgd, sum);
+    device_run(dev, "cnn", 2, Optimizer::Momentum, sum);
+    device_run(dev, "transformer", 2, Optimizer::Sgd, sum);
     device_run(
-        &dev,
+        dev,
         "mlp",
         4,
         Optimizer::Sgd,
@@ -479,7 +471,7 @@ fn train_step_loss_sum_emulated() {
         },
     );
     device_run(
-        &dev,
+        dev,
         "mlp_loss",
         4,
         Optimizer::Sgd,
@@ -490,18 +482,16 @@ fn train_step_loss_sum_emulated() {
     );
 }
 
+device_test!(train_step_loss_sum_on: train_step_loss_sum, train_step_loss_sum_emulated);
+
 /// kernels/half.cu's conversions are the CPU's (`half` 2.x) bit for bit: every
 /// float16 and bfloat16 value widened; float32 values rounded (every half
 /// value's neighbourhood: itself, the midpoints to its neighbours and one f32
 /// ulp either side, infinities, NaNs with payloads, subnormals, and random bit
 /// patterns); half gradients accumulated and a bf16 SGD step as the CPU does.
-#[test]
-fn half_conversions_bitwise_emulated() {
+fn half_conversions_bitwise_on(dev: &Device) {
     use memplan::exec::train::{Cpu, StepBackend};
     use memplan::ir::DType;
-    let Some(dev) = emulated("half_conversions_bitwise_emulated") else {
-        return;
-    };
     let bits =
         |t: &Tensor| -> Vec<u32> { t.to_f32().unwrap().iter().map(|x| x.to_bits()).collect() };
     for dt in [DType::F16, DType::BF16] {
@@ -632,6 +622,8 @@ fn half_conversions_bitwise_emulated() {
     }
 }
 
+device_test!(half_conversions_bitwise_on: half_conversions_bitwise, half_conversions_bitwise_emulated);
+
 /// Resident gradients (`grads_resident`, gradient accumulation) on the host
 /// emulation: each parameter's persistent `.grad` is a zeroed device tensor from
 /// before the first instruction (counted from the start, as the schedule counts
@@ -643,13 +635,9 @@ fn half_conversions_bitwise_emulated() {
 /// and the gradients and updated parameters bitwise the device's without
 /// residency (the CPU executor's gradients do not depend on it either:
 /// tests/exec_train.rs `optimizers_peak_and_plans`).
-#[test]
-fn train_step_resident_emulated() {
+fn train_step_resident_on(dev: &Device) {
     use memplan::exec::cuda::step::DeviceStep;
     use memplan::train::{Loss, Optimizer, Precision, StorageKind};
-    let Some(dev) = emulated("train_step_resident_emulated") else {
-        return;
-    };
     use Optimizer::{Adam, Adamw, Momentum, Sgd};
     use Precision::{AmpBf16, AmpFp16, Bf16, Fp32};
     let mut accumulated = 0;
@@ -706,7 +694,7 @@ fn train_step_resident_emulated() {
         accumulated += adds;
         let resident_bytes: u64 = resident.iter().map(|&v| su.s.storages[v].bytes).sum();
         device_run(
-            &dev,
+            dev,
             name,
             batch,
             opt,
@@ -718,7 +706,7 @@ fn train_step_resident_emulated() {
             },
         );
         let plain = step_setup_with(name, batch, opt, precision, Loss::Mean, false);
-        let b = DeviceStep::new(&dev);
+        let b = DeviceStep::new(dev);
         let r = step_on(&b, &su, &su.g.no_recompute_plan());
         let p = step_on(&b, &plain, &plain.g.no_recompute_plan());
         assert!(
@@ -750,19 +738,17 @@ fn train_step_resident_emulated() {
     );
 }
 
+device_test!(train_step_resident_on: train_step_resident, train_step_resident_emulated);
+
 /// The device step refuses nothing of its own any more (resident gradients,
 /// half-precision policies and the sum loss, refused before, run:
 /// `train_step_resident_emulated`, `train_step_half_emulated`,
 /// `train_step_loss_sum_emulated`). A refusal that remains, an invalid plan
 /// (here one that never computes the first step), is still one line, before
 /// anything is allocated on the device.
-#[test]
-fn train_step_refusals_emulated() {
+fn train_step_refusals_on(dev: &Device) {
     use memplan::exec::cuda::step::DeviceStep;
     use memplan::exec::train::{train_step_on, StepOptions};
-    let Some(dev) = emulated("train_step_refusals_emulated") else {
-        return;
-    };
     let su = step_setup_with(
         "mlp",
         4,
@@ -779,7 +765,7 @@ fn train_step_refusals_emulated() {
     let mut bad = plan.clone();
     bad.remove(first);
     let err = train_step_on(
-        &DeviceStep::new(&dev),
+        &DeviceStep::new(dev),
         &su.model,
         &su.inf,
         &su.s,
@@ -804,11 +790,13 @@ fn train_step_refusals_emulated() {
     );
 }
 
-/// The same on a GPU, plus larger models.
+device_test!(train_step_refusals_on: train_step_refusals, train_step_refusals_emulated);
+
+/// On a GPU, larger models too (`train_step_agrees` runs the small ones).
 #[test]
-fn train_step_agrees() {
+fn train_step_agrees_larger_models() {
     use memplan::train::Optimizer;
-    let Some(dev) = device("train_step_agrees") else {
+    let Some(dev) = device("train_step_agrees_larger_models") else {
         return;
     };
     device_step(&dev, "mlp", 4, Optimizer::Sgd, true);
@@ -821,38 +809,26 @@ fn train_step_agrees() {
 
 /// Larger models on the host emulation (slow: run with `--ignored`;
 /// `MEMPLAN_EMU_MODELS=mobilenet_v2,resnet18` picks them, batch 1).
-#[test]
-#[ignore]
-fn train_step_larger_emulated() {
+fn train_step_larger_on(dev: &Device) {
     use memplan::train::Optimizer;
-    let Some(dev) = emulated("train_step_larger_emulated") else {
-        return;
-    };
     let list = std::env::var("MEMPLAN_EMU_MODELS").unwrap_or_else(|_| "mobilenet_v2".into());
     for name in list.split(',').filter(|n| !n.is_empty()) {
         // mobilenet_v2 agrees with the CPU at batch 1 (checked); others printed.
-        device_step(&dev, name, 1, Optimizer::Sgd, name == "mobilenet_v2");
+        device_step(dev, name, 1, Optimizer::Sgd, name == "mobilenet_v2");
     }
 }
+
+device_test!(#[ignore]
+    train_step_larger_on: train_step_larger, train_step_larger_emulated);
 
 /// `verify` on the device (here the host emulation): both runs' counted
 /// device peaks equal the predicted ones, planned gradients bitwise equal to the
 /// device baseline, gradients against the CPU executor within 1e-4.
-#[test]
-fn verify_on_device_emulated() {
-    if let Some(dev) = emulated("verify_on_device_emulated") {
-        verify_on(&dev);
-    }
+fn verify_on_device_on(dev: &Device) {
+    verify_on(dev);
 }
 
-/// The same on a GPU (`mem_get_info_peak_delta_bytes` is then measured).
-#[test]
-fn verify_on_device() {
-    let Some(dev) = device("verify_on_device") else {
-        return;
-    };
-    verify_on(&dev);
-}
+device_test!(verify_on_device_on: verify_on_device, verify_on_device_emulated);
 
 fn verify_on(dev: &Device) {
     use memplan::train::{Loss, Precision};
@@ -874,32 +850,27 @@ fn verify_on(dev: &Device) {
 
 /// The copies torch.matmul and torch.einsum save (an expanded one among them) are
 /// allocated on the device at the schedule's size: measured == predicted.
-#[test]
-fn strided_matmul_copies_on_device_emulated() {
-    if let Some(dev) = emulated("strided_matmul_copies_on_device_emulated") {
-        let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/data/ops/strided_matmul.onnx");
-        verify_report(
-            &dev,
-            &path,
-            u64::MAX,
-            memplan::train::Precision::Fp32,
-            memplan::train::Loss::Mean,
-            1e-4,
-        );
-    }
+fn strided_matmul_copies_on_device_on(dev: &Device) {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/ops/strided_matmul.onnx");
+    verify_report(
+        dev,
+        &path,
+        u64::MAX,
+        memplan::train::Precision::Fp32,
+        memplan::train::Loss::Mean,
+        1e-4,
+    );
 }
+
+device_test!(strided_matmul_copies_on_device_on: strided_matmul_copies_on_device, strided_matmul_copies_on_device_emulated);
 
 /// `verify` on the device under half-precision policies and the sum loss (the
 /// library call `verify --device cuda` makes; no refusal left for them): measured
 /// == predicted, planned runs bitwise the device baseline, gradients as the CPU's
 /// (rel 1e-4 in f32; 2e-2 under a half policy, see `train_step_half_emulated`).
-#[test]
-fn verify_half_and_sum_on_device_emulated() {
+fn verify_half_and_sum_on_device_on(dev: &Device) {
     use memplan::train::{Loss, Precision};
-    let Some(dev) = emulated("verify_half_and_sum_on_device_emulated") else {
-        return;
-    };
     let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/cnn.onnx");
     for (precision, loss, tol) in [
         (Precision::AmpFp16, Loss::Mean, 2e-3),
@@ -920,20 +891,18 @@ fn verify_half_and_sum_on_device_emulated() {
                 .unwrap()
                 .peak_bytes
         };
-        let r = verify_report(&dev, &path, base * 85 / 100, precision, loss, tol);
+        let r = verify_report(dev, &path, base * 85 / 100, precision, loss, tol);
         assert!(r.recomputations > 0, "{precision} {loss}: recomputes");
     }
 }
 
+device_test!(verify_half_and_sum_on_device_on: verify_half_and_sum_on_device, verify_half_and_sum_on_device_emulated);
+
 /// `verify_cuda` with resident gradients (the library call; the CLI's `verify`
 /// builds schedules without them): cnn under fp32 and amp-bf16 with a greedy
 /// plan at 85 % of the baseline, measured == predicted, gradients bitwise.
-#[test]
-fn verify_resident_on_device_emulated() {
+fn verify_resident_on_device_on(dev: &Device) {
     use memplan::train::{Loss, Precision};
-    let Some(dev) = emulated("verify_resident_on_device_emulated") else {
-        return;
-    };
     let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/cnn.onnx");
     for (precision, tol) in [(Precision::Fp32, 1e-4), (Precision::AmpBf16, 2e-2)] {
         let su = step_setup_with(
@@ -948,7 +917,7 @@ fn verify_resident_on_device_emulated() {
             .unwrap()
             .peak_bytes;
         let r = verify_report_with(
-            &dev,
+            dev,
             &path,
             base * 85 / 100,
             precision,
@@ -963,6 +932,8 @@ fn verify_resident_on_device_emulated() {
         assert!(r.recomputations > 0, "{precision}: recomputes");
     }
 }
+
+device_test!(verify_resident_on_device_on: verify_resident_on_device, verify_resident_on_device_emulated);
 
 /// `verify` on the device at batch 2 under `budget` bytes (greedy): measured ==
 /// predicted with and without the plan, gradients as on the CPU.
@@ -1047,14 +1018,9 @@ fn verify_report_with(
 /// layer (docs/CUDA.md): the forward pre-activations of every ReLU agree except
 /// a few within rounding of 0 that take the other side (a discrete difference of
 /// f32 rounding, not a kernel error). Slow: `--ignored`; `MEMPLAN_EMU_BATCH`.
-#[test]
-#[ignore]
-fn resnet18_relu_sign_flips_emulated() {
+fn resnet18_relu_sign_flips_on(dev: &Device) {
     use memplan::exec::{Executor, Options};
     use memplan::infer::{infer, Bindings};
-    let Some(dev) = emulated("resnet18_relu_sign_flips_emulated") else {
-        return;
-    };
     let batch: u64 = std::env::var("MEMPLAN_EMU_BATCH").map_or(1, |b| b.parse().unwrap());
     let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/resnet18.onnx");
     let mut model = memplan::onnx::load_model(&path).unwrap();
@@ -1083,7 +1049,7 @@ fn resnet18_relu_sign_flips_emulated() {
         .unwrap()
         .forward(&inputs)
         .unwrap();
-    let d = memplan::exec::cuda::run::forward(&dev, &model, &inf, opts, &inputs).unwrap();
+    let d = memplan::exec::cuda::run::forward(dev, &model, &inf, opts, &inputs).unwrap();
     let mut total = 0;
     for (k, (name, _)) in relus.iter().enumerate() {
         let (a, b) = (
@@ -1110,3 +1076,6 @@ fn resnet18_relu_sign_flips_emulated() {
         "resnet18 batch {batch}: {total} ReLU inputs within rounding of 0 take the other side"
     );
 }
+
+device_test!(#[ignore]
+    resnet18_relu_sign_flips_on: resnet18_relu_sign_flips, resnet18_relu_sign_flips_emulated);

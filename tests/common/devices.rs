@@ -4,6 +4,31 @@
 use memplan::exec::cuda::Device;
 use memplan::exec::Tensor;
 
+/// One test body on both devices, as candle's `test_device!`: `$gpu` runs it on a
+/// GPU (skipped, with the reason, where none is usable) and `$emu` on the host
+/// emulation of kernels/ ([`emulated`]). Attributes given first (`#[ignore]`) apply
+/// to both.
+#[macro_export]
+macro_rules! device_test {
+    ($(#[$attr:meta])* $body:ident: $gpu:ident, $emu:ident) => {
+        $(#[$attr])*
+        #[test]
+        fn $gpu() {
+            if let Some(dev) = $crate::common::devices::device(stringify!($gpu)) {
+                $body(&dev);
+            }
+        }
+
+        $(#[$attr])*
+        #[test]
+        fn $emu() {
+            if let Some(dev) = $crate::common::devices::emulated(stringify!($emu)) {
+                $body(&dev);
+            }
+        }
+    };
+}
+
 /// The device, or why there is none (printed).
 pub fn device(test: &str) -> Option<Device> {
     match Device::new(0) {
