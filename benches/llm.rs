@@ -85,7 +85,7 @@ fn bench(c: &mut Criterion) {
     let t = train(None);
     g.bench_function("llama3_8b_b4_80GiB", |b| {
         b.iter(|| {
-            let step = memplan::remat::step::build(&m, &b4, &t, "plan").unwrap();
+            let step = memplan::step::build(&m, &b4, &t, "plan").unwrap();
             black_box(
                 plan(&step.graph, 80 << 30, Solver::Ilp, LARGE_TIME_LIMIT_S)
                     .unwrap()

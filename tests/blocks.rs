@@ -16,7 +16,7 @@ fn step(name: &str, batch: u64) -> RematGraph {
         batch: Some(batch),
         ..Default::default()
     };
-    memplan::remat::step::build(&model, &b, &TrainOptions::default(), "blocks")
+    memplan::step::build(&model, &b, &TrainOptions::default(), "blocks")
         .unwrap()
         .graph
 }

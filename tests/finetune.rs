@@ -328,7 +328,7 @@ const CPU_EXCLUDED: [&str; 3] = ["lstm_lm", "gru_classifier", "rnn_tagger"];
 #[test]
 fn module_plans_match_pytorch() {
     use memplan::remat::modules::{module_plan_in, ModuleTree};
-    use memplan::remat::step::build;
+    use memplan::step::build;
     let mut report = Vec::new();
     let mut checked = 0;
     // Every plan models/module_plans.py wrote ran in PyTorch (DenseNet-121 included:
@@ -445,7 +445,7 @@ fn module_plans_match_pytorch() {
 /// was measured with the runtime `plan --pytorch` writes now). `MEMPLAN_BLESS` rewrites
 /// the file from its plan (its header kept): then measure again.
 struct OpPlanFile {
-    step: memplan::remat::step::TrainingStep,
+    step: memplan::step::TrainingStep,
     plan: Vec<memplan::remat::graph::Instr>,
     replay: memplan::remat::graph::Replayed,
     reruns: Vec<memplan::remat::pytorch_ops::Rerun>,
@@ -454,7 +454,7 @@ struct OpPlanFile {
 fn op_plan_file(name: &str, x: &serde_json::Value) -> OpPlanFile {
     use memplan::remat::graph::{replay, Instr};
     use memplan::remat::pytorch_ops::{reruns, RUNTIME};
-    use memplan::remat::step::build;
+    use memplan::step::build;
     let case = &x["case"];
     let model = load_model(&common::shipped(&format!(
         "{}.onnx",

@@ -400,7 +400,7 @@ fn affine_step_max_fit_agrees_with_replay() {
             batch: Some(b),
             ..Default::default()
         };
-        memplan::remat::step::build(&model, &b, &o.train, "r18")
+        memplan::step::build(&model, &b, &o.train, "r18")
             .unwrap()
             .graph
     };

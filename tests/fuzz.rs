@@ -159,7 +159,7 @@ fn run_bound(model: &memplan::ir::Model, batch: Option<u64>) {
     };
     if let Ok(s) = memplan::train::build_schedule(&m, &inf, &opts) {
         let _ = memplan::memory::simulate(&s);
-        if let Ok(step) = memplan::remat::step::build(model, &b, &opts, "fuzz") {
+        if let Ok(step) = memplan::step::build(model, &b, &opts, "fuzz") {
             let budget = step.graph.baseline_peak().unwrap_or(0) / 2;
             let _ = memplan::remat::plan::plan(
                 &step.graph,

@@ -168,3 +168,35 @@ fn no_source_file_over_1200_lines() {
     }
     assert!(long.is_empty(), "split these:\n{}", long.join("\n"));
 }
+
+/// One owner of the training step (src/step.rs): no other library file lowers a
+/// model or builds a training schedule (the stages' own definitions aside).
+#[test]
+fn the_training_step_is_built_in_one_place() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut hits = Vec::new();
+    for needle in [
+        "build_schedule(",
+        "lower::lower(",
+        "lower::lowered(",
+        "lowered(load",
+    ] {
+        scan(&root, needle, &mut hits);
+    }
+    hits.retain(|h| {
+        let (p, line) = (
+            h.split(':').next().unwrap_or(""),
+            h.splitn(3, ':').nth(2).unwrap_or(""),
+        );
+        let code = line.trim_start();
+        !(p.ends_with("src/step.rs")
+            || code.starts_with("//")
+            || code.starts_with("pub fn build_schedule(")
+            || code.contains("fn lowered("))
+    });
+    assert!(
+        hits.is_empty(),
+        "the training step built outside src/step.rs:\n{}",
+        hits.join("\n")
+    );
+}

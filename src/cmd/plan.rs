@@ -14,8 +14,8 @@ use memplan::remat::module_plan::{
 };
 use memplan::remat::modules::saved_at_forward_end;
 use memplan::remat::plan::{plan, recomputed_modules, Solver};
-use memplan::remat::step::load;
 use memplan::report::plan::{plan_json, plan_text, Granularity, PlanDevice};
+use memplan::step::load;
 use memplan::units::human_bytes;
 
 /// `plan`'s flags.

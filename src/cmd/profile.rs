@@ -5,15 +5,13 @@ use std::path::PathBuf;
 use anyhow::Context;
 
 use super::{choice, parse_dims, DeviceArgs, TrainArgs};
-use memplan::infer::{infer, Bindings};
-use memplan::lower::lower;
+use memplan::infer::Bindings;
 use memplan::memory::device::replay_schedule;
 use memplan::memory::{profile_inference, simulate};
 use memplan::onnx::load_model;
 use memplan::remat::module_plan::Preset;
 use memplan::report::train::{CheckpointReport, TrainingReport};
 use memplan::report::ProfileReport;
-use memplan::train::build_schedule;
 
 /// `profile`'s flags.
 #[derive(clap::Args)]
@@ -84,13 +82,15 @@ pub fn run(a: ProfileArgs) -> anyhow::Result<()> {
     };
     let path = model.display().to_string();
     let loaded = load_model(&model).with_context(|| path.clone())?;
-    let m = lower(&loaded, &bindings).with_context(|| path.clone())?;
-    let inf = infer(&m, &bindings).with_context(|| path.clone())?;
+    let memplan::step::Inference {
+        model: m,
+        inferred: inf,
+    } = memplan::step::inference(&loaded, &bindings).with_context(|| path.clone())?;
     let prof = profile_inference(&m.graph, &inf);
     let mut report = ProfileReport::new(&path, &m, &inf, &prof, detail);
     if train {
         let opts = training.options()?;
-        let sched = build_schedule(&m, &inf, &opts).with_context(|| path.clone())?;
+        let sched = memplan::step::schedule(&m, &inf, &opts).with_context(|| path.clone())?;
         let replay = simulate(&sched);
         let mut t = TrainingReport::new(&opts, &sched, &replay);
         t.warnings = super::warn_inference_export(&path, &m);

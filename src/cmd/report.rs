@@ -17,7 +17,6 @@ use memplan::remat::module_plan::{plan_modules, Chosen, Preset};
 use memplan::remat::pareto::{pareto as sweep, DEFAULT_POINTS};
 use memplan::remat::plan::{plan, Solver};
 use memplan::remat::planfile::{PlanFile, StepSource};
-use memplan::remat::step::load;
 use memplan::report::html::data::PlanView;
 use memplan::report::html::Report;
 use memplan::report::train::TrainingReport;
@@ -135,7 +134,10 @@ fn write_report(a: ReportArgs) -> anyhow::Result<()> {
         dims: dims.clone(),
         routing: a.moe_routing,
     };
-    let (model, step) = load(&a.model, &bindings, &opts).with_context(|| path.clone())?;
+    // Loaded once: the step lowers it for the batch, `fit` for each batch it tries.
+    let model = load_model(&a.model).with_context(|| path.clone())?;
+    let step =
+        memplan::step::build(&model, &bindings, &opts, &path).with_context(|| path.clone())?;
     let replay = simulate(&step.schedule);
     let mut t = TrainingReport::new(&opts, &step.schedule, &replay);
     t.warnings = super::warn_inference_export(&path, &model);
@@ -203,8 +205,7 @@ fn write_report(a: ReportArgs) -> anyhow::Result<()> {
             plan_time_limit_s: a.time_limit,
             routing: a.moe_routing,
         };
-        let m = load_model(&a.model).with_context(|| path.clone())?;
-        report.fit = Some(fit(&m, &path, &fo).with_context(|| path.clone())?);
+        report.fit = Some(fit(&model, &path, &fo).with_context(|| path.clone())?);
     }
     let text = match a.format {
         Format::Html => report.html(),

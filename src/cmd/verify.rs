@@ -5,12 +5,10 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 
 use super::{choice, parse_budget, parse_dims, size_arg, TrainArgs};
-use memplan::infer::{infer, Bindings};
-use memplan::lower::lower;
+use memplan::infer::Bindings;
 use memplan::onnx::load_model;
 use memplan::remat::from_schedule::from_schedule;
 use memplan::remat::plan::Solver;
-use memplan::train::build_schedule;
 
 /// `verify`'s flags.
 #[derive(clap::Args)]
@@ -139,8 +137,10 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
         dims: dims.clone(),
         routing: a.moe_routing,
     };
-    let m = lower(&m, &bindings).with_context(|| path.clone())?;
-    let inf = infer(&m, &bindings).with_context(|| path.clone())?;
+    let memplan::step::Inference {
+        model: m,
+        inferred: inf,
+    } = memplan::step::inference(&m, &bindings).with_context(|| path.clone())?;
     let opts = training.options()?;
     if !opts.optimizer.executable() {
         bail!(
@@ -156,7 +156,7 @@ pub fn run(a: VerifyArgs) -> anyhow::Result<()> {
         (Some(f), _) => PlanSource::File(Box::new(f)),
         (None, Some(b)) => {
             // The budget's fraction is of the no-recompute peak.
-            let sched = build_schedule(&m, &inf, &opts).with_context(|| path.clone())?;
+            let sched = memplan::step::schedule(&m, &inf, &opts).with_context(|| path.clone())?;
             let baseline = from_schedule(&sched, &path)
                 .baseline_peak()
                 .map_err(|e| anyhow::anyhow!("{path}: {e}"))?;

@@ -25,7 +25,7 @@ use crate::remat::from_schedule::from_schedule;
 use crate::remat::graph::{replay, Instr, RematGraph};
 use crate::remat::plan::{plan, Solver};
 use crate::remat::planfile::{PlanFile, StepSource};
-use crate::train::{build_schedule, TrainOptions};
+use crate::train::TrainOptions;
 
 /// Where the planned run's plan comes from.
 #[derive(Debug, Clone)]
@@ -157,7 +157,7 @@ impl<'a> Step<'a> {
         train: &TrainOptions,
         name: &str,
     ) -> Result<Self> {
-        let schedule = build_schedule(model, inf, train)?;
+        let schedule = crate::step::schedule(model, inf, train)?;
         let graph = from_schedule(&schedule, name);
         Ok(Step {
             model,

@@ -375,7 +375,7 @@ pub(super) fn confirm_planned(
             dims: o.dims.clone(),
             routing: o.routing,
         };
-        let step = crate::remat::step::build(model, &bind, &o.train, "fit")?;
+        let step = crate::step::build(model, &bind, &o.train, "fit")?;
         let plan = match replay(&step.graph, &found) {
             Ok(_) => found.clone(),
             Err(_) => plan(&step.graph, d.capacity, Solver::Greedy, o.plan_time_limit_s)?.plan,
@@ -520,7 +520,7 @@ mod tests {
             batch: Some(8),
             ..Default::default()
         };
-        let step = crate::remat::step::build(&model, &bind, &Default::default(), "t").unwrap();
+        let step = crate::step::build(&model, &bind, &Default::default(), "t").unwrap();
         let g = &step.graph;
         let values = device::StepValues::of(&step.schedule);
         let base = g.baseline_peak().unwrap();

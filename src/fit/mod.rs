@@ -36,13 +36,13 @@ pub use planned::{
 };
 
 use crate::error::{Error, Result, Setting};
-use crate::infer::{infer, Bindings, MAX_BATCH};
+use crate::infer::{Bindings, MAX_BATCH};
 use crate::ir::Model;
 use crate::memory::device::{self, AllocatorReport, DeviceModel, DeviceSummary};
 use crate::memory::simulate;
 use crate::remat::checkpoint_sqrt;
 use crate::remat::plan::Solver;
-use crate::train::{build_schedule, Precision, Schedule, TrainOptions};
+use crate::train::{Precision, Schedule, TrainOptions};
 
 /// A strategy's memory transformation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -332,8 +332,6 @@ impl<'a> Steps<'a> {
             dims: o.dims.clone(),
             routing: o.routing,
         };
-        let model = &*crate::lower::lower(self.model, &b)?;
-        let inf = infer(model, &b)?;
         let mut topts = o.train.clone();
         if c.mixed {
             topts.precision = match o.train.precision {
@@ -342,7 +340,7 @@ impl<'a> Steps<'a> {
             };
         }
         topts.grads_resident = c.accumulate;
-        let s = Rc::new(build_schedule(model, &inf, &topts)?);
+        let s = Rc::new(crate::step::schedule_of(self.model, &b, &topts)?);
         self.built.borrow_mut().insert(key, s.clone());
         Ok(s)
     }
@@ -896,8 +894,7 @@ fn routing_at_batch_1(model: &Model, o: &FitOptions) -> Result<Option<crate::moe
         dims: o.dims.clone(),
         routing: o.routing,
     };
-    let model = &*crate::lower::lower(model, &b)?;
-    Ok(infer(model, &b)?.routing)
+    Ok(crate::step::inference(model, &b)?.inferred.routing)
 }
 
 /// A row's traffic fields (offload rows: PCIe and host bytes; over GPUs: collective

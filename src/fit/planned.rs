@@ -64,7 +64,7 @@ fn step_graph(model: &Model, o: &FitOptions, batch: u64) -> Result<RematGraph> {
         dims: o.dims.clone(),
         routing: o.routing,
     };
-    Ok(crate::remat::step::build(model, &b, &o.train, "fit")?.graph)
+    Ok(crate::step::build(model, &b, &o.train, "fit")?.graph)
 }
 
 /// Plans one training step at `batch` under the budget with `solver`.

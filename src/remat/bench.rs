@@ -103,7 +103,7 @@ pub fn load_graph_with(path: &Path, batch: u64, opts: &TrainOptions) -> Result<R
         batch: Some(batch),
         ..Default::default()
     };
-    Ok(super::step::build(&model, &b, opts, &name)?.graph)
+    Ok(crate::step::build(&model, &b, opts, &name)?.graph)
 }
 
 /// Plans every graph at every budget with every solver.

@@ -23,6 +23,5 @@ pub mod portfolio;
 pub mod pytorch_ops;
 pub mod rewrite;
 pub mod sqrt;
-pub mod step;
 
 pub use sqrt::checkpoint_sqrt;

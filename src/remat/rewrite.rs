@@ -26,7 +26,7 @@ use super::graph::{replay, Instr, NodeId, RematGraph, ValueId};
 use super::plan::PlanReport;
 use crate::choice::Choice;
 use crate::error::{Error, Result};
-use crate::infer::{infer, Bindings};
+use crate::infer::Bindings;
 use crate::ir::{Model, TensorId};
 use crate::onnx::load::from_proto;
 use crate::onnx::proto::{
@@ -34,7 +34,7 @@ use crate::onnx::proto::{
     OperatorSetIdProto, StringStringEntryProto,
 };
 use crate::onnx::{decode_model, map_file};
-use crate::train::{build_schedule, Loss, Schedule, StepKind, TrainOptions};
+use crate::train::{Loss, Schedule, StepKind, TrainOptions};
 
 pub use crate::onnx::{
     is_rewrite, REWRITE_DOMAIN as DOMAIN, REWRITE_DOMAIN_VERSION as DOMAIN_VERSION,
@@ -146,7 +146,8 @@ impl Loaded {
                 n.name, n.op_type
             )));
         }
-        if let std::borrow::Cow::Owned(_) = crate::lower::lower(&model, bindings)? {
+        let i = crate::step::inference(&model, bindings)?;
+        if let std::borrow::Cow::Owned(_) = i.model {
             return Err(Error::Rewrite(
                 "memplan rewrites some of this model's nodes before planning (a ScatterND \
                  or ScatterElements that writes a slice, or a convolution's zero bias the \
@@ -155,8 +156,7 @@ impl Loaded {
                     .into(),
             ));
         }
-        let inf = infer(&model, bindings)?;
-        let schedule = build_schedule(&model, &inf, options)?;
+        let schedule = crate::step::schedule(&model, &i.inferred, options)?;
         Ok(Loaded {
             proto,
             model,
