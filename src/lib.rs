@@ -23,6 +23,7 @@ pub mod onnx;
 pub mod ops;
 pub mod remat;
 pub mod report;
+pub mod rewrite;
 pub mod step;
 pub mod train;
 pub mod units;

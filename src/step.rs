@@ -90,3 +90,28 @@ pub fn load(
     let step = build(&model, bindings, opts, &path.display().to_string())?;
     Ok((model, step))
 }
+
+/// Loads a model (`.onnx`, training step at `batch`) or a benchmark DAG (`.json`).
+pub fn load_graph(path: &Path, batch: u64) -> Result<RematGraph> {
+    load_graph_with(path, batch, &TrainOptions::default())
+}
+
+/// [`load_graph`] with the training step's options (optimizer, precision, loss).
+pub fn load_graph_with(path: &Path, batch: u64, opts: &TrainOptions) -> Result<RematGraph> {
+    let name = path
+        .file_stem()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into_owned();
+    if path.extension().is_some_and(|e| e == "json") {
+        let mut g = crate::remat::dag::load_dag(path)?;
+        g.name = name;
+        return Ok(g);
+    }
+    let model = load_model(path)?;
+    let b = Bindings {
+        batch: Some(batch),
+        ..Default::default()
+    };
+    Ok(crate::step::build(&model, &b, opts, &name)?.graph)
+}

@@ -12,9 +12,7 @@ use memplan::infer::Bindings;
 use memplan::onnx::proto::ModelProto;
 use memplan::remat::graph::{replay, Instr, RematGraph};
 use memplan::remat::plan::{plan, PlanReport, Solver};
-use memplan::remat::rewrite::{
-    keys, read_rewrite, rewrite, write_loaded, Loaded, DOMAIN, DOMAIN_VERSION,
-};
+use memplan::rewrite::{keys, read_rewrite, rewrite, write_loaded, Loaded, DOMAIN, DOMAIN_VERSION};
 use memplan::train::{Loss, Optimizer, Precision, TrainOptions};
 use prost::Message;
 

@@ -5,9 +5,10 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 
 use super::{choice, TrainArgs};
-use memplan::remat::bench::{load_graph_with, run_bench};
+use memplan::remat::bench::run_bench;
 use memplan::remat::plan::Solver;
 use memplan::report::bench::{bench_csv, bench_text};
+use memplan::step::load_graph_with;
 
 /// `bench`'s flags.
 #[derive(clap::Args)]

@@ -375,7 +375,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
             dims: parse_dims(&dims)?,
             routing: moe_routing,
         };
-        memplan::remat::rewrite::write_rewrite(m, &bindings, &opts, &g, &r, out)
+        memplan::rewrite::write_rewrite(m, &bindings, &opts, &g, &r, out)
             .with_context(|| format!("--rewrite {}", out.display()))?;
     }
     // The planned step and the baseline through the caching allocator (models only).

@@ -14,7 +14,7 @@ mod wire;
 pub use load::{decode_model, load_model, map_file};
 
 /// The ONNX domain of the loss, backward and optimizer nodes of a rewritten training
-/// step (`memplan plan --rewrite`, written and read by `remat::rewrite`;
+/// step (`memplan plan --rewrite`, written and read by `rewrite`;
 /// docs/PLAN_FORMAT.md).
 pub const REWRITE_DOMAIN: &str = "ai.memplan";
 /// The opset version of [`REWRITE_DOMAIN`] written and read.

@@ -1,16 +1,10 @@
 //! `memplan bench`: one table of plans per graph, budget and solver.
 
-use std::path::Path;
-
 use serde::Serialize;
 
-use super::dag::load_dag;
 use super::graph::RematGraph;
 use super::plan::{plan, Solver};
 use crate::error::{Error, Result};
-use crate::infer::Bindings;
-use crate::onnx::load_model;
-use crate::train::TrainOptions;
 
 /// One row.
 #[derive(Debug, Clone, Serialize)]
@@ -79,31 +73,6 @@ pub fn status(
     } else {
         "open"
     }
-}
-
-/// Loads a model (`.onnx`, training step at `batch`) or a benchmark DAG (`.json`).
-pub fn load_graph(path: &Path, batch: u64) -> Result<RematGraph> {
-    load_graph_with(path, batch, &TrainOptions::default())
-}
-
-/// [`load_graph`] with the training step's options (optimizer, precision, loss).
-pub fn load_graph_with(path: &Path, batch: u64, opts: &TrainOptions) -> Result<RematGraph> {
-    let name = path
-        .file_stem()
-        .unwrap_or_default()
-        .to_string_lossy()
-        .into_owned();
-    if path.extension().is_some_and(|e| e == "json") {
-        let mut g = load_dag(path)?;
-        g.name = name;
-        return Ok(g);
-    }
-    let model = load_model(path)?;
-    let b = Bindings {
-        batch: Some(batch),
-        ..Default::default()
-    };
-    Ok(crate::step::build(&model, &b, opts, &name)?.graph)
 }
 
 /// Plans every graph at every budget with every solver.

@@ -21,7 +21,6 @@ pub mod plan;
 pub mod planfile;
 pub mod portfolio;
 pub mod pytorch_ops;
-pub mod rewrite;
 pub mod sqrt;
 
 pub use sqrt::checkpoint_sqrt;

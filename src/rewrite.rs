@@ -21,9 +21,6 @@ use bytes::Bytes;
 use petgraph::stable_graph::NodeIndex;
 use prost::Message;
 
-use super::from_schedule::from_schedule;
-use super::graph::{replay, Instr, NodeId, RematGraph, ValueId};
-use super::plan::PlanReport;
 use crate::choice::Choice;
 use crate::error::{Error, Result};
 use crate::infer::Bindings;
@@ -34,6 +31,9 @@ use crate::onnx::proto::{
     OperatorSetIdProto, StringStringEntryProto,
 };
 use crate::onnx::{decode_model, map_file};
+use crate::remat::from_schedule::from_schedule;
+use crate::remat::graph::{replay, Instr, NodeId, RematGraph, ValueId};
+use crate::remat::plan::PlanReport;
 use crate::train::{Loss, Schedule, StepKind, TrainOptions};
 
 pub use crate::onnx::{
