@@ -169,12 +169,10 @@ pub(super) fn row(steps: &Steps) -> Result<Option<StrategyFit>> {
     Ok(Some(row))
 }
 
-/// The graph's node count at batch 1 (the same at every batch).
+/// The step graph's node count at batch 1 (one node per schedule step; the same at
+/// every batch).
 pub(super) fn nodes(steps: &Steps) -> Result<usize> {
-    let s = steps.schedule(Combo::PLAIN, 1)?;
-    Ok(crate::remat::from_schedule::from_schedule(&s, "fit")
-        .nodes
-        .len())
+    Ok(steps.schedule(Combo::PLAIN, 1)?.steps.len())
 }
 
 /// The schemes the planned row must never lose to, on the device where one is given:

@@ -722,9 +722,11 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
     let moe_routing = routing_at_batch_1(model, o)?;
     let steps = Steps::new(model, o);
     let mut rows = Vec::new();
-    let mut block_row = None;
-    // Above this size the op-level search is skipped where blocks can be planned.
-    let mut op_skipped = None;
+    // The block plan's row; above this size the op-level search is skipped where
+    // blocks can be planned.
+    let block_row = blocks::row(&steps)?;
+    let n = blocks::nodes(&steps)?;
+    let op_skipped = (block_row.is_some() && n > blocks::OP_PLAN_MAX_NODES).then_some(n);
     let mut batch1 = 0;
     let mut as_exported = 0;
     for st in strategies {
@@ -732,15 +734,7 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
         let mut planned_device = None;
         let (mb, peak, overhead) = match st.combo() {
             Some(c) => steps.max_batch(c)?,
-            None if {
-                block_row = blocks::row(&steps)?;
-                let n = blocks::nodes(&steps)?;
-                if block_row.is_some() && n > blocks::OP_PLAN_MAX_NODES {
-                    op_skipped = Some(n);
-                }
-                op_skipped.is_some()
-            } =>
-            {
+            None if op_skipped.is_some() => {
                 let b = block_row.as_ref().expect("a block row");
                 (b.max_batch, b.peak_bytes, b.overhead)
             }

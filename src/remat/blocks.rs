@@ -192,12 +192,7 @@ impl Chain {
             options.push((Choice::Full, df, full.cost, Some(full)));
             if let Some(l) = link {
                 let off = Checkpoint::offload(g, t, m)?;
-                let gone: u64 = off
-                    .dropped
-                    .iter()
-                    .filter(|&&v| !stays(v))
-                    .map(|&v| g.values[v].bytes)
-                    .sum();
+                let gone = dropped(&off);
                 // One copy back per backward read, one to the host per copy back.
                 let loads: u64 = t.modules[m]
                     .backward
