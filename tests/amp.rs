@@ -1,6 +1,6 @@
 //! Mixed precision (`--precision amp-fp16` / `amp-bf16`) against what PyTorch saves
 //! under CUDA autocast (models/amp_reference.json, written by
-//! `python models/amp_reference.py`: every model of models/ on *fake* CUDA tensors,
+//! `python tools/pytorch/amp_reference.py`: every model of models/ on *fake* CUDA tensors,
 //! so autocast's CUDA cast lists, its weight cache, CUDA's dropout and BatchNorm run
 //! as on a GPU without one; SDPA's kernel is the one an H200 picked). Saved bytes
 //! by storage, the model input included, parameters and buffers left out: memplan's

@@ -2,7 +2,7 @@
 //!
 //! - The real-weight tiny models (mlp, cnn, transformer) against onnxruntime's
 //!   outputs on the same inputs (models/forward_reference.json, written by
-//!   models/forward_reference.py). Error metric, per output tensor: the max-norm
+//!   tools/pytorch/forward_reference.py). Error metric, per output tensor: the max-norm
 //!   relative error `max_i |got_i − want_i| / max(max_i |want_i|, 1e-6)`; it must be
 //!   below 1e-4.
 //! - Kernels with tricky semantics (convolution padding/stride/groups/dilation,

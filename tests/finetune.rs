@@ -245,7 +245,7 @@ fn patterns_that_select_nothing_say_so() {
 }
 
 /// Frozen steps against PyTorch (models/finetune_reference.json, written by
-/// `python models/finetune_reference.py` on CPU, fp32): saved bytes equal (CPU
+/// `python tools/pytorch/finetune_reference.py` on CPU, fp32): saved bytes equal (CPU
 /// dropout's float32 noise converted to CUDA's 1-byte mask, as tests/training.rs
 /// does), gradients and Adam state equal, step peaks within 5 % of the peak a CUDA
 /// run would have ([`common::device_equivalent_peak`]).
@@ -331,7 +331,7 @@ fn module_plans_match_pytorch() {
     use memplan::step::build;
     let mut report = Vec::new();
     let mut checked = 0;
-    // Every plan models/module_plans.py wrote ran in PyTorch (DenseNet-121 included:
+    // Every plan tools/pytorch/module_plans.py wrote ran in PyTorch (DenseNet-121 included:
     // its blocks append to the list they pass each layer, issue 49).
     let planned: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(common::shipped("module_plan_cases.json")).unwrap(),
@@ -520,7 +520,7 @@ fn op_plan_file(name: &str, x: &serde_json::Value) -> OpPlanFile {
 /// Op plans applied in PyTorch with the file `plan --pytorch` writes for an op plan
 /// (saved-tensor hooks; models/op_plans/: ResNet-50 batch 8 at budgets 544, 525 and 467
 /// MiB, FLOP-costed and `--roofline`-costed, GPT-2 batch 8 at 1510 MiB both ways, SGD; measured by
-/// models/finetune_reference.py into
+/// tools/pytorch/finetune_reference.py into
 /// models/op_plan_pytorch.json).
 /// The committed plan (`*.plan.json`, the instructions `plan -o` wrote in the same run)
 /// replayed on the step memplan builds now: its peak is the one predicted then; the
@@ -549,7 +549,7 @@ fn op_plans_match_pytorch() {
 const OP_PLAN_FORWARD_END_EXCLUDED: [&str; 1] = ["vit_b_16"];
 
 /// The op plan of every model in models/ (batch 2, SGD, 0.8 of the no-recompute peak;
-/// `python models/op_plans.py`, measured into models/op_plan_every.json): the file
+/// `python tools/pytorch/op_plans.py`, measured into models/op_plan_every.json): the file
 /// written with `--pytorch`, applied with its `apply(model)`, runs the step in PyTorch,
 /// its hooks find every value of RECOMPUTE (`memplan_missing` empty: the plan was made
 /// recomputing only ops the file reruns), and PyTorch keeps after forward the bytes the
@@ -692,7 +692,7 @@ fn op_plans_against(file: &str, min_reruns: usize) -> Vec<OpPlanMeasured> {
 /// Op plans given to torch.compile: `compile_policy(model, *inputs)` of the file `plan
 /// --pytorch` writes marks the plan's ops MUST_RECOMPUTE in a selective activation
 /// checkpoint around the model, then `model.compile()` (inductor, no memory budget).
-/// Measured by `python models/finetune_reference.py --cases
+/// Measured by `python tools/pytorch/finetune_reference.py --cases
 /// models/op_plan_compiled_cases.json --out models/op_plan_compiled.json --no-time`
 /// (ResNet-50 at 510, 490 and 467 MiB, GPT-2 at 1700 down to 1445 MiB, batch 8, SGD,
 /// FLOP-costed: the compiler fuses what an eager rerun pays a pass over memory for).

@@ -177,7 +177,7 @@ fn both_exporters_agree() {
 
 /// Every tensor (graph inputs and node outputs) gets the dtype and shape that
 /// onnxruntime produced when it executed the graph at batch 2
-/// (models/tensor_shapes.json, written by models/tensor_shapes.py).
+/// (models/tensor_shapes.json, written by tools/pytorch/tensor_shapes.py).
 #[test]
 fn every_tensor_matches_onnxruntime_execution() {
     let text = std::fs::read_to_string(common::shipped("tensor_shapes.json")).unwrap();

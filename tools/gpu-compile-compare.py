@@ -65,6 +65,7 @@ def child(case, device, warmup, steps):
     import torch
 
     sys.path.insert(0, os.path.join(ROOT, "models"))
+    sys.path.insert(0, os.path.join(ROOT, "tools", "pytorch"))  # finetune_reference.py
     import export as E
     import finetune_reference as F
 

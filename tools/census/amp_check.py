@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The census sample under mixed precision: memplan's `--precision amp-fp16` saved bytes against
-what PyTorch saves under CUDA autocast, measured without a GPU (models/amp_reference.py's method:
+what PyTorch saves under CUDA autocast, measured without a GPU (tools/pytorch/amp_reference.py's method:
 the model on fake CUDA tensors, autocast switched on at the C++ level, a saved-tensor hook).
 
     python tools/census/amp_check.py [--only a,b] [--batch 4] [--memplan PATH] [--cache DIR]
@@ -26,6 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "models"))
+sys.path.insert(0, os.path.join(ROOT, "tools", "pytorch"))  # amp_reference.py
 
 import census  # noqa: E402
 
@@ -65,7 +66,7 @@ def main():
         "versions": {"torch": torch.__version__},
         "memplan": "profile FILE --batch B --train --optimizer sgd --precision amp-fp16 --json: "
         "training.saved_activation_bytes (fp32: the same without --precision)",
-        "pytorch": "models/amp_reference.py's measure_model, fp16 (bf16 saved the same bytes on "
+        "pytorch": "tools/pytorch/amp_reference.py's measure_model, fp16 (bf16 saved the same bytes on "
         "every model of models/amp_reference.json)",
     }
     for name in names:

@@ -1025,7 +1025,7 @@ def amp_section(w):
     w("`python tools/census/amp_check.py` (torch %s): the sample at batch %s under `--precision amp-fp16`, "
       "against what PyTorch saves under CUDA autocast to float16, measured without a GPU: the model on "
       "fake CUDA tensors (`FakeTensorMode`), autocast switched on at the C++ level, a saved-tensor hook "
-      "(models/amp_reference.py's method; SDPA runs the kernel an H200 picked). Beside it, the float32 "
+      "(tools/pytorch/amp_reference.py's method; SDPA runs the kernel an H200 picked). Beside it, the float32 "
       "difference at the same batch (PyTorch's CUDA-equivalent saved bytes, measure.json), so that what "
       "autocast adds is told apart from what float32 already differs by. %d models compared: %d exact, "
       "%d more within 0.05 %%. tests/amp.rs checks the committed subset (tools/census/amp_check.json)."

@@ -3,8 +3,8 @@
 (dev-time tool, not needed to build memplan).
 
 Usage:
-    python models/step_times.py                                   # models/step_time_cases.json
-    python models/step_times.py --cases F --out F --rounds 5 --steps 5 [--compile 1.0,0.5,0.2 [--compile-models M,...]]
+    python tools/pytorch/step_times.py                                   # models/step_time_cases.json
+    python tools/pytorch/step_times.py --cases F --out F --rounds 5 --steps 5 [--compile 1.0,0.5,0.2 [--compile-models M,...]]
                                    [--system-malloc]
 
 Why a separate tool: finetune_reference.py times each case once, one after the other, on glibc's
@@ -43,7 +43,10 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
+MODELS = os.path.join(ROOT, "models")  # the ONNX files and export.py
+sys.path.insert(0, MODELS)
+sys.path.insert(0, HERE)  # finetune_reference.py
 
 CACHING_MALLOC = {
     "MALLOC_MMAP_THRESHOLD_": "4294967296",
@@ -65,8 +68,8 @@ def baseline(cases, c):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", default=os.path.join(HERE, "step_time_cases.json"))
-    ap.add_argument("--out", default=os.path.join(HERE, "module_plan_times.json"))
+    ap.add_argument("--cases", default=os.path.join(MODELS, "step_time_cases.json"))
+    ap.add_argument("--out", default=os.path.join(MODELS, "module_plan_times.json"))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--compile", default="", help="comma-separated activation_memory_budget values: "
@@ -156,7 +159,7 @@ def main():
             c["name"], med, 100 * (med / med_base - 1), cmed, 100 * (cmed / cmed_base - 1), base["name"]))
     doc = {
         "_meta": {
-            "generated_by": "python models/step_times.py " + " ".join(sys.argv[1:]),
+            "generated_by": "python tools/pytorch/step_times.py " + " ".join(sys.argv[1:]),
             "versions": E._train_versions(),
             "device": "cpu",
             "torch_num_threads": torch.get_num_threads(),

@@ -7,7 +7,7 @@ the exact float64 they equal, so they parse back bit for bit).
 
 Dev-time only (needs numpy, onnx, onnxruntime); the tests read the committed JSON.
 
-    python models/forward_reference.py
+    python tools/pytorch/forward_reference.py
 
 Cases:
 - mlp, batch 4, as exported;
@@ -32,6 +32,8 @@ import onnx
 import onnxruntime as ort
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+MODELS = os.path.join(ROOT, "models")
 SEED = 20240611
 
 
@@ -108,7 +110,7 @@ def main():
             }
         )
 
-    load = lambda f: onnx.load(os.path.join(HERE, f))
+    load = lambda f: onnx.load(os.path.join(MODELS, f))
     case("mlp", "mlp.onnx", 4, "none", load("mlp.onnx"))
     cnn = load("cnn.onnx")
     stats = [o for n in cnn.graph.node if n.op_type == "BatchNormalization" for o in n.output[1:]]
@@ -118,7 +120,7 @@ def main():
 
     out = {
         "_meta": {
-            "generator": "models/forward_reference.py",
+            "generator": "tools/pytorch/forward_reference.py",
             "seed": SEED,
             "python": sys.version.split()[0],
             "numpy": np.__version__,
@@ -128,7 +130,7 @@ def main():
         },
         "cases": cases,
     }
-    path = os.path.join(HERE, "forward_reference.json")
+    path = os.path.join(MODELS, "forward_reference.json")
     with open(path, "w") as f:
         json.dump(out, f, separators=(",", ":"))
         f.write("\n")

@@ -1,6 +1,6 @@
 """Is a compiled step's gradient the derivative of the loss its forward computed?
 
-    python models/compiled_grad_check.py MODEL (BUDGET | PLAN.py) [...]
+    python tools/pytorch/compiled_grad_check.py MODEL (BUDGET | PLAN.py) [...]
 
 For each configuration (torch.compile with activation_memory_budget BUDGET, or an op
 plan's compile_policy and no budget): one training forward and backward of MODEL at
@@ -14,7 +14,10 @@ inductor gives each graph's random ops their own seeds (compile's budget 1.0 and
 differ by 0.76 of a gradient's magnitude on GPT-2). Dev tool (docs/BENCHMARKS.md).
 """
 import os, sys, importlib.util
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# models/export.py: the models and their inputs
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "models"))
+if len(sys.argv) < 3 or sys.argv[1] in ("-h", "--help"):
+    raise SystemExit(__doc__)
 import torch
 torch.set_num_threads(2)
 import export as E

@@ -3,8 +3,8 @@
 (dev-time tool, not needed to build memplan).
 
 Usage:
-    python models/amp_reference.py                      # every model of export.py with an .onnx in models/
-    python models/amp_reference.py --only gpt2,vit_b_16 # a subset (entries merged into the output)
+    python tools/pytorch/amp_reference.py                      # every model of export.py with an .onnx in models/
+    python tools/pytorch/amp_reference.py --only gpt2,vit_b_16 # a subset (entries merged into the output)
     options: --batches 2,4  --out PATH (default models/amp_reference.json)
 
 How: the model export.py builds (the same construction and seed as its ONNX file) is moved to
@@ -41,7 +41,9 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
+MODELS = os.path.join(ROOT, "models")  # the ONNX files and export.py
+sys.path.insert(0, MODELS)
 
 import export  # noqa: E402
 
@@ -188,9 +190,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", default="")
     ap.add_argument("--batches", default="2,4")
-    ap.add_argument("--out", default=os.path.join(HERE, "amp_reference.json"))
+    ap.add_argument("--out", default=os.path.join(MODELS, "amp_reference.json"))
     a = ap.parse_args()
-    names = [n for n in export.MODELS if os.path.exists(os.path.join(HERE, n + ".onnx"))]
+    names = [n for n in export.MODELS if os.path.exists(os.path.join(MODELS, n + ".onnx"))]
     if a.only:
         names = [n for n in a.only.split(",") if n]
     res = {}
@@ -198,7 +200,7 @@ def main():
         with open(a.out) as f:
             res = json.load(f)
     res["_meta"] = {
-        "generated_by": "python models/amp_reference.py",
+        "generated_by": "python tools/pytorch/amp_reference.py",
         "versions": {"torch": torch.__version__},
         "definition": __doc__.split("How: ")[1].split("\n\n")[0].replace("\n", " "),
         "sdpa": "as measured on an H200: half without a mask -> cuDNN's kernel; otherwise the "

@@ -2,7 +2,7 @@
 """What autograd saves for a frozen layer (weight requires_grad=False), with the input requiring
 grad or not (dev-time check for how memplan models frozen layers). Prints a Markdown table.
 
-    python models/frozen_saved.py
+    python tools/pytorch/frozen_saved.py
 """
 import torch
 import torch.nn as nn

@@ -3,12 +3,12 @@
 (dev-time tool, not needed to build memplan).
 
 Usage:
-    python models/finetune_reference.py                  # every case of models/finetune_cases.json
-    python models/finetune_reference.py --only a,b       # a subset (entries merged into the output)
-    python models/finetune_reference.py --peers          # ResNet-50 / GPT-2 batch 8 (SGD): no checkpointing,
+    python tools/pytorch/finetune_reference.py                  # every case of models/finetune_cases.json
+    python tools/pytorch/finetune_reference.py --only a,b       # a subset (entries merged into the output)
+    python tools/pytorch/finetune_reference.py --peers          # ResNet-50 / GPT-2 batch 8 (SGD): no checkpointing,
                                                          # every-block checkpointing, torch.compile with
                                                          # activation_memory_budget 1.0 / 0.5 / 0.2 -> "peers"
-    python models/finetune_reference.py --peers --peer-models resnet50 --peer-configs none,compile_0.5
+    python tools/pytorch/finetune_reference.py --peers --peer-models resnet50 --peer-configs none,compile_0.5
     options: --cases PATH, --out PATH (default models/finetune_reference.json), --no-time
 
 A case (models/finetune_cases.json, a list):
@@ -49,7 +49,9 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
+MODELS = os.path.join(ROOT, "models")  # the ONNX files and export.py
+sys.path.insert(0, MODELS)
 
 import export as E  # noqa: E402  (models/export.py)
 
@@ -470,8 +472,8 @@ def measure_peer(model_name, config, log, timing=True):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", default=os.path.join(HERE, "finetune_cases.json"))
-    ap.add_argument("--out", default=os.path.join(HERE, "finetune_reference.json"))
+    ap.add_argument("--cases", default=os.path.join(MODELS, "finetune_cases.json"))
+    ap.add_argument("--out", default=os.path.join(MODELS, "finetune_reference.json"))
     ap.add_argument("--only", help="comma-separated case names (or, with --peers, ignored)")
     ap.add_argument("--peers", action="store_true", help="measure the peers table instead of the cases")
     ap.add_argument("--peer-models", default=",".join(PEER_MODELS))
@@ -497,7 +499,7 @@ def main():
 
     def write():
         ref["_meta"] = {
-            "generated_by": "python models/finetune_reference.py [--peers]",
+            "generated_by": "python tools/pytorch/finetune_reference.py [--peers]",
             "versions": E._train_versions(),
             "device": "cpu",
             "torch_num_threads": torch.get_num_threads(),

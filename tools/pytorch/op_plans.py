@@ -9,8 +9,8 @@ file could find values by), batch 2, SGD, a budget of 0.8 of the no-recompute pe
 and writes models/op_plan_every_cases.json, whose cases `finetune_reference.py` runs with
 each generated file's `apply(model)` (saved-tensor hooks):
 
-    python models/op_plans.py            # plans and cases (needs target/release/memplan)
-    python models/finetune_reference.py --cases models/op_plan_every_cases.json \\
+    python tools/pytorch/op_plans.py            # plans and cases (needs target/release/memplan)
+    python tools/pytorch/finetune_reference.py --cases models/op_plan_every_cases.json \\
         --out models/op_plan_every.json --no-time
 
 tests/finetune.rs (`op_plans_of_every_model_run_in_pytorch`) replays the committed plans
@@ -18,26 +18,31 @@ and compares the bytes PyTorch keeps after forward. A model whose plan recompute
 nothing is listed in models/op_plans/skipped.json with memplan's reason.
 """
 
+import argparse
 import json
 import os
 import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
+MODELS = os.path.join(ROOT, "models")  # the ONNX files and export.py
 BATCH = 2
 BUDGET = "0.8"
 EXCLUDED = {"resnet18_dynamo", "gpt2_dynamo", "transformer_dynamo_raw"}
 
 
 def main():
-    sys.path.insert(0, HERE)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("models", nargs="?", default="", help="comma-separated models (default: every one)")
+    only = ap.parse_args().models
+    sys.path.insert(0, MODELS)
     import export as E
 
     exe = os.path.join(ROOT, "target", "release", "memplan")
-    names = [n for n in E.MODELS if n not in EXCLUDED and os.path.exists(os.path.join(HERE, n + ".onnx"))]
-    if len(sys.argv) > 1:
-        names = sys.argv[1].split(",")
+    names = [n for n in E.MODELS if n not in EXCLUDED and os.path.exists(os.path.join(MODELS, n + ".onnx"))]
+    if only:
+        names = only.split(",")
     cases, skipped = [], {}
     for name in names:
         tag = "%s_b%d_%s" % (name, BATCH, BUDGET.replace(".", ""))
@@ -74,10 +79,10 @@ def main():
                       "trainable": None, "checkpoint": None, "checkpoint_file": py,
                       "memplan": {"budget": BUDGET, "feasible": plan["feasible"], "peak_bytes": plan["peak_bytes"],
                                   "overhead": plan["overhead"], "method": plan.get("method")}})
-    with open(os.path.join(HERE, "op_plan_every_cases.json"), "w") as f:
+    with open(os.path.join(MODELS, "op_plan_every_cases.json"), "w") as f:
         json.dump(cases, f, indent=1)
         f.write("\n")
-    with open(os.path.join(HERE, "op_plans", "skipped.json"), "w") as f:
+    with open(os.path.join(MODELS, "op_plans", "skipped.json"), "w") as f:
         json.dump(skipped, f, indent=1)
         f.write("\n")
 

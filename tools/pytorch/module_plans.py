@@ -9,21 +9,23 @@ budgets (0.8 and 0.6 of the no-recompute peak, batch 2, SGD), runs
 and writes models/module_plan_cases.json, whose cases `finetune_reference.py` measures
 with each generated file's `apply(model)`:
 
-    python models/module_plans.py            # plans and cases (needs target/release/memplan)
-    python models/finetune_reference.py --cases models/module_plan_cases.json \\
+    python tools/pytorch/module_plans.py            # plans and cases (needs target/release/memplan)
+    python tools/pytorch/finetune_reference.py --cases models/module_plan_cases.json \\
         --out models/module_plan_reference.json --no-time
 
 A model whose plan keeps no module (nothing to checkpoint) is listed in the cases
 file's `skipped` with memplan's reason.
 """
 
+import argparse
 import json
 import os
 import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
+MODELS = os.path.join(ROOT, "models")  # the ONNX files and export.py
 BATCH = 2
 BUDGETS = ["0.8", "0.6"]
 # Besides: the case of issue 49 (torchvision's DenseNet-121, whose blocks pass each layer
@@ -34,16 +36,19 @@ EXCLUDED = {"resnet18_dynamo", "gpt2_dynamo", "transformer_dynamo_raw"}
 
 
 def main():
-    sys.path.insert(0, HERE)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("models", nargs="?", default="", help="comma-separated models (default: every one)")
+    only = ap.parse_args().models
+    sys.path.insert(0, MODELS)
     import export as E
 
     exe = os.path.join(ROOT, "target", "release", "memplan")
     cases, skipped = [], {}
-    names = [n for n in E.MODELS if n not in EXCLUDED and os.path.exists(os.path.join(HERE, n + ".onnx"))]
-    if len(sys.argv) > 1:
-        names = sys.argv[1].split(",")
+    names = [n for n in E.MODELS if n not in EXCLUDED and os.path.exists(os.path.join(MODELS, n + ".onnx"))]
+    if only:
+        names = only.split(",")
     runs = [(n, BATCH, b) for n in names for b in BUDGETS]
-    runs += [r for r in EXTRA if len(sys.argv) == 1 or r[0] in names]
+    runs += [r for r in EXTRA if not only or r[0] in names]
     for name, batch, b in runs:
         tag = "%s_b%d_%s" % (name, batch, b.replace(".", ""))
         py = os.path.join("models", "module_plans", tag + ".py")
@@ -75,10 +80,10 @@ def main():
                       "memplan": {"budget": b, "feasible": plan["feasible"], "peak_bytes": plan["peak_bytes"],
                                   "overhead": plan["overhead"], "method": plan.get("method"),
                                   "checkpoint_modules": mods}})
-    with open(os.path.join(HERE, "module_plan_cases.json"), "w") as f:
+    with open(os.path.join(MODELS, "module_plan_cases.json"), "w") as f:
         json.dump(cases, f, indent=1)
         f.write("\n")
-    with open(os.path.join(HERE, "module_plans", "skipped.json"), "w") as f:
+    with open(os.path.join(MODELS, "module_plans", "skipped.json"), "w") as f:
         json.dump(skipped, f, indent=1)
         f.write("\n")
 

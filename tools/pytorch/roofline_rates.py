@@ -3,7 +3,7 @@
 machine (dev-time tool, not needed to build memplan).
 
 Usage:
-    python models/roofline_rates.py [--threads N]
+    python tools/pytorch/roofline_rates.py [--threads N]
 
 FLOPS: the FLOP rate of fp32 convolutions the size of ResNet-50's at batch 8 (a 3x3
 64->64 and a 1x1 256->64 convolution on 56x56, a 3x3 256->256 on 14x14; multiply-add =

@@ -1,7 +1,7 @@
 """Ground-truth shape/dtype of every tensor of the test models at batch 2 (dev-time tool).
 
 Usage:
-    python models/tensor_shapes.py            # writes models/tensor_shapes.json
+    python tools/pytorch/tensor_shapes.py            # writes models/tensor_shapes.json
 
 For every model models/<stem>.onnx listed in models/reference.json (the "_meta" key is skipped)
 the graph is actually executed with onnxruntime (graph optimizations disabled, so no node output
@@ -30,6 +30,8 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+MODELS = os.path.join(ROOT, "models")
 BATCH = 2
 
 DTYPES = {
@@ -113,7 +115,7 @@ def node_outputs(graph):
 
 
 def measure(stem):
-    path = os.path.join(HERE, stem + ".onnx")
+    path = os.path.join(MODELS, stem + ".onnx")
     mp = onnx.load(path)
     rng = np.random.default_rng(0)
     fill_initializers(mp, rng)
@@ -174,7 +176,7 @@ def measure(stem):
 
 
 def main():
-    with open(os.path.join(HERE, "reference.json")) as f:
+    with open(os.path.join(MODELS, "reference.json")) as f:
         ref = json.load(f)
     out = {}
     for stem in ref:
@@ -188,7 +190,7 @@ def main():
             f"{stem}: {len(shapes)} tensors, {len(missing)} missing, {len(untyped)} without inferred type",
             file=sys.stderr,
         )
-    path = os.path.join(HERE, "tensor_shapes.json")
+    path = os.path.join(MODELS, "tensor_shapes.json")
     with open(path, "w") as f:
         f.write("{\n")
         items = list(out.items())

@@ -4,7 +4,7 @@ step's gradients with the file applied against the same step without it, bitwise
 (dev-time tool, not needed to build memplan).
 
 Usage:
-    python models/op_plan_grads.py [--compiled] MODEL BATCH FILE.py [FILE.py ...]
+    python tools/pytorch/op_plan_grads.py [--compiled] MODEL BATCH FILE.py [FILE.py ...]
     (MODEL: a models/export.py MODELS name, e.g. resnet50, gpt2)
 
 For each file: builds the model twice with the same weights (train mode; BatchNorm's
@@ -29,7 +29,9 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
+MODELS = os.path.join(ROOT, "models")  # the ONNX files and export.py
+sys.path.insert(0, MODELS)
 
 
 def main():
