@@ -94,7 +94,7 @@ fn inference_exports_are_named_and_undercount() {
         let (saved, warnings, lines) = train(name);
         assert_eq!(warnings.len(), 1, "{name}: {warnings:?}");
         assert!(warnings[0].contains(says), "{name}: {warnings:?}");
-        assert!(warnings[0].contains("Exporting your model"), "{name}");
+        assert!(warnings[0].contains("docs/usage/exporting.md"), "{name}");
         assert_eq!(lines.len(), 1, "{name}: {lines:?}");
         assert!(lines[0].ends_with(&warnings[0]), "{name}: {lines:?}");
         // What the warning is about: no dropout mask, or no BatchNorm, is saved.

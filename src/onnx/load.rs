@@ -728,7 +728,7 @@ fn missing_parameter_hint(name: &str) -> &'static str {
     if name.contains('.') && (LEAVES.contains(&leaf) || leaf.starts_with("lora_")) {
         ": it looks like a parameter the export left out (a save with \
          include_initializers=False drops their names and shapes); export without \
-         weights with memplan-export, which keeps them (README, 'Large language models')"
+         weights with memplan-export, which keeps them (docs/usage/llm.md)"
     } else {
         ""
     }

@@ -13,8 +13,8 @@
 //! export. The dynamo exporter's optimizer also folds constants computed from
 //! buffers into initializers (a rotary embedding's cos/sin tables) that memplan
 //! cannot tell from parameters. Nothing counts dropout a file does not have, so
-//! memplan says what the file shows and how to export it instead (README,
-//! "Exporting your model").
+//! memplan says what the file shows and how to export it instead
+//! (docs/usage/exporting.md).
 
 use crate::ir::Model;
 use crate::ops::norm::batch_norm_training_mode;
@@ -87,14 +87,14 @@ impl InferenceExport {
 
     /// One line for each sign found (none for a training-mode export).
     pub fn warnings(&self) -> Vec<String> {
-        const HOW: &str = "export in training mode (README, \"Exporting your model\")";
+        const HOW: &str = "export in training mode (docs/usage/exporting.md)";
         let mut out = Vec::new();
         if self.folded_batch_norms > 0 {
             out.push(format!(
                 "the exporter's optimizer folded BatchNorm into {} nodes (the dynamo \
                  exporter's optimize=True): the training step counted here has no \
                  BatchNorm there and saves less than PyTorch's; export with \
-                 optimize=False (README, \"Exporting your model\")",
+                 optimize=False (docs/usage/exporting.md)",
                 self.folded_batch_norms
             ));
         } else if self.folded_conv_weights > 0 {
@@ -112,7 +112,7 @@ impl InferenceExport {
                  (the dynamo exporter's optimize=True, e.g. rotary cos/sin tables from a \
                  buffer): memplan cannot tell them from parameters and trains them, so the \
                  step counted here saves more than PyTorch's; export with optimize=False \
-                 (README, \"Exporting your model\")",
+                 (docs/usage/exporting.md)",
                 self.folded_constants
             ));
         }

@@ -536,7 +536,7 @@ def worker_export(e, cache):
 
 
 def worker_export_dynamo(e, cache):
-    """The dynamo exporter as README's "Exporting your model" says: train mode, optimize=False,
+    """The dynamo exporter as docs/usage/exporting.md says: train mode, optimize=False,
     a dynamic batch on every input. Float initializers of 1024 elements or more lose their data
     (shape-only, as the TorchScript exports); small ones keep it, since the dynamo exporter stores
     shape constants as initializers."""
@@ -957,8 +957,8 @@ def dynamo_section(w):
     exported = [n for n, r in rows.items() if r.get("export") == "exported"]
     w("### The dynamo exporter")
     w("")
-    w("`census.py dynamo-check` exports the sample again with the dynamo exporter, as README's "
-      "\"Exporting your model\" says (`model.train()`, `torch.onnx.export(..., dynamo=True, "
+    w("`census.py dynamo-check` exports the sample again with the dynamo exporter, as "
+      "docs/usage/exporting.md says (`model.train()`, `torch.onnx.export(..., dynamo=True, "
       "optimize=False)`, a dynamic batch on every input; torch %s, transformers %s), runs the same "
       "memplan at PyTorch's batches and sets it beside PyTorch and beside the TorchScript export's "
       "figures above (tools/census/dynamo_check.json). Attempted %d, exported %d, profiled %d; "
@@ -1382,7 +1382,7 @@ def cmd_cse_check(a, entries):
 
 def cmd_dynamo_check(a, entries):
     """Export the sample (the models PyTorch measured, or --only) with the dynamo exporter as
-    README says (train mode, optimize=False), run memplan at the measured batches, and record
+    docs/usage/exporting.md says (train mode, optimize=False), run memplan at the measured batches, and record
     it against PyTorch and beside the TorchScript export's figures (results.json) in
     dynamo_check.json. Exports are cached in <cache>/dynamo (--force redoes them)."""
     meas = _load(MEASURE, {})

@@ -2,7 +2,7 @@
 step at batch 2 (pytorch.json):
 
 * one small model (Conv -> BatchNorm -> ReLU -> Dropout -> Conv -> BatchNorm -> mean) six
-  ways: the two PyTorch exporters, in training mode as README's "Exporting your model" says
+  ways: the two PyTorch exporters, in training mode as docs/usage/exporting.md says
   and in the ways that write a file for inference (eval mode; the dynamo exporter's default
   optimizer);
 * a rotary embedding as transformers writes it (a non-persistent `inv_freq` buffer that a
