@@ -1,7 +1,7 @@
 //! memplan: predicts the memory of running and training an ONNX model.
 //!
 //! Pipeline: [`onnx::load_model`] maps and decodes the file into the [`ir`] graph;
-//! [`lower::lower`] turns control flow (If, Loop, Scan) and sequences into plain ops
+//! [`infer::lower::lower`] turns control flow (If, Loop, Scan) and sequences into plain ops
 //! for the bindings; [`infer::infer`] binds symbolic dimensions and gives every tensor a concrete
 //! dtype and shape using the per-op rules in [`ops`]; [`memory::profile`] walks
 //! tensor lifetimes over the execution order to the peak; [`report`] prints it;
@@ -15,7 +15,6 @@ pub mod files;
 pub mod fit;
 pub mod infer;
 pub mod ir;
-pub mod lower;
 pub mod memory;
 pub mod moe;
 pub mod numeric;

@@ -136,7 +136,7 @@ impl Loaded {
             .graph
             .order
             .iter()
-            .find(|&&ix| crate::lower::is_lowered(model.graph.node(ix)))
+            .find(|&&ix| crate::infer::lower::is_lowered(model.graph.node(ix)))
         {
             let n = model.graph.node(ix);
             return Err(Error::Rewrite(format!(

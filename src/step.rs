@@ -1,5 +1,6 @@
 //! The training step of a model under its settings, built in one place: the model
-//! lowered (control flow and sequences unrolled for the bindings, [`crate::lower`]) →
+//! lowered and inferred ([`crate::infer::inference`]: control flow and sequences
+//! unrolled for the bindings) →
 //! its inferred shapes → its training schedule → the rematerialization graph (one
 //! node per schedule step, one value per storage), whose no-recompute replay is the
 //! baseline peak ([`RematGraph::baseline_peak`]). Every command builds its step
@@ -9,33 +10,17 @@
 //! (`plan`, `fit`, `bench`, `report`). tests/repo.rs checks that no other file
 //! lowers a model or builds a schedule.
 
-use std::borrow::Cow;
 use std::path::Path;
 
 use crate::error::Result;
-use crate::infer::{infer, Bindings, Inferred};
+use crate::infer::lower::lowered;
+pub use crate::infer::{inference, Inference};
+use crate::infer::{Bindings, Inferred};
 use crate::ir::Model;
 use crate::onnx::load_model;
 use crate::remat::from_schedule::from_schedule;
 use crate::remat::graph::RematGraph;
 use crate::train::{build_schedule, Schedule, TrainOptions};
-
-/// A model lowered for its bindings (borrowed where nothing needed lowering) and
-/// its inferred shapes.
-#[derive(Debug)]
-pub struct Inference<'m> {
-    /// The model as planned and run: lowered where it needs to be.
-    pub model: Cow<'m, Model>,
-    /// Shapes and FLOPs under the bindings.
-    pub inferred: Inferred,
-}
-
-/// `model` lowered for `bindings` and inferred.
-pub fn inference<'m>(model: &'m Model, bindings: &Bindings) -> Result<Inference<'m>> {
-    let model = crate::lower::lower(model, bindings)?;
-    let inferred = infer(&model, bindings)?;
-    Ok(Inference { model, inferred })
-}
 
 /// The training schedule of a lowered, inferred model ([`inference`]).
 pub fn schedule(model: &Model, inferred: &Inferred, opts: &TrainOptions) -> Result<Schedule> {
@@ -61,7 +46,7 @@ pub struct TrainingStep {
 }
 
 /// The training step of `model` under `bindings` and `opts`; `name` names the graph.
-/// A model with control flow or sequences is lowered first ([`crate::lower`]): the
+/// A model with control flow or sequences is lowered first ([`crate::infer::lower`]): the
 /// step's tensors are then the lowered model's (what [`load`] returns).
 pub fn build(
     model: &Model,
@@ -80,13 +65,13 @@ pub fn build(
 }
 
 /// Loads the ONNX file at `path` and builds its training step (the graph named by
-/// the path); the model is returned lowered for `bindings` ([`crate::lower`]).
+/// the path); the model is returned lowered for `bindings` ([`crate::infer::lower`]).
 pub fn load(
     path: &Path,
     bindings: &Bindings,
     opts: &TrainOptions,
 ) -> Result<(Model, TrainingStep)> {
-    let model = crate::lower::lowered(load_model(path)?, bindings)?;
+    let model = lowered(load_model(path)?, bindings)?;
     let step = build(&model, bindings, opts, &path.display().to_string())?;
     Ok((model, step))
 }

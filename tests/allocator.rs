@@ -215,7 +215,7 @@ mod training {
             batch: Some(batch),
             ..Default::default()
         };
-        let m = memplan::lower::lower(&model, &b).unwrap();
+        let m = memplan::infer::lower::lower(&model, &b).unwrap();
         let inf = infer(&m, &b).unwrap();
         build_schedule(&m, &inf, &TrainOptions::default()).unwrap()
     }
@@ -611,14 +611,14 @@ mod training {
         );
     }
 
-    /// The replay against PyTorch on an H200 (models/allocator_h200.json: 24 runs
+    /// The replay against PyTorch on an H200 (tests/data/pytorch/allocator_h200.json: 24 runs
     /// of six models at two batches, default and expandable segments, plus the
     /// diagnostic variants; measured 4 December 2026 with
     /// tools/gpu-allocator-check.py, docs/ALLOCATOR.md). What the process holds
     /// (nvidia-smi) is the reserved bytes plus the H200's measured context.
     #[test]
     fn replay_matches_pytorch_on_an_h200() {
-        let path = common::shipped("allocator_h200.json");
+        let path = common::pytorch_data("allocator_h200.json");
         let data: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         let h200 = Gpu::named("h200").unwrap();

@@ -1,5 +1,5 @@
 //! Mixed precision (`--precision amp-fp16` / `amp-bf16`) against what PyTorch saves
-//! under CUDA autocast (models/amp_reference.json, written by
+//! under CUDA autocast (tests/data/pytorch/amp_reference.json, written by
 //! `python tools/pytorch/amp_reference.py`: every model of models/ on *fake* CUDA tensors,
 //! so autocast's CUDA cast lists, its weight cache, CUDA's dropout and BatchNorm run
 //! as on a GPU without one; SDPA's kernel is the one an H200 picked). Saved bytes
@@ -36,7 +36,7 @@ fn step(
         batch: Some(batch),
         ..Default::default()
     };
-    let model = memplan::lower::lowered(load_model(path).unwrap(), &bind).unwrap();
+    let model = memplan::infer::lower::lowered(load_model(path).unwrap(), &bind).unwrap();
     let inf = infer(&model, &bind).unwrap();
     let opts = TrainOptions {
         precision,
@@ -48,7 +48,7 @@ fn step(
 }
 
 fn reference() -> serde_json::Map<String, Value> {
-    let text = std::fs::read_to_string(common::shipped("amp_reference.json")).unwrap();
+    let text = std::fs::read_to_string(common::pytorch_data("amp_reference.json")).unwrap();
     serde_json::from_str::<Value>(&text)
         .unwrap()
         .as_object()

@@ -33,9 +33,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use memplan::infer::lower::lower;
 use memplan::infer::{infer, Bindings, Inferred};
 use memplan::ir::{DType, DimDecl};
-use memplan::lower::lower;
 use memplan::onnx::load_model;
 use memplan::onnx::proto::TensorProto;
 use memplan::ops::RuleError;

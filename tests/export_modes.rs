@@ -255,7 +255,7 @@ fn the_executor_reads_the_dynamo_exporters_external_data() {
             routing: None,
         };
         let m = memplan::onnx::load_model(&file(name)).unwrap();
-        let m = memplan::lower::lowered(m, &b).unwrap();
+        let m = memplan::infer::lower::lowered(m, &b).unwrap();
         let inf = infer(&m, &b).unwrap();
         let exec = Executor::new(&m, &inf, Options::default()).unwrap();
         let (shape, x) = tensor(&j[key]["x"]);

@@ -146,7 +146,7 @@ fn run_bound(model: &memplan::ir::Model, batch: Option<u64>) {
         batch,
         ..Default::default()
     };
-    let Ok(m) = memplan::lower::lower(model, &b) else {
+    let Ok(m) = memplan::infer::lower::lower(model, &b) else {
         return;
     };
     let Ok(inf) = infer(&m, &b) else {

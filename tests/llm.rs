@@ -1,5 +1,5 @@
 //! Decoder LLMs at sequence 2048 against what PyTorch measured for the same step
-//! (models/llm_reference.json, written by `python tools/llm/reference.py` on CPU,
+//! (tests/data/pytorch/llm_reference.json, written by `python tools/llm/reference.py` on CPU,
 //! float32): six dense families covering GQA, RoPE, SwiGLU and GeGLU, RMSNorm,
 //! qk-norm, sliding-window attention, tied and untied embeddings, Hugging Face's
 //! in-model cross-entropy (`--loss graph`), and eager and SDPA attention; LoRA and
@@ -121,10 +121,10 @@ fn llm_families_match_pytorch_at_sequence_2048() {
 }
 
 /// The llama and qwen3 configs built in bfloat16 and stepped on the CPU
-/// (models/llm_reference_bf16.json), against their bf16 exports under
+/// (tests/data/pytorch/llm_reference_bf16.json), against their bf16 exports under
 /// `--precision bf16`: Hugging Face's `softmax(x, dtype=float32)` computes and saves
 /// in float32, which the exporter writes as a cast after the softmax
-/// ([`memplan::lower`] swaps them back).
+/// ([`memplan::infer::lower`] swaps them back).
 #[test]
 fn bf16_llm_families_match_pytorch() {
     assert!(matches_pytorch("llm_reference_bf16.json") >= 2);
@@ -172,7 +172,7 @@ fn a_bf16_export_trains_as_written() {
 /// 2048) is sized by the routing assumption, which the output states: balanced gives
 /// each expert T·k/E tokens, capacity=2 twice that, worst one expert every token.
 /// Every routing holds T·k rows in all, so balanced and worst save the same bytes
-/// (as PyTorch measured with the router forced to each: models/llm_reference.json,
+/// (as PyTorch measured with the router forced to each: tests/data/pytorch/llm_reference.json,
 /// mixtral and mixtral_worst); capacity=2 sizes every expert at twice its share.
 #[test]
 fn moe_routing_sizes_the_experts_and_is_stated() {
@@ -227,7 +227,7 @@ fn moe_routing_sizes_the_experts_and_is_stated() {
 }
 
 /// QLoRA: the llama_lora file read with `--weight-dtype nf4` stores each frozen Linear
-/// weight as bitsandbytes' `Params4bit` does (models/llm_reference.json llama_qlora:
+/// weight as bitsandbytes' `Params4bit` does (tests/data/pytorch/llm_reference.json llama_qlora:
 /// what bitsandbytes stored for the same model, quantized on the CPU), the output head
 /// kept in float32 as transformers keeps it; the step itself is checked with the other
 /// families (`llm_families_match_pytorch_at_sequence_2048`).
@@ -247,7 +247,7 @@ fn nf4_stores_what_bitsandbytes_stores() {
 }
 
 /// `--checkpoint every-block:selective` on the llama family at sequence 2048, batch 1,
-/// SGD, applied in PyTorch with the `--pytorch` file (models/llm_selective_reference.json,
+/// SGD, applied in PyTorch with the `--pytorch` file (tests/data/pytorch/llm_selective_reference.json,
 /// `python tools/llm/selective.py`, CPU, float32): PyTorch keeps after forward what the
 /// plan keeps plus the outputs (within 0.01 %; the loss and one CPU RNG state per
 /// checkpointed block taken out), its device-equivalent step peak is within 5 % of the
@@ -267,7 +267,7 @@ fn a_selective_llm_plan_matches_pytorch() {
 }
 
 /// `plan --checkpoint every-block:offload`'s file in PyTorch (tools/llm/selective.py
-/// --preset every-block:offload, models/llm_offload_reference.json): what is alive
+/// --preset every-block:offload, tests/data/pytorch/llm_offload_reference.json): what is alive
 /// after forward and the step peak as memplan's, the gradients bitwise the baseline's,
 /// and the bytes its hooks copied back equal to memplan's; what they copied to the
 /// host within 2 % under memplan's (a tensor saved twice is copied once).

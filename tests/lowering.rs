@@ -15,9 +15,9 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use memplan::exec::{Executor, Options, Tensor};
+use memplan::infer::lower::{is_lowered, lowered};
 use memplan::infer::{infer, Bindings};
 use memplan::ir::Model;
-use memplan::lower::{is_lowered, lowered};
 use memplan::onnx::load_model;
 use serde_json::Value;
 
@@ -342,7 +342,7 @@ fn unrolling_has_a_budget() {
     assert!(!ok);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(
-        err.contains(&memplan::lower::MAX_ADDED_NODES.to_string()),
+        err.contains(&memplan::infer::lower::MAX_ADDED_NODES.to_string()),
         "{err}"
     );
 }

@@ -24,7 +24,7 @@ pub enum Attr {
     /// map of every node's attributes) stay small.
     Tensor(Box<TensorData>),
     /// `GRAPH`: a subgraph (If's branches, Loop's and Scan's body), kept as its
-    /// protobuf encoding (a `GraphProto`); `crate::lower` decodes and inlines it
+    /// protobuf encoding (a `GraphProto`); lowering (src/infer/lower) decodes and inlines it
     /// once shapes are known.
     Graph(bytes::Bytes),
     /// Other kinds memplan does not interpret (`GRAPHS`, sparse tensors...); the

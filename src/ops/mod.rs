@@ -696,7 +696,7 @@ pub enum Storage {
     Reshape,
 }
 
-/// The ONNX domain of the forward ops [`crate::lower`] writes in place of an
+/// The ONNX domain of the forward ops lowering (src/infer/lower) writes in place of an
 /// exporter's spelling of them (`SliceScatter` for a scatter over a box's grid); a
 /// lowered model imports it, version 1.
 pub const LOWERED_DOMAIN: &str = "ai.memplan.lowered";

@@ -451,7 +451,7 @@ pub fn build_schedule(model: &Model, inf: &Inferred, opts: &TrainOptions) -> Res
             slots.push(Some(s));
         }
         // `softmax(x, dtype=float32)` on a half `x` converts `x` inside the op, which
-        // [`crate::lower`] writes `Softmax(Cast(x))`: `x` lives through the softmax.
+        // [`crate::infer::lower`] writes `Softmax(Cast(x))`: `x` lives through the softmax.
         if let Some(s) =
             super::policy::upcast_softmax_source(model, inf, node).and_then(|x| tstore[x])
         {

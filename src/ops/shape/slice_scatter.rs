@@ -9,13 +9,13 @@
 //! grid, built from shapes (`Range` → `Expand` → `Unsqueeze` → `Concat`): an int64
 //! tensor of 8·k bytes per updated element that PyTorch never makes, and which the
 //! scatter's backward would save (MViT v2's relative-position add: 600 MiB a block
-//! at batch 1). [`crate::lower`] replaces such scatters with this op and drops the
+//! at batch 1). Lowering (src/infer/lower) replaces such scatters with this op and drops the
 //! grid's nodes. Its backward saves nothing: `updates`' gradient is the box of the
 //! output's, `data`'s the output's with the box zeroed ("none") or whole ("add").
 
 use super::*;
 
-/// The internal op [`crate::lower`] writes for a box-shaped `ScatterND`.
+/// The internal op lowering (src/infer/lower) writes for a box-shaped `ScatterND`.
 pub const SLICE_SCATTER: &str = "SliceScatter";
 
 pub(super) struct SliceScatter;

@@ -7,12 +7,33 @@
 //! fixed dim 0 that differs from N is an error. `--dim name=value` binds any other
 //! named dimension. An unbound dimension is an error naming it.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use crate::error::{Error, Result, Setting};
 use crate::ir::{DimDecl, Model, TensorId, TensorKind};
 use crate::moe::{Routing, RoutingSummary, Site};
 use crate::ops::{registry, shape::literal_fact, Cx, Fact, RuleError};
+
+pub mod lower;
+
+/// A model lowered for its bindings (borrowed where nothing needed lowering) and
+/// its inferred shapes: what every command plans and runs.
+#[derive(Debug)]
+pub struct Inference<'m> {
+    /// The model as planned and run: lowered where it needs to be.
+    pub model: Cow<'m, Model>,
+    /// Shapes and FLOPs under the bindings.
+    pub inferred: Inferred,
+}
+
+/// `model` lowered for `bindings` ([`lower`]: control flow and sequences unrolled)
+/// and inferred. [`infer`] alone refuses a model that needs lowering.
+pub fn inference<'m>(model: &'m Model, bindings: &Bindings) -> Result<Inference<'m>> {
+    let model = lower::lower(model, bindings)?;
+    let inferred = infer(&model, bindings)?;
+    Ok(Inference { model, inferred })
+}
 
 /// Largest accepted batch size: far beyond any real GPU step, small enough that
 /// sizes stay well inside u64.
@@ -108,8 +129,8 @@ pub fn check_supported(model: &Model) -> Result<()> {
         if reg.get(&n.domain, &n.op_type).is_some() {
             continue;
         }
-        if crate::lower::is_lowered(n) {
-            // Lowered (crate::lower) into the ops of its subgraphs, checked here.
+        if lower::is_lowered(n) {
+            // Lowered (lower) into the ops of its subgraphs, checked here.
             for a in n.attrs.values() {
                 if let crate::ir::Attr::Graph(bytes) = a {
                     use prost::Message;
@@ -144,14 +165,14 @@ pub fn check_supported(model: &Model) -> Result<()> {
 }
 
 /// Calls `check(domain, op_type, name)` for every node of a subgraph and of the
-/// subgraphs inside it, except the ops `crate::lower` rewrites.
+/// subgraphs inside it, except the ops [`lower`] rewrites.
 fn subgraph_ops(g: &crate::onnx::proto::GraphProto, check: &mut impl FnMut(&str, &str, &str)) {
     for n in &g.node {
         let domain = match n.domain() {
             "ai.onnx" => "",
             d => d,
         };
-        if domain.is_empty() && crate::lower::LOWERED.contains(&n.op_type()) {
+        if domain.is_empty() && lower::LOWERED.contains(&n.op_type()) {
             for a in &n.attribute {
                 if let Some(sub) = &a.g {
                     subgraph_ops(sub, check);
@@ -415,7 +436,7 @@ pub(crate) fn infer_node(
     let err = |reason: String| Error::node(&node.name, &node.op_type, reason);
     let rule_err = |e: RuleError| Error::rule(&node.name, &node.op_type, e);
     let Some(op) = registry().get(&node.domain, &node.op_type) else {
-        return Err(if crate::lower::is_lowered(node) {
+        return Err(if lower::is_lowered(node) {
             err("control flow and sequences are lowered first (memplan::lower::lower)".into())
         } else {
             Error::Unsupported(vec![(node.op_type.to_string(), node.name.to_string())])
@@ -574,7 +595,7 @@ mod tests {
 
     #[test]
     fn lowered_and_value_shaped_ops_are_not_supported() {
-        let ops = crate::lower::LOWERED
+        let ops = super::lower::LOWERED
             .iter()
             .chain(VALUE_SHAPED.iter().map(|(op, _)| op));
         for op in ops {
