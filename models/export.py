@@ -2,14 +2,14 @@
 """Export the ONNX test models used by memplan (dev-time tool, not needed to build memplan).
 
 Usage:
-    python models/export.py                  # (re)generate every models/*.onnx + models/reference.json
+    python models/export.py                  # (re)generate every models/*.onnx + tests/data/pytorch/reference.json
     python models/export.py --only mlp,gpt2  # regenerate a subset (reference.json entries are merged)
     python models/export.py --big PATH [--gb 1.0]
                                              # write a ~1 GB ONNX MLP with inline weights to PATH
                                              # (for memory measurements; never commit it)
     python models/export.py --training [--only a,b] [--device cpu|cuda] [--out PATH]
                                              # measure one PyTorch training step (saved tensors,
-                                             # peak memory) -> models/training_reference.json
+                                             # peak memory) -> tests/data/pytorch/training_reference.json
 
 Requirements: torch, torchvision, transformers, timm, onnx, onnxscript (dynamo exporter);
 onnxruntime is optional (used only to check that the exported graphs run at batch 2 and 3).
@@ -38,6 +38,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# The PyTorch references the tests compare with (reference.json, training_reference*.json).
+DATA = os.path.join(os.path.dirname(HERE), "tests", "data", "pytorch")
 BATCH = 2  # batch size used for tracing and for the reference outputs
 
 FLOAT_TYPES = None  # filled lazily: ONNX TensorProto data types that are floating point
@@ -1111,7 +1113,7 @@ OPTYPES_HEADER = """# Op-type report for models/*.onnx, written by `python model
 #  * Shape-only files: initializers have name/dims/data_type but no data (onnx.checker rejects
 #    them: "should contain one and only one value field"); onnx.shape_inference works on them.
 #  * Graph-output dims named like 'MatMullogits_dim_1' are the TorchScript exporter's own
-#    symbolic names for dims it could not infer; PyTorch's real shapes are in models/reference.json.
+#    symbolic names for dims it could not infer; PyTorch's real shapes are in tests/data/pytorch/reference.json.
 
 """
 
@@ -2001,7 +2003,7 @@ def main_training(a):
     if device == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: torch.cuda.is_available() is False")
     default_out = "training_reference.json" if device == "cpu" else "training_reference_%s.json" % device
-    out_path = a.out or os.path.join(HERE, default_out)
+    out_path = a.out or os.path.join(DATA, default_out)
     names = [n for n in MODELS if n not in TRAIN_EXCLUDED] if not a.only else a.only.split(",")
     for n in names:
         if n not in MODELS:
@@ -2096,10 +2098,10 @@ def main():
     ap.add_argument("--optypes", default="/tmp/optypes.txt", help="where to write the op-type report")
     ap.add_argument("--training", action="store_true",
                     help="measure one PyTorch training step per model (batches 2 and 4, SGD and Adam) and "
-                    "write models/training_reference.json (no ONNX export)")
+                    "write tests/data/pytorch/training_reference.json (no ONNX export)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="--training: device (default cpu)")
-    ap.add_argument("--out", help="--training: output path (default models/training_reference.json, "
-                    "models/training_reference_cuda.json with --device cuda)")
+    ap.add_argument("--out", help="--training: output path (default tests/data/pytorch/training_reference.json, "
+                    "tests/data/pytorch/training_reference_cuda.json with --device cuda)")
     a = ap.parse_args()
 
     if a.training:
@@ -2116,7 +2118,7 @@ def main():
 
     warnings.filterwarnings("ignore")
     names = list(MODELS) if not a.only else a.only.split(",")
-    ref_path = os.path.join(HERE, "reference.json")
+    ref_path = os.path.join(DATA, "reference.json")
     ref = {}
     if a.only and os.path.exists(ref_path):
         with open(ref_path) as f:

@@ -1,7 +1,7 @@
 //! The CPU executor's forward pass.
 //!
 //! - The real-weight tiny models (mlp, cnn, transformer) against onnxruntime's
-//!   outputs on the same inputs (models/forward_reference.json, written by
+//!   outputs on the same inputs (tests/data/pytorch/forward_reference.json, written by
 //!   tools/pytorch/forward_reference.py). Error metric, per output tensor: the max-norm
 //!   relative error `max_i |got_i − want_i| / max(max_i |want_i|, 1e-6)`; it must be
 //!   below 1e-4.
@@ -80,7 +80,7 @@ fn batchnorm_eval(model: &mut Model) {
 
 #[test]
 fn real_weight_models_match_onnxruntime() {
-    let text = std::fs::read_to_string(common::shipped("forward_reference.json")).unwrap();
+    let text = std::fs::read_to_string(common::pytorch_data("forward_reference.json")).unwrap();
     let refs: Json = serde_json::from_str(&text).unwrap();
     let cases = refs["cases"].as_array().unwrap();
     assert_eq!(cases.len(), 4);

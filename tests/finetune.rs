@@ -244,14 +244,14 @@ fn patterns_that_select_nothing_say_so() {
     assert!(ParamSelection::new(Some("[a-"), None).is_err());
 }
 
-/// Frozen steps against PyTorch (models/finetune_reference.json, written by
+/// Frozen steps against PyTorch (tests/data/pytorch/finetune_reference.json, written by
 /// `python tools/pytorch/finetune_reference.py` on CPU, fp32): saved bytes equal (CPU
 /// dropout's float32 noise converted to CUDA's 1-byte mask, as tests/training.rs
 /// does), gradients and Adam state equal, step peaks within 5 % of the peak a CUDA
 /// run would have ([`common::device_equivalent_peak`]).
 #[test]
 fn frozen_steps_match_pytorch() {
-    let text = std::fs::read_to_string(common::shipped("finetune_reference.json")).unwrap();
+    let text = std::fs::read_to_string(common::pytorch_data("finetune_reference.json")).unwrap();
     let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
     let mut checked = 0;
     let mut report = Vec::new();
@@ -311,8 +311,8 @@ fn frozen_steps_match_pytorch() {
 }
 
 /// Module plans applied in PyTorch with the file `plan --pytorch` writes
-/// (models/module_plan_reference.json: every model with modules, batch 2, the plans
-/// at budgets 0.8 and 0.6, and DenseNet-121 at batch 4 under 297 MiB; models/finetune_reference.json: every-block on ResNet-50
+/// (tests/data/pytorch/module_plan_reference.json: every model with modules, batch 2, the plans
+/// at budgets 0.8 and 0.6, and DenseNet-121 at batch 4 under 297 MiB; tests/data/pytorch/finetune_reference.json: every-block on ResNet-50
 /// and GPT-2 at batch 8, the transformer's first layer). Bytes alive when forward
 /// ends (what forward keeps for backward, plus the outputs) and step peaks, CPU
 /// dropout noise converted to CUDA masks as above, and the host-side bytes a CPU run
@@ -334,11 +334,11 @@ fn module_plans_match_pytorch() {
     // Every plan tools/pytorch/module_plans.py wrote ran in PyTorch (DenseNet-121 included:
     // its blocks append to the list they pass each layer, issue 49).
     let planned: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(common::shipped("module_plan_cases.json")).unwrap(),
+        &std::fs::read_to_string(common::pytorch_data("module_plan_cases.json")).unwrap(),
     )
     .unwrap();
     let measured: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(common::shipped("module_plan_reference.json")).unwrap(),
+        &std::fs::read_to_string(common::pytorch_data("module_plan_reference.json")).unwrap(),
     )
     .unwrap();
     for c in planned.as_array().unwrap() {
@@ -355,7 +355,7 @@ fn module_plans_match_pytorch() {
         "module_plan_bench.json",
         "module_plan_selective.json",
     ] {
-        let text = std::fs::read_to_string(common::shipped(file)).unwrap();
+        let text = std::fs::read_to_string(common::pytorch_data(file)).unwrap();
         let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
         for (name, x) in doc["cases"].as_object().unwrap() {
             let Some(mods) = x["checkpointed_modules"].as_array() else {
@@ -437,7 +437,7 @@ fn module_plans_match_pytorch() {
     assert!(checked >= 80, "{checked} cases");
 }
 
-/// One op plan of models/op_plans/ as a measurement file names it (`checkpoint_file`):
+/// One op plan of tests/data/pytorch/op_plans/ as a measurement file names it (`checkpoint_file`):
 /// the step memplan builds now for the case, the committed plan (`*.plan.json`, the
 /// instructions `plan -o` wrote in the same run beside the Python file) replayed on it,
 /// and the Python file. Checks that the plan replays to the peak predicted then, that the
@@ -518,10 +518,10 @@ fn op_plan_file(name: &str, x: &serde_json::Value) -> OpPlanFile {
 }
 
 /// Op plans applied in PyTorch with the file `plan --pytorch` writes for an op plan
-/// (saved-tensor hooks; models/op_plans/: ResNet-50 batch 8 at budgets 544, 525 and 467
+/// (saved-tensor hooks; tests/data/pytorch/op_plans/: ResNet-50 batch 8 at budgets 544, 525 and 467
 /// MiB, FLOP-costed and `--roofline`-costed, GPT-2 batch 8 at 1510 MiB both ways, SGD; measured by
 /// tools/pytorch/finetune_reference.py into
-/// models/op_plan_pytorch.json).
+/// tests/data/pytorch/op_plan_pytorch.json).
 /// The committed plan (`*.plan.json`, the instructions `plan -o` wrote in the same run)
 /// replayed on the step memplan builds now: its peak is the one predicted then; the
 /// Python file's RECOMPUTE is what [`reruns`] gives for it, and its runtime today's; PyTorch's bytes alive at
@@ -549,7 +549,7 @@ fn op_plans_match_pytorch() {
 const OP_PLAN_FORWARD_END_EXCLUDED: [&str; 1] = ["vit_b_16"];
 
 /// The op plan of every model in models/ (batch 2, SGD, 0.8 of the no-recompute peak;
-/// `python tools/pytorch/op_plans.py`, measured into models/op_plan_every.json): the file
+/// `python tools/pytorch/op_plans.py`, measured into tests/data/pytorch/op_plan_every.json): the file
 /// written with `--pytorch`, applied with its `apply(model)`, runs the step in PyTorch,
 /// its hooks find every value of RECOMPUTE (`memplan_missing` empty: the plan was made
 /// recomputing only ops the file reruns), and PyTorch keeps after forward the bytes the
@@ -558,11 +558,11 @@ const OP_PLAN_FORWARD_END_EXCLUDED: [&str; 1] = ["vit_b_16"];
 /// plan's: PyTorch recomputes a value when backward first needs it and keeps it until
 /// its last use, where a plan may recompute it twice, so PyTorch's peak is up to 41 %
 /// above the plan's (docs/TRAINING_MEMORY.md); asserted: never 0.1 % above PyTorch's own peak
-/// without the file (models/training_reference.json), where that is measured.
+/// without the file (tests/data/pytorch/training_reference.json), where that is measured.
 #[test]
 fn op_plans_of_every_model_run_in_pytorch() {
     let read = |f: &str| -> serde_json::Value {
-        serde_json::from_str(&std::fs::read_to_string(common::shipped(f)).unwrap()).unwrap()
+        serde_json::from_str(&std::fs::read_to_string(common::pytorch_data(f)).unwrap()).unwrap()
     };
     let doc = read("op_plan_every.json");
     let planned = read("op_plan_every_cases.json");
@@ -635,7 +635,7 @@ impl OpPlanMeasured {
 /// against the replay's (printed); every plan recomputes at least `min_reruns` values.
 fn op_plans_against(file: &str, min_reruns: usize) -> Vec<OpPlanMeasured> {
     use memplan::remat::modules::saved_at_forward_end;
-    let text = std::fs::read_to_string(common::shipped(file)).unwrap();
+    let text = std::fs::read_to_string(common::pytorch_data(file)).unwrap();
     let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
     let mut out = Vec::new();
     let cases = doc["cases"].as_object().unwrap();
@@ -693,12 +693,12 @@ fn op_plans_against(file: &str, min_reruns: usize) -> Vec<OpPlanMeasured> {
 /// --pytorch` writes marks the plan's ops MUST_RECOMPUTE in a selective activation
 /// checkpoint around the model, then `model.compile()` (inductor, no memory budget).
 /// Measured by `python tools/pytorch/finetune_reference.py --cases
-/// models/op_plan_compiled_cases.json --out models/op_plan_compiled.json --no-time`
+/// tests/data/pytorch/op_plan_compiled_cases.json --out tests/data/pytorch/op_plan_compiled.json --no-time`
 /// (ResNet-50 at 510, 490 and 467 MiB, GPT-2 at 1700 down to 1445 MiB, batch 8, SGD,
 /// FLOP-costed: the compiler fuses what an eager rerun pays a pass over memory for).
 /// Each file is its committed plan, as for the eager plans; the compiler's trace marked
 /// every op the plan recomputes, in the eager forward's order; the compiled step's
-/// peak is below compile's own without a budget (models/finetune_reference.json
+/// peak is below compile's own without a budget (tests/data/pytorch/finetune_reference.json
 /// peers, `compile_1.0`) and never rises as memplan's predicted peak falls; and each
 /// model's lowest plan is at or below the lower of compile's budgets 0.5 and 0.2. memplan
 /// models eager PyTorch, not inductor's buffers, so the peak itself is compared in
@@ -706,7 +706,7 @@ fn op_plans_against(file: &str, min_reruns: usize) -> Vec<OpPlanMeasured> {
 #[test]
 fn compiled_op_plans_match_their_plans() {
     let read = |f: &str| -> serde_json::Value {
-        serde_json::from_str(&std::fs::read_to_string(common::shipped(f)).unwrap()).unwrap()
+        serde_json::from_str(&std::fs::read_to_string(common::pytorch_data(f)).unwrap()).unwrap()
     };
     let doc = read("op_plan_compiled.json");
     let peers = read("finetune_reference.json");

@@ -19,7 +19,7 @@
 //!   op by op; only `torch.rsqrt`, one op written as two, is a pattern (the rules
 //!   saved the square root too: 66560 bytes at batch 2 for PyTorch's 66048). The
 //!   same pattern makes models/llama_small.onnx's saved bytes PyTorch's exactly
-//!   (models/training_reference.json).
+//!   (tests/data/pytorch/training_reference.json).
 //! - `rmsnorm_div`: RMSNorm as `x / torch.sqrt(·)`: no pattern, the rules already
 //!   save what eager saves.
 //! - `silu`, `gelu_tanh`: `F.silu` (exported as Sigmoid + Mul) and

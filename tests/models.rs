@@ -1,5 +1,5 @@
 //! Every model in models/ loads, every tensor gets a concrete shape, and parameter
-//! counts and output shapes equal what PyTorch reports (models/reference.json,
+//! counts and output shapes equal what PyTorch reports (tests/data/pytorch/reference.json,
 //! written by models/export.py).
 
 mod common;
@@ -10,7 +10,7 @@ use memplan::onnx::load_model;
 use serde_json::Value;
 
 fn reference() -> serde_json::Map<String, Value> {
-    let text = std::fs::read_to_string(common::shipped("reference.json")).unwrap();
+    let text = std::fs::read_to_string(common::pytorch_data("reference.json")).unwrap();
     let v: Value = serde_json::from_str(&text).unwrap();
     v.as_object().unwrap().clone()
 }
@@ -177,10 +177,10 @@ fn both_exporters_agree() {
 
 /// Every tensor (graph inputs and node outputs) gets the dtype and shape that
 /// onnxruntime produced when it executed the graph at batch 2
-/// (models/tensor_shapes.json, written by tools/pytorch/tensor_shapes.py).
+/// (tests/data/pytorch/tensor_shapes.json, written by tools/pytorch/tensor_shapes.py).
 #[test]
 fn every_tensor_matches_onnxruntime_execution() {
-    let text = std::fs::read_to_string(common::shipped("tensor_shapes.json")).unwrap();
+    let text = std::fs::read_to_string(common::pytorch_data("tensor_shapes.json")).unwrap();
     let all: Value = serde_json::from_str(&text).unwrap();
     let mut models = 0;
     let mut tensors = 0;

@@ -1,5 +1,5 @@
 //! Training-step memory against what PyTorch measured for the same models
-//! (models/training_reference.json, written by `python models/export.py --training`
+//! (tests/data/pytorch/training_reference.json, written by `python models/export.py --training`
 //! on CPU): saved activations within 2 %, the step's peak within 5 %, for every
 //! model at both batch sizes and both optimizers.
 //!

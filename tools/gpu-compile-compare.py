@@ -25,7 +25,7 @@ ones with eager.
         --warmup 1 --only none,compile_1.0   # a smoke test of the script itself
 
 Configurations per model (batch 8): none (eager), every-block (eager), compile budgets
-1.0 / 0.5 / 0.2, and memplan's op plans of models/op_plans/ given to the compiler
+1.0 / 0.5 / 0.2, and memplan's op plans of tests/data/pytorch/op_plans/ given to the compiler
 (`compile_policy`, budget 1.0) and run eagerly (`apply`).
 """
 
@@ -40,7 +40,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-# memplan's op plans at batch 8 (models/op_plans/, made with `memplan plan MODEL --batch 8
+# memplan's op plans at batch 8 (tests/data/pytorch/op_plans/, made with `memplan plan MODEL --batch 8
 # --optimizer sgd --budget B --time-limit 10 --pytorch ...`), by model.
 PLANS = {
     "resnet50": ["resnet50_b8_510", "resnet50_b8_490", "resnet50_b8_467"],
@@ -54,7 +54,7 @@ def configurations(model, plans=None):
     for b in (1.0, 0.5, 0.2):
         out.append(dict(base, name="compile_%s" % b, compile_budget=b))
     for p in [p for p in (plans or PLANS.get(model, [])) if p.startswith(model + "_")]:
-        f = "models/op_plans/%s.py" % p
+        f = "tests/data/pytorch/op_plans/%s.py" % p
         out.append(dict(base, name="compile_" + p, checkpoint_file=f, compile_plan=True, compile_budget=1.0))
         out.append(dict(base, name="eager_" + p, checkpoint_file=f))
     return out
@@ -120,7 +120,7 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated configuration names to run (default: all)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--plans", default="", help="comma-separated op plans of models/op_plans/ to run "
+    ap.add_argument("--plans", default="", help="comma-separated op plans of tests/data/pytorch/op_plans/ to run "
                                                 "(default: those of PLANS for the model)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=20)

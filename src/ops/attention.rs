@@ -48,7 +48,7 @@ use crate::numeric::Tensor;
 /// transpose does not restore `[B, S, H, D]` (`nn.MultiheadAttention`'s `permute(2, 0, 1, 3)`), the
 /// reshape after it copies, and `out_proj` saves the copy beside the output the
 /// kernel saves: one tensor a layer more than on the CPU (vit_b_16 on an H200,
-/// models/training_reference_cuda_h200.json).
+/// tests/data/pytorch/training_reference_cuda_h200.json).
 pub const SDPA_F32_LAYOUT: [usize; 4] = [0, 2, 1, 3];
 
 /// Sizes of one application (after the 3-D inputs are split into heads).

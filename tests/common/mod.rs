@@ -162,6 +162,14 @@ pub fn shipped(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// Path of a reference file: what PyTorch measured that a test compares with, and the
+/// generated plans it names (tests/data/pytorch/, tests/data/pytorch/README.md).
+pub fn pytorch_data(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/pytorch")
+        .join(name)
+}
+
 /// An int64 scalar initializer.
 pub fn scalar_int(name: &str, v: i64) -> TensorProto {
     TensorProto {
@@ -216,9 +224,9 @@ pub fn memplan_json(args: &[&str]) -> serde_json::Value {
 /// 9 MiB; the CPU conv3d's buffers). Taken at every instant, not only at the raw
 /// peak: by a backward peak most of forward's noise and many checkpoints' states
 /// are freed, and without the scratch the peak may move. `m`: one optimizer's entry.
-/// A JSON object shipped in models/ (a reference file).
+/// A reference file's JSON object ([`pytorch_data`]).
 pub fn json_object(file: &str) -> serde_json::Map<String, serde_json::Value> {
-    let text = std::fs::read_to_string(shipped(file)).unwrap();
+    let text = std::fs::read_to_string(pytorch_data(file)).unwrap();
     match serde_json::from_str(&text).unwrap() {
         serde_json::Value::Object(m) => m,
         other => panic!("{file}: not an object: {other}"),

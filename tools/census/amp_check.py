@@ -67,7 +67,7 @@ def main():
         "memplan": "profile FILE --batch B --train --optimizer sgd --precision amp-fp16 --json: "
         "training.saved_activation_bytes (fp32: the same without --precision)",
         "pytorch": "tools/pytorch/amp_reference.py's measure_model, fp16 (bf16 saved the same bytes on "
-        "every model of models/amp_reference.json)",
+        "every model of tests/data/pytorch/amp_reference.json)",
     }
     for name in names:
         t0 = time.time()

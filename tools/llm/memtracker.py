@@ -1,6 +1,6 @@
 """memplan beside PyTorch's MemTracker on the LLM references (dev-time, CPU).
 
-For each family of tools/llm/reference.py at one batch, SGD (the step of models/llm_reference.json:
+For each family of tools/llm/reference.py at one batch, SGD (the step of tests/data/pytorch/llm_reference.json:
 zero_grad(set_to_none), forward, the model's loss or logits.mean(), backward, step, after a warm-up):
   * MemTracker on real tensors (torch.distributed._tools.mem_tracker), its peak and seconds;
   * MemTracker under FakeTensorMode (the model built and run on fake tensors), its peak and seconds;
@@ -92,7 +92,7 @@ def main():
     import torch
 
     torch.set_num_threads(2)
-    ref = json.load(open(os.path.join(ROOT, "models", "llm_reference.json")))
+    ref = json.load(open(os.path.join(ROOT, "tests", "data", "pytorch", "llm_reference.json")))
     rows = {}
     for fam in a.families.split(","):
         x = ref[fam]["batch_%d" % a.batch]["sgd"]
@@ -111,7 +111,7 @@ def main():
         rows[fam] = row
     meta = {"generated_by": "python tools/llm/memtracker.py --batch %d" % a.batch,
             "torch": torch.__version__, "batch": a.batch, "seq": 2048, "optimizer": "sgd",
-            "pytorch_step_peak_bytes": "models/llm_reference.json: resident_bytes_before_step + "
+            "pytorch_step_peak_bytes": "tests/data/pytorch/llm_reference.json: resident_bytes_before_step + "
             "step_peak_delta_bytes (torch.profiler allocation events, real tensors, CPU)"}
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:

@@ -3,9 +3,9 @@
 For every family below: the model is built from its config (seeded, real weights, CPU) and one
 training step is measured as models/export.py measures the other references (saved bytes by
 saved_tensors_hooks, the step peak from torch.profiler's allocation events, SGD and AdamW; see
-models/training_reference.json's _meta); the same config is exported shape-only by memplan-export
+tests/data/pytorch/training_reference.json's _meta); the same config is exported shape-only by memplan-export
 to models/llm/<family>.onnx, which tests/llm.rs profiles and compares with
-models/llm_reference.json.
+tests/data/pytorch/llm_reference.json.
 
     python tools/llm/reference.py [--families llama,qwen3] [--batches 1,2] [--seq 2048]
 """
@@ -259,7 +259,7 @@ def main():
     ap.add_argument("--batches", default="1,2")
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--out", default=os.path.join(ROOT, "models", "llm_reference.json"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "tests", "data", "pytorch", "llm_reference.json"))
     ap.add_argument("--no-measure", action="store_true", help="only export the fixtures")
     a = ap.parse_args()
     import torch
@@ -275,7 +275,7 @@ def main():
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "device": "cpu",
         "seq": a.seq,
-        "definitions": "as models/training_reference.json (_meta.definitions), with AdamW "
+        "definitions": "as tests/data/pytorch/training_reference.json (_meta.definitions), with AdamW "
         "(torch.optim.AdamW(lr=1e-3, foreach=True)) beside SGD; the model is the family's config "
         "built by transformers (seed 0), called as model(input_ids=, labels=, use_cache=False, "
         "return_dict=False); loss = the model's own (labels given) or logits.mean()",

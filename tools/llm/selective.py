@@ -8,7 +8,7 @@ For a family of tools/llm/reference.py (default llama, sequence 2048, batch 1, S
      training step measured as models/export.py measures every reference (profiler timeline:
      bytes alive when forward ends, the step peak and its device-equivalent);
   3. gradients of one step with the file against one without it, bitwise (torch.equal).
-Writes models/llm_selective_reference.json, or models/llm_offload_reference.json for the
+Writes tests/data/pytorch/llm_selective_reference.json, or tests/data/pytorch/llm_offload_reference.json for the
 offload (or --out); tests/llm.rs reads them.
 
     python tools/llm/selective.py [--preset every-block:offload] [--family llama] [--seq 2048]
@@ -111,7 +111,7 @@ def main():
     ap.add_argument("--out")
     a = ap.parse_args()
     globals()["PRESET"] = a.preset
-    a.out = a.out or os.path.join(ROOT, "models", OUT[a.preset])
+    a.out = a.out or os.path.join(ROOT, "tests", "data", "pytorch", OUT[a.preset])
     import torch
 
     torch.set_num_threads(2)

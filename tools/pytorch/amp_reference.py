@@ -5,7 +5,7 @@
 Usage:
     python tools/pytorch/amp_reference.py                      # every model of export.py with an .onnx in models/
     python tools/pytorch/amp_reference.py --only gpt2,vit_b_16 # a subset (entries merged into the output)
-    options: --batches 2,4  --out PATH (default models/amp_reference.json)
+    options: --batches 2,4  --out PATH (default tests/data/pytorch/amp_reference.json)
 
 How: the model export.py builds (the same construction and seed as its ONNX file) is moved to
 *fake* CUDA tensors (torch._subclasses.FakeTensorMode: shapes, dtypes, strides and storages, no
@@ -43,6 +43,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 MODELS = os.path.join(ROOT, "models")  # the ONNX files and export.py
+DATA = os.path.join(ROOT, "tests", "data", "pytorch")  # the references tests compare with
 sys.path.insert(0, MODELS)
 
 import export  # noqa: E402
@@ -190,7 +191,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", default="")
     ap.add_argument("--batches", default="2,4")
-    ap.add_argument("--out", default=os.path.join(MODELS, "amp_reference.json"))
+    ap.add_argument("--out", default=os.path.join(DATA, "amp_reference.json"))
     a = ap.parse_args()
     names = [n for n in export.MODELS if os.path.exists(os.path.join(MODELS, n + ".onnx"))]
     if a.only:

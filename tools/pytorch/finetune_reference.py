@@ -3,15 +3,15 @@
 (dev-time tool, not needed to build memplan).
 
 Usage:
-    python tools/pytorch/finetune_reference.py                  # every case of models/finetune_cases.json
+    python tools/pytorch/finetune_reference.py                  # every case of tests/data/pytorch/finetune_cases.json
     python tools/pytorch/finetune_reference.py --only a,b       # a subset (entries merged into the output)
     python tools/pytorch/finetune_reference.py --peers          # ResNet-50 / GPT-2 batch 8 (SGD): no checkpointing,
                                                          # every-block checkpointing, torch.compile with
                                                          # activation_memory_budget 1.0 / 0.5 / 0.2 -> "peers"
     python tools/pytorch/finetune_reference.py --peers --peer-models resnet50 --peer-configs none,compile_0.5
-    options: --cases PATH, --out PATH (default models/finetune_reference.json), --no-time
+    options: --cases PATH, --out PATH (default tests/data/pytorch/finetune_reference.json), --no-time
 
-A case (models/finetune_cases.json, a list):
+A case (tests/data/pytorch/finetune_cases.json, a list):
     {"name": ..., "model": <export.py MODELS name>, "batch": 8,
      "optimizer": "sgd" | "adam" | null (both),
      "freeze": REGEX | null, "trainable": REGEX | null,
@@ -51,6 +51,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 MODELS = os.path.join(ROOT, "models")  # the ONNX files and export.py
+DATA = os.path.join(ROOT, "tests", "data", "pytorch")  # the references tests compare with
 sys.path.insert(0, MODELS)
 
 import export as E  # noqa: E402  (models/export.py)
@@ -472,8 +473,8 @@ def measure_peer(model_name, config, log, timing=True):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", default=os.path.join(MODELS, "finetune_cases.json"))
-    ap.add_argument("--out", default=os.path.join(MODELS, "finetune_reference.json"))
+    ap.add_argument("--cases", default=os.path.join(DATA, "finetune_cases.json"))
+    ap.add_argument("--out", default=os.path.join(DATA, "finetune_reference.json"))
     ap.add_argument("--only", help="comma-separated case names (or, with --peers, ignored)")
     ap.add_argument("--peers", action="store_true", help="measure the peers table instead of the cases")
     ap.add_argument("--peer-models", default=",".join(PEER_MODELS))

@@ -1,7 +1,7 @@
 """Reference forward outputs for memplan's CPU executor (tests/exec_forward.rs).
 
 Runs the real-weight tiny models (mlp, cnn, transformer) with onnxruntime on seeded
-inputs and writes models/forward_reference.json: per case the model file, batch,
+inputs and writes tests/data/pytorch/forward_reference.json: per case the model file, batch,
 what was changed for the run, the inputs and the outputs (float32 values written as
 the exact float64 they equal, so they parse back bit for bit).
 
@@ -34,6 +34,7 @@ import onnxruntime as ort
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 MODELS = os.path.join(ROOT, "models")
+DATA = os.path.join(ROOT, "tests", "data", "pytorch")
 SEED = 20240611
 
 
@@ -130,7 +131,7 @@ def main():
         },
         "cases": cases,
     }
-    path = os.path.join(MODELS, "forward_reference.json")
+    path = os.path.join(DATA, "forward_reference.json")
     with open(path, "w") as f:
         json.dump(out, f, separators=(",", ":"))
         f.write("\n")

@@ -4,14 +4,14 @@ For each TorchScript model in models/ (the dynamo exports carry no scopes) and t
 budgets (0.8 and 0.6 of the no-recompute peak, batch 2, SGD), runs
 
     memplan plan models/M.onnx --batch 2 --optimizer sgd --granularity module
-        --budget B --json --pytorch models/module_plans/M_b2_B.py
+        --budget B --json --pytorch tests/data/pytorch/module_plans/M_b2_B.py
 
-and writes models/module_plan_cases.json, whose cases `finetune_reference.py` measures
+and writes tests/data/pytorch/module_plan_cases.json, whose cases `finetune_reference.py` measures
 with each generated file's `apply(model)`:
 
     python tools/pytorch/module_plans.py            # plans and cases (needs target/release/memplan)
-    python tools/pytorch/finetune_reference.py --cases models/module_plan_cases.json \\
-        --out models/module_plan_reference.json --no-time
+    python tools/pytorch/finetune_reference.py --cases tests/data/pytorch/module_plan_cases.json \\
+        --out tests/data/pytorch/module_plan_reference.json --no-time
 
 A model whose plan keeps no module (nothing to checkpoint) is listed in the cases
 file's `skipped` with memplan's reason.
@@ -26,6 +26,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 MODELS = os.path.join(ROOT, "models")  # the ONNX files and export.py
+DATA = os.path.join(ROOT, "tests", "data", "pytorch")  # the references tests compare with
 BATCH = 2
 BUDGETS = ["0.8", "0.6"]
 # Besides: the case of issue 49 (torchvision's DenseNet-121, whose blocks pass each layer
@@ -51,7 +52,7 @@ def main():
     runs += [r for r in EXTRA if not only or r[0] in names]
     for name, batch, b in runs:
         tag = "%s_b%d_%s" % (name, batch, b.replace(".", ""))
-        py = os.path.join("models", "module_plans", tag + ".py")
+        py = os.path.join("tests", "data", "pytorch", "module_plans", tag + ".py")
         cmd = [exe, "plan", "models/%s.onnx" % name, "--batch", str(batch), "--optimizer", "sgd",
                "--granularity", "module", "--budget", b, "--time-limit", "10", "--json", "--pytorch", py]
         if name in E.TRAIN_GRAPH_LOSS:
@@ -80,10 +81,10 @@ def main():
                       "memplan": {"budget": b, "feasible": plan["feasible"], "peak_bytes": plan["peak_bytes"],
                                   "overhead": plan["overhead"], "method": plan.get("method"),
                                   "checkpoint_modules": mods}})
-    with open(os.path.join(MODELS, "module_plan_cases.json"), "w") as f:
+    with open(os.path.join(DATA, "module_plan_cases.json"), "w") as f:
         json.dump(cases, f, indent=1)
         f.write("\n")
-    with open(os.path.join(MODELS, "module_plans", "skipped.json"), "w") as f:
+    with open(os.path.join(DATA, "module_plans", "skipped.json"), "w") as f:
         json.dump(skipped, f, indent=1)
         f.write("\n")
 

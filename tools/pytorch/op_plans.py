@@ -4,18 +4,18 @@ For each TorchScript model in models/ (the dynamo exports carry no module scopes
 file could find values by), batch 2, SGD, a budget of 0.8 of the no-recompute peak:
 
     memplan plan models/M.onnx --batch 2 --optimizer sgd --budget 0.8
-        -o models/op_plans/M_b2_08.plan.json --pytorch models/op_plans/M_b2_08.py
+        -o tests/data/pytorch/op_plans/M_b2_08.plan.json --pytorch tests/data/pytorch/op_plans/M_b2_08.py
 
-and writes models/op_plan_every_cases.json, whose cases `finetune_reference.py` runs with
+and writes tests/data/pytorch/op_plan_every_cases.json, whose cases `finetune_reference.py` runs with
 each generated file's `apply(model)` (saved-tensor hooks):
 
     python tools/pytorch/op_plans.py            # plans and cases (needs target/release/memplan)
-    python tools/pytorch/finetune_reference.py --cases models/op_plan_every_cases.json \\
-        --out models/op_plan_every.json --no-time
+    python tools/pytorch/finetune_reference.py --cases tests/data/pytorch/op_plan_every_cases.json \\
+        --out tests/data/pytorch/op_plan_every.json --no-time
 
 tests/finetune.rs (`op_plans_of_every_model_run_in_pytorch`) replays the committed plans
 and compares the bytes PyTorch keeps after forward. A model whose plan recomputes
-nothing is listed in models/op_plans/skipped.json with memplan's reason.
+nothing is listed in tests/data/pytorch/op_plans/skipped.json with memplan's reason.
 """
 
 import argparse
@@ -27,6 +27,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 MODELS = os.path.join(ROOT, "models")  # the ONNX files and export.py
+DATA = os.path.join(ROOT, "tests", "data", "pytorch")  # the references tests compare with
 BATCH = 2
 BUDGET = "0.8"
 EXCLUDED = {"resnet18_dynamo", "gpt2_dynamo", "transformer_dynamo_raw"}
@@ -46,8 +47,8 @@ def main():
     cases, skipped = [], {}
     for name in names:
         tag = "%s_b%d_%s" % (name, BATCH, BUDGET.replace(".", ""))
-        py = os.path.join("models", "op_plans", tag + ".py")
-        pj = os.path.join("models", "op_plans", tag + ".plan.json")
+        py = os.path.join("tests", "data", "pytorch", "op_plans", tag + ".py")
+        pj = os.path.join("tests", "data", "pytorch", "op_plans", tag + ".plan.json")
         for f in (py, pj):
             if os.path.exists(os.path.join(ROOT, f)):
                 os.remove(os.path.join(ROOT, f))
@@ -79,10 +80,10 @@ def main():
                       "trainable": None, "checkpoint": None, "checkpoint_file": py,
                       "memplan": {"budget": BUDGET, "feasible": plan["feasible"], "peak_bytes": plan["peak_bytes"],
                                   "overhead": plan["overhead"], "method": plan.get("method")}})
-    with open(os.path.join(MODELS, "op_plan_every_cases.json"), "w") as f:
+    with open(os.path.join(DATA, "op_plan_every_cases.json"), "w") as f:
         json.dump(cases, f, indent=1)
         f.write("\n")
-    with open(os.path.join(MODELS, "op_plans", "skipped.json"), "w") as f:
+    with open(os.path.join(DATA, "op_plans", "skipped.json"), "w") as f:
         json.dump(skipped, f, indent=1)
         f.write("\n")
 

@@ -1,9 +1,9 @@
 """Ground-truth shape/dtype of every tensor of the test models at batch 2 (dev-time tool).
 
 Usage:
-    python tools/pytorch/tensor_shapes.py            # writes models/tensor_shapes.json
+    python tools/pytorch/tensor_shapes.py            # writes tests/data/pytorch/tensor_shapes.json
 
-For every model models/<stem>.onnx listed in models/reference.json (the "_meta" key is skipped)
+For every model models/<stem>.onnx listed in tests/data/pytorch/reference.json (the "_meta" key is skipped)
 the graph is actually executed with onnxruntime (graph optimizations disabled, so no node output
 is fused away) with every node output added as a graph output, and the shape and dtype of every
 graph input and node output is recorded:
@@ -32,6 +32,7 @@ from onnx import TensorProto, helper, numpy_helper
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 MODELS = os.path.join(ROOT, "models")
+DATA = os.path.join(ROOT, "tests", "data", "pytorch")
 BATCH = 2
 
 DTYPES = {
@@ -176,7 +177,7 @@ def measure(stem):
 
 
 def main():
-    with open(os.path.join(MODELS, "reference.json")) as f:
+    with open(os.path.join(DATA, "reference.json")) as f:
         ref = json.load(f)
     out = {}
     for stem in ref:
@@ -190,7 +191,7 @@ def main():
             f"{stem}: {len(shapes)} tensors, {len(missing)} missing, {len(untyped)} without inferred type",
             file=sys.stderr,
         )
-    path = os.path.join(MODELS, "tensor_shapes.json")
+    path = os.path.join(DATA, "tensor_shapes.json")
     with open(path, "w") as f:
         f.write("{\n")
         items = list(out.items())
