@@ -7,7 +7,7 @@ zero_grad(set_to_none), forward, the model's loss or logits.mean(), backward, st
   * memplan profile --train on the shape-only export, its peak and seconds (wall clock of the process);
 each peak against the reference's step peak (resident + the profiler's delta: real PyTorch).
 
-    python tools/llm/memtracker.py [--families llama,qwen3] [--batch 1] [--out docs/benchmarks/llm_memtracker.json]
+    python tools/llm/memtracker.py [--families llama,qwen3] [--batch 1] [--out docs/benchmarks/data/llm_memtracker.json]
 """
 
 import argparse
@@ -87,7 +87,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--families", default=",".join(f for f in R.FAMILIES))
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks", "llm_memtracker.json"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks", "data", "llm_memtracker.json"))
     a = ap.parse_args()
     import torch
 

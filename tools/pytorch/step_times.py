@@ -3,7 +3,7 @@
 (dev-time tool, not needed to build memplan).
 
 Usage:
-    python tools/pytorch/step_times.py                                   # models/step_time_cases.json
+    python tools/pytorch/step_times.py                                   # docs/benchmarks/data/step_time_cases.json
     python tools/pytorch/step_times.py --cases F --out F --rounds 5 --steps 5 [--compile 1.0,0.5,0.2 [--compile-models M,...]]
                                    [--system-malloc]
 
@@ -45,6 +45,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 MODELS = os.path.join(ROOT, "models")  # the ONNX files and export.py
+RUNS = os.path.join(ROOT, "docs", "benchmarks", "data")  # the measurement runs
 sys.path.insert(0, MODELS)
 sys.path.insert(0, HERE)  # finetune_reference.py
 
@@ -68,8 +69,8 @@ def baseline(cases, c):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", default=os.path.join(MODELS, "step_time_cases.json"))
-    ap.add_argument("--out", default=os.path.join(MODELS, "module_plan_times.json"))
+    ap.add_argument("--cases", default=os.path.join(RUNS, "step_time_cases.json"))
+    ap.add_argument("--out", default=os.path.join(RUNS, "module_plan_times.json"))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--compile", default="", help="comma-separated activation_memory_budget values: "

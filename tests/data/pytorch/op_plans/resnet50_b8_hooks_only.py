@@ -1,6 +1,6 @@
 """The op-plan runtime with nothing to recompute (made from resnet50_b8_525.py with
 RECOMPUTE emptied): times what the hooks and the dispatch mode cost by themselves
-(models/step_time_op_cases.json). Not a plan.
+(docs/benchmarks/data/step_time_op_cases.json). Not a plan.
 """
 
 RECOMPUTE = [
