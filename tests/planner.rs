@@ -387,7 +387,7 @@ fn bench_status_says_what_is_proven() {
 }
 
 /// The random layered points that were open before nested recomputation and the
-/// materialization floor (docs/BENCHMARKS.md): each is now planned or proven
+/// materialization floor (docs/benchmarks/log.md): each is now planned or proven
 /// infeasible, within the benchmark's 10 s. (n250 at 70 % is planned by the chain
 /// search since 2026-12-04, n1000 at 70 % too, checked below; n500 and n1000 at
 /// 50 % are still open; n250 at 80 % is planned by lazy pinning,
@@ -397,7 +397,7 @@ fn bench_status_says_what_is_proven() {
 /// 1.0730 to 1.0124 and at 80 % from 1.7029 to 1.12; held-input gaps brought n100
 /// at 80 % from 1.0693 to Checkmate's proven optimum, 1.0230 (HiGHS, 718 s), and
 /// at 70 % to 1.0723, n1000 at 80 % to 1.06, and planned n500 at 70 %
-/// (docs/BENCHMARKS.md).
+/// (docs/benchmarks/log.md).
 #[test]
 fn random_layered_points_are_planned_or_below_the_floor() {
     let _cbc = serial();
