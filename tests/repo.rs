@@ -257,3 +257,143 @@ fn no_import_circle() {
         "modules on an import circle: {circles:?} ({edges:?})"
     );
 }
+
+/// models/ holds the models and the script that makes them (issue 51: files by kind):
+/// ONNX files, folders of them (census/, llm/), export.py and README.md, at most 45
+/// entries. What PyTorch measured goes to tests/data/pytorch/, measurement runs to
+/// docs/benchmarks/data/, PyTorch scripts to tools/pytorch/.
+#[test]
+fn models_holds_models() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
+    let mut n = 0;
+    let mut other = Vec::new();
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        n += 1;
+        let model =
+            p.is_dir() || name.ends_with(".onnx") || name == "export.py" || name == "README.md";
+        if !model {
+            other.push(name);
+        }
+    }
+    assert!(n <= 45, "models/ holds {n} entries (at most 45)");
+    assert!(
+        other.is_empty(),
+        "not models: {other:?} (references: tests/data/pytorch/; runs: docs/benchmarks/data/; \
+         scripts: tools/pytorch/)"
+    );
+}
+
+/// The repository's files: `git ls-files` where this is a git checkout, else every
+/// file under the root but target/ and dot-folders other than .ci/. Paths relative to
+/// the root, with `/`.
+fn repository_files(root: &Path) -> Vec<String> {
+    if let Ok(out) = std::process::Command::new("git")
+        .args(["ls-files", "-z"])
+        .current_dir(root)
+        .output()
+    {
+        if out.status.success() && !out.stdout.is_empty() {
+            return String::from_utf8_lossy(&out.stdout)
+                .split('\0')
+                .filter(|f| !f.is_empty() && root.join(f).is_file())
+                .map(str::to_string)
+                .collect();
+        }
+    }
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            if p.is_dir() {
+                if name != "target" && (!name.starts_with('.') || name == ".ci") {
+                    walk(root, &p, out);
+                }
+            } else {
+                let rel = p.strip_prefix(root).unwrap().to_string_lossy();
+                out.push(rel.replace('\\', "/"));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(root, root, &mut out);
+    out
+}
+
+/// Test inputs read by directory (a test or tool takes every file there, or derives
+/// their names): (folder, file-name ending).
+const READ_BY_DIRECTORY: [(&str, &str); 5] = [
+    // tests/fuzz.rs: every seed of the folder.
+    ("tests/data/fuzz/", ".json"),
+    // tests/repo.rs counts them; benches/planner.sh and tests/planner.rs take `*.json`.
+    ("tests/data/remat-graphs/", ".json"),
+    // tests/conformance.rs: the conformance suite's data.
+    ("tests/data/conformance/", ".json"),
+    // tests/finetune.rs `op_plan_file`: the plan beside the Python file a
+    // reference's `checkpoint_file` names.
+    ("tests/data/pytorch/op_plans/", ".plan.json"),
+    // memplan-export's model configs, found by the model's name.
+    ("python/memplan_export/configs/", ".json"),
+];
+
+/// Every JSON file in the repository is read by a test or named where the command that
+/// writes or reads it is given: its path, or a tail of it from a folder on (its file
+/// name at least), appears in a file of tests/, src/, benches/, tools/, python/ or .ci/
+/// that is not itself JSON, or in any Markdown file (docs/, the READMEs). A path under a
+/// folder the file is no longer in does not count. [`READ_BY_DIRECTORY`] aside.
+#[test]
+fn every_json_file_is_read_or_named() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let files = repository_files(root);
+    let namers = ["tests/", "src/", "benches/", "tools/", "python/", ".ci/"];
+    // Every `....json` token of the naming files: the characters of a path before
+    // ".json", leading "./" and "/" trimmed.
+    let mut tokens = std::collections::BTreeSet::new();
+    for f in &files {
+        let namer = f.ends_with(".md")
+            || (namers.iter().any(|d| f.starts_with(d)) && !f.ends_with(".json"));
+        let Some(text) = namer
+            .then(|| std::fs::read_to_string(root.join(f)).ok())
+            .flatten()
+        else {
+            continue;
+        };
+        let b = text.as_bytes();
+        let path_byte = |c: u8| c.is_ascii_alphanumeric() || b"_.-/".contains(&c);
+        let mut from = 0;
+        while let Some(i) = text[from..].find(".json").map(|i| i + from) {
+            let mut s = i;
+            while s > 0 && path_byte(b[s - 1]) {
+                s -= 1;
+            }
+            let t = text[s..i + 5].trim_start_matches(['.', '/']);
+            if t.len() > 5 {
+                tokens.insert(t.to_string());
+            }
+            from = i + 5;
+        }
+    }
+    let named = |p: &str| {
+        tokens.iter().any(|t| {
+            p.ends_with(t.as_str())
+                && (p.len() == t.len() || p.as_bytes()[p.len() - t.len() - 1] == b'/')
+        })
+    };
+    let jsons: Vec<&String> = files.iter().filter(|f| f.ends_with(".json")).collect();
+    assert!(jsons.len() > 100, "{} JSON files found", jsons.len());
+    let unnamed: Vec<&&String> = jsons
+        .iter()
+        .filter(|f| {
+            !READ_BY_DIRECTORY
+                .iter()
+                .any(|(d, end)| f.starts_with(d) && f.ends_with(end))
+                && !named(f)
+        })
+        .collect();
+    assert!(
+        unnamed.is_empty(),
+        "JSON files no test reads and no doc names (measurement runs: docs/benchmarks/data/ \
+         and its README.md; references: tests/data/pytorch/ and its README.md): {unnamed:?}"
+    );
+}
