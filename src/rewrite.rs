@@ -882,6 +882,7 @@ pub fn read_rewrite(path: &Path) -> Result<ReadBack> {
 }
 
 /// [`read_rewrite`] for a decoded model.
+#[allow(clippy::too_many_lines)] // Long by design: checks every field of a rewritten file, one after another.
 pub fn read_proto(m: ModelProto) -> Result<ReadBack> {
     let bad = |msg: String| Error::Rewrite(msg);
     let meta: HashMap<&str, &str> = m

@@ -221,6 +221,7 @@ fn check(dev: &Device, case: &Case, rng: &mut Rng) -> Path {
     path
 }
 
+#[allow(clippy::too_many_lines)] // Long by design: a table of kernel cases.
 fn cases(r: &mut Rng) -> Vec<Case> {
     let mut v = Vec::new();
     for op in [

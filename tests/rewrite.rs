@@ -55,6 +55,32 @@ fn computes(plan: &[Instr]) -> usize {
         .count()
 }
 
+/// SSA: every name written once, every input defined before it is read.
+fn assert_ssa(graph: &memplan::onnx::proto::GraphProto) {
+    let mut defined: std::collections::HashSet<&str> = graph
+        .initializer
+        .iter()
+        .map(|t| t.name())
+        .chain(graph.input.iter().map(|v| v.name()))
+        .collect();
+    for n in &graph.node {
+        for i in n.input.iter().filter(|i| !i.is_empty()) {
+            assert!(
+                defined.contains(i.as_str()),
+                "{}: '{i}' read before written",
+                n.name()
+            );
+        }
+        for o in n.output.iter().filter(|o| !o.is_empty()) {
+            assert!(
+                defined.insert(o.as_str()),
+                "{}: '{o}' written twice",
+                n.name()
+            );
+        }
+    }
+}
+
 /// Writes, decodes, checks the structure, reads back; returns the file size.
 fn round_trip(name: &str, batch: u64, frac: f64, solver: Solver) -> usize {
     round_trip_with(name, batch, frac, solver, &TrainOptions::default())
@@ -153,29 +179,7 @@ fn round_trip_with(
         assert!(n.name().contains("/recompute"), "{}", n.name());
         assert!(n.output.iter().all(|o| o.is_empty() || o.contains("__r")));
     }
-    // SSA: every name written once, every input defined before it is read.
-    let mut defined: std::collections::HashSet<&str> = graph
-        .initializer
-        .iter()
-        .map(|t| t.name())
-        .chain(graph.input.iter().map(|v| v.name()))
-        .collect();
-    for n in &graph.node {
-        for i in n.input.iter().filter(|i| !i.is_empty()) {
-            assert!(
-                defined.contains(i.as_str()),
-                "{}: '{i}' read before written",
-                n.name()
-            );
-        }
-        for o in n.output.iter().filter(|o| !o.is_empty()) {
-            assert!(
-                defined.insert(o.as_str()),
-                "{}: '{o}' written twice",
-                n.name()
-            );
-        }
-    }
+    assert_ssa(graph);
     // Loss, backward and optimizer in the custom domain; backward ops named after
     // their forward op.
     let custom: Vec<_> = graph.node.iter().filter(|n| n.domain() == DOMAIN).collect();

@@ -114,6 +114,7 @@ pub struct PlanArgs {
 }
 
 /// Runs `plan`.
+#[allow(clippy::too_many_lines)] // Long by design: the command's options, checked and applied in turn.
 pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     let PlanArgs {
         model,

@@ -687,6 +687,45 @@ fn live_max_batch(steps: &Steps, c: Combo) -> Result<(u64, u64, f64)> {
     Ok((b, peak, ov))
 }
 
+/// The strategies `fit` tries, the multi-GPU ones with more than one GPU.
+fn strategies(gpus: u64) -> Vec<Strategy> {
+    let mut strategies = vec![
+        Strategy::AsExported,
+        Strategy::MixedPrecision,
+        Strategy::Checkpointing,
+        Strategy::PlannedCheckpointing,
+        Strategy::CheckpointEveryBlock,
+        Strategy::CheckpointEveryBlockSelective,
+        Strategy::GradAccumulation,
+    ];
+    if gpus > 1 {
+        strategies.extend([
+            Strategy::DataParallel,
+            Strategy::Zero(1),
+            Strategy::Zero(2),
+            Strategy::Zero(3),
+        ]);
+    }
+    strategies.extend([Strategy::ZeroOffload, Strategy::Zero3Offload]);
+    strategies
+}
+
+/// Why nothing fits: batch 1's peak as exported, and the best strategy's where lower.
+fn nothing_fits(memory: u64, batch1: u64, rows: &[StrategyFit]) -> Error {
+    Error::Binding(format!(
+        "nothing fits in {}: batch 1 needs {} as exported ({} bytes){}",
+        crate::units::human_bytes(memory),
+        crate::units::human_bytes(batch1),
+        batch1,
+        rows.iter()
+            .map(|r| r.peak_bytes)
+            .min()
+            .filter(|&m| m < batch1)
+            .map(|m| format!(", {} with the best strategy", crate::units::human_bytes(m)))
+            .unwrap_or_default()
+    ))
+}
+
 /// Runs every strategy.
 pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
     if o.memory == 0 {
@@ -701,24 +740,7 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
                 .into(),
         ));
     }
-    let mut strategies = vec![
-        Strategy::AsExported,
-        Strategy::MixedPrecision,
-        Strategy::Checkpointing,
-        Strategy::PlannedCheckpointing,
-        Strategy::CheckpointEveryBlock,
-        Strategy::CheckpointEveryBlockSelective,
-        Strategy::GradAccumulation,
-    ];
-    if o.gpus > 1 {
-        strategies.extend([
-            Strategy::DataParallel,
-            Strategy::Zero(1),
-            Strategy::Zero(2),
-            Strategy::Zero(3),
-        ]);
-    }
-    strategies.extend([Strategy::ZeroOffload, Strategy::Zero3Offload]);
+    let strategies = strategies(o.gpus);
     let moe_routing = routing_at_batch_1(model, o)?;
     let steps = Steps::new(model, o);
     let mut rows = Vec::new();
@@ -809,26 +831,13 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
             global_batch: Some(global),
             accumulation_steps: acc_steps,
             note,
-            planner: planned
-                .as_ref()
-                .filter(|p| p.max_batch > 0)
-                .map(|p| p.report.solver),
-            lower_bound_overhead: planned
-                .as_ref()
-                .filter(|p| p.max_batch > 0)
-                .map(|p| p.lower_bound_overhead),
-            recomputed_tensors: planned
-                .as_ref()
-                .filter(|p| p.max_batch > 0)
-                .map(|p| p.report.recomputed.len()),
-            combines: None,
-            communication_bytes: None,
-            pcie_bytes: None,
-            host_bytes: None,
-            pcie_seconds: None,
-            reserved_bytes: None,
-            device_bytes: None,
+            ..Default::default()
         };
+        if let Some(p) = planned.as_ref().filter(|p| p.max_batch > 0) {
+            row.planner = Some(p.report.solver);
+            row.lower_bound_overhead = Some(p.lower_bound_overhead);
+            row.recomputed_tensors = Some(p.report.recomputed.len());
+        }
         set_traffic(&mut row, tr);
         match (st.combo(), &o.device) {
             (Some(c), _) => steps.set_device(&mut row, c)?,
@@ -846,18 +855,7 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
         (recommendation, unreachable) = (rec, unr);
     }
     if rows.iter().all(|r| r.max_batch == 0) {
-        return Err(Error::Binding(format!(
-            "nothing fits in {}: batch 1 needs {} as exported ({} bytes){}",
-            crate::units::human_bytes(o.memory),
-            crate::units::human_bytes(batch1),
-            batch1,
-            rows.iter()
-                .map(|r| r.peak_bytes)
-                .min()
-                .filter(|&m| m < batch1)
-                .map(|m| format!(", {} with the best strategy", crate::units::human_bytes(m)))
-                .unwrap_or_default()
-        )));
+        return Err(nothing_fits(o.memory, batch1, &rows));
     }
     let fragmentation = o
         .device

@@ -412,6 +412,7 @@ struct Folded {
 }
 
 /// Builds the main graph, counting in `folded` what the exporter's optimizer folded.
+#[allow(clippy::too_many_lines)] // Long by design: one pass over the file's nodes, initializers and value infos, in the order ONNX defines them.
 fn build_graph<G: GraphSrc>(gp: &G, names: &Names, folded: &mut Folded) -> Result<Graph> {
     let (n_nodes, n_inits) = (gp.nodes().len(), gp.initializers().len());
     // Every tensor is an initializer, a graph input or a node's output; every node

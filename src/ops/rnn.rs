@@ -706,6 +706,29 @@ struct Fwd<'a> {
     p: Option<&'a [f64]>,
 }
 
+/// An LSTM's cell states over the sequence (`[seq, hidden]`, in step order) for
+/// direction `dir` and batch row `b`, replayed from the saved gates.
+fn lstm_cells(
+    d: &Dims,
+    cfg: &Config,
+    f: &Fwd,
+    (dir, b): (usize, usize),
+    init_c: &[f64],
+) -> Vec<f64> {
+    let (h, g) = (d.hidden, d.gates);
+    let mut cst = vec![0f64; d.seq * h];
+    let mut c = init_c.to_vec();
+    for s in 0..d.seq {
+        let o = (((time(d, cfg, dir, s) * d.dirs + dir) * d.batch + b) * h) * g;
+        let rs = &f.res[o..o + g * h];
+        for j in 0..h {
+            c[j] = rs[2 * h + j] * c[j] + rs[j] * rs[3 * h + j];
+        }
+        cst[s * h..(s + 1) * h].copy_from_slice(&c);
+    }
+    cst
+}
+
 /// Backpropagation through time; `dy` as `[seq, dirs, batch, hidden]`, `dyh`
 /// and `dyc` in the state layout.
 fn run_backward(d: &Dims, cfg: &Config, f: &Fwd, dy: &[f64], dyh: &[f64], dyc: &[f64]) -> Grads {
@@ -744,18 +767,11 @@ fn run_backward(d: &Dims, cfg: &Config, f: &Fwd, dy: &[f64], dyh: &[f64], dyc: &
             let so = s_at(d, dir, b);
             let init_h = f.h0.map_or(vec![0f64; h], |v| v[so..so + h].to_vec());
             let init_c = f.c0.map_or(vec![0f64; h], |v| v[so..so + h].to_vec());
-            let mut cst = vec![0f64; if g == 4 { d.seq * h } else { 0 }];
-            if g == 4 {
-                let mut c = init_c.clone();
-                for s in 0..d.seq {
-                    let o = at(time(d, cfg, dir, s), dir, b) * g;
-                    let rs = &f.res[o..o + gh];
-                    for j in 0..h {
-                        c[j] = rs[2 * h + j] * c[j] + rs[j] * rs[3 * h + j];
-                    }
-                    cst[s * h..(s + 1) * h].copy_from_slice(&c);
-                }
-            }
+            let cst = if g == 4 {
+                lstm_cells(d, cfg, f, (dir, b), &init_c)
+            } else {
+                Vec::new()
+            };
             let mut dh = dyh[so..so + h].to_vec();
             let mut dc = if g == 4 {
                 dyc[so..so + h].to_vec()

@@ -635,6 +635,68 @@ impl Prep {
         }
     }
 
+    /// FREE[t][use]: what is freed after each node, per stage (a constant where
+    /// the hazards decide it, else a binary with its two constraints in `cons`).
+    fn frees(&self, b: &mut Builder, cols: &mut Cols, cons: &mut Vec<Constraint>) -> Vec<Vec<L>> {
+        let n = self.n;
+        let mut frees: Vec<Vec<L>> = Vec::with_capacity(n);
+        for t in 0..n {
+            let mut row = Vec::new();
+            for k in 0..=t {
+                for &u in &self.uses_at[k] {
+                    let use_ = &self.uses[u];
+                    let rk = self.r(cols, t, k);
+                    // hazards = (1 - R[t][k]) + S[t+1][owner] + Σ later R[t][j]:
+                    // `h_min` counts the certain ones, `n_var` the undecided ones.
+                    let mut h = Expression::default();
+                    let (mut h_min, mut n_var) = (0.0, 0.0);
+                    match rk {
+                        L::Zero => h_min += 1.0,
+                        L::One => {}
+                        L::V(_) => {
+                            h += 1.0;
+                            b.add(&mut h, -1.0, rk);
+                            n_var += 1.0;
+                        }
+                    }
+                    let later = use_.later.iter().take_while(|&&j| j <= t);
+                    for l in std::iter::once(self.s(cols, t + 1, use_.val))
+                        .chain(later.map(|&j| self.r(cols, t, j)))
+                    {
+                        match l {
+                            L::Zero => {}
+                            L::One => h_min += 1.0,
+                            L::V(_) => {
+                                b.add(&mut h, 1.0, l);
+                                n_var += 1.0;
+                            }
+                        }
+                    }
+                    let f = if h_min >= 1.0 {
+                        L::Zero // a hazard is certain: never freed here
+                    } else if n_var == 0.0 {
+                        L::One // no hazard possible: always freed here
+                    } else {
+                        let v = b.bin();
+                        cols.binaries.push(v);
+                        let fv = b.list[v];
+                        // 1 - F ≤ h and h ≤ n_var·(1 - F)
+                        let mut lo = h.clone();
+                        lo += fv;
+                        cons.push(lo.geq(1.0));
+                        let mut hi = h;
+                        hi.add_mul(n_var, fv);
+                        cons.push(hi.leq(n_var));
+                        L::V(v)
+                    };
+                    row.push(f);
+                }
+            }
+            frees.push(row);
+        }
+        frees
+    }
+
     /// Builds the model (`integral` false: the LP relaxation). `cut` units are
     /// taken off every memory bound.
     fn build(&self, caps: &[Vec<f64>], integral: bool, cut: f64) -> (CoinCbcProblem, Cols) {
@@ -711,62 +773,7 @@ impl Prep {
                 cons.push(e.leq(0.0));
             }
         }
-        // FREE[t][use]: what is freed after each node, per stage.
-        let mut frees: Vec<Vec<L>> = Vec::with_capacity(n);
-        for t in 0..n {
-            let mut row = Vec::new();
-            for k in 0..=t {
-                for &u in &self.uses_at[k] {
-                    let use_ = &self.uses[u];
-                    let rk = self.r(&cols, t, k);
-                    // hazards = (1 - R[t][k]) + S[t+1][owner] + Σ later R[t][j]:
-                    // `h_min` counts the certain ones, `n_var` the undecided ones.
-                    let mut h = Expression::default();
-                    let (mut h_min, mut n_var) = (0.0, 0.0);
-                    match rk {
-                        L::Zero => h_min += 1.0,
-                        L::One => {}
-                        L::V(_) => {
-                            h += 1.0;
-                            b.add(&mut h, -1.0, rk);
-                            n_var += 1.0;
-                        }
-                    }
-                    let later = use_.later.iter().take_while(|&&j| j <= t);
-                    for l in std::iter::once(self.s(&cols, t + 1, use_.val))
-                        .chain(later.map(|&j| self.r(&cols, t, j)))
-                    {
-                        match l {
-                            L::Zero => {}
-                            L::One => h_min += 1.0,
-                            L::V(_) => {
-                                b.add(&mut h, 1.0, l);
-                                n_var += 1.0;
-                            }
-                        }
-                    }
-                    let f = if h_min >= 1.0 {
-                        L::Zero // a hazard is certain: never freed here
-                    } else if n_var == 0.0 {
-                        L::One // no hazard possible: always freed here
-                    } else {
-                        let v = b.bin();
-                        cols.binaries.push(v);
-                        let fv = b.list[v];
-                        // 1 - F ≤ h and h ≤ n_var·(1 - F)
-                        let mut lo = h.clone();
-                        lo += fv;
-                        cons.push(lo.geq(1.0));
-                        let mut hi = h;
-                        hi.add_mul(n_var, fv);
-                        cons.push(hi.leq(n_var));
-                        L::V(v)
-                    };
-                    row.push(f);
-                }
-            }
-            frees.push(row);
-        }
+        let frees = self.frees(&mut b, &mut cols, &mut cons);
         // Memory.
         // Memory rows in a unit that puts the largest value near 1000 (the caps
         // then sit in the thousands too); a pure scaling, it only helps CBC.

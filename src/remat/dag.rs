@@ -52,33 +52,7 @@ pub fn load_dag(path: &Path) -> Result<RematGraph> {
     for n in nodes {
         keys.push(key(n).ok_or_else(|| bad(path, "a node has no id/name"))?);
     }
-    let order: Vec<usize> = if checkmate {
-        let mut idx: Vec<usize> = (0..nodes.len()).collect();
-        idx.sort_by_key(|&i| nodes[i]["id"].as_u64().unwrap_or(u64::MAX));
-        idx
-    } else {
-        let by_key: HashMap<&str, usize> = keys
-            .iter()
-            .enumerate()
-            .map(|(i, k)| (k.as_str(), i))
-            .collect();
-        let ord = v["graph"]["order"]
-            .as_array()
-            .ok_or_else(|| bad(path, "no graph.order"))?;
-        ord.iter()
-            .map(|k| {
-                let k = match k {
-                    Value::Number(x) => x.to_string(),
-                    Value::String(s) => s.clone(),
-                    _ => String::new(),
-                };
-                by_key
-                    .get(k.as_str())
-                    .copied()
-                    .ok_or_else(|| bad(path, format!("order names unknown node {k}")))
-            })
-            .collect::<Result<_>>()?
-    };
+    let order = execution_order(path, &v, &keys, checkmate)?;
     if order.len() != nodes.len() {
         return Err(bad(path, "graph.order does not list every node once"));
     }
@@ -94,27 +68,7 @@ pub fn load_dag(path: &Path) -> Result<RematGraph> {
         .enumerate()
         .map(|(i, k)| (k.as_str(), pos[i]))
         .collect();
-    let mut inputs: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
-    for l in links {
-        let end = |a: &str, b: &str| -> Result<usize> {
-            let k = match l.get(a).or_else(|| l.get(b)) {
-                Some(Value::Number(x)) => x.to_string(),
-                Some(Value::String(s)) => s.clone(),
-                _ => return Err(bad(path, "a link has no endpoints")),
-            };
-            by_key
-                .get(k.as_str())
-                .copied()
-                .ok_or_else(|| bad(path, format!("a link names unknown node {k}")))
-        };
-        let (s, t) = (end("source", "0")?, end("target", "1")?);
-        if s >= t {
-            return Err(bad(path, format!("link {s} -> {t} goes against the order")));
-        }
-        if !inputs[t].contains(&s) {
-            inputs[t].push(s);
-        }
-    }
+    let inputs = inputs_of(path, links, &by_key, nodes.len())?;
     let num = |n: &Value, k: &str| n[k].as_f64().unwrap_or(0.0);
     let mut g = RematGraph {
         name,
@@ -174,6 +128,69 @@ pub fn load_dag(path: &Path) -> Result<RematGraph> {
         ));
     }
     Ok(g)
+}
+
+/// The nodes' positions in execution order: Checkmate's by id, Moccasin's as
+/// `graph.order` lists them (each key resolved against `keys`).
+fn execution_order(path: &Path, v: &Value, keys: &[String], checkmate: bool) -> Result<Vec<usize>> {
+    Ok(if checkmate {
+        let mut idx: Vec<usize> = (0..keys.len()).collect();
+        idx.sort_by_key(|&i| v["nodes"][i]["id"].as_u64().unwrap_or(u64::MAX));
+        idx
+    } else {
+        let by_key: HashMap<&str, usize> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (k.as_str(), i))
+            .collect();
+        let ord = v["graph"]["order"]
+            .as_array()
+            .ok_or_else(|| bad(path, "no graph.order"))?;
+        ord.iter()
+            .map(|k| {
+                let k = match k {
+                    Value::Number(x) => x.to_string(),
+                    Value::String(s) => s.clone(),
+                    _ => String::new(),
+                };
+                by_key
+                    .get(k.as_str())
+                    .copied()
+                    .ok_or_else(|| bad(path, format!("order names unknown node {k}")))
+            })
+            .collect::<Result<_>>()?
+    })
+}
+
+/// Each node's inputs (by position) from the links, which must follow the order.
+fn inputs_of(
+    path: &Path,
+    links: &[Value],
+    by_key: &HashMap<&str, usize>,
+    n: usize,
+) -> Result<Vec<Vec<usize>>> {
+    let mut inputs: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for l in links {
+        let end = |a: &str, b: &str| -> Result<usize> {
+            let k = match l.get(a).or_else(|| l.get(b)) {
+                Some(Value::Number(x)) => x.to_string(),
+                Some(Value::String(s)) => s.clone(),
+                _ => return Err(bad(path, "a link has no endpoints")),
+            };
+            by_key
+                .get(k.as_str())
+                .copied()
+                .ok_or_else(|| bad(path, format!("a link names unknown node {k}")))
+        };
+        let (s, t) = (end("source", "0")?, end("target", "1")?);
+        if s >= t {
+            return Err(bad(path, format!("link {s} -> {t} goes against the order")));
+        }
+        if !inputs[t].contains(&s) {
+            inputs[t].push(s);
+        }
+    }
+    Ok(inputs)
 }
 
 /// The most bytes a DAG's values may total (and so any one of them): 4 EiB, so that

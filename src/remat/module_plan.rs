@@ -259,21 +259,7 @@ fn search_in(
         within,
         evaluated: 0,
     };
-    // The candidate forest: each candidate's nearest candidate ancestor, a module's
-    // selective variant nested in its full one (so an antichain takes one of them,
-    // or modules inside).
-    let mut kids: Vec<Vec<usize>> = vec![Vec::new(); n];
-    let mut roots = Vec::new();
-    for k in 0..n {
-        let same = |a: usize| sp.cks[a].module == sp.cks[k].module;
-        let parent = (0..n)
-            .filter(|&a| a != k && sp.within[a][k] && !(same(a) && sp.cks[a].selective))
-            .max_by_key(|&a| (sp.t.modules[sp.cks[a].module].depth, sp.cks[a].selective));
-        match parent {
-            Some(p) => kids[p].push(k),
-            None => roots.push(k),
-        }
-    }
+    let (kids, roots) = forest(&sp);
     let base_cost = g.base_cost().max(f64::MIN_POSITIVE);
     let op_bound = stage_lower_bound(g, budget).unwrap_or(0.0) / base_cost;
     let empty = sp.eval(&[])?;
@@ -306,41 +292,9 @@ fn search_in(
     // Other starting points: the natural module sets (with selective candidates, the
     // roots' selective variants too, and each start that does not fit is grown
     // greedily first); each one that fits is improved.
-    let blocks: Vec<usize> = repeated_blocks(&sp.t)
-        .into_iter()
-        .filter_map(|m| sp.cks.iter().position(|c| c.module == m))
-        .collect();
-    // Leaves of the whole-module forest (a selective variant nests in its module).
-    let leaves: Vec<usize> = (0..n)
-        .filter(|&k| {
-            !sp.cks[k].selective
-                && kids[k]
-                    .iter()
-                    .all(|&c| sp.cks[c].module == sp.cks[k].module && kids[c].is_empty())
-        })
-        .collect();
-    let seeded: Vec<usize> = seed
-        .iter()
-        .filter_map(|p| {
-            sp.cks
-                .iter()
-                .position(|c| !c.selective && sp.t.modules[c.module].path == *p)
-        })
-        .collect();
-    let seeded = if seeded.len() == seed.len() {
-        seeded
-    } else {
-        Vec::new()
-    };
-    let sel_roots: Vec<usize> = roots
-        .iter()
-        .filter_map(|&r| {
-            let m = sp.cks[r].module;
-            (0..n).find(|&k| sp.cks[k].selective && sp.cks[k].module == m)
-        })
-        .collect();
+    let others = other_starts(&sp, &kids, &roots, seed);
     let mut starts = vec![(set, cur)];
-    for s in [roots.clone(), leaves, blocks, seeded, sel_roots] {
+    for s in others {
         if s.is_empty() || starts.iter().any(|x| x.0 == s) {
             continue;
         }
@@ -413,6 +367,72 @@ fn search_in(
     }
     let method = if complete { "exhaustive" } else { "greedy" };
     Ok(finish(&sp, best, complete, lowest, method))
+}
+
+/// The candidate forest: each candidate's nearest candidate ancestor, a module's
+/// selective variant nested in its full one (so an antichain takes one of them, or
+/// modules inside). Returns each candidate's children and the roots.
+fn forest(sp: &Space) -> (Vec<Vec<usize>>, Vec<usize>) {
+    let n = sp.cks.len();
+    let mut kids: Vec<Vec<usize>> = vec![Vec::new(); n];
+    let mut roots = Vec::new();
+    for k in 0..n {
+        let same = |a: usize| sp.cks[a].module == sp.cks[k].module;
+        let parent = (0..n)
+            .filter(|&a| a != k && sp.within[a][k] && !(same(a) && sp.cks[a].selective))
+            .max_by_key(|&a| (sp.t.modules[sp.cks[a].module].depth, sp.cks[a].selective));
+        match parent {
+            Some(p) => kids[p].push(k),
+            None => roots.push(k),
+        }
+    }
+    (kids, roots)
+}
+
+/// The search's other starting points: the natural module sets (the roots, the
+/// leaves of the whole-module forest, the repeated blocks, the seed's modules,
+/// and the roots' selective variants), the empty ones left out.
+fn other_starts(
+    sp: &Space,
+    kids: &[Vec<usize>],
+    roots: &[usize],
+    seed: &[String],
+) -> Vec<Vec<usize>> {
+    let n = sp.cks.len();
+    let blocks: Vec<usize> = repeated_blocks(&sp.t)
+        .into_iter()
+        .filter_map(|m| sp.cks.iter().position(|c| c.module == m))
+        .collect();
+    // Leaves of the whole-module forest (a selective variant nests in its module).
+    let leaves: Vec<usize> = (0..n)
+        .filter(|&k| {
+            !sp.cks[k].selective
+                && kids[k]
+                    .iter()
+                    .all(|&c| sp.cks[c].module == sp.cks[k].module && kids[c].is_empty())
+        })
+        .collect();
+    let seeded: Vec<usize> = seed
+        .iter()
+        .filter_map(|p| {
+            sp.cks
+                .iter()
+                .position(|c| !c.selective && sp.t.modules[c.module].path == *p)
+        })
+        .collect();
+    let seeded = if seeded.len() == seed.len() {
+        seeded
+    } else {
+        Vec::new()
+    };
+    let sel_roots: Vec<usize> = roots
+        .iter()
+        .filter_map(|&r| {
+            let m = sp.cks[r].module;
+            (0..n).find(|&k| sp.cks[k].selective && sp.cks[k].module == m)
+        })
+        .collect();
+    [roots.to_vec(), leaves, blocks, seeded, sel_roots].into()
 }
 
 /// Whether plan `p` is better than `b` under `budget`: cheaper when `b` fits (and

@@ -3,6 +3,7 @@
 
 use super::*;
 
+#[allow(clippy::too_many_lines)] // Long by design: a table of ops.
 pub(super) fn rows(r: &mut Rng, v: &mut Vec<Row>) {
     // Element-wise: [2, 3] = 6 elements.
     for &(op, f, lo, hi) in UNARY {

@@ -3,6 +3,7 @@
 
 use super::*;
 
+#[allow(clippy::too_many_lines)] // Long by design: a table of ops.
 pub(super) fn rows(r: &mut Rng, v: &mut Vec<Row>) {
     // Matrix products: 2·M·K·N (+ M·N for Gemm's C).
     let c = Case::new("MatMul", vec![r.t(&[2, 3, 4]), r.t(&[4, 5])]);

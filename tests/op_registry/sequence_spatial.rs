@@ -4,6 +4,7 @@
 
 use super::*;
 
+#[allow(clippy::too_many_lines)] // Long by design: a table of ops.
 pub(super) fn rows(r: &mut Rng, v: &mut Vec<Row>) {
     // Attention, N = B·Hq·Sq·St scores: 2·N·D (Q·Kᵀ) + 5·N (scale, mask,
     // softmax) + 2·N·Dv (P·V), plus 3·N with a softcap.
