@@ -66,17 +66,17 @@ pub fn checkpoint_sqrt(s: &Schedule, segments: usize) -> Rewritten {
                             f.writes.iter().copied().filter(|&w| !keep[w]).collect();
                         recompute_flops = recompute_flops.saturating_add(f.flops);
                         steps.push(Step {
-                            name: format!("{}/recompute", f.name),
-                            op: f.op.clone(),
-                            kind: StepKind::Backward,
                             node: f.node,
-                            reads: f.reads.clone(),
-                            writes,
-                            updates: Vec::new(),
-                            grad_inputs: Vec::new(),
                             slots: f.slots.clone(),
                             fused: f.fused,
-                            flops: f.flops,
+                            ..Step::new(
+                                format!("{}/recompute", f.name),
+                                f.op.clone(),
+                                StepKind::Backward,
+                                f.reads.clone(),
+                                writes,
+                                f.flops,
+                            )
                         });
                     }
                 }

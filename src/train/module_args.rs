@@ -91,19 +91,14 @@ mod tests {
     use super::*;
 
     fn step(name: &str, reads: &[usize], writes: &[usize]) -> Step {
-        Step {
-            name: name.into(),
-            op: "Op".into(),
-            kind: StepKind::Forward,
-            node: None,
-            reads: reads.to_vec(),
-            writes: writes.to_vec(),
-            updates: Vec::new(),
-            grad_inputs: Vec::new(),
-            slots: Vec::new(),
-            fused: false,
-            flops: 0,
-        }
+        Step::new(
+            name,
+            "Op",
+            StepKind::Forward,
+            reads.to_vec(),
+            writes.to_vec(),
+            0,
+        )
     }
 
     #[test]

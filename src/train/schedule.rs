@@ -134,6 +134,33 @@ pub struct Step {
     pub fused: bool,
 }
 
+impl Step {
+    /// A step of `kind` that reads `reads` and writes `writes`; the rest (its node,
+    /// updates, gradient slots, input slots, fusion) empty, for the caller to set.
+    pub fn new(
+        name: impl Into<String>,
+        op: impl Into<String>,
+        kind: StepKind,
+        reads: Vec<StorageId>,
+        writes: Vec<StorageId>,
+        flops: u64,
+    ) -> Step {
+        Step {
+            name: name.into(),
+            op: op.into(),
+            kind,
+            node: None,
+            reads,
+            writes,
+            updates: Vec::new(),
+            grad_inputs: Vec::new(),
+            slots: Vec::new(),
+            flops,
+            fused: false,
+        }
+    }
+}
+
 /// The training step: storages and ordered steps.
 #[derive(Debug, Clone)]
 pub struct Schedule {

@@ -158,17 +158,17 @@ impl Builder<'_, '_> {
         self.backward_temporaries(&at, &grad_inputs, &mut io);
         let flops = required_share(bw, &node.inputs, &grad_inputs);
         self.steps.push(Step {
-            name: format!("{}/grad", node.name),
-            op: format!("{}Grad", node.op_type),
-            kind: StepKind::Backward,
             node: Some(ix),
-            reads: io.reads,
-            writes: io.writes,
             updates: io.updates,
             grad_inputs,
-            slots: Vec::new(),
-            fused: false,
-            flops,
+            ..Step::new(
+                format!("{}/grad", node.name),
+                format!("{}Grad", node.op_type),
+                StepKind::Backward,
+                io.reads,
+                io.writes,
+                flops,
+            )
         });
     }
 

@@ -81,18 +81,19 @@ impl Builder<'_, '_> {
         self.type_outputs(&at, class, &io.slots);
         self.output_storages(&at, &mut io);
         let extras = self.extras(&at, &mut io);
+        let slots = io.slots.clone();
         self.steps.push(Step {
-            name: node.name.to_string(),
-            op: node.op_type.to_string(),
-            kind: StepKind::Forward,
             node: Some(ix),
-            reads: io.reads,
-            writes: io.writes,
-            updates: Vec::new(),
-            grad_inputs: Vec::new(),
-            slots: io.slots.clone(),
+            slots,
             fused: an.rules.fusions.contains_key(&ix),
-            flops: self.inf.flops[step],
+            ..Step::new(
+                node.name.as_str(),
+                node.op_type.as_str(),
+                StepKind::Forward,
+                io.reads,
+                io.writes,
+                self.inf.flops[step],
+            )
         });
         self.read_as.push(io.slots);
         self.extras_of.push(extras);

@@ -19,18 +19,8 @@ impl Builder<'_, '_> {
         );
         self.storages[loss].held = true;
         let n_out = inf.facts[out0].numel();
-        let step = |name: &str, op: &str, kind, reads, writes| Step {
-            name: name.into(),
-            op: op.into(),
-            kind,
-            node: None,
-            reads,
-            writes,
-            updates: Vec::new(),
-            grad_inputs: Vec::new(),
-            slots: Vec::new(),
-            fused: false,
-            flops: n_out,
+        let step = |name: &str, op: &str, kind, reads, writes| {
+            Step::new(name, op, kind, reads, writes, n_out)
         };
         let op = match self.opts.loss {
             Loss::Mean => "ReduceMean",

@@ -45,19 +45,14 @@ impl Builder<'_, '_> {
             reads.push(s);
         }
         let n_params: u64 = numels.iter().sum();
-        self.steps.push(Step {
-            name: "optimizer".into(),
-            op: opt.to_string(),
-            kind: StepKind::Optimizer,
-            node: None,
+        self.steps.push(Step::new(
+            "optimizer",
+            opt.to_string(),
+            StepKind::Optimizer,
             reads,
             writes,
-            updates: Vec::new(),
-            grad_inputs: Vec::new(),
-            slots: Vec::new(),
-            fused: false,
-            flops: n_params.saturating_mul(opt.flops_per_element()),
-        });
+            n_params.saturating_mul(opt.flops_per_element()),
+        ));
     }
 
     /// The optimizer's state, one persistent storage in pieces per parameter as
