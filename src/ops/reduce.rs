@@ -5,7 +5,7 @@ use super::{
     CudaKernels, Cx, Fact, KernelCx, Launch, Op, Registry, RuleResult, Saved, Storage,
 };
 use crate::ir::value::MAX_FOLD_ELEMS;
-use crate::ir::{DType, Data, Value};
+use crate::ir::{Attrs, DType, Data, Value};
 use crate::numeric::broadcast::for_each;
 use crate::numeric::Tensor;
 
@@ -31,25 +31,83 @@ type Fold = (f64, fn(f64, f64) -> f64);
 /// (ReduceSum from opset 13, the others from 18); empty axes reduce all unless
 /// `noop_with_empty_axes`. FLOPs: `flops_per_elem` per input element.
 struct Reduce {
+    kind: ReduceKind,
     axes_input_from: i64,
     flops_per_elem: u64,
     fold: Option<Fold>,
-    mean: bool,
     autocast: Autocast,
 }
 
+/// Which reduction a [`Reduce`] is (given at registration).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReduceKind {
+    Sum,
+    Mean,
+    Max,
+    Min,
+    Prod,
+    L1,
+    L2,
+    SumSquare,
+    LogSum,
+    LogSumExp,
+}
+
+impl ReduceKind {
+    /// The ONNX op type.
+    fn name(self) -> &'static str {
+        match self {
+            ReduceKind::Sum => "ReduceSum",
+            ReduceKind::Mean => "ReduceMean",
+            ReduceKind::Max => "ReduceMax",
+            ReduceKind::Min => "ReduceMin",
+            ReduceKind::Prod => "ReduceProd",
+            ReduceKind::L1 => "ReduceL1",
+            ReduceKind::L2 => "ReduceL2",
+            ReduceKind::SumSquare => "ReduceSumSquare",
+            ReduceKind::LogSum => "ReduceLogSum",
+            ReduceKind::LogSumExp => "ReduceLogSumExp",
+        }
+    }
+}
+
+/// A reduction's attributes.
+struct ReduceAttrs {
+    /// `axes` (the attribute of older opsets).
+    axes: Option<Vec<i64>>,
+    /// `keepdims` (default 1).
+    keepdims: bool,
+    /// `noop_with_empty_axes` (default 0).
+    noop_with_empty_axes: bool,
+}
+
+impl ReduceAttrs {
+    fn of(attrs: &Attrs) -> ReduceAttrs {
+        ReduceAttrs {
+            axes: attrs.ints("axes").map(<[i64]>::to_vec),
+            keepdims: attrs.int_or("keepdims", 1) != 0,
+            noop_with_empty_axes: attrs.int_or("noop_with_empty_axes", 0) != 0,
+        }
+    }
+
+    /// The reduced axes, from `raw` (input 1 or the attribute).
+    fn resolve(&self, raw: Option<Vec<i64>>, rank: usize) -> RuleResult<Vec<usize>> {
+        match raw {
+            Some(a) if !a.is_empty() => a.iter().map(|&x| axis(x, rank)).collect(),
+            _ if self.noop_with_empty_axes => Ok(Vec::new()),
+            _ => Ok((0..rank).collect()),
+        }
+    }
+}
+
 impl Reduce {
-    fn axes(&self, cx: &Cx, rank: usize) -> RuleResult<Vec<usize>> {
+    fn axes(&self, cx: &Cx, at: &ReduceAttrs, rank: usize) -> RuleResult<Vec<usize>> {
         let raw = if cx.opset >= self.axes_input_from {
             cx.opt_ints(1)?
         } else {
-            cx.attrs().ints("axes").map(|v| v.to_vec())
+            at.axes.clone()
         };
-        match raw {
-            Some(a) if !a.is_empty() => a.iter().map(|&x| axis(x, rank)).collect(),
-            _ if cx.attrs().int_or("noop_with_empty_axes", 0) != 0 => Ok(Vec::new()),
-            _ => Ok((0..rank).collect()),
-        }
+        at.resolve(raw, rank)
     }
 }
 
@@ -59,9 +117,9 @@ impl Op for Reduce {
     }
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
         let x = cx.input(0)?;
-        let axes = self.axes(cx, x.rank())?;
-        let keep = cx.attrs().int_or("keepdims", 1) != 0;
-        let shape = reduced_shape(&x.shape, &axes, keep);
+        let at = ReduceAttrs::of(cx.attrs());
+        let axes = self.axes(cx, &at, x.rank())?;
+        let shape = reduced_shape(&x.shape, &axes, at.keepdims);
         let value = match (&x.value, self.fold) {
             (Some(v), Some((init, f))) => {
                 let n_out: usize = shape.iter().product();
@@ -84,7 +142,7 @@ impl Op for Reduce {
                         coord[a] = 0;
                     }
                 }
-                if self.mean {
+                if self.kind == ReduceKind::Mean {
                     let count: usize = axes.iter().map(|&a| x.shape[a]).product();
                     acc.iter_mut().for_each(|a| *a /= count.max(1) as f64);
                 }
@@ -117,10 +175,10 @@ impl Op for Reduce {
         if !x.dtype.is_float() {
             return Ok(None);
         }
-        let needs: &[Saved] = match cx.node.op_type.as_str() {
-            "ReduceSum" | "ReduceMean" => &[],
-            "ReduceL1" | "ReduceSumSquare" => &[Saved::Input(0)],
-            "ReduceLogSum" => &[Saved::Output(0)],
+        let needs: &[Saved] = match self.kind {
+            ReduceKind::Sum | ReduceKind::Mean => &[],
+            ReduceKind::L1 | ReduceKind::SumSquare => &[Saved::Input(0)],
+            ReduceKind::LogSum => &[Saved::Output(0)],
             _ => &[Saved::Input(0), Saved::Output(0)],
         };
         Ok(Some(Backward::each(
@@ -137,33 +195,34 @@ impl Op for Reduce {
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         let x = cx.input(0)?;
         let r = x.rank();
+        let at = ReduceAttrs::of(cx.attrs());
         let raw = if cx.opset >= self.axes_input_from {
             cx.opt(1).map(Tensor::to_i64s)
         } else {
-            cx.attrs().ints("axes").map(|v| v.to_vec())
+            at.axes.clone()
         };
-        let axes: Vec<usize> = match raw {
-            Some(a) if !a.is_empty() => a.iter().map(|&v| axis(v, r)).collect::<RuleResult<_>>()?,
-            _ if cx.attrs().int_or("noop_with_empty_axes", 0) != 0 => Vec::new(),
-            _ => (0..r).collect(),
-        };
+        let axes = at.resolve(raw, r)?;
         let out = cx.out(0)?.shape.clone();
         let kept = reduced_shape(&x.shape, &axes, true);
         let n_out: usize = kept.iter().product();
         let count: usize = axes.iter().map(|&a| x.shape[a]).product();
-        let op = cx.node.op_type.as_str();
+        let op = self.kind;
         if !x.dtype().is_float() {
             let (init, f): (i64, fn(i64, i64) -> i64) = match op {
-                "ReduceSum" | "ReduceMean" => (0, i64::wrapping_add),
-                "ReduceMax" => (i64::MIN, i64::max),
-                "ReduceMin" => (i64::MAX, i64::min),
-                "ReduceProd" => (1, i64::wrapping_mul),
-                other => return Err(format!("{other} on {} is not supported", x.dtype()).into()),
+                ReduceKind::Sum | ReduceKind::Mean => (0, i64::wrapping_add),
+                ReduceKind::Max => (i64::MIN, i64::max),
+                ReduceKind::Min => (i64::MAX, i64::min),
+                ReduceKind::Prod => (1, i64::wrapping_mul),
+                other => {
+                    return Err(
+                        format!("{} on {} is not supported", other.name(), x.dtype()).into(),
+                    )
+                }
             };
             let xs = x.to_i64s();
             let mut acc = vec![init; n_out];
             for_each(&x.shape, [&kept[..]], |i, [o]| acc[o] = f(acc[o], xs[i]));
-            if op == "ReduceMean" {
+            if op == ReduceKind::Mean {
                 acc.iter_mut().for_each(|v| *v /= count.max(1) as i64);
             }
             return Ok(vec![Tensor::from_i64(x.dtype(), out, acc)?]);
@@ -177,22 +236,22 @@ impl Op for Reduce {
             acc
         };
         let acc: Vec<f64> = match op {
-            "ReduceSum" => fold(0.0, &|a, v| a + v),
-            "ReduceMean" => fold(0.0, &|a, v| a + v)
+            ReduceKind::Sum => fold(0.0, &|a, v| a + v),
+            ReduceKind::Mean => fold(0.0, &|a, v| a + v)
                 .into_iter()
                 .map(|s| s / count as f64)
                 .collect(),
-            "ReduceMax" => fold(f64::NEG_INFINITY, &f64::max),
-            "ReduceMin" => fold(f64::INFINITY, &f64::min),
-            "ReduceProd" => fold(1.0, &|a, v| a * v),
-            "ReduceL1" => fold(0.0, &|a, v| a + v.abs()),
-            "ReduceL2" => fold(0.0, &|a, v| a + v * v)
+            ReduceKind::Max => fold(f64::NEG_INFINITY, &f64::max),
+            ReduceKind::Min => fold(f64::INFINITY, &f64::min),
+            ReduceKind::Prod => fold(1.0, &|a, v| a * v),
+            ReduceKind::L1 => fold(0.0, &|a, v| a + v.abs()),
+            ReduceKind::L2 => fold(0.0, &|a, v| a + v * v)
                 .into_iter()
                 .map(f64::sqrt)
                 .collect(),
-            "ReduceSumSquare" => fold(0.0, &|a, v| a + v * v),
-            "ReduceLogSum" => fold(0.0, &|a, v| a + v).into_iter().map(f64::ln).collect(),
-            "ReduceLogSumExp" => {
+            ReduceKind::SumSquare => fold(0.0, &|a, v| a + v * v),
+            ReduceKind::LogSum => fold(0.0, &|a, v| a + v).into_iter().map(f64::ln).collect(),
+            ReduceKind::LogSumExp => {
                 let max = fold(f64::NEG_INFINITY, &f64::max);
                 let mut sum = vec![0f64; n_out];
                 for_each(&x.shape, [&kept[..]], |i, [o]| {
@@ -200,7 +259,6 @@ impl Op for Reduce {
                 });
                 sum.iter().zip(&max).map(|(s, m)| s.ln() + m).collect()
             }
-            other => return Err(format!("no kernel for {other}").into()),
         };
         let v = acc.into_iter().map(|a| a as f32).collect();
         Ok(vec![Tensor::from_f32(x.dtype(), out, v)?])
@@ -215,11 +273,11 @@ impl Op for Reduce {
         if !f.dtype.is_float() {
             return no_gradient(cx);
         }
-        let axes = self.axes(&cx.rule_cx(), f.rank())?;
+        let axes = self.axes(&cx.rule_cx(), &ReduceAttrs::of(cx.attrs()), f.rank())?;
         let kept = reduced_shape(&f.shape, &axes, true);
         let count: usize = axes.iter().map(|&a| f.shape[a]).product();
         let g = cx.grad(0)?;
-        let op = cx.node.op_type.as_str();
+        let op = self.kind;
         let input =
             || -> RuleResult<Vec<f32>> { Ok(cx.saved(Saved::Input(0))?.to_f32()?.into_owned()) };
         let output =
@@ -227,17 +285,17 @@ impl Op for Reduce {
         let n: usize = f.shape.iter().product();
         let mut dx = Vec::with_capacity(n);
         match op {
-            "ReduceSum" | "ReduceMean" => {
-                let k = if op == "ReduceMean" {
+            ReduceKind::Sum | ReduceKind::Mean => {
+                let k = if op == ReduceKind::Mean {
                     1.0 / count.max(1) as f32
                 } else {
                     1.0
                 };
                 for_each(&f.shape, [&kept[..]], |_, [o]| dx.push(g[o] * k));
             }
-            "ReduceSumSquare" | "ReduceL1" => {
+            ReduceKind::SumSquare | ReduceKind::L1 => {
                 let x = input()?;
-                let sq = op == "ReduceSumSquare";
+                let sq = op == ReduceKind::SumSquare;
                 for_each(&f.shape, [&kept[..]], |i, [o]| {
                     let d = if sq {
                         2.0 * x[i]
@@ -249,25 +307,25 @@ impl Op for Reduce {
                     dx.push(g[o] * d)
                 });
             }
-            "ReduceLogSum" => {
+            ReduceKind::LogSum => {
                 let y = output()?;
                 for_each(&f.shape, [&kept[..]], |_, [o]| {
                     dx.push(g[o] * (-y[o]).exp())
                 });
             }
-            "ReduceL2" | "ReduceLogSumExp" | "ReduceProd" => {
+            ReduceKind::L2 | ReduceKind::LogSumExp | ReduceKind::Prod => {
                 let (x, y) = (input()?, output()?);
                 for_each(&f.shape, [&kept[..]], |i, [o]| {
                     let d = match op {
-                        "ReduceL2" if y[o] == 0.0 => 0.0,
-                        "ReduceL2" => x[i] / y[o],
-                        "ReduceLogSumExp" => (x[i] - y[o]).exp(),
+                        ReduceKind::L2 if y[o] == 0.0 => 0.0,
+                        ReduceKind::L2 => x[i] / y[o],
+                        ReduceKind::LogSumExp => (x[i] - y[o]).exp(),
                         _ => y[o] / x[i],
                     };
                     dx.push(g[o] * d)
                 });
             }
-            "ReduceMax" | "ReduceMin" => {
+            ReduceKind::Max | ReduceKind::Min => {
                 let (x, y) = (input()?, output()?);
                 let mut ties = vec![0usize; y.len()];
                 for_each(&f.shape, [&kept[..]], |i, [o]| {
@@ -281,22 +339,26 @@ impl Op for Reduce {
                     })
                 });
             }
-            _ => return no_backward_kernel(cx),
         }
         cx.answer(vec![(0, dx)])
     }
     /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
-    fn cuda_kernels(&self, op_type: &str) -> CudaKernels {
-        match op_type {
-            "ReduceSum" | "ReduceMean" => CudaKernels::new(
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        match self.kind {
+            ReduceKind::Sum | ReduceKind::Mean => CudaKernels::new(
                 Launch::Reduce,
                 &["reduce_f32"],
                 &["strided_copy_b4", "scale_f32"],
             ),
-            "ReduceMax" | "ReduceMin" => CudaKernels::new(Launch::Reduce, &["reduce_f32"], &[]),
-            "ReduceProd" | "ReduceL1" | "ReduceL2" | "ReduceSumSquare" | "ReduceLogSum"
-            | "ReduceLogSumExp" => CudaKernels::HOST,
-            _ => CudaKernels::UNLISTED,
+            ReduceKind::Max | ReduceKind::Min => {
+                CudaKernels::new(Launch::Reduce, &["reduce_f32"], &[])
+            }
+            ReduceKind::Prod
+            | ReduceKind::L1
+            | ReduceKind::L2
+            | ReduceKind::SumSquare
+            | ReduceKind::LogSum
+            | ReduceKind::LogSumExp => CudaKernels::HOST,
         }
     }
     fn autocast(&self, _op_type: &str) -> Autocast {
@@ -305,7 +367,27 @@ impl Op for Reduce {
 }
 
 /// `ArgMax` / `ArgMin` along `axis`: int64. FLOPs: 1 compare per input element.
-struct ArgReduce;
+struct ArgReduce {
+    /// ArgMax (else ArgMin).
+    max: bool,
+}
+
+/// ArgMax/ArgMin's attributes.
+struct ArgAttrs {
+    axis: i64,
+    keepdims: bool,
+    select_last_index: bool,
+}
+
+impl ArgAttrs {
+    fn of(attrs: &Attrs) -> ArgAttrs {
+        ArgAttrs {
+            axis: attrs.int_or("axis", 0),
+            keepdims: attrs.int_or("keepdims", 1) != 0,
+            select_last_index: attrs.int_or("select_last_index", 0) != 0,
+        }
+    }
+}
 
 impl Op for ArgReduce {
     fn arity(&self) -> Arity {
@@ -313,11 +395,11 @@ impl Op for ArgReduce {
     }
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
         let x = cx.input(0)?;
-        let a = axis(cx.attrs().int_or("axis", 0), x.rank())?;
-        let keep = cx.attrs().int_or("keepdims", 1) != 0;
+        let at = ArgAttrs::of(cx.attrs());
+        let a = axis(at.axis, x.rank())?;
         Ok(vec![Fact::new(
             DType::I64,
-            reduced_shape(&x.shape, &[a], keep),
+            reduced_shape(&x.shape, &[a], at.keepdims),
         )])
     }
     fn flops(&self, cx: &Cx, _out: &[Fact]) -> u64 {
@@ -337,9 +419,9 @@ impl Op for ArgReduce {
     /// The first extreme along `axis` (the last with `select_last_index`).
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         let x = cx.input(0)?;
-        let a = axis(cx.attrs().int_or("axis", 0), x.rank())?;
-        let last = cx.attrs().int_or("select_last_index", 0) != 0;
-        let max = cx.node.op_type == "ArgMax";
+        let at = ArgAttrs::of(cx.attrs());
+        let a = axis(at.axis, x.rank())?;
+        let (last, max) = (at.select_last_index, self.max);
         let xs = x.to_f64s();
         let outer: usize = x.shape[..a].iter().product();
         let n = x.shape[a];
@@ -438,6 +520,21 @@ fn cumulative_axis(cx: &BackwardCx, rank: usize) -> RuleResult<usize> {
 /// `CumSum(x, axis)`: same shape. FLOPs: 1 add per element.
 struct CumSum;
 
+/// CumSum/CumProd's attributes: `exclusive`, `reverse` (default 0).
+struct CumAttrs {
+    exclusive: bool,
+    reverse: bool,
+}
+
+impl CumAttrs {
+    fn of(attrs: &Attrs) -> CumAttrs {
+        CumAttrs {
+            exclusive: attrs.int_or("exclusive", 0) != 0,
+            reverse: attrs.int_or("reverse", 0) != 0,
+        }
+    }
+}
+
 impl Op for CumSum {
     fn arity(&self) -> Arity {
         Arity::new(2, 2, 1, 1)
@@ -469,11 +566,8 @@ impl Op for CumSum {
                         .collect(),
                 )
             });
-        let value = value.filter(|_| {
-            !x.dtype.is_float()
-                && cx.attrs().int_or("exclusive", 0) == 0
-                && cx.attrs().int_or("reverse", 0) == 0
-        });
+        let at = CumAttrs::of(cx.attrs());
+        let value = value.filter(|_| !x.dtype.is_float() && !at.exclusive && !at.reverse);
         Ok(vec![Fact {
             dtype: x.dtype,
             shape: x.shape.clone(),
@@ -503,8 +597,10 @@ impl Op for CumSum {
                 .ok_or("axis must be one value")?,
             x.rank(),
         )?;
-        let excl = cx.attrs().int_or("exclusive", 0) != 0;
-        let rev = cx.attrs().int_or("reverse", 0) != 0;
+        let CumAttrs {
+            exclusive: excl,
+            reverse: rev,
+        } = CumAttrs::of(cx.attrs());
         let xs = x.to_f64s();
         let outer: usize = x.shape[..a].iter().product();
         let n = x.shape[a];
@@ -536,8 +632,8 @@ impl Op for CumSum {
             return no_gradient(cx);
         }
         let a = cumulative_axis(cx, f.rank())?;
-        let excl = cx.attrs().int_or("exclusive", 0) != 0;
-        let rev = cx.attrs().int_or("reverse", 0) == 0;
+        let at = CumAttrs::of(cx.attrs());
+        let (excl, rev) = (at.exclusive, !at.reverse);
         let g = cx.grad(0)?;
         let outer: usize = f.shape[..a].iter().product();
         let n = f.shape[a];
@@ -631,8 +727,10 @@ impl Op for CumProd {
                 .ok_or("axis must be one value")?,
             x.rank(),
         )?;
-        let excl = cx.attrs().int_or("exclusive", 0) != 0;
-        let rev = cx.attrs().int_or("reverse", 0) != 0;
+        let CumAttrs {
+            exclusive: excl,
+            reverse: rev,
+        } = CumAttrs::of(cx.attrs());
         let xs = x.to_f64s();
         let n = x.shape[a];
         let mut y = vec![0f64; xs.len()];
@@ -663,8 +761,10 @@ impl Op for CumProd {
             return no_gradient(cx);
         }
         let a = cumulative_axis(cx, f.rank())?;
-        let excl = cx.attrs().int_or("exclusive", 0) != 0;
-        let rev = cx.attrs().int_or("reverse", 0) != 0;
+        let CumAttrs {
+            exclusive: excl,
+            reverse: rev,
+        } = CumAttrs::of(cx.attrs());
         let xs = cx.saved(Saved::Input(0))?.to_f64s();
         let g = cx.grad(0)?;
         let n = f.shape[a];
@@ -701,35 +801,36 @@ impl Op for CumProd {
 /// Registers reductions.
 pub fn register(r: &mut Registry) {
     // Autocast runs every sum-like reduction in float32, max and min in the input type.
-    let red = |from, flops, fold, mean| Reduce {
+    let red = |kind, from, flops, fold| Reduce {
+        kind,
         axes_input_from: from,
         flops_per_elem: flops,
         fold,
-        mean,
         autocast: Autocast::Full,
     };
-    let order = |fold| Reduce {
+    let order = |kind, fold| Reduce {
         autocast: Autocast::Promote,
-        ..red(18, 1, Some(fold), false)
+        ..red(kind, 18, 1, Some(fold))
     };
-    r.add("ReduceSum", red(13, 1, Some((0.0, |a, b| a + b)), false));
-    r.add("ReduceMean", red(18, 1, Some((0.0, |a, b| a + b)), true));
-    r.add("ReduceMax", order((f64::NEG_INFINITY, f64::max)));
-    r.add("ReduceMin", order((f64::INFINITY, f64::min)));
-    r.add("ReduceProd", red(18, 1, Some((1.0, |a, b| a * b)), false));
+    use ReduceKind as K;
+    r.add("ReduceSum", red(K::Sum, 13, 1, Some((0.0, |a, b| a + b))));
+    r.add("ReduceMean", red(K::Mean, 18, 1, Some((0.0, |a, b| a + b))));
+    r.add("ReduceMax", order(K::Max, (f64::NEG_INFINITY, f64::max)));
+    r.add("ReduceMin", order(K::Min, (f64::INFINITY, f64::min)));
+    r.add("ReduceProd", red(K::Prod, 18, 1, Some((1.0, |a, b| a * b))));
     // `torch.norm` / `linalg.vector_norm` take `dtype=float32` under autocast:
     // float32 from the input as it is, no copy of it.
-    let norm = || Reduce {
+    let norm = |kind| Reduce {
         autocast: Autocast::Widen,
-        ..red(18, 2, None, false)
+        ..red(kind, 18, 2, None)
     };
-    r.add("ReduceL1", norm());
-    r.add("ReduceL2", norm());
-    r.add("ReduceSumSquare", red(18, 2, None, false));
-    r.add("ReduceLogSum", red(18, 1, None, false));
-    r.add("ReduceLogSumExp", red(18, 3, None, false));
-    r.add("ArgMax", ArgReduce);
-    r.add("ArgMin", ArgReduce);
+    r.add("ReduceL1", norm(K::L1));
+    r.add("ReduceL2", norm(K::L2));
+    r.add("ReduceSumSquare", red(K::SumSquare, 18, 2, None));
+    r.add("ReduceLogSum", red(K::LogSum, 18, 1, None));
+    r.add("ReduceLogSumExp", red(K::LogSumExp, 18, 3, None));
+    r.add("ArgMax", ArgReduce { max: true });
+    r.add("ArgMin", ArgReduce { max: false });
     r.add("TopK", TopK);
     r.add("CumSum", CumSum);
     r.add("CumProd", CumProd);

@@ -95,11 +95,11 @@ pub fn register(r: &mut Registry) {
     r.add("Constant", Constant);
     r.add("Shape", ShapeOp);
     r.add("Size", Size);
-    r.add("Reshape", Reshape);
-    r.add("Flatten", Flatten);
+    r.add("Reshape", View::Reshape);
+    r.add("Flatten", View::Flatten);
     r.add("Transpose", Transpose);
-    r.add("Squeeze", Squeeze);
-    r.add("Unsqueeze", Unsqueeze);
+    r.add("Squeeze", View::Squeeze);
+    r.add("Unsqueeze", View::Unsqueeze);
     r.add("Concat", Concat);
     r.add("Split", Split);
     r.add("Slice", Slice);

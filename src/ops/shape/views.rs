@@ -4,8 +4,19 @@
 #[allow(unused_imports)]
 use super::*;
 
-/// `Reshape(data, shape)`: 0 copies the input dim (unless `allowzero`), -1 is inferred.
-pub(super) struct Reshape;
+/// The ops that keep input 0's elements in order under a new shape, and differ
+/// only in how they compute it (their kind, given at registration):
+/// `Reshape(data, shape)`: 0 copies the input dim (unless `allowzero`), -1 is inferred;
+/// `Flatten(x)` to 2-D at `axis` (default 1);
+/// `Squeeze(x, axes?)`: drops the listed size-1 axes (all size-1 axes if none);
+/// `Unsqueeze(x, axes)`: inserts size-1 axes at positions of the output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum View {
+    Reshape,
+    Flatten,
+    Squeeze,
+    Unsqueeze,
+}
 
 /// Resolves a Reshape target against the input shape.
 pub fn reshape_target(input: &[usize], target: &[i64], allowzero: bool) -> RuleResult<Vec<usize>> {
@@ -45,77 +56,95 @@ pub fn reshape_target(input: &[usize], target: &[i64], allowzero: bool) -> RuleR
     Ok(out)
 }
 
-impl Op for Reshape {
-    fn arity(&self) -> Arity {
-        Arity::new(2, 2, 1, 1)
-    }
-    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
-        let x = cx.input(0)?;
-        let target = cx.value(1)?.to_ints();
-        let shape = reshape_target(&x.shape, &target, cx.attrs().int_or("allowzero", 0) != 0)?;
-        let value = x.value.as_ref().map(|v| with_shape(v, shape.clone()));
-        Ok(vec![Fact {
-            dtype: x.dtype,
-            shape,
-            value: value.map(Box::new),
-        }])
-    }
-    no_flops!();
-    /// A view: the gradient is reshaped back; nothing saved.
-    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
-        if !out[0].dtype.is_float() {
-            return Ok(None);
+impl View {
+    /// The output shape for input `x`.
+    fn shape(self, cx: &Cx, x: &Fact) -> RuleResult<Vec<usize>> {
+        match self {
+            View::Reshape => {
+                let target = cx.value(1)?.to_ints();
+                reshape_target(&x.shape, &target, cx.attrs().int_or("allowzero", 0) != 0)
+            }
+            View::Flatten => {
+                let a = cx.attrs().int_or("axis", 1);
+                let a = if a == x.rank() as i64 {
+                    x.rank()
+                } else {
+                    axis(a, x.rank())?
+                };
+                Ok(vec![
+                    numel(&x.shape[..a]) as usize,
+                    numel(&x.shape[a..]) as usize,
+                ])
+            }
+            View::Squeeze => squeezed(cx, x),
+            View::Unsqueeze => unsqueezed(cx, x),
         }
-        let _ = cx;
-        Ok(Some(Backward::each(&[0], &[], out[0].numel())))
-    }
-    fn storage(&self, cx: &Cx) -> Storage {
-        let _ = cx;
-        Storage::Reshape
-    }
-    /// A view where PyTorch's `computeStride` finds one, else a copy.
-    fn view_strides(
-        &self,
-        cx: &Cx,
-        _k: usize,
-        out: &Fact,
-        strides: &[usize],
-    ) -> Option<Vec<usize>> {
-        layout::view(&cx.inputs[0]?.shape, strides, &out.shape)
-    }
-    /// The same elements under the inferred shape.
-    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
-        Ok(vec![cx.input(0)?.reshaped(cx.out(0)?.shape.clone())?])
-    }
-    /// The gradient under the input's shape.
-    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-        cx.answer(vec![(0, cx.grad(0)?.into_owned())])
-    }
-    /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
-    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::new(Launch::Reshape, COPIES, &["strided_copy_b4"])
-    }
-    fn autocast(&self, _op_type: &str) -> Autocast {
-        Autocast::Promote
     }
 }
 
-/// `Flatten(x)` to 2-D at `axis` (default 1).
-pub(super) struct Flatten;
+/// Squeeze's output shape.
+fn squeezed(cx: &Cx, x: &Fact) -> RuleResult<Vec<usize>> {
+    let axes: Vec<usize> = match axes_arg(cx)? {
+        Some(a) => a
+            .iter()
+            .map(|&a| axis(a, x.rank()))
+            .collect::<RuleResult<_>>()?,
+        None => (0..x.rank()).filter(|&i| x.shape[i] == 1).collect(),
+    };
+    if let Some(&a) = axes.iter().find(|&&a| x.shape[a] != 1) {
+        return Err(format!(
+            "cannot squeeze axis {a} of size {} in {:?}",
+            x.shape[a], x.shape
+        )
+        .into());
+    }
+    Ok((0..x.rank())
+        .filter(|i| !axes.contains(i))
+        .map(|i| x.shape[i])
+        .collect())
+}
 
-impl Op for Flatten {
+/// Unsqueeze's output shape.
+fn unsqueezed(cx: &Cx, x: &Fact) -> RuleResult<Vec<usize>> {
+    let raw = axes_arg(cx)?.ok_or("missing axes")?;
+    let r = x.rank() + raw.len();
+    let mut axes: Vec<usize> = raw.iter().map(|&a| axis(a, r)).collect::<RuleResult<_>>()?;
+    axes.sort_unstable();
+    if axes.windows(2).any(|w| w[0] == w[1]) {
+        return Err(format!("repeated axes {raw:?}").into());
+    }
+    let mut src = x.shape.iter();
+    Ok((0..r)
+        .map(|i| {
+            if axes.contains(&i) {
+                1
+            } else {
+                *src.next().expect("rank matches")
+            }
+        })
+        .collect())
+}
+
+/// The backward rule of every view op: a float output's gradient flows back to
+/// input 0 (reshaped, transposed or summed back); nothing saved.
+fn view_backward(out: &[Fact]) -> RuleResult<Option<Backward>> {
+    if !out[0].dtype.is_float() {
+        return Ok(None);
+    }
+    Ok(Some(Backward::each(&[0], &[], out[0].numel())))
+}
+
+impl Op for View {
     fn arity(&self) -> Arity {
-        Arity::new(1, 1, 1, 1)
+        match self {
+            View::Reshape => Arity::new(2, 2, 1, 1),
+            View::Flatten => Arity::new(1, 1, 1, 1),
+            View::Squeeze | View::Unsqueeze => Arity::new(1, 2, 1, 1),
+        }
     }
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
         let x = cx.input(0)?;
-        let a = cx.attrs().int_or("axis", 1);
-        let a = if a == x.rank() as i64 {
-            x.rank()
-        } else {
-            axis(a, x.rank())?
-        };
-        let shape = vec![numel(&x.shape[..a]) as usize, numel(&x.shape[a..]) as usize];
+        let shape = self.shape(cx, x)?;
         let value = x.value.as_ref().map(|v| with_shape(v, shape.clone()));
         Ok(vec![Fact {
             dtype: x.dtype,
@@ -125,16 +154,15 @@ impl Op for Flatten {
     }
     no_flops!();
     /// A view: the gradient is reshaped back; nothing saved.
-    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
-        if !out[0].dtype.is_float() {
-            return Ok(None);
-        }
-        let _ = cx;
-        Ok(Some(Backward::each(&[0], &[], out[0].numel())))
+    fn backward(&self, _cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        view_backward(out)
     }
-    fn storage(&self, cx: &Cx) -> Storage {
-        let _ = cx;
-        Storage::Reshape
+    /// Reshape and Flatten copy a strided input; Squeeze and Unsqueeze are views.
+    fn storage(&self, _cx: &Cx) -> Storage {
+        match self {
+            View::Reshape | View::Flatten => Storage::Reshape,
+            View::Squeeze | View::Unsqueeze => Storage::View,
+        }
     }
     /// A view where PyTorch's `computeStride` finds one, else a copy.
     fn view_strides(
@@ -166,21 +194,26 @@ impl Op for Flatten {
 /// `Transpose(x)` by `perm` (default: reverse).
 pub(super) struct Transpose;
 
+/// Transpose's `perm` against rank `r` (default: reverse), checked to be a permutation.
+fn perm(attrs: &crate::ir::Attrs, r: usize) -> RuleResult<Vec<usize>> {
+    let perm: Vec<usize> = match attrs.ints("perm") {
+        Some(p) => p.iter().map(|&a| axis(a, r)).collect::<RuleResult<_>>()?,
+        None => (0..r).rev().collect(),
+    };
+    let mut seen = vec![false; r];
+    if perm.len() != r || perm.iter().any(|&p| std::mem::replace(&mut seen[p], true)) {
+        return Err(format!("perm {perm:?} is not a permutation of rank {r}").into());
+    }
+    Ok(perm)
+}
+
 impl Op for Transpose {
     fn arity(&self) -> Arity {
         Arity::new(1, 1, 1, 1)
     }
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
         let x = cx.input(0)?;
-        let r = x.rank();
-        let perm: Vec<usize> = match cx.attrs().ints("perm") {
-            Some(p) => p.iter().map(|&a| axis(a, r)).collect::<RuleResult<_>>()?,
-            None => (0..r).rev().collect(),
-        };
-        let mut seen = vec![false; r];
-        if perm.len() != r || perm.iter().any(|&p| std::mem::replace(&mut seen[p], true)) {
-            return Err(format!("perm {perm:?} is not a permutation of rank {r}").into());
-        }
+        let perm = perm(cx.attrs(), x.rank())?;
         let shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
         let st = strides(&x.shape);
         let value = x.value.as_ref().and_then(|v| {
@@ -196,15 +229,10 @@ impl Op for Transpose {
     }
     no_flops!();
     /// A strided view: the gradient is transposed back; nothing saved.
-    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
-        if !out[0].dtype.is_float() {
-            return Ok(None);
-        }
-        let _ = cx;
-        Ok(Some(Backward::each(&[0], &[], out[0].numel())))
+    fn backward(&self, _cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        view_backward(out)
     }
-    fn storage(&self, cx: &Cx) -> Storage {
-        let _ = cx;
+    fn storage(&self, _cx: &Cx) -> Storage {
         Storage::StridedView
     }
     /// Output dim `j` is input dim `perm[j]`.
@@ -227,11 +255,7 @@ impl Op for Transpose {
     /// A copy in the permuted order.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         let x = cx.input(0)?;
-        let r = x.rank();
-        let perm: Vec<usize> = match cx.attrs().ints("perm") {
-            Some(p) => p.iter().map(|&a| axis(a, r)).collect::<RuleResult<_>>()?,
-            None => (0..r).rev().collect(),
-        };
+        let perm = perm(cx.attrs(), x.rank())?;
         let st = strides(&x.shape);
         let shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
         let pst: Vec<isize> = perm.iter().map(|&p| st[p] as isize).collect();
@@ -241,10 +265,7 @@ impl Op for Transpose {
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
         let x = cx.input(0)?;
         let r = x.rank();
-        let perm: Vec<usize> = match cx.attrs().ints("perm") {
-            Some(p) => p.iter().map(|&a| axis(a, r)).collect::<RuleResult<_>>()?,
-            None => (0..r).rev().collect(),
-        };
+        let perm = perm(cx.attrs(), r)?;
         let gst = strides(&cx.output(0)?.shape);
         // Input dim perm[j] is output dim j.
         let mut st = vec![0isize; r];
@@ -273,153 +294,6 @@ pub(super) fn axes_arg(cx: &Cx) -> RuleResult<Option<Vec<i64>>> {
         cx.opt_ints(1)
     } else {
         Ok(cx.attrs().ints("axes").map(|v| v.to_vec()))
-    }
-}
-
-/// `Squeeze(x, axes?)`: drops the listed size-1 axes (all size-1 axes if none).
-pub(super) struct Squeeze;
-
-impl Op for Squeeze {
-    fn arity(&self) -> Arity {
-        Arity::new(1, 2, 1, 1)
-    }
-    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
-        let x = cx.input(0)?;
-        let axes: Vec<usize> = match axes_arg(cx)? {
-            Some(a) => a
-                .iter()
-                .map(|&a| axis(a, x.rank()))
-                .collect::<RuleResult<_>>()?,
-            None => (0..x.rank()).filter(|&i| x.shape[i] == 1).collect(),
-        };
-        if let Some(&a) = axes.iter().find(|&&a| x.shape[a] != 1) {
-            return Err(format!(
-                "cannot squeeze axis {a} of size {} in {:?}",
-                x.shape[a], x.shape
-            )
-            .into());
-        }
-        let shape: Vec<usize> = (0..x.rank())
-            .filter(|i| !axes.contains(i))
-            .map(|i| x.shape[i])
-            .collect();
-        let value = x.value.as_ref().map(|v| with_shape(v, shape.clone()));
-        Ok(vec![Fact {
-            dtype: x.dtype,
-            shape,
-            value: value.map(Box::new),
-        }])
-    }
-    no_flops!();
-    /// A view; nothing saved.
-    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
-        if !out[0].dtype.is_float() {
-            return Ok(None);
-        }
-        let _ = cx;
-        Ok(Some(Backward::each(&[0], &[], out[0].numel())))
-    }
-    fn storage(&self, cx: &Cx) -> Storage {
-        let _ = cx;
-        Storage::View
-    }
-    /// A view where PyTorch's `computeStride` finds one, else a copy.
-    fn view_strides(
-        &self,
-        cx: &Cx,
-        _k: usize,
-        out: &Fact,
-        strides: &[usize],
-    ) -> Option<Vec<usize>> {
-        layout::view(&cx.inputs[0]?.shape, strides, &out.shape)
-    }
-    /// The same elements under the inferred shape.
-    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
-        Ok(vec![cx.input(0)?.reshaped(cx.out(0)?.shape.clone())?])
-    }
-    /// The gradient under the input's shape.
-    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-        cx.answer(vec![(0, cx.grad(0)?.into_owned())])
-    }
-    /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
-    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::new(Launch::Reshape, COPIES, &["strided_copy_b4"])
-    }
-    fn autocast(&self, _op_type: &str) -> Autocast {
-        Autocast::Promote
-    }
-}
-
-/// `Unsqueeze(x, axes)`: inserts size-1 axes at positions of the output.
-pub(super) struct Unsqueeze;
-
-impl Op for Unsqueeze {
-    fn arity(&self) -> Arity {
-        Arity::new(1, 2, 1, 1)
-    }
-    fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
-        let x = cx.input(0)?;
-        let raw = axes_arg(cx)?.ok_or("missing axes")?;
-        let r = x.rank() + raw.len();
-        let mut axes: Vec<usize> = raw.iter().map(|&a| axis(a, r)).collect::<RuleResult<_>>()?;
-        axes.sort_unstable();
-        if axes.windows(2).any(|w| w[0] == w[1]) {
-            return Err(format!("repeated axes {raw:?}").into());
-        }
-        let mut src = x.shape.iter();
-        let shape: Vec<usize> = (0..r)
-            .map(|i| {
-                if axes.contains(&i) {
-                    1
-                } else {
-                    *src.next().expect("rank matches")
-                }
-            })
-            .collect();
-        let value = x.value.as_ref().map(|v| with_shape(v, shape.clone()));
-        Ok(vec![Fact {
-            dtype: x.dtype,
-            shape,
-            value: value.map(Box::new),
-        }])
-    }
-    no_flops!();
-    /// A view; nothing saved.
-    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
-        if !out[0].dtype.is_float() {
-            return Ok(None);
-        }
-        let _ = cx;
-        Ok(Some(Backward::each(&[0], &[], out[0].numel())))
-    }
-    fn storage(&self, cx: &Cx) -> Storage {
-        let _ = cx;
-        Storage::View
-    }
-    /// A view where PyTorch's `computeStride` finds one, else a copy.
-    fn view_strides(
-        &self,
-        cx: &Cx,
-        _k: usize,
-        out: &Fact,
-        strides: &[usize],
-    ) -> Option<Vec<usize>> {
-        layout::view(&cx.inputs[0]?.shape, strides, &out.shape)
-    }
-    /// The same elements under the inferred shape.
-    fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
-        Ok(vec![cx.input(0)?.reshaped(cx.out(0)?.shape.clone())?])
-    }
-    /// The gradient under the input's shape.
-    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-        cx.answer(vec![(0, cx.grad(0)?.into_owned())])
-    }
-    /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
-    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::new(Launch::Reshape, COPIES, &["strided_copy_b4"])
-    }
-    fn autocast(&self, _op_type: &str) -> Autocast {
-        Autocast::Promote
     }
 }
 
@@ -462,15 +336,10 @@ impl Op for Expand {
     }
     no_flops!();
     /// A broadcast view; the gradient is summed back; nothing saved.
-    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
-        if !out[0].dtype.is_float() {
-            return Ok(None);
-        }
-        let _ = cx;
-        Ok(Some(Backward::each(&[0], &[], out[0].numel())))
+    fn backward(&self, _cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        view_backward(out)
     }
-    fn storage(&self, cx: &Cx) -> Storage {
-        let _ = cx;
+    fn storage(&self, _cx: &Cx) -> Storage {
         Storage::StridedView
     }
     /// Broadcast dims get stride 0.
