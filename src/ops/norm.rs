@@ -7,7 +7,7 @@ use super::{
     axis, no_backward_kernel, no_gradient, Arity, Autocast, Backward, BackwardCx, CudaKernels, Cx,
     Fact, Grad, KernelCx, Launch, Op, Registry, RuleResult, Saved, Storage,
 };
-use crate::ir::DType;
+use crate::ir::{Attrs, DType};
 use crate::numeric::broadcast::for_each;
 use crate::numeric::grad::sum_to;
 use crate::numeric::Tensor;
@@ -19,9 +19,32 @@ use crate::numeric::Tensor;
 /// for the batch mean (1) and variance (3).
 struct BatchNorm;
 
-impl BatchNorm {
-    fn training(cx: &Cx) -> bool {
-        batch_norm_training_mode(cx.opset, cx.attrs(), cx.n_outputs())
+/// BatchNormalization's attributes.
+struct BatchNormAttrs {
+    /// `epsilon` (default 1e-5).
+    epsilon: f64,
+    /// `momentum` (default 0.9).
+    momentum: f64,
+    /// `training_mode` (default 0; opset 14 on).
+    training_mode: bool,
+}
+
+impl BatchNormAttrs {
+    fn of(attrs: &Attrs) -> BatchNormAttrs {
+        BatchNormAttrs {
+            epsilon: attrs.float("epsilon").unwrap_or(1e-5) as f64,
+            momentum: attrs.float("momentum").unwrap_or(0.9) as f64,
+            training_mode: attrs.int_or("training_mode", 0) != 0,
+        }
+    }
+
+    /// See [`batch_norm_training_mode`].
+    fn training(&self, opset: i64, n_outputs: usize) -> bool {
+        if opset >= 14 {
+            self.training_mode
+        } else {
+            n_outputs > 1
+        }
     }
 }
 
@@ -29,12 +52,8 @@ impl BatchNorm {
 /// (training mode): the `training_mode` attribute from opset 14 on, the extra
 /// outputs before it. An exporter writes inference mode for a model in eval mode.
 /// memplan's training step runs every BatchNorm in training mode whatever this says.
-pub fn batch_norm_training_mode(opset: i64, attrs: &crate::ir::Attrs, n_outputs: usize) -> bool {
-    if opset >= 14 {
-        attrs.int_or("training_mode", 0) != 0
-    } else {
-        n_outputs > 1
-    }
+pub fn batch_norm_training_mode(opset: i64, attrs: &Attrs, n_outputs: usize) -> bool {
+    BatchNormAttrs::of(attrs).training(opset, n_outputs)
 }
 
 impl Op for BatchNorm {
@@ -61,7 +80,8 @@ impl Op for BatchNorm {
         Ok(out)
     }
     fn flops(&self, cx: &Cx, out: &[Fact]) -> u64 {
-        let per: u64 = if Self::training(cx) { 8 } else { 4 };
+        let training = BatchNormAttrs::of(cx.attrs()).training(cx.opset, cx.n_outputs());
+        let per: u64 = if training { 8 } else { 4 };
         per.saturating_mul(out[0].numel())
     }
     /// Training BN (NativeBatchNormBackward) saves the input, scale, running stats
@@ -135,13 +155,39 @@ impl Op for BatchNorm {
 /// the reductions' adds).
 struct LayerNorm;
 
+/// LayerNormalization's and RMSNormalization's attributes.
+struct LayerNormAttrs {
+    /// `axis` (default -1): the first normalized axis.
+    axis: i64,
+    /// `epsilon` (default 1e-5).
+    epsilon: f64,
+    /// `stash_type` (default 1, float).
+    stash_type: i64,
+}
+
+impl LayerNormAttrs {
+    fn of(attrs: &Attrs) -> LayerNormAttrs {
+        LayerNormAttrs {
+            axis: attrs.int_or("axis", -1),
+            epsilon: attrs.float("epsilon").unwrap_or(1e-5) as f64,
+            stash_type: attrs.int_or("stash_type", 1),
+        }
+    }
+
+    /// The first normalized axis of a rank-`rank` input.
+    fn axis(&self, rank: usize) -> RuleResult<usize> {
+        axis(self.axis, rank)
+    }
+}
+
 impl Op for LayerNorm {
     fn arity(&self) -> Arity {
         Arity::new(2, 3, 1, 3)
     }
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
         let x = cx.input(0)?;
-        let ax = axis(cx.attrs().int_or("axis", -1), x.rank())?;
+        let at = LayerNormAttrs::of(cx.attrs());
+        let ax = at.axis(x.rank())?;
         let normalized = &x.shape[ax..];
         for i in 1..cx.inputs.len() {
             if let Some(f) = cx.opt(i) {
@@ -156,7 +202,7 @@ impl Op for LayerNorm {
                     })?;
             }
         }
-        let stash = super::dtype_attr(cx.attrs().int_or("stash_type", 1))?;
+        let stash = super::dtype_attr(at.stash_type)?;
         let mut stat = x.shape[..ax].to_vec();
         stat.resize(x.rank(), 1);
         let mut out = vec![Fact::new(x.dtype, x.shape.clone())];
@@ -172,7 +218,7 @@ impl Op for LayerNorm {
     /// (float32, one per normalized row). Backward FLOPs: 8 per element.
     fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
         let x = cx.input(0)?;
-        let ax = axis(cx.attrs().int_or("axis", -1), x.rank())?;
+        let ax = LayerNormAttrs::of(cx.attrs()).axis(x.rank())?;
         let mut stat = x.shape[..ax].to_vec();
         stat.resize(x.rank(), 1);
         let stat = Fact::new(DType::F32, stat);
@@ -243,7 +289,8 @@ impl Op for RmsNorm {
     }
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
         let x = cx.input(0)?;
-        let ax = axis(cx.attrs().int_or("axis", -1), x.rank())?;
+        let at = LayerNormAttrs::of(cx.attrs());
+        let ax = at.axis(x.rank())?;
         let normalized = &x.shape[ax..];
         let s = cx.input(1)?;
         super::broadcast(&[&s.shape, normalized])
@@ -255,7 +302,7 @@ impl Op for RmsNorm {
                     s.shape
                 )
             })?;
-        super::dtype_attr(cx.attrs().int_or("stash_type", 1))?;
+        super::dtype_attr(at.stash_type)?;
         Ok(vec![Fact::new(x.dtype, x.shape.clone())])
     }
     fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {
@@ -265,7 +312,7 @@ impl Op for RmsNorm {
     /// scale and the per-row inverse RMS (float32). Backward FLOPs: 6 per element.
     fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
         let x = cx.input(0)?;
-        let ax = axis(cx.attrs().int_or("axis", -1), x.rank())?;
+        let ax = LayerNormAttrs::of(cx.attrs()).axis(x.rank())?;
         let mut stat = x.shape[..ax].to_vec();
         stat.resize(x.rank(), 1);
         let needs = vec![Saved::Input(0), Saved::Input(1), Saved::Extra(0)];
@@ -311,33 +358,45 @@ impl Op for RmsNorm {
 /// per channel, as PyTorch's `GroupNorm`).
 /// FLOPs: 8 per element, as LayerNormalization.
 struct SameShapeNorm {
-    arity: Arity,
+    /// GroupNormalization (else InstanceNormalization).
+    group: bool,
 }
 
-/// Groups of an Instance/GroupNormalization over `c` channels, and whether its
-/// scale and bias are one per group (GroupNormalization before opset 21) rather
-/// than one per channel.
-fn norm_groups(
-    op: &str,
-    attrs: &crate::ir::Attrs,
-    opset: i64,
-    c: usize,
-) -> RuleResult<(usize, bool)> {
-    if op != "GroupNormalization" {
-        return Ok((c, false));
+/// Instance/GroupNormalization's attributes.
+struct GroupNormAttrs {
+    /// `num_groups` (GroupNormalization; required there).
+    num_groups: Option<i64>,
+    /// `epsilon` (default 1e-5).
+    epsilon: f64,
+}
+
+impl GroupNormAttrs {
+    fn of(attrs: &Attrs) -> GroupNormAttrs {
+        GroupNormAttrs {
+            num_groups: attrs.int("num_groups"),
+            epsilon: attrs.float("epsilon").unwrap_or(1e-5) as f64,
+        }
     }
-    let g = attrs
-        .int("num_groups")
-        .ok_or("missing attribute 'num_groups'")?;
-    if g < 1 || c as i64 % g != 0 {
-        return Err(format!("num_groups {g} does not divide the {c} channels").into());
+}
+
+impl SameShapeNorm {
+    /// Groups over `c` channels, and whether the scale and bias are one per group
+    /// (GroupNormalization before opset 21) rather than one per channel.
+    fn groups(&self, at: &GroupNormAttrs, opset: i64, c: usize) -> RuleResult<(usize, bool)> {
+        if !self.group {
+            return Ok((c, false));
+        }
+        let g = at.num_groups.ok_or("missing attribute 'num_groups'")?;
+        if g < 1 || c as i64 % g != 0 {
+            return Err(format!("num_groups {g} does not divide the {c} channels").into());
+        }
+        Ok((g as usize, opset < 21))
     }
-    Ok((g as usize, opset < 21))
 }
 
 impl Op for SameShapeNorm {
     fn arity(&self) -> Arity {
-        self.arity
+        Arity::new(3, 3, 1, 1)
     }
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
         let x = cx.input(0)?;
@@ -345,7 +404,7 @@ impl Op for SameShapeNorm {
             return Err(format!("input must be [N, C, ...], got {:?}", x.shape).into());
         }
         let c = x.shape[1];
-        let (groups, per_group) = norm_groups(&cx.node.op_type, cx.attrs(), cx.opset, c)?;
+        let (groups, per_group) = self.groups(&GroupNormAttrs::of(cx.attrs()), cx.opset, c)?;
         let want = if per_group { groups } else { c };
         for (i, name) in [(1, "scale"), (2, "B")] {
             let f = cx.input(i)?;
@@ -364,7 +423,7 @@ impl Op for SameShapeNorm {
     /// gradient reads nothing. Backward FLOPs: 8 per element.
     fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
         let x = cx.input(0)?;
-        let (groups, _) = norm_groups(&cx.node.op_type, cx.attrs(), cx.opset, x.shape[1])?;
+        let (groups, _) = self.groups(&GroupNormAttrs::of(cx.attrs()), cx.opset, x.shape[1])?;
         let stat = Fact::new(DType::F32, vec![x.shape[0], groups]);
         let needs = vec![
             Saved::Input(0),
@@ -396,14 +455,14 @@ impl Op for SameShapeNorm {
     /// per channel or per group. With [`KernelCx::extras`], the mean and inverse
     /// std (float32 `[N, groups]`) that the backward rule saves follow.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
-        group_norm_kernel(cx)
+        group_norm_kernel(self, cx)
     }
     /// As `native_group_norm_backward`, from the saved x, scale, mean and inverse
     /// std: per (image, group) of `M` elements, `x̂ = (x − μ)·r`, `h = g·γ`:
     /// `dx = r·(h − Σh/M − x̂·Σ(h·x̂)/M)`; `dγ = Σ g·x̂` and `dB = Σ g` over images
     /// and positions (and the group's channels, for per-group scale and B); sums in f64.
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-        group_norm_backward(cx)
+        group_norm_backward(self, cx)
     }
     /// Runs on the host on the GPU backend (no device kernels yet).
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
@@ -416,7 +475,21 @@ impl Op for SameShapeNorm {
 
 /// `Softmax` / `LogSoftmax` / `Hardmax` along `axis` (default -1 from opset 13, 1 before).
 /// FLOPs: 5 per element (max, subtract, exp, sum, divide or log-subtract).
-struct Softmax;
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Softmax {
+    /// `Softmax`.
+    Soft,
+    /// `LogSoftmax`.
+    Log,
+    /// `Hardmax`.
+    Hard,
+}
+
+/// The softmax family's `axis` (default -1 from opset 13, 1 before).
+fn softmax_axis(attrs: &Attrs, opset: i64, rank: usize) -> RuleResult<usize> {
+    let default = if opset >= 13 { -1 } else { 1 };
+    axis(attrs.int_or("axis", default), rank)
+}
 
 impl Op for Softmax {
     fn arity(&self) -> Arity {
@@ -424,8 +497,7 @@ impl Op for Softmax {
     }
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
         let x = cx.input(0)?;
-        let default = if cx.opset >= 13 { -1 } else { 1 };
-        axis(cx.attrs().int_or("axis", default), x.rank())?;
+        softmax_axis(cx.attrs(), cx.opset, x.rank())?;
         if !x.dtype.is_float() {
             return Err(format!("input must be floating point, got {}", x.dtype).into());
         }
@@ -435,8 +507,8 @@ impl Op for Softmax {
         out[0].numel().saturating_mul(5)
     }
     /// SoftmaxBackward / LogSoftmaxBackward save the output. Hardmax has no gradient.
-    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
-        if cx.node.op_type == "Hardmax" {
+    fn backward(&self, _cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        if *self == Softmax::Hard {
             return Ok(None);
         }
         Ok(Some(Backward::each(
@@ -452,18 +524,17 @@ impl Op for Softmax {
     /// 13): subtract the maximum, exponentiate, normalize (LogSoftmax: `x − max −
     /// ln Σ`); Hardmax marks the first maximum.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
-        softmax_kernel(cx)
+        softmax_kernel(*self, cx)
     }
     /// From the saved output along the same axes as the forward: Softmax
     /// `dx = y·(g − Σ g·y)`, LogSoftmax `dx = g − eʸ·Σ g`.
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-        let op = cx.node.op_type.as_str();
-        if op == "Hardmax" {
+        if *self == Softmax::Hard {
             return no_gradient(cx);
         }
+        let log = *self == Softmax::Log;
         let f = cx.input(0)?;
-        let default = if cx.opset >= 13 { -1 } else { 1 };
-        let a = axis(cx.attrs().int_or("axis", default), f.rank())?;
+        let a = softmax_axis(cx.attrs(), cx.opset, f.rank())?;
         let (_, n, inner) = softmax_dims(&f.shape, a, cx.opset);
         let y = cx.saved(Saved::Output(0))?.to_f32()?;
         let g = cx.grad(0)?;
@@ -477,7 +548,7 @@ impl Op for Softmax {
                 );
                 for i in 0..inner {
                     let at = |k: usize| k * inner + i;
-                    if op == "LogSoftmax" {
+                    if log {
                         let s: f64 = (0..n).map(|k| gb[at(k)] as f64).sum();
                         for k in 0..n {
                             db[at(k)] = gb[at(k)] - yb[at(k)].exp() * s as f32;
@@ -494,20 +565,18 @@ impl Op for Softmax {
         cx.answer(vec![(0, dx)])
     }
     /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
-    fn cuda_kernels(&self, op_type: &str) -> CudaKernels {
-        match op_type {
-            "Softmax" | "LogSoftmax" => {
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        match self {
+            Softmax::Soft | Softmax::Log => {
                 CudaKernels::new(Launch::Softmax, &["softmax_fwd_f32"], &["softmax_bwd_f32"])
             }
-            "Hardmax" => CudaKernels::HOST,
-            _ => CudaKernels::UNLISTED,
+            Softmax::Hard => CudaKernels::HOST,
         }
     }
-    fn autocast(&self, op_type: &str) -> Autocast {
-        if op_type == "Hardmax" {
-            Autocast::Promote
-        } else {
-            Autocast::Full
+    fn autocast(&self, _op_type: &str) -> Autocast {
+        match self {
+            Softmax::Hard => Autocast::Promote,
+            Softmax::Soft | Softmax::Log => Autocast::Full,
         }
     }
 }
@@ -515,13 +584,30 @@ impl Op for Softmax {
 /// `LpNormalization(X)` along `axis`: Y like X. FLOPs: 3 per element.
 struct LpNorm;
 
+/// LpNormalization's attributes.
+struct LpNormAttrs {
+    /// `axis` (default -1).
+    axis: i64,
+    /// `p` (default 2).
+    p: i64,
+}
+
+impl LpNormAttrs {
+    fn of(attrs: &Attrs) -> LpNormAttrs {
+        LpNormAttrs {
+            axis: attrs.int_or("axis", -1),
+            p: attrs.int_or("p", 2),
+        }
+    }
+}
+
 impl Op for LpNorm {
     fn arity(&self) -> Arity {
         Arity::new(1, 1, 1, 1)
     }
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
         let x = cx.input(0)?;
-        axis(cx.attrs().int_or("axis", -1), x.rank())?;
+        axis(LpNormAttrs::of(cx.attrs()).axis, x.rank())?;
         Ok(vec![Fact::new(x.dtype, x.shape.clone())])
     }
     fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {
@@ -541,8 +627,8 @@ impl Op for LpNorm {
     /// `x / ‖x‖_p` along `axis` (`p` 1 or 2; a zero norm gives 0).
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         let x = cx.input(0)?;
-        let a = axis(cx.attrs().int_or("axis", -1), x.rank())?;
-        let p = cx.attrs().int_or("p", 2);
+        let at = LpNormAttrs::of(cx.attrs());
+        let (a, p) = (axis(at.axis, x.rank())?, at.p);
         if p != 1 && p != 2 {
             return Err(format!("p must be 1 or 2, got {p}").into());
         }
@@ -608,9 +694,9 @@ fn batch_norm_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
     let x = cx.input(0)?;
     let (n, c) = (x.shape[0], x.shape[1]);
     let plane: usize = x.shape[2..].iter().product();
-    let eps = cx.attrs().float("epsilon").unwrap_or(1e-5) as f64;
-    let momentum = cx.attrs().float("momentum").unwrap_or(0.9) as f64;
-    let training = cx.extras || batch_norm_training_mode(cx.opset, cx.attrs(), cx.n_outputs());
+    let at = BatchNormAttrs::of(cx.attrs());
+    let (eps, momentum) = (at.epsilon, at.momentum);
+    let training = cx.extras || at.training(cx.opset, cx.n_outputs());
     let xs = x.to_f32()?;
     let [scale, bias, mean, var] = [1, 2, 3, 4].map(|i| cx.input(i).and_then(|t| t.to_f32()));
     let (scale, bias, mean, var) = (scale?, bias?, mean?, var?);
@@ -761,8 +847,9 @@ fn batch_norm_backward(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
 /// LayerNormalization on the CPU; see [`LayerNorm`]'s `forward_cpu`.
 fn layer_norm_kernel(cx: &KernelCx, centered: bool) -> RuleResult<Vec<Tensor>> {
     let x = cx.input(0)?;
-    let a = axis(cx.attrs().int_or("axis", -1), x.rank())?;
-    let eps = cx.attrs().float("epsilon").unwrap_or(1e-5) as f64;
+    let at = LayerNormAttrs::of(cx.attrs());
+    let a = at.axis(x.rank())?;
+    let eps = at.epsilon;
     let norm_shape = &x.shape[a..];
     let cols: usize = norm_shape.iter().product();
     let rows: usize = x.shape[..a].iter().product();
@@ -831,7 +918,7 @@ fn layer_norm_kernel(cx: &KernelCx, centered: bool) -> RuleResult<Vec<Tensor>> {
 /// LayerNormalization backward; see [`LayerNorm`]'s `backward_cpu`.
 fn layer_norm_backward(cx: &BackwardCx, centered: bool) -> RuleResult<Vec<Option<Tensor>>> {
     let f = cx.input(0)?;
-    let a = axis(cx.attrs().int_or("axis", -1), f.rank())?;
+    let a = LayerNormAttrs::of(cx.attrs()).axis(f.rank())?;
     let norm_shape = f.shape[a..].to_vec();
     let cols: usize = norm_shape.iter().product();
     let g = cx.grad(0)?;
@@ -898,14 +985,15 @@ fn layer_norm_backward(cx: &BackwardCx, centered: bool) -> RuleResult<Vec<Option
 }
 
 /// Instance/GroupNormalization on the CPU; see [`SameShapeNorm`]'s `forward_cpu`.
-fn group_norm_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+fn group_norm_kernel(op: &SameShapeNorm, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
     let x = cx.input(0)?;
     let (n, c) = (x.shape[0], x.shape[1]);
-    let (groups, per_group) = norm_groups(&cx.node.op_type, cx.attrs(), cx.opset, c)?;
+    let at = GroupNormAttrs::of(cx.attrs());
+    let (groups, per_group) = op.groups(&at, cx.opset, c)?;
     let cg = c / groups;
     let plane: usize = x.shape[2..].iter().product();
     let len = cg * plane;
-    let eps = cx.attrs().float("epsilon").unwrap_or(1e-5) as f64;
+    let eps = at.epsilon;
     let xs = x.to_f32()?;
     let (scale, bias) = (cx.input(1)?.to_f32()?, cx.input(2)?.to_f32()?);
     let want = if per_group { groups } else { c };
@@ -950,10 +1038,10 @@ fn group_norm_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
 }
 
 /// Instance/GroupNormalization backward; see [`SameShapeNorm`]'s `backward_cpu`.
-fn group_norm_backward(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+fn group_norm_backward(op: &SameShapeNorm, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
     let f = cx.input(0)?;
     let (n, c) = (f.shape[0], f.shape[1]);
-    let (groups, per_group) = norm_groups(&cx.node.op_type, cx.attrs(), cx.opset, c)?;
+    let (groups, per_group) = op.groups(&GroupNormAttrs::of(cx.attrs()), cx.opset, c)?;
     let cg = c / groups;
     let plane: usize = f.shape[2..].iter().product();
     let len = (cg * plane) as f64;
@@ -1033,12 +1121,10 @@ fn group_norm_backward(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
 }
 
 /// Softmax, LogSoftmax and Hardmax on the CPU; see [`Softmax`]'s `forward_cpu`.
-fn softmax_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+fn softmax_kernel(op: Softmax, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
     let x = cx.input(0)?;
-    let default = if cx.opset >= 13 { -1 } else { 1 };
-    let a = axis(cx.attrs().int_or("axis", default), x.rank())?;
+    let a = softmax_axis(cx.attrs(), cx.opset, x.rank())?;
     let (outer, n, inner) = softmax_dims(&x.shape, a, cx.opset);
-    let op = cx.node.op_type.as_str();
     let xs = x.to_f32()?;
     let mut y = vec![0f32; xs.len()];
     let block = n * inner;
@@ -1055,15 +1141,15 @@ fn softmax_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
                     }
                 }
                 match op {
-                    "Hardmax" => yb[at(arg)] = 1.0,
-                    _ => {
+                    Softmax::Hard => yb[at(arg)] = 1.0,
+                    Softmax::Soft | Softmax::Log => {
                         let mut sum = 0f32;
                         for k in 0..n {
                             let e = (xb[at(k)] - max).exp();
                             yb[at(k)] = e;
                             sum += e;
                         }
-                        if op == "LogSoftmax" {
+                        if op == Softmax::Log {
                             let ls = sum.ln();
                             for k in 0..n {
                                 yb[at(k)] = xb[at(k)] - max - ls;
@@ -1088,20 +1174,10 @@ pub fn register(r: &mut Registry) {
     r.add("BatchNormalization", BatchNorm);
     r.add("LayerNormalization", LayerNorm);
     r.add("RMSNormalization", RmsNorm);
-    r.add(
-        "InstanceNormalization",
-        SameShapeNorm {
-            arity: Arity::new(3, 3, 1, 1),
-        },
-    );
-    r.add(
-        "GroupNormalization",
-        SameShapeNorm {
-            arity: Arity::new(3, 3, 1, 1),
-        },
-    );
-    r.add("Softmax", Softmax);
-    r.add("LogSoftmax", Softmax);
-    r.add("Hardmax", Softmax);
+    r.add("InstanceNormalization", SameShapeNorm { group: false });
+    r.add("GroupNormalization", SameShapeNorm { group: true });
+    r.add("Softmax", Softmax::Soft);
+    r.add("LogSoftmax", Softmax::Log);
+    r.add("Hardmax", Softmax::Hard);
     r.add("LpNormalization", LpNorm);
 }
