@@ -113,43 +113,18 @@ pub fn register(r: &mut Registry) {
     r.add("SpaceToDepth", DepthSpace { to_space: false });
     r.add("Pad", Pad);
     r.add("NonZero", NonZero);
-    r.add(
-        "Trilu",
-        LikeInput {
-            arity: Arity::new(1, 2, 1, 1),
-        },
-    );
-    r.add(
-        "ScatterND",
-        LikeInput {
-            arity: Arity::new(3, 3, 1, 1),
-        },
-    );
-    r.add(
-        "ScatterElements",
-        LikeInput {
-            arity: Arity::new(3, 3, 1, 1),
-        },
-    );
+    r.add("Trilu", LikeInput::Trilu);
+    r.add("ScatterND", LikeInput::ScatterNd);
+    r.add("ScatterElements", LikeInput::ScatterElements);
     // Scatter (opsets 9-10) is ScatterElements under its old name.
-    r.add(
-        "Scatter",
-        LikeInput {
-            arity: Arity::new(3, 3, 1, 1),
-        },
-    );
+    r.add("Scatter", LikeInput::ScatterElements);
     r.add_lowered(SLICE_SCATTER, SliceScatter);
     r.add("BitCast", BitCast);
     r.add("Compress", Compress);
     r.add("CenterCropPad", CenterCropPad);
     r.add("ReverseSequence", ReverseSequence);
     r.add("OneHot", OneHot);
-    r.add(
-        "EyeLike",
-        LikeInput {
-            arity: Arity::new(1, 1, 1, 1),
-        },
-    );
+    r.add("EyeLike", LikeInput::EyeLike);
 }
 
 #[cfg(test)]

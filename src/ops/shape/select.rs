@@ -7,6 +7,25 @@ use super::*;
 /// `Concat(inputs...)` along `axis`.
 pub(super) struct Concat;
 
+/// Concat's attributes.
+struct ConcatAttrs {
+    /// `axis` (required).
+    axis: Option<i64>,
+}
+
+impl ConcatAttrs {
+    fn of(attrs: &crate::ir::Attrs) -> ConcatAttrs {
+        ConcatAttrs {
+            axis: attrs.int("axis"),
+        }
+    }
+
+    /// The joined axis of rank-`rank` inputs.
+    fn axis(&self, rank: usize) -> RuleResult<usize> {
+        axis(self.axis.ok_or("missing attribute 'axis'")?, rank)
+    }
+}
+
 impl Op for Concat {
     fn arity(&self) -> Arity {
         Arity::new(1, usize::MAX, 1, 1)
@@ -16,10 +35,7 @@ impl Op for Concat {
             .map(|i| cx.input(i))
             .collect::<RuleResult<Vec<_>>>()?;
         let first = ins[0];
-        let a = axis(
-            cx.attrs().int("axis").ok_or("missing attribute 'axis'")?,
-            first.rank(),
-        )?;
+        let a = ConcatAttrs::of(cx.attrs()).axis(first.rank())?;
         let mut shape = first.shape.clone();
         shape[a] = 0;
         for f in &ins {
@@ -104,10 +120,7 @@ impl Op for Concat {
             .map(|i| cx.input(i))
             .collect::<RuleResult<Vec<_>>>()?;
         let out = cx.out(0)?.shape.clone();
-        let a = axis(
-            cx.attrs().int("axis").ok_or("missing attribute 'axis'")?,
-            out.len(),
-        )?;
+        let a = ConcatAttrs::of(cx.attrs()).axis(out.len())?;
         let outer: usize = out[..a].iter().product();
         let chunks: Vec<usize> = ins.iter().map(|t| t.shape[a..].iter().product()).collect();
         let total: usize = out.iter().product();
@@ -125,10 +138,7 @@ impl Op for Concat {
     /// Each input's part of the gradient, cut along `axis`.
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
         let out = cx.output(0)?.shape.clone();
-        let a = axis(
-            cx.attrs().int("axis").ok_or("missing attribute 'axis'")?,
-            out.len(),
-        )?;
+        let a = ConcatAttrs::of(cx.attrs()).axis(out.len())?;
         let outer: usize = out[..a].iter().product();
         let row: usize = out[a..].iter().product();
         let g = cx.grad(0)?;
@@ -160,19 +170,37 @@ impl Op for Concat {
 /// attribute, else `num_outputs` / the output count, ceil-divided (opset 18).
 pub(super) struct Split;
 
+/// Split's attributes.
+struct SplitAttrs {
+    /// `axis` (default 0).
+    axis: i64,
+    /// `split` (the sizes, before opset 13; an input since).
+    split: Option<Vec<i64>>,
+}
+
+impl SplitAttrs {
+    fn of(attrs: &crate::ir::Attrs) -> SplitAttrs {
+        SplitAttrs {
+            axis: attrs.int_or("axis", 0),
+            split: attrs.ints("split").map(<[i64]>::to_vec),
+        }
+    }
+}
+
 impl Op for Split {
     fn arity(&self) -> Arity {
         Arity::new(1, 2, 1, usize::MAX)
     }
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
         let x = cx.input(0)?;
-        let a = axis(cx.attrs().int_or("axis", 0), x.rank())?;
+        let at = SplitAttrs::of(cx.attrs());
+        let a = axis(at.axis, x.rank())?;
         let n = cx.n_outputs();
         let total = x.shape[a];
         let sizes: Vec<usize> = match if cx.opset >= 13 {
             cx.opt_ints(1)?
         } else {
-            cx.attrs().ints("split").map(|v| v.to_vec())
+            at.split
         } {
             Some(s) => s
                 .iter()
@@ -216,7 +244,7 @@ impl Op for Split {
     /// Splitting the leading axis keeps each piece contiguous; any other axis does not.
     fn storage(&self, cx: &Cx) -> Storage {
         let leading = cx.inputs[0].is_some_and(|x| {
-            let a = cx.attrs().int_or("axis", 0);
+            let a = SplitAttrs::of(cx.attrs()).axis;
             let a = if a < 0 { a + x.rank() as i64 } else { a };
             x.shape[..a.max(0) as usize].iter().all(|&d| d == 1)
         });
@@ -239,7 +267,7 @@ impl Op for Split {
     /// Consecutive pieces along `axis`, sized as inference gave them.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         let x = cx.input(0)?;
-        let a = axis(cx.attrs().int_or("axis", 0), x.rank())?;
+        let a = axis(SplitAttrs::of(cx.attrs()).axis, x.rank())?;
         let outer: usize = x.shape[..a].iter().product();
         let inner: usize = x.shape[a + 1..].iter().product();
         let d = x.shape[a];
@@ -261,7 +289,7 @@ impl Op for Split {
     /// The outputs' gradients joined along `axis` (zeros for an output without one).
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
         let x = cx.input(0)?;
-        let a = axis(cx.attrs().int_or("axis", 0), x.rank())?;
+        let a = axis(SplitAttrs::of(cx.attrs()).axis, x.rank())?;
         let outer: usize = x.shape[..a].iter().product();
         let grads = (0..cx.outputs.len())
             .map(|i| {
@@ -289,6 +317,35 @@ impl Op for Split {
 /// `Slice(data, starts, ends, axes?, steps?)` (opset 10+; attributes before).
 pub(super) struct Slice;
 
+/// Slice's attributes (before opset 10; inputs since).
+struct SliceAttrs {
+    /// `starts` (required).
+    starts: Option<Vec<i64>>,
+    /// `ends` (required).
+    ends: Option<Vec<i64>>,
+    /// `axes` (default: the first ones).
+    axes: Option<Vec<i64>>,
+}
+
+impl SliceAttrs {
+    fn of(attrs: &crate::ir::Attrs) -> SliceAttrs {
+        let list = |name| attrs.ints(name).map(<[i64]>::to_vec);
+        SliceAttrs {
+            starts: list("starts"),
+            ends: list("ends"),
+            axes: list("axes"),
+        }
+    }
+
+    fn starts(&self) -> RuleResult<Vec<i64>> {
+        Ok(self.starts.clone().ok_or("missing starts")?)
+    }
+
+    fn ends(&self) -> RuleResult<Vec<i64>> {
+        Ok(self.ends.clone().ok_or("missing ends")?)
+    }
+}
+
 impl Slice {
     /// The output shape, and per input dim the first index and the step, from the
     /// starts, ends, axes and steps (runtime inputs; attributes before opset 10),
@@ -304,13 +361,8 @@ impl Slice {
                 cx.opt_ints(4)?,
             )
         } else {
-            let a = cx.attrs();
-            (
-                a.ints("starts").ok_or("missing starts")?.to_vec(),
-                a.ints("ends").ok_or("missing ends")?.to_vec(),
-                a.ints("axes").map(|v| v.to_vec()),
-                None,
-            )
+            let a = SliceAttrs::of(cx.attrs());
+            (a.starts()?, a.ends()?, a.axes, None)
         };
         let axes: Vec<usize> = match axes {
             Some(a) => a.iter().map(|&v| axis(v, r)).collect::<RuleResult<_>>()?,
@@ -415,13 +467,8 @@ impl Op for Slice {
                 cx.opt(4).map(Tensor::to_i64s),
             )
         } else {
-            let a = cx.attrs();
-            (
-                a.ints("starts").ok_or("missing starts")?.to_vec(),
-                a.ints("ends").ok_or("missing ends")?.to_vec(),
-                a.ints("axes").map(|v| v.to_vec()),
-                None,
-            )
+            let a = SliceAttrs::of(cx.attrs());
+            (a.starts()?, a.ends()?, a.axes, None)
         };
         let _ = r;
         if ends.len() != starts.len() {
@@ -448,12 +495,8 @@ impl Op for Slice {
         let (starts, axes, steps) = if cx.opset >= 10 {
             (konst(1)?.ok_or("missing starts")?, konst(3)?, konst(4)?)
         } else {
-            let a = cx.attrs();
-            (
-                a.ints("starts").ok_or("missing starts")?.to_vec(),
-                a.ints("axes").map(|v| v.to_vec()),
-                None,
-            )
+            let a = SliceAttrs::of(cx.attrs());
+            (a.starts()?, a.axes, None)
         };
         let out = cx.output(0)?.shape.clone();
         let offs = slice_offsets(&x.shape, &starts, axes, steps, &out)?;
@@ -516,6 +559,25 @@ pub(super) fn slice_offsets(
 /// `Gather(data, indices)` along `axis`: `data[:axis] + indices + data[axis+1:]`.
 pub(super) struct Gather;
 
+/// Gather's and GatherElements' attributes.
+struct GatherAttrs {
+    /// `axis` (default 0).
+    axis: i64,
+}
+
+impl GatherAttrs {
+    fn of(attrs: &crate::ir::Attrs) -> GatherAttrs {
+        GatherAttrs {
+            axis: attrs.int_or("axis", 0),
+        }
+    }
+
+    /// The gathered axis of a rank-`rank` input.
+    fn axis(&self, rank: usize) -> RuleResult<usize> {
+        axis(self.axis, rank)
+    }
+}
+
 impl Gather {
     /// A scalar constant index: PyTorch's `x[:, i]`.
     fn is_select(cx: &Cx) -> bool {
@@ -533,7 +595,7 @@ impl Op for Gather {
         if !ind.dtype.is_int() {
             return Err(format!("indices must be integers, got {}", ind.dtype).into());
         }
-        let a = axis(cx.attrs().int_or("axis", 0), x.rank())?;
+        let a = GatherAttrs::of(cx.attrs()).axis(x.rank())?;
         let mut shape = x.shape[..a].to_vec();
         shape.extend(&ind.shape);
         shape.extend(&x.shape[a + 1..]);
@@ -600,7 +662,7 @@ impl Op for Gather {
         _out: &Fact,
         strides: &[usize],
     ) -> Option<Vec<usize>> {
-        let a = axis(cx.attrs().int_or("axis", 0), strides.len()).ok()?;
+        let a = GatherAttrs::of(cx.attrs()).axis(strides.len()).ok()?;
         let mut st = strides.to_vec();
         st.remove(a);
         Some(st)
@@ -609,7 +671,7 @@ impl Op for Gather {
     /// count from the end; out of range is an error).
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         let (x, ind) = (cx.input(0)?, cx.input(1)?);
-        let a = axis(cx.attrs().int_or("axis", 0), x.rank())?;
+        let a = GatherAttrs::of(cx.attrs()).axis(x.rank())?;
         let outer: usize = x.shape[..a].iter().product();
         let inner: usize = x.shape[a + 1..].iter().product();
         let d = x.shape[a] as i64;
@@ -639,7 +701,7 @@ impl Op for Gather {
     /// the constant scalar index of a `select` (which saves nothing).
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
         let x = cx.input(0)?;
-        let a = axis(cx.attrs().int_or("axis", 0), x.rank())?;
+        let a = GatherAttrs::of(cx.attrs()).axis(x.rank())?;
         let idx = if Self::is_select(&cx.rule_cx()) {
             cx.input(1)?.value.as_ref().expect("select").to_ints()
         } else {
@@ -713,7 +775,7 @@ impl Op for GatherElements {
     /// `out[c] = data[c with c[axis] = indices[c]]`.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         let (x, ind) = (cx.input(0)?, cx.input(1)?);
-        let a = axis(cx.attrs().int_or("axis", 0), x.rank())?;
+        let a = GatherAttrs::of(cx.attrs()).axis(x.rank())?;
         let xst = strides(&x.shape);
         let ist: Vec<isize> = xst.iter().map(|&s| s as isize).collect();
         let base = affine_offsets(&ind.shape, 0, &ist);
@@ -741,7 +803,7 @@ impl Op for GatherElements {
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
         let x = cx.input(0)?;
         let ind = cx.saved(Saved::Input(1))?;
-        let a = axis(cx.attrs().int_or("axis", 0), x.rank())?;
+        let a = GatherAttrs::of(cx.attrs()).axis(x.rank())?;
         let xst = strides(&x.shape);
         let ist: Vec<isize> = xst.iter().map(|&s| s as isize).collect();
         let base = affine_offsets(&ind.shape, 0, &ist);
@@ -783,12 +845,26 @@ impl Op for GatherElements {
 /// condition selects among the leading slices.
 pub(super) struct Compress;
 
+/// Compress's attributes.
+struct CompressAttrs {
+    /// `axis` (default: the input flattened).
+    axis: Option<i64>,
+}
+
+impl CompressAttrs {
+    fn of(attrs: &crate::ir::Attrs) -> CompressAttrs {
+        CompressAttrs {
+            axis: attrs.int("axis"),
+        }
+    }
+}
+
 impl Compress {
     /// The selected positions and the axis (`None`: flattened).
     fn picks(cx: &Cx) -> RuleResult<(Vec<usize>, Option<usize>)> {
         let x = cx.input(0)?;
         let cond = cx.value(1)?.to_ints();
-        let ax = match cx.attrs().int("axis") {
+        let ax = match CompressAttrs::of(cx.attrs()).axis {
             Some(a) => Some(axis(a, x.rank())?),
             None => None,
         };
@@ -842,7 +918,7 @@ impl Op for Compress {
         let f = cx.out(0)?;
         let cond = cx.input(1)?.to_i64s();
         let picks: Vec<usize> = (0..cond.len()).filter(|&i| cond[i] != 0).collect();
-        let idx: Vec<usize> = match cx.attrs().int("axis") {
+        let idx: Vec<usize> = match CompressAttrs::of(cx.attrs()).axis {
             None => picks,
             Some(a) => {
                 let a = axis(a, x.rank())?;

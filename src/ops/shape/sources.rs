@@ -95,20 +95,40 @@ impl Op for Constant {
 /// `Shape(x)` with optional `start`/`end` (opset 15): int64 vector, always folded.
 pub(super) struct ShapeOp;
 
+/// Shape's attributes.
+struct ShapeAttrs {
+    /// `start` (default 0).
+    start: i64,
+    /// `end` (default: the rank).
+    end: Option<i64>,
+}
+
+impl ShapeAttrs {
+    fn of(attrs: &crate::ir::Attrs) -> ShapeAttrs {
+        ShapeAttrs {
+            start: attrs.int_or("start", 0),
+            end: attrs.int("end"),
+        }
+    }
+
+    /// The dims taken of a rank-`r` input: `start..end`, clamped (empty when
+    /// `end` is before `start`).
+    fn bounds(&self, r: usize) -> (usize, usize) {
+        let r = r as i64;
+        let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
+        let start = clamp(self.start);
+        (start, clamp(self.end.unwrap_or(r)).max(start))
+    }
+}
+
 impl Op for ShapeOp {
     fn arity(&self) -> Arity {
         Arity::new(1, 1, 1, 1)
     }
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
         let x = cx.input(0)?;
-        let r = x.rank() as i64;
-        let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
-        let start = clamp(cx.attrs().int_or("start", 0));
-        let end = clamp(cx.attrs().int_or("end", r));
-        let dims = x.shape[start..end.max(start)]
-            .iter()
-            .map(|&d| d as i64)
-            .collect();
+        let (start, end) = ShapeAttrs::of(cx.attrs()).bounds(x.rank());
+        let dims = x.shape[start..end].iter().map(|&d| d as i64).collect();
         Ok(vec![Fact::with_value(DType::I64, Value::vec(dims))])
     }
     no_flops!();
@@ -122,10 +142,7 @@ impl Op for ShapeOp {
     /// The input's dims (from `start` to `end`) as int64.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         let x = cx.input(0)?;
-        let r = x.rank() as i64;
-        let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
-        let start = clamp(cx.attrs().int_or("start", 0));
-        let end = clamp(cx.attrs().int_or("end", r)).max(start);
+        let (start, end) = ShapeAttrs::of(cx.attrs()).bounds(x.rank());
         let dims: Vec<i64> = x.shape[start..end].iter().map(|&d| d as i64).collect();
         Ok(vec![Tensor::i64(vec![dims.len()], dims)])
     }
@@ -366,19 +383,58 @@ impl Op for Range {
     }
 }
 
-/// Ops whose output is shaped like input 0: Trilu, ScatterND, ScatterElements, EyeLike.
-pub(super) struct LikeInput {
-    pub(super) arity: Arity,
+/// Ops whose output is shaped like input 0: Trilu, ScatterND, ScatterElements
+/// (and Scatter, its name in opsets 9-10), EyeLike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum LikeInput {
+    /// `Trilu`.
+    Trilu,
+    /// `ScatterND`.
+    ScatterNd,
+    /// `ScatterElements` and `Scatter`.
+    ScatterElements,
+    /// `EyeLike`.
+    EyeLike,
+}
+
+/// The attributes of the [`LikeInput`] ops.
+struct LikeAttrs<'a> {
+    /// `upper` (Trilu; default 1).
+    upper: bool,
+    /// `reduction` (the scatters; default "none").
+    reduction: &'a str,
+    /// `axis` (ScatterElements; default 0).
+    axis: i64,
+    /// `dtype` (EyeLike; default the input's).
+    dtype: Option<i64>,
+    /// `k` (EyeLike's diagonal; default 0).
+    k: i64,
+}
+
+impl LikeAttrs<'_> {
+    fn of(attrs: &crate::ir::Attrs) -> LikeAttrs<'_> {
+        LikeAttrs {
+            upper: attrs.int_or("upper", 1) != 0,
+            reduction: attrs.string("reduction").unwrap_or("none"),
+            axis: attrs.int_or("axis", 0),
+            dtype: attrs.int("dtype"),
+            k: attrs.int_or("k", 0),
+        }
+    }
 }
 
 impl Op for LikeInput {
     fn arity(&self) -> Arity {
-        self.arity
+        match self {
+            LikeInput::Trilu => Arity::new(1, 2, 1, 1),
+            LikeInput::ScatterNd | LikeInput::ScatterElements => Arity::new(3, 3, 1, 1),
+            LikeInput::EyeLike => Arity::new(1, 1, 1, 1),
+        }
     }
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
         let x = cx.input(0)?;
-        let dtype = match cx.attrs().int("dtype") {
-            Some(code) if cx.node.op_type == "EyeLike" => dtype_attr(code)?,
+        let dtype = match LikeAttrs::of(cx.attrs()).dtype {
+            Some(code) if *self == LikeInput::EyeLike => dtype_attr(code)?,
             _ => x.dtype,
         };
         Ok(vec![Fact::new(dtype, x.shape.clone())])
@@ -391,19 +447,21 @@ impl Op for LikeInput {
             return Ok(None);
         }
         let n = out[0].numel();
-        let adds = cx.attrs().string("reduction") == Some("add");
-        Ok(match cx.node.op_type.as_str() {
-            "EyeLike" => None,
-            "Trilu" => Some(Backward::each(&[0], &[], n)),
+        let adds = LikeAttrs::of(cx.attrs()).reduction == "add";
+        Ok(match self {
+            LikeInput::EyeLike => None,
+            LikeInput::Trilu => Some(Backward::each(&[0], &[], n)),
             // torch.onnx writes `index_add_` (a mixture-of-experts layer's combine) as
             // a ScatterND add, and PyTorch's IndexAddBackward0 keeps its source for
             // `expand_as(source)`: saved here too (measured: tests/llm.rs, mixtral).
-            "ScatterND" if adds => Some(Backward::each(
+            LikeInput::ScatterNd if adds => Some(Backward::each(
                 &[0, 2],
                 &[Saved::Input(1), Saved::Input(2)],
                 n,
             )),
-            _ => Some(Backward::each(&[0, 2], &[Saved::Input(1)], n)),
+            LikeInput::ScatterNd | LikeInput::ScatterElements => {
+                Some(Backward::each(&[0, 2], &[Saved::Input(1)], n))
+            }
         })
     }
     fn storage(&self, _cx: &Cx) -> Storage {
@@ -415,20 +473,21 @@ impl Op for LikeInput {
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         let x = cx.input(0)?;
         let f = cx.out(0)?;
-        if cx.node.op_type.starts_with("Scatter") {
-            return scatter_kernel(cx);
+        let at = LikeAttrs::of(cx.attrs());
+        if matches!(self, LikeInput::ScatterNd | LikeInput::ScatterElements) {
+            return scatter_kernel(*self, &at, cx);
         }
         let r = x.rank();
         if r < 2 {
             return crate::ops::no_kernel(cx);
         }
         let (h, w) = (x.shape[r - 2], x.shape[r - 1]);
-        match cx.node.op_type.as_str() {
-            "Trilu" => {
+        match self {
+            LikeInput::Trilu => {
                 let k = cx
                     .opt(1)
                     .map_or(0, |t| t.to_i64s().first().copied().unwrap_or(0));
-                let upper = cx.attrs().int_or("upper", 1) != 0;
+                let upper = at.upper;
                 let keep = |i: usize| {
                     let (row, col) = (((i / w) % h) as i64, (i % w) as i64);
                     if upper {
@@ -444,23 +503,24 @@ impl Op for LikeInput {
                 });
                 Ok(vec![Tensor::new(x.shape.clone(), elems)])
             }
-            "EyeLike" => {
-                let k = cx.attrs().int_or("k", 0);
+            LikeInput::EyeLike => {
+                let k = at.k;
                 let v = (0..x.numel())
                     .map(|i| ((i % w) as i64 - ((i / w) % h) as i64 == k) as i64)
                     .collect();
                 Ok(vec![Tensor::from_i64(f.dtype, x.shape.clone(), v)?])
             }
-            _ => crate::ops::no_kernel(cx),
+            LikeInput::ScatterNd | LikeInput::ScatterElements => crate::ops::no_kernel(cx),
         }
     }
     /// Trilu: the gradient masked by the same triangle (`k` a constant). EyeLike
     /// has no gradient; the scatters (reduction none or add) pass the gradient at
     /// the indices to the updates and the rest (all, for add) to the data.
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-        match cx.node.op_type.as_str() {
-            "EyeLike" => no_gradient(cx),
-            "Trilu" => {
+        let at = LikeAttrs::of(cx.attrs());
+        match self {
+            LikeInput::EyeLike => no_gradient(cx),
+            LikeInput::Trilu => {
                 let x = cx.input(0)?;
                 let r = x.rank();
                 if r < 2 {
@@ -475,7 +535,7 @@ impl Op for LikeInput {
                         .and_then(|v| v.scalar_int())
                         .ok_or("k must be a constant")?,
                 };
-                let upper = cx.attrs().int_or("upper", 1) != 0;
+                let upper = at.upper;
                 let g = cx.grad(0)?;
                 let dx = g
                     .iter()
@@ -496,14 +556,14 @@ impl Op for LikeInput {
                     .collect();
                 cx.answer(vec![(0, dx)])
             }
-            "ScatterND" | "ScatterElements" | "Scatter" => {
+            LikeInput::ScatterNd | LikeInput::ScatterElements => {
                 let x = cx.input(0)?;
-                let red = cx.attrs().string("reduction").unwrap_or("none");
+                let red = at.reduction;
                 if red != "none" && red != "add" {
                     return no_backward_kernel(cx);
                 }
                 let idx = cx.saved(Saved::Input(1))?;
-                let plan = scatter_plan(&cx.node.op_type, cx.attrs(), &x.shape, idx)?;
+                let plan = scatter_plan(*self, &at, &x.shape, idx)?;
                 let g = cx.grad(0)?;
                 let n_upd: usize = cx.input(2)?.shape.iter().product();
                 let per = n_upd / plan.len().max(1);
@@ -528,7 +588,6 @@ impl Op for LikeInput {
                 }
                 cx.answer(res)
             }
-            _ => no_backward_kernel(cx),
         }
     }
     /// Runs on the host on the GPU backend (no device kernels yet).
@@ -607,11 +666,11 @@ impl Op for NonZero {
 
 /// The scatters' forward: `data` with each update written where its index says
 /// (`reduction` none, add, mul, max or min), in index order.
-fn scatter_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+fn scatter_kernel(op: LikeInput, at: &LikeAttrs, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
     let x = cx.input(0)?;
     let f = cx.out(0)?;
-    let plan = scatter_plan(&cx.node.op_type, cx.attrs(), &x.shape, cx.input(1)?)?;
-    let red = cx.attrs().string("reduction").unwrap_or("none");
+    let plan = scatter_plan(op, at, &x.shape, cx.input(1)?)?;
+    let red = at.reduction;
     let (mut out, upd) = (x.to_f64s(), cx.input(2)?.to_f64s());
     let per = upd.len() / plan.len().max(1);
     for (k, &dst) in plan.iter().enumerate() {
@@ -634,8 +693,8 @@ fn scatter_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
 /// `axis`), or one per update slice (ScatterND: the first `k` coordinates,
 /// the slice contiguous after them). Negative indices count from the end.
 fn scatter_plan(
-    op: &str,
-    attrs: &crate::ir::Attrs,
+    op: LikeInput,
+    at: &LikeAttrs,
     shape: &[usize],
     idx: &Tensor,
 ) -> RuleResult<Vec<usize>> {
@@ -648,7 +707,7 @@ fn scatter_plan(
         }
         Ok(u as usize)
     };
-    if op == "ScatterND" {
+    if op == LikeInput::ScatterNd {
         let k = *idx.shape.last().ok_or("indices must have rank 1 or more")?;
         if k > shape.len() {
             return Err(format!("index tuples of {k} for a rank-{} data", shape.len()).into());
@@ -663,7 +722,7 @@ fn scatter_plan(
             })
             .collect();
     }
-    let ax = axis(attrs.int_or("axis", 0), shape.len())?;
+    let ax = axis(at.axis, shape.len())?;
     let istr = crate::ops::layout::contiguous(&idx.shape);
     (0..ids.len())
         .map(|p| {
@@ -686,6 +745,11 @@ fn scatter_plan(
 pub(super) struct OneHot;
 
 impl OneHot {
+    /// The new axis (attribute `axis`, default -1) of an output of rank `rank`.
+    fn axis(attrs: &crate::ir::Attrs, rank: usize) -> RuleResult<usize> {
+        axis(attrs.int_or("axis", -1), rank)
+    }
+
     fn depth(cx: &Cx) -> RuleResult<usize> {
         let v = cx.value(1)?;
         if v.data.len() != 1 {
@@ -710,7 +774,7 @@ impl Op for OneHot {
             return Err(format!("values must be [off, on], got {:?}", values.shape).into());
         }
         let depth = Self::depth(cx)?;
-        let ax = axis(cx.attrs().int_or("axis", -1), x.rank() + 1)?;
+        let ax = Self::axis(cx.attrs(), x.rank() + 1)?;
         let mut shape = x.shape.clone();
         shape.insert(ax, depth);
         Ok(vec![Fact::new(values.dtype, shape)])
@@ -728,7 +792,7 @@ impl Op for OneHot {
         let x = cx.input(0)?;
         let f = cx.out(0)?;
         let vals = cx.input(2)?.to_f64s();
-        let ax = axis(cx.attrs().int_or("axis", -1), x.rank() + 1)?;
+        let ax = Self::axis(cx.attrs(), x.rank() + 1)?;
         let depth = f.shape[ax];
         let idx = x.to_f64s();
         let inner: usize = x.shape[ax..].iter().product();
