@@ -57,8 +57,53 @@ struct Config {
     extrapolation: f32,
 }
 
-fn config(attrs: &Attrs, opset: i64) -> RuleResult<Config> {
-    let mode = match attrs.string("mode").unwrap_or("nearest") {
+/// Resize's (and Upsample's) attributes, with their defaults.
+struct ResizeAttrs<'a> {
+    /// `mode` (default "nearest").
+    mode: &'a str,
+    /// `coordinate_transformation_mode` (default "half_pixel").
+    coord: &'a str,
+    /// `nearest_mode` (default "round_prefer_floor").
+    nearest_mode: &'a str,
+    /// `cubic_coeff_a` (default -0.75).
+    cubic_coeff_a: f64,
+    /// `exclude_outside` (default 0).
+    exclude_outside: bool,
+    /// `antialias` (default 0; opset 18 on).
+    antialias: bool,
+    /// `extrapolation_value` (default 0).
+    extrapolation_value: f32,
+    /// `axes` (opset 18 on; default every axis).
+    axes: Option<&'a [i64]>,
+    /// `keep_aspect_ratio_policy` (opset 18 on; default "stretch").
+    keep_aspect_ratio_policy: &'a str,
+    /// `scales` (Upsample before opset 9).
+    scales: Option<&'a [f32]>,
+}
+
+impl ResizeAttrs<'_> {
+    fn of(attrs: &Attrs) -> ResizeAttrs<'_> {
+        ResizeAttrs {
+            mode: attrs.string("mode").unwrap_or("nearest"),
+            coord: attrs
+                .string("coordinate_transformation_mode")
+                .unwrap_or("half_pixel"),
+            nearest_mode: attrs.string("nearest_mode").unwrap_or("round_prefer_floor"),
+            cubic_coeff_a: attrs.float("cubic_coeff_a").unwrap_or(-0.75) as f64,
+            exclude_outside: attrs.int_or("exclude_outside", 0) != 0,
+            antialias: attrs.int_or("antialias", 0) != 0,
+            extrapolation_value: attrs.float("extrapolation_value").unwrap_or(0.0),
+            axes: attrs.ints("axes"),
+            keep_aspect_ratio_policy: attrs
+                .string("keep_aspect_ratio_policy")
+                .unwrap_or("stretch"),
+            scales: attrs.floats("scales"),
+        }
+    }
+}
+
+fn config(at: &ResizeAttrs, opset: i64) -> RuleResult<Config> {
+    let mode = match at.mode {
         "nearest" => Mode::Nearest,
         "linear" => Mode::Linear,
         "cubic" if opset >= 11 => Mode::Cubic,
@@ -78,10 +123,7 @@ fn config(attrs: &Attrs, opset: i64) -> RuleResult<Config> {
             extrapolation: 0.0,
         });
     }
-    let coord = match attrs
-        .string("coordinate_transformation_mode")
-        .unwrap_or("half_pixel")
-    {
+    let coord = match at.coord {
         "half_pixel" => Coord::HalfPixel,
         "half_pixel_symmetric" => Coord::HalfPixelSymmetric,
         "pytorch_half_pixel" => Coord::PytorchHalfPixel,
@@ -91,7 +133,7 @@ fn config(attrs: &Attrs, opset: i64) -> RuleResult<Config> {
         "tf_crop_and_resize" => Coord::Asymmetric,
         m => return Err(format!("unknown coordinate_transformation_mode '{m}'").into()),
     };
-    let round = match attrs.string("nearest_mode").unwrap_or("round_prefer_floor") {
+    let round = match at.nearest_mode {
         "round_prefer_floor" => Round::PreferFloor,
         "round_prefer_ceil" => Round::PreferCeil,
         "floor" => Round::Floor,
@@ -102,12 +144,11 @@ fn config(attrs: &Attrs, opset: i64) -> RuleResult<Config> {
         mode,
         coord,
         round,
-        a: attrs.float("cubic_coeff_a").unwrap_or(-0.75) as f64,
-        exclude_outside: attrs.int_or("exclude_outside", 0) != 0,
-        antialias: opset >= 18 && attrs.int_or("antialias", 0) != 0,
-        crop_and_resize: attrs.string("coordinate_transformation_mode")
-            == Some("tf_crop_and_resize"),
-        extrapolation: attrs.float("extrapolation_value").unwrap_or(0.0),
+        a: at.cubic_coeff_a,
+        exclude_outside: at.exclude_outside,
+        antialias: opset >= 18 && at.antialias,
+        crop_and_resize: at.coord == "tf_crop_and_resize",
+        extrapolation: at.extrapolation_value,
     })
 }
 
@@ -138,14 +179,14 @@ impl Axis {
 /// (`None`: absent or empty), following `axes` and `keep_aspect_ratio_policy`.
 fn plan(
     cfg: &Config,
-    attrs: &Attrs,
+    at: &ResizeAttrs,
     opset: i64,
     x: &[usize],
     scales: Option<Vec<f64>>,
     sizes: Option<Vec<i64>>,
 ) -> RuleResult<Vec<Axis>> {
     let r = x.len();
-    let axes: Vec<usize> = match attrs.ints("axes").filter(|_| opset >= 18) {
+    let axes: Vec<usize> = match at.axes.filter(|_| opset >= 18) {
         Some(a) => {
             let v = a
                 .iter()
@@ -220,9 +261,7 @@ fn plan(
                 }
             }
             let policy = if opset >= 18 {
-                attrs
-                    .string("keep_aspect_ratio_policy")
-                    .unwrap_or("stretch")
+                at.keep_aspect_ratio_policy
             } else {
                 "stretch"
             };
@@ -575,7 +614,7 @@ fn slots(opset: i64) -> (usize, Option<usize>) {
 /// roi, as the spec says.
 fn crop_roi(
     cfg: &Config,
-    attrs: &Attrs,
+    at: &ResizeAttrs,
     opset: i64,
     axes: &mut [Axis],
     roi: Option<Vec<f64>>,
@@ -585,7 +624,7 @@ fn crop_roi(
     }
     let roi = roi.ok_or("tf_crop_and_resize needs its roi input")?;
     let r = axes.len();
-    let which: Vec<usize> = match attrs.ints("axes").filter(|_| opset >= 18) {
+    let which: Vec<usize> = match at.axes.filter(|_| opset >= 18) {
         Some(a) => a.iter().map(|&a| axis(a, r)).collect::<RuleResult<_>>()?,
         None => (0..r).collect(),
     };
@@ -602,38 +641,33 @@ fn crop_roi(
     Ok(())
 }
 
-/// The opset whose Resize rules apply: Upsample is Resize-10's arithmetic at
-/// any opset it appears in.
-fn opset_of(op: &str, opset: i64) -> i64 {
-    if op == "Upsample" {
-        opset.min(10)
-    } else {
-        opset
+impl Resize {
+    /// The opset whose Resize rules apply: Upsample is Resize-10's arithmetic at
+    /// any opset it appears in.
+    fn opset(&self, opset: i64) -> i64 {
+        if self.upsample {
+            opset.min(10)
+        } else {
+            opset
+        }
+    }
+
+    /// Upsample before opset 9 gives its scales as an attribute.
+    fn attr_scales(&self, at: &ResizeAttrs, opset: i64) -> Option<Vec<f64>> {
+        (self.upsample && opset < 9)
+            .then(|| at.scales.map(|v| v.iter().map(|&f| f as f64).collect()))
+            .flatten()
     }
 }
 
-/// Upsample before opset 9 gives its scales as an attribute.
-fn attr_scales(attrs: &Attrs, op: &str, opset: i64) -> Option<Vec<f64>> {
-    (op == "Upsample" && opset < 9)
-        .then(|| {
-            attrs
-                .floats("scales")
-                .map(|v| v.iter().map(|&f| f as f64).collect())
-        })
-        .flatten()
-}
-
 /// The plan from the input facts (their folded values).
-fn plan_facts(cx: &Cx) -> RuleResult<(Config, Vec<Axis>)> {
-    let cfg = config(cx.attrs(), opset_of(&cx.node.op_type, cx.opset))?;
+fn plan_facts(op: &Resize, at: &ResizeAttrs, cx: &Cx) -> RuleResult<(Config, Vec<Axis>)> {
+    let opset = op.opset(cx.opset);
+    let cfg = config(at, opset)?;
     let x = cx.input(0)?;
-    let (si, zi) = slots(opset_of(&cx.node.op_type, cx.opset));
+    let (si, zi) = slots(opset);
     let present = |i: usize| cx.opt(i).is_some_and(|f| f.numel() > 0);
-    let scales = if let Some(s) = attr_scales(
-        cx.attrs(),
-        &cx.node.op_type,
-        opset_of(&cx.node.op_type, cx.opset),
-    ) {
+    let scales = if let Some(s) = op.attr_scales(at, opset) {
         Some(s)
     } else if present(si) {
         let v = cx.value(si).map_err(|e| format!("scales: {e}"))?;
@@ -645,14 +679,7 @@ fn plan_facts(cx: &Cx) -> RuleResult<(Config, Vec<Axis>)> {
         Some(zi) if present(zi) => Some(cx.value(zi).map_err(|e| format!("sizes: {e}"))?.to_ints()),
         _ => None,
     };
-    let axes = plan(
-        &cfg,
-        cx.attrs(),
-        opset_of(&cx.node.op_type, cx.opset),
-        &x.shape,
-        scales,
-        sizes,
-    )?;
+    let axes = plan(&cfg, at, opset, &x.shape, scales, sizes)?;
     Ok((cfg, axes))
 }
 
@@ -689,7 +716,10 @@ fn tap_count(cfg: &Config, axes: &[Axis]) -> u64 {
 /// FLOPs: nearest 0 (a gather); linear and cubic a multiply-add per tap of the
 /// N-D filter: `2 · Tᵏ` per output element, T = 2 (linear) or 4 (cubic), k the
 /// number of resized axes (length or scale changes).
-struct Resize;
+struct Resize {
+    /// Upsample (Resize-10's arithmetic at any opset).
+    upsample: bool,
+}
 
 impl Op for Resize {
     /// Upsample before opset 9 has one input (its scales an attribute).
@@ -698,7 +728,7 @@ impl Op for Resize {
     }
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
         let x = cx.input(0)?;
-        let (cfg, axes) = plan_facts(cx)?;
+        let (cfg, axes) = plan_facts(self, &ResizeAttrs::of(cx.attrs()), cx)?;
         if cfg.mode != Mode::Nearest && !x.dtype.is_float() {
             return Err(format!(
                 "{:?} interpolation of a {} tensor is not supported",
@@ -712,7 +742,7 @@ impl Op for Resize {
         )])
     }
     fn flops(&self, cx: &Cx, out: &[Fact]) -> u64 {
-        let Ok((cfg, axes)) = plan_facts(cx) else {
+        let Ok((cfg, axes)) = plan_facts(self, &ResizeAttrs::of(cx.attrs()), cx) else {
             return 0;
         };
         tap_count(&cfg, &axes)
@@ -725,7 +755,7 @@ impl Op for Resize {
     /// computed in the graph (boxes). Backward FLOPs: the forward's (the same
     /// weights scattered).
     fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
-        let cfg = config(cx.attrs(), opset_of(&cx.node.op_type, cx.opset))?;
+        let cfg = config(&ResizeAttrs::of(cx.attrs()), self.opset(cx.opset))?;
         let saved: &[Saved] = if cfg.crop_and_resize {
             &[Saved::Input(1)]
         } else {
@@ -742,31 +772,18 @@ impl Op for Resize {
     /// positions outside the input filled with `extrapolation_value`.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         let x = cx.input(0)?;
-        let cfg = config(cx.attrs(), opset_of(&cx.node.op_type, cx.opset))?;
-        let (si, zi) = slots(opset_of(&cx.node.op_type, cx.opset));
+        let at = ResizeAttrs::of(cx.attrs());
+        let opset = self.opset(cx.opset);
+        let cfg = config(&at, opset)?;
+        let (si, zi) = slots(opset);
         let present = |i: usize| cx.opt(i).filter(|t| t.numel() > 0);
-        let scales = attr_scales(
-            cx.attrs(),
-            &cx.node.op_type,
-            opset_of(&cx.node.op_type, cx.opset),
-        )
-        .or_else(|| present(si).map(|t| t.to_f64s()));
+        let scales = self
+            .attr_scales(&at, opset)
+            .or_else(|| present(si).map(|t| t.to_f64s()));
         let sizes = zi.and_then(present).map(|t| t.to_i64s());
-        let mut axes = plan(
-            &cfg,
-            cx.attrs(),
-            opset_of(&cx.node.op_type, cx.opset),
-            &x.shape,
-            scales,
-            sizes,
-        )?;
-        crop_roi(
-            &cfg,
-            cx.attrs(),
-            cx.opset,
-            &mut axes,
-            present(1).map(|t| t.to_f64s()),
-        )?;
+        let mut axes = plan(&cfg, &at, opset, &x.shape, scales, sizes)?;
+        let roi = present(1).map(|t| t.to_f64s());
+        crop_roi(&cfg, &at, cx.opset, &mut axes, roi)?;
         let shape: Vec<usize> = axes.iter().map(|a| a.n_out).collect();
         if shape != cx.out(0)?.shape {
             return Err(format!(
@@ -797,11 +814,11 @@ impl Op for Resize {
     /// gradient to its source element; linear and cubic apply each axis's transposed
     /// taps, axes in reverse order. Extrapolated positions pass no gradient.
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-        let rcx = cx.rule_cx();
-        let (cfg, mut axes) = plan_facts(&rcx)?;
+        let at = ResizeAttrs::of(cx.attrs());
+        let (cfg, mut axes) = plan_facts(self, &at, &cx.rule_cx())?;
         if cfg.crop_and_resize {
             let roi = cx.saved(Saved::Input(1))?.to_f64s();
-            crop_roi(&cfg, cx.attrs(), cx.opset, &mut axes, Some(roi))?;
+            crop_roi(&cfg, &at, cx.opset, &mut axes, Some(roi))?;
         }
         let x = cx.input(0)?;
         let g = cx.grad(0)?;
@@ -839,10 +856,10 @@ impl Op for Resize {
 
 /// Registers Resize.
 pub fn register(r: &mut Registry) {
-    r.add("Resize", Resize);
+    r.add("Resize", Resize { upsample: false });
     // Upsample (opsets 7-9) is Resize-10 under its old name: asymmetric
     // coordinates, nearest rounding down; scales an attribute before opset 9.
-    r.add("Upsample", Resize);
+    r.add("Upsample", Resize { upsample: true });
 }
 
 #[cfg(test)]
@@ -891,8 +908,9 @@ mod tests {
             inputs: inputs.iter().map(|f| f.as_ref()).collect(),
             opset,
         };
-        let out = Resize.infer(&cx)?;
-        let fl = Resize.flops(&cx, &out);
+        let op = Resize { upsample: false };
+        let out = op.infer(&cx)?;
+        let fl = op.flops(&cx, &out);
         Ok((out[0].shape.clone(), fl))
     }
 
@@ -1107,6 +1125,7 @@ mod tests {
 
     #[test]
     fn runs_on_the_host_on_cuda() {
-        assert_eq!(Resize.cuda_kernels("Resize"), CudaKernels::HOST);
+        let op = Resize { upsample: false };
+        assert_eq!(op.cuda_kernels("Resize"), CudaKernels::HOST);
     }
 }
