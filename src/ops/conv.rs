@@ -10,6 +10,30 @@ use crate::ir::{Attrs, DType};
 use crate::numeric::gemm::{sgemm, Mat};
 use crate::numeric::Tensor;
 
+/// A sliding window's attributes (Conv, the pools, and the ops that share their
+/// window).
+struct WindowAttrs<'a> {
+    /// `strides` (default 1 per axis).
+    strides: Option<&'a [i64]>,
+    /// `dilations` (default 1 per axis).
+    dilations: Option<&'a [i64]>,
+    /// `pads` (begins then ends; default 0).
+    pads: Option<&'a [i64]>,
+    /// `auto_pad` (default "NOTSET").
+    auto_pad: &'a str,
+}
+
+impl WindowAttrs<'_> {
+    fn of(attrs: &Attrs) -> WindowAttrs<'_> {
+        WindowAttrs {
+            strides: attrs.ints("strides"),
+            dilations: attrs.ints("dilations"),
+            pads: attrs.ints("pads"),
+            auto_pad: attrs.string("auto_pad").unwrap_or("NOTSET"),
+        }
+    }
+}
+
 /// Output spatial size of a sliding window (Conv, MaxPool, AveragePool), following
 /// ONNX `auto_pad`, `pads`, `strides`, `dilations` and `ceil_mode`.
 pub fn window_out(
@@ -19,8 +43,9 @@ pub fn window_out(
     ceil_mode: bool,
 ) -> RuleResult<Vec<usize>> {
     let nd = input.len();
-    let list = |name: &str, default: i64| -> RuleResult<Vec<i64>> {
-        match attrs.ints(name) {
+    let at = WindowAttrs::of(attrs);
+    let list = |name: &str, given: Option<&[i64]>, default: i64| -> RuleResult<Vec<i64>> {
+        match given {
             Some(v) if v.len() == nd => Ok(v.to_vec()),
             Some(v) => Err(format!(
                 "attribute '{name}' has {} values for {nd} spatial dims",
@@ -30,12 +55,12 @@ pub fn window_out(
             None => Ok(vec![default; nd]),
         }
     };
-    let strides = list("strides", 1)?;
-    let dil = list("dilations", 1)?;
+    let strides = list("strides", at.strides, 1)?;
+    let dil = list("dilations", at.dilations, 1)?;
     if strides.iter().chain(&dil).any(|&s| s < 1) {
         return Err("strides and dilations must be >= 1".into());
     }
-    let pads = match attrs.ints("pads") {
+    let pads = match at.pads {
         Some(p) if p.len() == 2 * nd => p.to_vec(),
         Some(p) => {
             return Err(format!(
@@ -49,7 +74,7 @@ pub fn window_out(
     if pads.iter().any(|&p| p < 0) {
         return Err(format!("negative pads {pads:?}").into());
     }
-    let auto = attrs.string("auto_pad").unwrap_or("NOTSET");
+    let auto = at.auto_pad;
     let mut out = Vec::with_capacity(nd);
     for i in 0..nd {
         // i128: attribute values can be anything a file says; nothing here may overflow.
@@ -117,6 +142,23 @@ pub(super) fn conv_backward(forward_flops: u64) -> Backward {
 /// FLOPs: 2·(C/group)·prod(k) per output element (multiply-adds), + 1 per element for bias.
 struct Conv;
 
+/// Conv's own attributes (the window's: [`WindowAttrs`]).
+struct ConvAttrs<'a> {
+    /// `group` (default 1).
+    group: i64,
+    /// `kernel_shape` (default: the weight's).
+    kernel_shape: Option<&'a [i64]>,
+}
+
+impl ConvAttrs<'_> {
+    fn of(attrs: &Attrs) -> ConvAttrs<'_> {
+        ConvAttrs {
+            group: attrs.int_or("group", 1),
+            kernel_shape: attrs.ints("kernel_shape"),
+        }
+    }
+}
+
 impl Op for Conv {
     fn arity(&self) -> Arity {
         Arity::new(2, 3, 1, 1)
@@ -127,7 +169,9 @@ impl Op for Conv {
         if w.rank() != x.rank() {
             return Err(format!("weight {:?} does not match input {:?}", w.shape, x.shape).into());
         }
-        let group = cx.attrs().int_or("group", 1);
+        let attrs = cx.attrs();
+        let at = ConvAttrs::of(attrs);
+        let group = at.group;
         if group < 1 || x.shape[1] as i64 % group != 0 || w.shape[0] as i64 % group != 0 {
             return Err(format!("group {group} does not divide the channels").into());
         }
@@ -146,7 +190,7 @@ impl Op for Conv {
             }
         }
         let kernel = &w.shape[2..];
-        if let Some(ks) = cx.attrs().ints("kernel_shape") {
+        if let Some(ks) = at.kernel_shape {
             if ks.iter().map(|&k| k as usize).ne(kernel.iter().copied()) {
                 return Err(
                     format!("kernel_shape {ks:?} differs from weight {:?}", w.shape).into(),
@@ -154,7 +198,7 @@ impl Op for Conv {
             }
         }
         let mut shape = vec![x.shape[0], w.shape[0]];
-        shape.extend(window_out(&x.shape[2..], kernel, cx.attrs(), false)?);
+        shape.extend(window_out(&x.shape[2..], kernel, attrs, false)?);
         Ok(vec![Fact::new(x.dtype, shape)])
     }
     fn flops(&self, cx: &Cx, out: &[Fact]) -> u64 {
@@ -197,28 +241,65 @@ impl Op for Conv {
 
 /// `MaxPool` / `AveragePool` / `LpPool`. MaxPool's optional second output is int64
 /// indices. FLOPs: prod(kernel) per output element (compares or adds).
-struct Pool {
-    max: bool,
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pool {
+    /// `MaxPool`.
+    Max,
+    /// `AveragePool`.
+    Average,
+    /// `LpPool`.
+    Lp,
+}
+
+/// The pools' own attributes (the window's: [`WindowAttrs`]).
+struct PoolAttrs<'a> {
+    /// `kernel_shape` (required by the windowed pools).
+    kernel_shape: Option<&'a [i64]>,
+    /// `ceil_mode` (default 0).
+    ceil_mode: bool,
+    /// `count_include_pad` (AveragePool; default 0).
+    count_include_pad: bool,
+    /// `p` (LpPool, GlobalLpPool; default 2).
+    p: i32,
+    /// `storage_order` (MaxPool's indices; default 0, row-major).
+    storage_order: bool,
+}
+
+impl PoolAttrs<'_> {
+    fn of(attrs: &Attrs) -> PoolAttrs<'_> {
+        PoolAttrs {
+            kernel_shape: attrs.ints("kernel_shape"),
+            ceil_mode: attrs.int_or("ceil_mode", 0) != 0,
+            count_include_pad: attrs.int_or("count_include_pad", 0) != 0,
+            p: attrs.int_or("p", 2) as i32,
+            storage_order: attrs.int_or("storage_order", 0) != 0,
+        }
+    }
+
+    /// `kernel_shape`, required.
+    fn kernel_shape(&self) -> RuleResult<&[i64]> {
+        Ok(self
+            .kernel_shape
+            .ok_or("missing attribute 'kernel_shape'")?)
+    }
 }
 
 impl Op for Pool {
     fn arity(&self) -> Arity {
-        Arity::new(1, 1, 1, if self.max { 2 } else { 1 })
+        Arity::new(1, 1, 1, if *self == Pool::Max { 2 } else { 1 })
     }
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
         let x = cx.input(0)?;
         check_nc(x, "pooling")?;
-        let ks = cx
-            .attrs()
-            .ints("kernel_shape")
-            .ok_or("missing attribute 'kernel_shape'")?;
+        let attrs = cx.attrs();
+        let at = PoolAttrs::of(attrs);
+        let ks = at.kernel_shape()?;
         if ks.len() != x.rank() - 2 || ks.iter().any(|&k| k < 1) {
             return Err(format!("kernel_shape {ks:?} does not fit input {:?}", x.shape).into());
         }
         let kernel: Vec<usize> = ks.iter().map(|&k| k as usize).collect();
-        let ceil = cx.attrs().int_or("ceil_mode", 0) != 0;
         let mut shape = x.shape[..2].to_vec();
-        shape.extend(window_out(&x.shape[2..], &kernel, cx.attrs(), ceil)?);
+        shape.extend(window_out(&x.shape[2..], &kernel, attrs, at.ceil_mode)?);
         let mut out = vec![Fact::new(x.dtype, shape.clone())];
         if cx.n_outputs() > 1 {
             out.push(Fact::new(DType::I64, shape));
@@ -226,7 +307,7 @@ impl Op for Pool {
         Ok(out)
     }
     fn flops(&self, cx: &Cx, out: &[Fact]) -> u64 {
-        let k: u64 = cx.attrs().ints("kernel_shape").map_or(1, |ks| {
+        let k: u64 = PoolAttrs::of(cx.attrs()).kernel_shape.map_or(1, |ks| {
             ks.iter()
                 .fold(1u64, |a, &k| a.saturating_mul(k.max(0) as u64))
         });
@@ -240,21 +321,18 @@ impl Op for Pool {
     /// input element.
     fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
         let n = cx.inputs[0].map_or(0, Fact::numel);
-        if cx.node.op_type == "AveragePool" {
-            return Ok(Some(Backward::each(&[0], &[Saved::Input(0)], n)));
-        }
-        if self.max {
-            Ok(Some(Backward {
+        Ok(Some(match self {
+            Pool::Average => Backward::each(&[0], &[Saved::Input(0)], n),
+            Pool::Max => Backward {
                 grads: vec![Grad {
                     input: 0,
                     needs: vec![Saved::Input(0), Saved::Extra(0)],
                 }],
                 extras: vec![Fact::new(DType::I64, out[0].shape.clone())],
                 flops: n,
-            }))
-        } else {
-            Ok(Some(Backward::each(&[0], &[], n)))
-        }
+            },
+            Pool::Lp => Backward::each(&[0], &[], n),
+        }))
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
@@ -265,28 +343,27 @@ impl Op for Pool {
     /// the window positions inside the input (`count_include_pad` 0) or inside the
     /// padded input (1); LpPool is `(Σ|x|^p)^(1/p)`.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
-        pool_kernel(cx)
+        pool_kernel(*self, cx)
     }
     /// MaxPool: the gradient scattered (added) to the saved argmax indices, the
     /// input's shape from its fact. AveragePool: each window's gradient spread over
     /// its positions inside the input, divided as the forward divided. LpPool's
     /// gradient needs its input and output, which its rule does not save: an error.
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-        pool_backward(cx)
+        pool_backward(*self, cx)
     }
     /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
-    fn cuda_kernels(&self, op_type: &str) -> CudaKernels {
-        match op_type {
-            "MaxPool" => CudaKernels::new(
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        match self {
+            Pool::Max => CudaKernels::new(
                 Launch::Pool,
                 &["maxpool2d_fwd_f32", "strided_copy_b8"],
                 &["maxpool2d_bwd_f32"],
             ),
-            "AveragePool" => {
+            Pool::Average => {
                 CudaKernels::new(Launch::Pool, &["avgpool2d_fwd_f32"], &["avgpool2d_bwd_f32"])
             }
-            "LpPool" => CudaKernels::HOST,
-            _ => CudaKernels::UNLISTED,
+            Pool::Lp => CudaKernels::HOST,
         }
     }
     fn autocast(&self, _op_type: &str) -> Autocast {
@@ -296,7 +373,15 @@ impl Op for Pool {
 
 /// `GlobalAveragePool` / `GlobalMaxPool` / `GlobalLpPool`: `[N, C, 1, ...]`.
 /// FLOPs: one add or compare per input element.
-struct GlobalPool;
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GlobalPool {
+    /// `GlobalAveragePool`.
+    Average,
+    /// `GlobalMaxPool`.
+    Max,
+    /// `GlobalLpPool`.
+    Lp,
+}
 
 impl Op for GlobalPool {
     fn arity(&self) -> Arity {
@@ -316,7 +401,7 @@ impl Op for GlobalPool {
     /// indices (adaptive max pool). Backward FLOPs: one per input element.
     fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
         let n = cx.inputs[0].map_or(0, Fact::numel);
-        if cx.node.op_type == "GlobalMaxPool" {
+        if *self == GlobalPool::Max {
             return Ok(Some(Backward {
                 grads: vec![Grad {
                     input: 0,
@@ -336,18 +421,19 @@ impl Op for GlobalPool {
         let x = cx.input(0)?;
         let xs = x.to_f32()?;
         let plane: usize = x.shape[2..].iter().product();
-        let op = cx.node.op_type.as_str();
-        let p = cx.attrs().int_or("p", 2) as i32;
+        let p = PoolAttrs::of(cx.attrs()).p;
         let v: Vec<f32> = xs
             .chunks(plane.max(1))
-            .map(|c| match op {
-                "GlobalMaxPool" => c.iter().copied().fold(f32::NEG_INFINITY, f32::max),
-                "GlobalLpPool" => c
+            .map(|c| match self {
+                GlobalPool::Max => c.iter().copied().fold(f32::NEG_INFINITY, f32::max),
+                GlobalPool::Lp => c
                     .iter()
                     .map(|v| (v.abs() as f64).powi(p))
                     .sum::<f64>()
                     .powf(1.0 / p as f64) as f32,
-                _ => (c.iter().map(|&v| v as f64).sum::<f64>() / plane as f64) as f32,
+                GlobalPool::Average => {
+                    (c.iter().map(|&v| v as f64).sum::<f64>() / plane as f64) as f32
+                }
             })
             .collect();
         Ok(vec![Tensor::from_f32(
@@ -360,8 +446,8 @@ impl Op for GlobalPool {
     /// max pooling has no forward indices yet; GlobalLpPool's gradient needs its
     /// input and output, which its rule does not save: errors.
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-        match cx.node.op_type.as_str() {
-            "GlobalAveragePool" => {
+        match self {
+            GlobalPool::Average => {
                 let x = cx.input(0)?;
                 let plane: usize = x.shape[2..].iter().product();
                 let g = cx.grad(0)?;
@@ -371,23 +457,22 @@ impl Op for GlobalPool {
                 }
                 cx.answer(vec![(0, v)])
             }
-            "GlobalLpPool" => Err(
+            GlobalPool::Lp => Err(
                 "GlobalLpPool's gradient needs its input and output, which its backward rule does not save"
                     .into(),
             ),
-            _ => no_backward_kernel(cx),
+            GlobalPool::Max => no_backward_kernel(cx),
         }
     }
     /// Device kernels (exec::cuda::ops); see [`Op::cuda_kernels`].
-    fn cuda_kernels(&self, op_type: &str) -> CudaKernels {
-        match op_type {
-            "GlobalAveragePool" => CudaKernels::new(
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        match self {
+            GlobalPool::Average => CudaKernels::new(
                 Launch::GlobalAveragePool,
                 &["global_avgpool_fwd_f32"],
                 &["global_avgpool_bwd_f32"],
             ),
-            "GlobalMaxPool" | "GlobalLpPool" => CudaKernels::HOST,
-            _ => CudaKernels::UNLISTED,
+            GlobalPool::Max | GlobalPool::Lp => CudaKernels::HOST,
         }
     }
     fn autocast(&self, _op_type: &str) -> Autocast {
@@ -492,8 +577,9 @@ pub(crate) fn window(
         )
         .into());
     }
-    let list = |name: &str| -> RuleResult<Vec<usize>> {
-        match attrs.ints(name) {
+    let at = WindowAttrs::of(attrs);
+    let list = |name: &str, given: Option<&[i64]>| -> RuleResult<Vec<usize>> {
+        match given {
             None => Ok(vec![1; nd]),
             Some(v) if v.len() == nd => Ok(v.iter().map(|&x| x.max(1) as usize).collect()),
             Some(v) => Err(format!(
@@ -503,12 +589,15 @@ pub(crate) fn window(
             .into()),
         }
     };
-    let (strides, dil) = (list("strides")?, list("dilations")?);
+    let (strides, dil) = (
+        list("strides", at.strides)?,
+        list("dilations", at.dilations)?,
+    );
     let mut begin = vec![0usize; nd];
     let mut end = vec![0usize; nd];
-    match attrs.string("auto_pad").unwrap_or("NOTSET") {
+    match at.auto_pad {
         "SAME_UPPER" | "SAME_LOWER" => {
-            let upper = attrs.string("auto_pad") == Some("SAME_UPPER");
+            let upper = at.auto_pad == "SAME_UPPER";
             for i in 0..nd {
                 let need =
                     (output[i].saturating_sub(1)) * strides[i] + (kernel[i] - 1) * dil[i] + 1;
@@ -523,7 +612,7 @@ pub(crate) fn window(
         }
         "VALID" => {}
         _ => {
-            if let Some(p) = attrs.ints("pads") {
+            if let Some(p) = at.pads {
                 if p.len() != 2 * nd {
                     return Err(format!(
                         "attribute 'pads' has {} values for {nd} spatial dims",
@@ -608,10 +697,11 @@ pub(super) fn im2col(x: &[f32], c: usize, w: &Window, col: &mut [f32]) {
 fn conv_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
     let (x, wt) = (cx.input(0)?, cx.input(1)?);
     let out = cx.out(0)?.shape.clone();
-    let group = cx.attrs().int_or("group", 1).max(1) as usize;
+    let attrs = cx.attrs();
+    let group = ConvAttrs::of(attrs).group.max(1) as usize;
     let (n, c, m) = (x.shape[0], x.shape[1], wt.shape[0]);
     let (cg, mg) = (c / group, m / group);
-    let win = window(cx.attrs(), &x.shape[2..], &wt.shape[2..], &out[2..])?;
+    let win = window(attrs, &x.shape[2..], &wt.shape[2..], &out[2..])?;
     let vol = win.input_len();
     let kk = cg * win.kernel_len();
     let direct = win.is_direct();
@@ -655,9 +745,8 @@ fn conv_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
 
 /// A pool's window from its `kernel_shape`.
 fn pool_window(attrs: &Attrs, x: &[usize], out: &[usize]) -> RuleResult<Window> {
-    let ks: Vec<usize> = attrs
-        .ints("kernel_shape")
-        .ok_or("missing attribute 'kernel_shape'")?
+    let ks: Vec<usize> = PoolAttrs::of(attrs)
+        .kernel_shape()?
         .iter()
         .map(|&k| k.max(1) as usize)
         .collect();
@@ -665,13 +754,13 @@ fn pool_window(attrs: &Attrs, x: &[usize], out: &[usize]) -> RuleResult<Window> 
 }
 
 /// Pooling on the CPU; see [`Pool`]'s `forward_cpu`.
-fn pool_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+fn pool_kernel(op: Pool, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
     let x = cx.input(0)?;
     let out = cx.out(0)?.shape.clone();
-    let win = pool_window(cx.attrs(), &x.shape, &out)?;
-    let op = cx.node.op_type.as_str();
-    let include_pad = cx.attrs().int_or("count_include_pad", 0) != 0;
-    let p = cx.attrs().int_or("p", 2) as i32;
+    let attrs = cx.attrs();
+    let win = pool_window(attrs, &x.shape, &out)?;
+    let at = PoolAttrs::of(attrs);
+    let (include_pad, p) = (at.count_include_pad, at.p);
     let (vol, positions) = (win.input_len(), win.output_len());
     let xs = x.to_f32()?;
     let planes = x.shape[0] * x.shape[1];
@@ -688,22 +777,22 @@ fn pool_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
                     let v = src[off];
                     count += 1;
                     match op {
-                        "MaxPool" => {
+                        Pool::Max => {
                             if v > best || best.is_nan() {
                                 (best, arg) = (v, off);
                             }
                         }
-                        "LpPool" => sum += (v.abs() as f64).powi(p),
-                        _ => sum += v as f64,
+                        Pool::Lp => sum += (v.abs() as f64).powi(p),
+                        Pool::Average => sum += v as f64,
                     }
                 });
                 match op {
-                    "MaxPool" => {
+                    Pool::Max => {
                         vals.push(best);
                         idx.push((pl * vol + arg) as i64);
                     }
-                    "LpPool" => vals.push(sum.powf(1.0 / p as f64) as f32),
-                    _ => {
+                    Pool::Lp => vals.push(sum.powf(1.0 / p as f64) as f32),
+                    Pool::Average => {
                         let d = if include_pad { in_pad } else { count };
                         vals.push((sum / d.max(1) as f64) as f32);
                     }
@@ -722,7 +811,7 @@ fn pool_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
     if cx.n_outputs() > 1 {
         // Output 1 indexes each channel column-major with `storage_order` 1, as
         // the ONNX reference does (the backward's own indices stay row-major).
-        let declared = if cx.attrs().int_or("storage_order", 0) != 0 {
+        let declared = if at.storage_order {
             let [d, h, wd] = win.input;
             let vol = vol as i64;
             let (d, h, wd) = (d as i64, h as i64, wd as i64);
@@ -738,7 +827,7 @@ fn pool_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         };
         outs.push(Tensor::i64(out.clone(), declared));
     }
-    if cx.extras && op == "MaxPool" {
+    if cx.extras && op == Pool::Max {
         // The argmax indices the backward rule saves.
         outs.push(Tensor::i64(out, idx));
     }
@@ -791,10 +880,11 @@ pub(super) fn col2im(col: &[f32], c: usize, w: &Window, dx: &mut [f32]) {
 fn conv_backward_kernel(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
     let (fx, fw) = (cx.input(0)?, cx.input(1)?);
     let out = cx.output(0)?.shape.clone();
-    let group = cx.attrs().int_or("group", 1).max(1) as usize;
+    let attrs = cx.attrs();
+    let group = ConvAttrs::of(attrs).group.max(1) as usize;
     let (n, c, m) = (fx.shape[0], fx.shape[1], fw.shape[0]);
     let (cg, mg) = (c / group, m / group);
-    let win = window(cx.attrs(), &fx.shape[2..], &fw.shape[2..], &out[2..])?;
+    let win = window(attrs, &fx.shape[2..], &fw.shape[2..], &out[2..])?;
     let vol = win.input_len();
     let kk = cg * win.kernel_len();
     let plane = win.output_len();
@@ -877,12 +967,12 @@ pub(super) fn bias_grad(g: &[f32], n: usize, m: usize, plane: usize) -> Vec<f32>
 }
 
 /// Pooling backward; see [`Pool`]'s `backward_cpu`.
-fn pool_backward(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+fn pool_backward(op: Pool, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
     let x = cx.input(0)?;
     let g = cx.grad(0)?;
     let mut dx = vec![0f32; x.shape.iter().product()];
-    match cx.node.op_type.as_str() {
-        "MaxPool" => {
+    match op {
+        Pool::Max => {
             let idx = cx.saved(Saved::Extra(0))?.to_i64s();
             if idx.len() != g.len() {
                 return Err("the saved indices and the gradient differ in size".into());
@@ -892,10 +982,11 @@ fn pool_backward(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
                     .ok_or("a saved index is out of range")? += gv;
             }
         }
-        "AveragePool" => {
+        Pool::Average => {
             let out = cx.output(0)?.shape.clone();
-            let win = pool_window(cx.attrs(), &x.shape, &out)?;
-            let include_pad = cx.attrs().int_or("count_include_pad", 0) != 0;
+            let attrs = cx.attrs();
+            let win = pool_window(attrs, &x.shape, &out)?;
+            let include_pad = PoolAttrs::of(attrs).count_include_pad;
             let (vol, positions) = (win.input_len(), win.output_len());
             let mut inside = Vec::with_capacity(win.kernel_len());
             for pl in 0..x.shape[0] * x.shape[1] {
@@ -911,7 +1002,7 @@ fn pool_backward(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
                 }
             }
         }
-        _ => return Err(
+        Pool::Lp => return Err(
             "LpPool's gradient needs its input and output, which its backward rule does not save"
                 .into(),
         ),
@@ -922,12 +1013,12 @@ fn pool_backward(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
 /// Registers convolution and pooling ops.
 pub fn register(r: &mut Registry) {
     r.add("Conv", Conv);
-    r.add("MaxPool", Pool { max: true });
-    r.add("AveragePool", Pool { max: false });
-    r.add("LpPool", Pool { max: false });
-    r.add("GlobalAveragePool", GlobalPool);
-    r.add("GlobalMaxPool", GlobalPool);
-    r.add("GlobalLpPool", GlobalPool);
+    r.add("MaxPool", Pool::Max);
+    r.add("AveragePool", Pool::Average);
+    r.add("LpPool", Pool::Lp);
+    r.add("GlobalAveragePool", GlobalPool::Average);
+    r.add("GlobalMaxPool", GlobalPool::Max);
+    r.add("GlobalLpPool", GlobalPool::Lp);
 }
 
 #[cfg(test)]
