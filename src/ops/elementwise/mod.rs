@@ -81,34 +81,10 @@ pub fn register(r: &mut Registry) {
         r.add(row.name, Compare(row));
     }
 
-    r.add(
-        "Max",
-        Variadic {
-            mean: false,
-            fold: f64::max,
-        },
-    );
-    r.add(
-        "Min",
-        Variadic {
-            mean: false,
-            fold: f64::min,
-        },
-    );
-    r.add(
-        "Sum",
-        Variadic {
-            mean: false,
-            fold: |a, b| a + b,
-        },
-    );
-    r.add(
-        "Mean",
-        Variadic {
-            mean: true,
-            fold: |a, b| a + b,
-        },
-    );
+    r.add("Max", Variadic::Max);
+    r.add("Min", Variadic::Min);
+    r.add("Sum", Variadic::Sum);
+    r.add("Mean", Variadic::Mean);
     r.add("Where", Where);
     r.add("Cast", Cast { like: false });
     r.add("CastLike", Cast { like: true });

@@ -5,9 +5,33 @@ use super::*;
 
 /// Max, Min, Sum, Mean over 1+ broadcast inputs. FLOPs: one per output element per
 /// extra input (Mean adds one division per element).
-pub(super) struct Variadic {
-    pub(super) mean: bool,
-    pub(super) fold: fn(f64, f64) -> f64,
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Variadic {
+    Max,
+    Min,
+    Sum,
+    Mean,
+}
+
+impl Variadic {
+    /// Whether it divides by the count (Mean).
+    fn mean(self) -> bool {
+        self == Variadic::Mean
+    }
+
+    /// Max or Min: the gradient goes to the selected input.
+    fn selects(self) -> bool {
+        matches!(self, Variadic::Max | Variadic::Min)
+    }
+
+    /// The fold that constant folding applies.
+    fn fold(self) -> fn(f64, f64) -> f64 {
+        match self {
+            Variadic::Max => f64::max,
+            Variadic::Min => f64::min,
+            Variadic::Sum | Variadic::Mean => |a, b| a + b,
+        }
+    }
 }
 
 impl Op for Variadic {
@@ -22,8 +46,8 @@ impl Op for Variadic {
         let shape = broadcast(&shapes)?;
         let vals: Option<Vec<&Value>> = ins.iter().map(|f| f.value.as_deref()).collect();
         let float = ins[0].dtype.is_float();
-        let value = vals.filter(|_| !self.mean).and_then(|vals| {
-            let f = self.fold;
+        let value = vals.filter(|_| !self.mean()).and_then(|vals| {
+            let f = self.fold();
             fold_broadcast(&vals, &shape, |i| {
                 let mut acc = vals[0].data.float(i[0]);
                 for (k, v) in vals.iter().enumerate().skip(1) {
@@ -47,14 +71,14 @@ impl Op for Variadic {
         }])
     }
     fn flops(&self, cx: &Cx, out: &[Fact]) -> u64 {
-        let extra = cx.inputs.len().saturating_sub(1) as u64 + self.mean as u64;
+        let extra = cx.inputs.len().saturating_sub(1) as u64 + self.mean() as u64;
         extra.saturating_mul(out[0].numel())
     }
     /// Sum/Mean save nothing; Max/Min save their inputs (the gradient goes to the
     /// selected one). Backward FLOPs: 1 per element per input.
     fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
         let n = cx.inputs.len();
-        let needs: Vec<Saved> = if matches!(cx.node.op_type.as_str(), "Max" | "Min") {
+        let needs: Vec<Saved> = if self.selects() {
             (0..n).map(Saved::Input).collect()
         } else {
             Vec::new()
@@ -70,12 +94,12 @@ impl Op for Variadic {
         Storage::New
     }
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
-        variadic_kernel(cx, self.mean)
+        variadic_kernel(cx, *self)
     }
     /// Sum/Mean: the gradient (divided by the count for Mean) summed back to each
     /// input's shape. Max/Min: to the input the forward's left fold selected.
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-        variadic_backward(cx, self.mean)
+        variadic_backward(cx, *self)
     }
     /// Runs on the host on the GPU backend (no device kernels yet).
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
@@ -189,6 +213,20 @@ pub(super) struct Cast {
     pub(super) like: bool,
 }
 
+/// Cast's attributes.
+struct CastAttrs {
+    /// `to` (required by Cast).
+    to: Option<i64>,
+}
+
+impl CastAttrs {
+    fn of(attrs: &crate::ir::Attrs) -> CastAttrs {
+        CastAttrs {
+            to: attrs.int("to"),
+        }
+    }
+}
+
 impl Op for Cast {
     fn arity(&self) -> Arity {
         if self.like {
@@ -202,7 +240,11 @@ impl Op for Cast {
         let to = if self.like {
             cx.input(1)?.dtype
         } else {
-            dtype_attr(cx.attrs().int("to").ok_or("missing attribute 'to'")?)?
+            dtype_attr(
+                CastAttrs::of(cx.attrs())
+                    .to
+                    .ok_or("missing attribute 'to'")?,
+            )?
         };
         let value = x.value.as_ref().map(|v| {
             let n = v.data.len();
@@ -238,7 +280,9 @@ impl Op for Cast {
     }
     /// A cast to the same type is the input itself; otherwise a new tensor.
     fn storage(&self, cx: &Cx) -> Storage {
-        let to = cx.attrs().int("to").and_then(|c| dtype_attr(c).ok());
+        let to = CastAttrs::of(cx.attrs())
+            .to
+            .and_then(|c| dtype_attr(c).ok());
         match (cx.inputs[0], to) {
             (Some(x), Some(t)) if !self.like && x.dtype == t => Storage::View,
             _ => Storage::New,
@@ -277,6 +321,23 @@ impl Op for Cast {
 /// FLOPs: 2 comparisons per element.
 pub(super) struct Clip;
 
+/// Clip's attributes (before opset 11; inputs since).
+struct ClipAttrs {
+    /// `min` (default: none).
+    min: Option<f32>,
+    /// `max` (default: none).
+    max: Option<f32>,
+}
+
+impl ClipAttrs {
+    fn of(attrs: &crate::ir::Attrs) -> ClipAttrs {
+        ClipAttrs {
+            min: attrs.float("min"),
+            max: attrs.float("max"),
+        }
+    }
+}
+
 impl Op for Clip {
     fn arity(&self) -> Arity {
         Arity::new(1, 3, 1, 1)
@@ -306,7 +367,8 @@ impl Op for Clip {
     /// `g` where `min ≤ x ≤ max` (PyTorch's clamp backward), 0 elsewhere. The
     /// bounds are constants (folded facts or attributes): the rule saves only `x`.
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-        let bound = |i: usize, attr: &str| -> RuleResult<Option<f32>> {
+        let at = ClipAttrs::of(cx.attrs());
+        let bound = |i: usize, attr: Option<f32>| -> RuleResult<Option<f32>> {
             if cx.opset >= 11 {
                 match cx.inputs.get(i).copied().flatten() {
                     None => Ok(None),
@@ -320,11 +382,11 @@ impl Op for Clip {
                         })?),
                 }
             } else {
-                Ok(cx.attrs().float(attr))
+                Ok(attr)
             }
         };
-        let lo = bound(1, "min")?.unwrap_or(f32::NEG_INFINITY);
-        let hi = bound(2, "max")?.unwrap_or(f32::INFINITY);
+        let lo = bound(1, at.min)?.unwrap_or(f32::NEG_INFINITY);
+        let hi = bound(2, at.max)?.unwrap_or(f32::INFINITY);
         let x = cx.saved(Saved::Input(0))?.to_f32()?;
         let g = cx.grad(0)?;
         let v = x
@@ -348,6 +410,23 @@ impl Op for Clip {
 /// constant. FLOPs: training 2 per element (draw/compare and scale), inference 0.
 pub(crate) struct Dropout;
 
+/// Dropout's attributes (before opset 12; inputs since).
+struct DropoutAttrs {
+    /// `is_test` (default 0).
+    is_test: bool,
+    /// `ratio` (default 0.5).
+    ratio: f64,
+}
+
+impl DropoutAttrs {
+    fn of(attrs: &crate::ir::Attrs) -> DropoutAttrs {
+        DropoutAttrs {
+            is_test: attrs.int_or("is_test", 0) != 0,
+            ratio: attrs.float("ratio").map_or(0.5, f64::from),
+        }
+    }
+}
+
 impl Dropout {
     /// Whether this Dropout drops (training mode).
     pub(crate) fn training(cx: &Cx) -> bool {
@@ -357,7 +436,7 @@ impl Dropout {
                 .and_then(|v| v.scalar_int())
                 .is_some_and(|t| t != 0)
         } else {
-            cx.attrs().int("is_test").unwrap_or(0) == 0
+            !DropoutAttrs::of(cx.attrs()).is_test
         }
     }
 
@@ -369,7 +448,7 @@ impl Dropout {
                 .and_then(|v| v.scalar_float())
                 .unwrap_or(0.5)
         } else {
-            cx.attrs().float("ratio").map_or(0.5, f64::from)
+            DropoutAttrs::of(cx.attrs()).ratio
         }
     }
 
@@ -477,17 +556,17 @@ impl Op for Dropout {
 }
 
 /// Max/Min/Sum/Mean over broadcast inputs, folded left to right.
-pub(super) fn variadic_kernel(cx: &KernelCx, mean: bool) -> RuleResult<Vec<Tensor>> {
-    let op = cx.node.op_type.as_str();
+pub(super) fn variadic_kernel(cx: &KernelCx, op: Variadic) -> RuleResult<Vec<Tensor>> {
+    let mean = op.mean();
     let first = cx.input(0)?;
     let dtype = first.dtype();
     let out = cx.out(0)?.shape.clone();
     let n = cx.inputs.len();
     if dtype.is_float() {
         let f: fn(f32, f32) -> f32 = match op {
-            "Max" => |x: f32, y: f32| if x.is_nan() || x >= y { x } else { y },
-            "Min" => |x: f32, y: f32| if x.is_nan() || x <= y { x } else { y },
-            _ => |x, y| x + y,
+            Variadic::Max => |x: f32, y: f32| if x.is_nan() || x >= y { x } else { y },
+            Variadic::Min => |x: f32, y: f32| if x.is_nan() || x <= y { x } else { y },
+            Variadic::Sum | Variadic::Mean => |x, y| x + y,
         };
         let (mut acc, mut shape) = (first.to_f32()?.into_owned(), first.shape.clone());
         for i in 1..n {
@@ -506,9 +585,9 @@ pub(super) fn variadic_kernel(cx: &KernelCx, mean: bool) -> RuleResult<Vec<Tenso
         return Ok(vec![Tensor::from_f32(dtype, out, acc)?]);
     }
     let f: fn(i64, i64) -> i64 = match op {
-        "Max" => i64::max,
-        "Min" => i64::min,
-        _ => i64::wrapping_add,
+        Variadic::Max => i64::max,
+        Variadic::Min => i64::min,
+        Variadic::Sum | Variadic::Mean => i64::wrapping_add,
     };
     let (mut acc, mut shape) = (first.to_i64s(), first.shape.clone());
     for i in 1..n {
@@ -555,7 +634,8 @@ pub(super) fn where_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
 /// `Clip(x, min?, max?)`: bounds from inputs (opset 11+) or attributes.
 pub(super) fn clip_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
     let x = cx.input(0)?;
-    let bound = |i: usize, attr: &str| -> RuleResult<Option<f64>> {
+    let at = ClipAttrs::of(cx.attrs());
+    let bound = |i: usize, attr: Option<f32>| -> RuleResult<Option<f64>> {
         if cx.opset >= 11 {
             match cx.opt(i) {
                 None => Ok(None),
@@ -563,10 +643,10 @@ pub(super) fn clip_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
                 Some(t) => Err(format!("input {i} must be a scalar, got {:?}", t.shape).into()),
             }
         } else {
-            Ok(cx.attrs().float(attr).map(f64::from))
+            Ok(attr.map(f64::from))
         }
     };
-    let (lo, hi) = (bound(1, "min")?, bound(2, "max")?);
+    let (lo, hi) = (bound(1, at.min)?, bound(2, at.max)?);
     if x.dtype().is_float() {
         let (lo, hi) = (
             lo.map_or(f32::NEG_INFINITY, |v| v as f32),
@@ -595,10 +675,8 @@ pub(super) fn dropout_training(cx: &KernelCx) -> RuleResult<(bool, f64)> {
             .map_or(0.5, |t| t.to_f64s().first().copied().unwrap_or(0.5));
         (t, r)
     } else {
-        (
-            cx.attrs().int_or("is_test", 0) == 0,
-            cx.attrs().float("ratio").map_or(0.5, f64::from),
-        )
+        let at = DropoutAttrs::of(cx.attrs());
+        (!at.is_test, at.ratio)
     };
     if !(0.0..=1.0).contains(&ratio) {
         return Err(format!("ratio {ratio} is outside [0, 1]").into());
@@ -639,13 +717,12 @@ pub(super) fn dropout_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
 }
 
 /// Sum/Mean/Max/Min backward; see [`Variadic`]'s `backward_cpu`.
-pub(super) fn variadic_backward(cx: &BackwardCx, mean: bool) -> RuleResult<Vec<Option<Tensor>>> {
-    let op = cx.node.op_type.as_str();
+pub(super) fn variadic_backward(cx: &BackwardCx, op: Variadic) -> RuleResult<Vec<Option<Tensor>>> {
     let out = cx.output(0)?.shape.clone();
     let n = cx.node.inputs.len();
     let g = cx.grad(0)?;
     let mut res = Vec::new();
-    if matches!(op, "Max" | "Min") {
+    if op.selects() {
         // The winner of the forward's left fold at every output element.
         let ins = (0..n)
             .map(|i| {
@@ -653,7 +730,7 @@ pub(super) fn variadic_backward(cx: &BackwardCx, mean: bool) -> RuleResult<Vec<O
                 Ok((t.to_f32()?.into_owned(), t.shape.clone()))
             })
             .collect::<RuleResult<Vec<_>>>()?;
-        let max = op == "Max";
+        let max = op == Variadic::Max;
         let mut win = vec![0usize; g.len()];
         let strides: Vec<Vec<usize>> = ins
             .iter()
@@ -690,7 +767,7 @@ pub(super) fn variadic_backward(cx: &BackwardCx, mean: bool) -> RuleResult<Vec<O
         }
         return cx.answer(res);
     }
-    let k = if mean { 1.0 / n as f32 } else { 1.0 };
+    let k = if op.mean() { 1.0 / n as f32 } else { 1.0 };
     let full: Vec<f32> = g.iter().map(|&v| v * k).collect();
     for &i in &cx.wanted {
         res.push((i, sum_to(&full, &out, &cx.input(i)?.shape)));
