@@ -22,15 +22,35 @@ use crate::ir::DType;
 use crate::numeric::Tensor;
 use rayon::prelude::*;
 
+/// Quantize's and Dequantize's attributes.
+struct QuantAttrs {
+    /// `axis` (per-axis and blocked quantization; default 1).
+    axis: i64,
+    /// `block_size` (default 0: not blocked).
+    block_size: i64,
+    /// `output_dtype` (default 0: from the zero point or the scale).
+    output_dtype: i64,
+}
+
+impl QuantAttrs {
+    fn of(attrs: &crate::ir::Attrs) -> QuantAttrs {
+        QuantAttrs {
+            axis: attrs.int_or("axis", 1),
+            block_size: attrs.int_or("block_size", 0),
+            output_dtype: attrs.int_or("output_dtype", 0),
+        }
+    }
+}
+
 /// Checks a scale (or zero point) against `x` for per-tensor (scalar or `[1]`),
 /// per-axis (`[x[axis]]`) or blocked (`x`'s rank, `ceil(x[axis]/block)` on the
 /// axis) quantization.
-fn check_scale(cx: &Cx, x: &Fact, s: &Fact, what: &str) -> RuleResult<()> {
+fn check_scale(at: &QuantAttrs, x: &Fact, s: &Fact, what: &str) -> RuleResult<()> {
     if s.numel() == 1 && s.rank() <= 1 {
         return Ok(());
     }
-    let ax = super::axis(cx.attrs().int_or("axis", 1), x.rank())?;
-    let block = cx.attrs().int_or("block_size", 0);
+    let ax = super::axis(at.axis, x.rank())?;
+    let block = at.block_size;
     let ok = if block > 0 {
         let b = block as usize;
         s.rank() == x.rank()
@@ -66,13 +86,14 @@ impl Op for Quantize {
     }
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
         let x = cx.input(0)?;
-        check_scale(cx, x, cx.input(1)?, "y_scale")?;
+        let at = QuantAttrs::of(cx.attrs());
+        check_scale(&at, x, cx.input(1)?, "y_scale")?;
         let dtype = match cx.opt(2) {
             Some(z) => {
-                check_scale(cx, x, z, "y_zero_point")?;
+                check_scale(&at, x, z, "y_zero_point")?;
                 z.dtype
             }
-            None => match cx.attrs().int_or("output_dtype", 0) {
+            None => match at.output_dtype {
                 0 => DType::U8,
                 code => super::dtype_attr(code)?,
             },
@@ -100,7 +121,10 @@ impl Op for Quantize {
 /// of `output_dtype` when set, else the scale's type. FLOPs: 2 per element.
 /// DynamicQuantizeLinear(x) -> (y uint8, y_scale float32 [], y_zero_point uint8
 /// []): FLOPs 5 per element (min and max, then quantize).
-struct Dequantize;
+struct Dequantize {
+    /// DynamicQuantizeLinear (else DequantizeLinear).
+    dynamic: bool,
+}
 
 impl Op for Dequantize {
     fn arity(&self) -> Arity {
@@ -108,7 +132,7 @@ impl Op for Dequantize {
     }
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
         let x = cx.input(0)?;
-        if cx.node.op_type == "DynamicQuantizeLinear" {
+        if self.dynamic {
             if x.dtype != DType::F32 {
                 return Err(format!("input must be float32, got {}", x.dtype).into());
             }
@@ -125,22 +149,19 @@ impl Op for Dequantize {
             return Err("DequantizeLinear has one output".into());
         }
         let s = cx.input(1)?;
-        check_scale(cx, x, s, "x_scale")?;
+        let at = QuantAttrs::of(cx.attrs());
+        check_scale(&at, x, s, "x_scale")?;
         if let Some(z) = cx.opt(2) {
-            check_scale(cx, x, z, "x_zero_point")?;
+            check_scale(&at, x, z, "x_zero_point")?;
         }
-        let dtype = match cx.attrs().int_or("output_dtype", 0) {
+        let dtype = match at.output_dtype {
             0 => s.dtype,
             code => super::dtype_attr(code)?,
         };
         Ok(vec![Fact::new(dtype, x.shape.clone())])
     }
-    fn flops(&self, cx: &Cx, out: &[Fact]) -> u64 {
-        let per = if cx.node.op_type == "DynamicQuantizeLinear" {
-            5
-        } else {
-            2
-        };
+    fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {
+        let per = if self.dynamic { 5 } else { 2 };
         out[0].numel().saturating_mul(per)
     }
     /// No gradient: DequantizeLinear reads integers (its scale is not trained
@@ -161,14 +182,20 @@ impl Op for Dequantize {
 /// (int32), `QLinearConv(x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, B?)`
 /// (y_zp's type) and `ConvInteger(x, w, x_zp?, w_zp?)` (int32), shaped as MatMul
 /// and Conv. FLOPs: 2 per multiply-add, as MatMul and Conv (integer operations).
-struct IntegerProduct;
+struct IntegerProduct {
+    /// QLinearMatMul, QLinearConv (else MatMulInteger, ConvInteger).
+    qlinear: bool,
+    /// QLinearConv, ConvInteger (else the matrix products).
+    conv: bool,
+}
 
 impl IntegerProduct {
     /// Slots of the two operands, and of the output zero point (none: int32).
-    fn slots(op: &str) -> (usize, usize, Option<usize>) {
-        match op {
-            "QLinearMatMul" | "QLinearConv" => (0, 3, Some(7)),
-            _ => (0, 1, None),
+    fn slots(&self) -> (usize, usize, Option<usize>) {
+        if self.qlinear {
+            (0, 3, Some(7))
+        } else {
+            (0, 1, None)
         }
     }
 }
@@ -178,14 +205,13 @@ impl Op for IntegerProduct {
         Arity::new(2, 9, 1, 1)
     }
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
-        let op = cx.node.op_type.as_str();
-        let (ia, ib, zp) = Self::slots(op);
+        let (ia, ib, zp) = self.slots();
         let (a, b) = (cx.input(ia)?, cx.input(ib)?);
         let dtype = match zp {
             Some(z) => cx.input(z)?.dtype,
             None => DType::I32,
         };
-        let shape = if op.contains("Conv") {
+        let shape = if self.conv {
             if a.rank() < 3 || b.rank() != a.rank() {
                 return Err(format!(
                     "input {:?} and weight {:?} are no convolution",
@@ -193,7 +219,8 @@ impl Op for IntegerProduct {
                 )
                 .into());
             }
-            let group = cx.attrs().int_or("group", 1).max(1) as usize;
+            let attrs = cx.attrs();
+            let group = attrs.int_or("group", 1).max(1) as usize;
             if b.shape[1] * group != a.shape[1] {
                 return Err(format!(
                     "input has {} channels, weight {:?} with group {group} expects {}",
@@ -204,7 +231,7 @@ impl Op for IntegerProduct {
                 .into());
             }
             let mut s = vec![a.shape[0], b.shape[0]];
-            s.extend(window_out(&a.shape[2..], &b.shape[2..], cx.attrs(), false)?);
+            s.extend(window_out(&a.shape[2..], &b.shape[2..], attrs, false)?);
             s
         } else {
             matmul_shape(&a.shape, &b.shape)?.0
@@ -212,12 +239,12 @@ impl Op for IntegerProduct {
         Ok(vec![Fact::new(dtype, shape)])
     }
     fn flops(&self, cx: &Cx, out: &[Fact]) -> u64 {
-        let (ia, ib, _) = Self::slots(&cx.node.op_type);
+        let (ia, ib, _) = self.slots();
         let (Ok(a), Ok(b)) = (cx.input(ia), cx.input(ib)) else {
             return 0;
         };
         // Multiply-adds per output: the contracted length (K, or C/g · kernel).
-        let per = if cx.node.op_type.contains("Conv") {
+        let per = if self.conv {
             b.shape[1..].iter().product::<usize>() as u64
         } else {
             *a.shape.last().unwrap_or(&0) as u64
@@ -338,14 +365,14 @@ pub fn fake_quantize_backward(g: &Tensor, mask: &Tensor, dtype: DType) -> RuleRe
 
 pub(super) fn register(r: &mut Registry) {
     r.add("QuantizeLinear", Quantize);
-    r.add("DequantizeLinear", Dequantize);
-    r.add("DynamicQuantizeLinear", Dequantize);
-    for op in [
-        "QLinearMatMul",
-        "MatMulInteger",
-        "QLinearConv",
-        "ConvInteger",
+    r.add("DequantizeLinear", Dequantize { dynamic: false });
+    r.add("DynamicQuantizeLinear", Dequantize { dynamic: true });
+    for (op, qlinear, conv) in [
+        ("QLinearMatMul", true, false),
+        ("MatMulInteger", false, false),
+        ("QLinearConv", true, true),
+        ("ConvInteger", false, true),
     ] {
-        r.add(op, IntegerProduct);
+        r.add(op, IntegerProduct { qlinear, conv });
     }
 }

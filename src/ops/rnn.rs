@@ -30,18 +30,67 @@ struct Dims {
     batch_first: bool,
 }
 
-struct Recurrent;
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Recurrent {
+    Rnn,
+    Gru,
+    Lstm,
+}
+
+/// The recurrent layers' attributes.
+struct RnnAttrs<'a> {
+    /// `layout` 1: batch first (default 0).
+    batch_first: bool,
+    /// `direction` (default "forward").
+    direction: &'a str,
+    /// `hidden_size` (default: from W).
+    hidden_size: Option<i64>,
+    /// GRU's `linear_before_reset` (default 0).
+    linear_before_reset: bool,
+    /// Whether `clip` is given.
+    clip: bool,
+    /// LSTM's `input_forget` (default 0).
+    input_forget: bool,
+    /// `activations` (default: each gate's ONNX default).
+    activations: Option<&'a [String]>,
+}
+
+impl RnnAttrs<'_> {
+    fn of(attrs: &Attrs) -> RnnAttrs<'_> {
+        RnnAttrs {
+            batch_first: attrs.int_or("layout", 0) != 0,
+            direction: attrs.string("direction").unwrap_or("forward"),
+            hidden_size: attrs.int("hidden_size"),
+            linear_before_reset: attrs.int_or("linear_before_reset", 0) != 0,
+            clip: attrs.has("clip"),
+            input_forget: attrs.int_or("input_forget", 0) != 0,
+            activations: match attrs.get("activations") {
+                Some(Attr::Strings(acts)) => Some(acts),
+                _ => None,
+            },
+        }
+    }
+}
 
 impl Recurrent {
-    fn gates(op: &str) -> usize {
-        match op {
-            "LSTM" => 4,
-            "GRU" => 3,
-            _ => 1,
+    /// The ONNX op type.
+    fn name(self) -> &'static str {
+        match self {
+            Recurrent::Rnn => "RNN",
+            Recurrent::Gru => "GRU",
+            Recurrent::Lstm => "LSTM",
         }
     }
 
-    fn dims(cx: &Cx) -> RuleResult<Dims> {
+    fn gates(self) -> usize {
+        match self {
+            Recurrent::Lstm => 4,
+            Recurrent::Gru => 3,
+            Recurrent::Rnn => 1,
+        }
+    }
+
+    fn dims(self, cx: &Cx) -> RuleResult<Dims> {
         let x = cx.input(0)?;
         let (w, r) = (cx.input(1)?, cx.input(2)?);
         if x.rank() != 3 || w.rank() != 3 || r.rank() != 3 {
@@ -54,13 +103,14 @@ impl Recurrent {
         if !x.dtype.is_float() {
             return Err(format!("X must be floating point, got {}", x.dtype).into());
         }
-        let batch_first = cx.attrs().int_or("layout", 0) != 0;
+        let at = RnnAttrs::of(cx.attrs());
+        let batch_first = at.batch_first;
         let (seq, batch) = if batch_first {
             (x.shape[1], x.shape[0])
         } else {
             (x.shape[0], x.shape[1])
         };
-        let dirs = match cx.attrs().string("direction").unwrap_or("forward") {
+        let dirs = match at.direction {
             "forward" | "reverse" => 1,
             "bidirectional" => 2,
             d => {
@@ -69,8 +119,8 @@ impl Recurrent {
                 )
             }
         };
-        let gates = Self::gates(&cx.node.op_type);
-        let hidden = match cx.attrs().int("hidden_size") {
+        let gates = self.gates();
+        let hidden = match at.hidden_size {
             Some(h) if h > 0 => h as usize,
             Some(h) => return Err(format!("hidden_size {h} must be positive").into()),
             None => w.shape[1] / gates,
@@ -124,11 +174,11 @@ impl Op for Recurrent {
         Arity::new(3, 8, 0, 3)
     }
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
-        let d = Self::dims(cx)?;
+        let d = self.dims(cx)?;
         let dt = cx.input(0)?.dtype;
         let n_out = cx.n_outputs();
         if n_out > if d.gates == 4 { 3 } else { 2 } {
-            return Err(format!("{} has {n_out} outputs", cx.node.op_type).into());
+            return Err(format!("{} has {n_out} outputs", self.name()).into());
         }
         let (y, state) = if d.batch_first {
             (
@@ -154,7 +204,7 @@ impl Op for Recurrent {
     /// two products, and per gate element the bias adds and activation (3), plus
     /// 3 per hidden element for the state update.
     fn flops(&self, cx: &Cx, _out: &[Fact]) -> u64 {
-        let Ok(d) = Self::dims(cx) else { return 0 };
+        let Ok(d) = self.dims(cx) else { return 0 };
         // Saturating: u64::MAX is the overflow inference refuses in one line.
         let u = |v: usize| v as u64;
         let gh = u(d.gates).saturating_mul(u(d.hidden));
@@ -175,7 +225,7 @@ impl Op for Recurrent {
     /// `Y` is output 0 when the node declares it, else an extra. Gradients for X,
     /// W, R, B and the initial states. Backward FLOPs: twice the forward's.
     fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
-        let d = Self::dims(cx)?;
+        let d = self.dims(cx)?;
         let dt = cx.input(0)?.dtype;
         let reserve = Fact::new(dt, vec![d.seq * d.dirs * d.batch * d.gates * d.hidden]);
         let (y, extras) = if cx.has_output(0) {
@@ -199,7 +249,8 @@ impl Op for Recurrent {
         // GRU with `linear_before_reset` needs the recurrent bias of the h gate
         // (`r ⊙ (R_h·h + Rb_h)`); cuDNN keeps the biases in its weight buffer,
         // which PyTorch saves. Peepholes (no cuDNN form) need P.
-        if d.gates == 3 && cx.attrs().int_or("linear_before_reset", 0) != 0 && cx.opt(3).is_some() {
+        let lbr = RnnAttrs::of(cx.attrs()).linear_before_reset;
+        if d.gates == 3 && lbr && cx.opt(3).is_some() {
             needs.push(Saved::Input(3));
         }
         if d.gates == 4 && cx.opt(7).is_some() {
@@ -233,7 +284,7 @@ impl Op for Recurrent {
     /// activations (RNN: h; GRU: z, r, h̃; LSTM: i, o, f, c̃) and, when output 0
     /// is not declared, `Y` as `[seq, dirs, batch, hidden]`.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
-        let op = cx.node.op_type.as_str();
+        let op = self.name();
         let facts: Vec<Option<Fact>> = cx
             .inputs
             .iter()
@@ -244,8 +295,8 @@ impl Op for Recurrent {
             inputs: facts.iter().map(|f| f.as_ref()).collect(),
             opset: cx.opset,
         };
-        let d = Self::dims(&rcx)?;
-        let cfg = Config::new(cx.attrs(), op, &d)?;
+        let d = self.dims(&rcx)?;
+        let cfg = Config::new(&RnnAttrs::of(cx.attrs()), op, &d)?;
         check_lens(op, cx.opt(4), d.seq)?;
         let x = cx.input(0)?;
         let dt = x.dtype();
@@ -303,9 +354,8 @@ impl Op for Recurrent {
     /// cell states of LSTM are recomputed from the reserve.
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
         let rcx = cx.rule_cx();
-        let d = Self::dims(&rcx)?;
-        let op = cx.node.op_type.as_str();
-        let cfg = Config::new(cx.attrs(), op, &d)?;
+        let d = self.dims(&rcx)?;
+        let cfg = Config::new(&RnnAttrs::of(cx.attrs()), self.name(), &d)?;
         let x = cx.saved(Saved::Input(0))?.to_f64s();
         let w = cx.saved(Saved::Input(1))?.to_f64s();
         let r = cx.saved(Saved::Input(2))?.to_f64s();
@@ -364,7 +414,7 @@ impl Op for Recurrent {
                 5 => &g.dh0,
                 6 => &g.dc0,
                 7 => &g.dp,
-                _ => return Err(format!("{op}: input {i} has no gradient").into()),
+                _ => return Err(format!("{}: input {i} has no gradient", self.name()).into()),
             };
             ans.push((i, f32s(v)));
         }
@@ -432,14 +482,14 @@ struct Config {
 }
 
 impl Config {
-    fn new(attrs: &Attrs, op: &str, d: &Dims) -> RuleResult<Config> {
-        if attrs.has("clip") {
+    fn new(at: &RnnAttrs, op: &str, d: &Dims) -> RuleResult<Config> {
+        if at.clip {
             return Err(format!("{op}: the CPU kernel does not support `clip`").into());
         }
-        if attrs.int_or("input_forget", 0) != 0 {
+        if at.input_forget {
             return Err(format!("{op}: the CPU kernel does not support `input_forget`").into());
         }
-        if let Some(Attr::Strings(acts)) = attrs.get("activations") {
+        if let Some(acts) = at.activations {
             let one: &[&str] = match d.gates {
                 4 => &["sigmoid", "tanh", "tanh"],
                 3 => &["sigmoid", "tanh"],
@@ -457,10 +507,9 @@ impl Config {
                 .into());
             }
         }
-        let dir = attrs.string("direction").unwrap_or("forward");
         Ok(Config {
-            lbr: attrs.int_or("linear_before_reset", 0) != 0,
-            reverse: [dir == "reverse", true],
+            lbr: at.linear_before_reset,
+            reverse: [at.direction == "reverse", true],
         })
     }
 }
@@ -886,8 +935,8 @@ fn run_backward(d: &Dims, cfg: &Config, f: &Fwd, dy: &[f64], dyh: &[f64], dyc: &
 }
 
 pub(super) fn register(r: &mut Registry) {
-    for op in ["RNN", "GRU", "LSTM"] {
-        r.add(op, Recurrent);
+    for op in [Recurrent::Rnn, Recurrent::Gru, Recurrent::Lstm] {
+        r.add(op.name(), op);
     }
 }
 
@@ -939,7 +988,7 @@ mod tests {
                 inputs: facts.iter().map(Some).collect(),
                 opset: 14,
             };
-            let outs = Recurrent.infer(&rcx).unwrap();
+            let outs = Recurrent::Lstm.infer(&rcx).unwrap();
             let out_facts: Vec<Option<&Fact>> = outs
                 .iter()
                 .enumerate()
@@ -954,7 +1003,7 @@ mod tests {
                 dropout: false,
                 extras: true,
             };
-            let fwd = Recurrent.forward_cpu(&kcx).unwrap();
+            let fwd = Recurrent::Lstm.forward_cpu(&kcx).unwrap();
             assert_eq!(fwd.len(), if y { 4 } else { 5 });
             let mut saved = vec![
                 (Saved::Input(0), &ins[0]),
@@ -977,7 +1026,7 @@ mod tests {
                 wanted: vec![0, 1, 2, 3],
                 dropout: false,
             };
-            let g = Recurrent.backward_cpu(&bcx).unwrap();
+            let g = Recurrent::Lstm.backward_cpu(&bcx).unwrap();
             answers.push(
                 g.into_iter()
                     .map(|t| t.map(|t| t.to_f64s()))

@@ -204,39 +204,57 @@ impl DftShape {
     }
 }
 
+/// DFT's attributes.
+struct DftAttrs {
+    /// `axis` (before opset 20; an input since; default 1).
+    axis: i64,
+    /// `onesided` (default 0).
+    onesided: bool,
+    /// `inverse` (default 0).
+    inverse: bool,
+}
+
+impl DftAttrs {
+    fn of(attrs: &crate::ir::Attrs) -> DftAttrs {
+        DftAttrs {
+            axis: attrs.int_or("axis", 1),
+            onesided: attrs.int_or("onesided", 0) != 0,
+            inverse: attrs.int_or("inverse", 0) != 0,
+        }
+    }
+}
+
 impl Dft {
     /// The node's transform, from the facts (constant `dft_length` and axis).
     fn dims(cx: &Cx) -> RuleResult<DftShape> {
         let x = cx.input(0)?;
+        let at = DftAttrs::of(cx.attrs());
         let a = if cx.opset >= 20 {
             match cx.opt(2) {
                 Some(_) => scalar(cx, 2, "axis")?,
                 None => -2,
             }
         } else {
-            cx.attrs().int_or("axis", 1)
+            at.axis
         };
         let given = match cx.opt(1) {
             Some(_) => Some(scalar(cx, 1, "dft_length")?),
             None => None,
         };
-        let onesided = cx.attrs().int_or("onesided", 0) != 0;
-        let inverse = cx.attrs().int_or("inverse", 0) != 0;
-        DftShape::new(&x.shape, a, given, onesided, inverse)
+        DftShape::new(&x.shape, a, given, at.onesided, at.inverse)
     }
 
     /// The node's transform, from the kernel's runtime inputs.
     fn runtime(cx: &KernelCx) -> RuleResult<DftShape> {
         let x = cx.input(0)?;
+        let at = DftAttrs::of(cx.attrs());
         let a = match (cx.opset >= 20, cx.opt(2)) {
             (true, Some(t)) => one_int(t, "axis")?,
             (true, None) => -2,
-            (false, _) => cx.attrs().int_or("axis", 1),
+            (false, _) => at.axis,
         };
         let given = cx.opt(1).map(|t| one_int(t, "dft_length")).transpose()?;
-        let onesided = cx.attrs().int_or("onesided", 0) != 0;
-        let inverse = cx.attrs().int_or("inverse", 0) != 0;
-        DftShape::new(&x.shape, a, given, onesided, inverse)
+        DftShape::new(&x.shape, a, given, at.onesided, at.inverse)
     }
 }
 
@@ -531,10 +549,45 @@ impl Op for Stft {
 /// FLOPs: 3 per element (a cosine or two and their weighting). The kernels
 /// follow the ONNX reference: `periodic` (default 1) divides by `size`, else
 /// by `size − 1`; Hamming's coefficients are 25/46 and 21/46.
-struct Generator;
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Generator {
+    Hann,
+    Hamming,
+    Blackman,
+    Mel,
+}
+
+impl Generator {
+    /// The ONNX op type.
+    fn name(self) -> &'static str {
+        match self {
+            Generator::Hann => "HannWindow",
+            Generator::Hamming => "HammingWindow",
+            Generator::Blackman => "BlackmanWindow",
+            Generator::Mel => "MelWeightMatrix",
+        }
+    }
+}
+
+/// The generators' attributes.
+struct GeneratorAttrs {
+    /// `output_datatype` (default 1, float).
+    output_datatype: i64,
+    /// `periodic` (the windows; default 1).
+    periodic: bool,
+}
+
+impl GeneratorAttrs {
+    fn of(attrs: &crate::ir::Attrs) -> GeneratorAttrs {
+        GeneratorAttrs {
+            output_datatype: attrs.int_or("output_datatype", 1),
+            periodic: attrs.int_or("periodic", 1) != 0,
+        }
+    }
+}
 
 /// The window `op` of `size` values, in f64.
-fn window(op: &str, size: usize, periodic: bool) -> RuleResult<Vec<f64>> {
+fn window(op: Generator, size: usize, periodic: bool) -> RuleResult<Vec<f64>> {
     use std::f64::consts::PI;
     let d = if periodic {
         size
@@ -542,10 +595,10 @@ fn window(op: &str, size: usize, periodic: bool) -> RuleResult<Vec<f64>> {
         size.saturating_sub(1)
     } as f64;
     let f: fn(f64) -> f64 = match op {
-        "HannWindow" => |a| (a / 2.0).sin().powi(2),
-        "HammingWindow" => |a| 25.0 / 46.0 - a.cos() * (21.0 / 46.0),
-        "BlackmanWindow" => |a| 0.42 - 0.5 * a.cos() + 0.08 * (2.0 * a).cos(),
-        other => return Err(format!("{other} is not a window").into()),
+        Generator::Hann => |a| (a / 2.0).sin().powi(2),
+        Generator::Hamming => |a| 25.0 / 46.0 - a.cos() * (21.0 / 46.0),
+        Generator::Blackman => |a| 0.42 - 0.5 * a.cos() + 0.08 * (2.0 * a).cos(),
+        Generator::Mel => return Err(format!("{} is not a window", op.name()).into()),
     };
     // `a` is 2πn/N (Hann's sin²(πn/N) is written with it).
     Ok((0..size).map(|n| f(2.0 * PI * n as f64 / d)).collect())
@@ -632,7 +685,7 @@ impl Op for Generator {
         Arity::new(1, 5, 1, 1)
     }
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
-        let shape = if cx.node.op_type == "MelWeightMatrix" {
+        let shape = if *self == Generator::Mel {
             if cx.inputs.len() != 5 {
                 return Err("MelWeightMatrix takes 5 inputs".into());
             }
@@ -641,11 +694,11 @@ impl Op for Generator {
             vec![n / 2 + 1, bins]
         } else {
             if cx.inputs.len() != 1 {
-                return Err(format!("{} takes 1 input", cx.node.op_type).into());
+                return Err(format!("{} takes 1 input", self.name()).into());
             }
             vec![dim(scalar(cx, 0, "size")?, "size")?]
         };
-        let dtype = super::dtype_attr(cx.attrs().int_or("output_datatype", 1))?;
+        let dtype = super::dtype_attr(GeneratorAttrs::of(cx.attrs()).output_datatype)?;
         Ok(vec![Fact::new(dtype, shape)])
     }
     fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {
@@ -661,11 +714,11 @@ impl Op for Generator {
     /// In f64, rounded (or truncated, for an integer `output_datatype`) once.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         let out = cx.out(0)?;
-        let v = match cx.node.op_type.as_str() {
-            "MelWeightMatrix" => mel_weights(cx)?,
-            op => {
+        let v = match self {
+            Generator::Mel => mel_weights(cx)?,
+            Generator::Hann | Generator::Hamming | Generator::Blackman => {
                 let size = dim(one_int(cx.input(0)?, "size")?, "size")?;
-                window(op, size, cx.attrs().int_or("periodic", 1) != 0)?
+                window(*self, size, GeneratorAttrs::of(cx.attrs()).periodic)?
             }
         };
         if v.len() != out.numel() as usize {
@@ -677,13 +730,8 @@ impl Op for Generator {
         super::no_gradient(cx)
     }
     /// No device kernel: the host path.
-    fn cuda_kernels(&self, op_type: &str) -> CudaKernels {
-        match op_type {
-            "HannWindow" | "HammingWindow" | "BlackmanWindow" | "MelWeightMatrix" => {
-                CudaKernels::HOST
-            }
-            _ => CudaKernels::UNLISTED,
-        }
+    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
+        CudaKernels::HOST
     }
     fn autocast(&self, _op_type: &str) -> Autocast {
         Autocast::Promote
@@ -694,12 +742,12 @@ pub(super) fn register(r: &mut Registry) {
     r.add("DFT", Dft);
     r.add("STFT", Stft);
     for op in [
-        "HannWindow",
-        "HammingWindow",
-        "BlackmanWindow",
-        "MelWeightMatrix",
+        Generator::Hann,
+        Generator::Hamming,
+        Generator::Blackman,
+        Generator::Mel,
     ] {
-        r.add(op, Generator);
+        r.add(op.name(), op);
     }
 }
 

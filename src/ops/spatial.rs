@@ -19,7 +19,7 @@ use super::{
     Registry, RuleResult, Saved, Storage,
 };
 use crate::numeric::Tensor;
-use deform_conv::{Geom, Sampled};
+use deform_conv::{DeformAttrs, Geom, Sampled};
 
 /// `Col2Im(input [N, C·∏block, L], image_shape, block_shape) -> [N, C,
 /// image...]`: the blocks summed back into an image (`strides`, `pads`,
@@ -153,7 +153,9 @@ impl Op for DeformConv {
             )
             .into());
         }
-        let group = cx.attrs().int_or("group", 1).max(1) as usize;
+        let attrs = cx.attrs();
+        let at = DeformAttrs::of(attrs);
+        let group = at.group;
         if w.shape[1] * group != x.shape[1] {
             return Err(format!(
                 "input has {} channels, weight {:?} with group {group} expects {}",
@@ -165,7 +167,7 @@ impl Op for DeformConv {
         }
         let kernel = &w.shape[2..];
         let mut shape = vec![x.shape[0], w.shape[0]];
-        shape.extend(window_out(&x.shape[2..], kernel, cx.attrs(), false)?);
+        shape.extend(window_out(&x.shape[2..], kernel, attrs, false)?);
         if w.shape[0] % group != 0 {
             return Err(format!(
                 "{} output channels are not a multiple of group {group}",
@@ -173,12 +175,12 @@ impl Op for DeformConv {
             )
             .into());
         }
-        if let Some(ks) = cx.attrs().ints("kernel_shape") {
+        if let Some(ks) = at.kernel_shape {
             if ks.iter().map(|&v| v as usize).ne(kernel.iter().copied()) {
                 return Err(format!("kernel_shape {ks:?} differs from W {:?}", w.shape).into());
             }
         }
-        let og = cx.attrs().int_or("offset_group", 1).max(1) as usize;
+        let og = at.offset_group;
         if x.shape[1] % og != 0 {
             return Err(format!(
                 "{} input channels are not a multiple of offset_group {og}",
@@ -339,7 +341,8 @@ impl Op for RoiAlign {
         )])
     }
     fn flops(&self, cx: &Cx, out: &[Fact]) -> u64 {
-        let sr = cx.attrs().int_or("sampling_ratio", 0).max(0) as u64;
+        // Inference has checked the attributes.
+        let sr = roi_align::config(cx.attrs(), cx.opset).map_or(0, |c| c.sampling_ratio) as u64;
         // Saturating: u64::MAX is the overflow inference refuses in one line.
         let samples = if sr == 0 { 4 } else { sr.saturating_mul(sr) };
         out[0].numel().saturating_mul(samples.saturating_mul(9))

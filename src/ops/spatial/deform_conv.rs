@@ -47,6 +47,26 @@ pub(in crate::ops) struct Geom {
     pad: [usize; 2],
 }
 
+/// DeformConv's own attributes (the window's are Conv's).
+pub(in crate::ops) struct DeformAttrs<'a> {
+    /// `group` (default 1; at least 1).
+    pub(in crate::ops) group: usize,
+    /// `offset_group` (default 1; at least 1).
+    pub(in crate::ops) offset_group: usize,
+    /// `kernel_shape` (default: W's).
+    pub(in crate::ops) kernel_shape: Option<&'a [i64]>,
+}
+
+impl DeformAttrs<'_> {
+    pub(in crate::ops) fn of(a: &Attrs) -> DeformAttrs<'_> {
+        DeformAttrs {
+            group: a.int_or("group", 1).max(1) as usize,
+            offset_group: a.int_or("offset_group", 1).max(1) as usize,
+            kernel_shape: a.ints("kernel_shape"),
+        }
+    }
+}
+
 impl Geom {
     /// From X's and W's shapes, the inferred output shape and the attributes;
     /// refuses anything but 2-D.
@@ -65,14 +85,15 @@ impl Geom {
             .into());
         }
         let win = window(a, &x[2..], &wt[2..], &out[2..])?;
+        let at = DeformAttrs::of(a);
         Ok(Geom {
             n: x[0],
             c: x[1],
             h: x[2],
             w: x[3],
             m: wt[0],
-            group: a.int_or("group", 1).max(1) as usize,
-            offset_group: a.int_or("offset_group", 1).max(1) as usize,
+            group: at.group,
+            offset_group: at.offset_group,
             // A 2-D window is the last two of the window's three axes.
             kh: win.kernel[1],
             kw: win.kernel[2],

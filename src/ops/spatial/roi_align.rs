@@ -37,7 +37,7 @@ pub(in crate::ops) struct Config {
     half_pixel: bool,
     spatial_scale: f32,
     /// Samples per bin and axis; 0: adaptive.
-    sampling_ratio: usize,
+    pub(in crate::ops) sampling_ratio: usize,
     pub(in crate::ops) out_h: usize,
     pub(in crate::ops) out_w: usize,
 }
