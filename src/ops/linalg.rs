@@ -351,6 +351,29 @@ impl Op for MatMul {
 /// FLOPs: 2·M·K·N, plus M·N for adding C, plus M·N when alpha ≠ 1.
 struct Gemm;
 
+/// Gemm's attributes.
+struct GemmAttrs {
+    /// `transA` (default 0).
+    trans_a: bool,
+    /// `transB` (default 0).
+    trans_b: bool,
+    /// `alpha` (default 1).
+    alpha: f32,
+    /// `beta` (default 1).
+    beta: f32,
+}
+
+impl GemmAttrs {
+    fn of(attrs: &crate::ir::Attrs) -> GemmAttrs {
+        GemmAttrs {
+            trans_a: attrs.int_or("transA", 0) != 0,
+            trans_b: attrs.int_or("transB", 0) != 0,
+            alpha: attrs.float("alpha").unwrap_or(1.0),
+            beta: attrs.float("beta").unwrap_or(1.0),
+        }
+    }
+}
+
 impl Op for Gemm {
     fn arity(&self) -> Arity {
         Arity::new(2, 3, 1, 1)
@@ -360,8 +383,8 @@ impl Op for Gemm {
         if a.rank() != 2 || b.rank() != 2 {
             return Err(format!("A and B must be 2-D, got {:?} and {:?}", a.shape, b.shape).into());
         }
-        let ta = cx.attrs().int_or("transA", 0) != 0;
-        let tb = cx.attrs().int_or("transB", 0) != 0;
+        let at = GemmAttrs::of(cx.attrs());
+        let (ta, tb) = (at.trans_a, at.trans_b);
         let (m, k) = if ta {
             (a.shape[1], a.shape[0])
         } else {
@@ -389,10 +412,10 @@ impl Op for Gemm {
     }
     fn flops(&self, cx: &Cx, out: &[Fact]) -> u64 {
         let Some(a) = cx.inputs[0] else { return 0 };
-        let ta = cx.attrs().int_or("transA", 0) != 0;
-        let k = if ta { a.shape[0] } else { a.shape[1] } as u64;
+        let at = GemmAttrs::of(cx.attrs());
+        let k = if at.trans_a { a.shape[0] } else { a.shape[1] } as u64;
         let mn = out[0].numel();
-        let alpha = cx.attrs().float("alpha").unwrap_or(1.0);
+        let alpha = at.alpha;
         let extra = (cx.opt(2).is_some() as u64 + (alpha != 1.0) as u64).saturating_mul(mn);
         k.saturating_mul(2).saturating_mul(mn).saturating_add(extra)
     }
@@ -426,11 +449,9 @@ impl Op for Gemm {
         let (a, b) = (cx.input(0)?, cx.input(1)?);
         let out = cx.out(0)?.shape.clone();
         let (m, n) = (out[0], out[1]);
-        let ta = cx.attrs().int_or("transA", 0) != 0;
-        let tb = cx.attrs().int_or("transB", 0) != 0;
+        let at = GemmAttrs::of(cx.attrs());
+        let (ta, tb, alpha, beta) = (at.trans_a, at.trans_b, at.alpha, at.beta);
         let k = if ta { a.shape[0] } else { a.shape[1] };
-        let alpha = cx.attrs().float("alpha").unwrap_or(1.0);
-        let beta = cx.attrs().float("beta").unwrap_or(1.0);
         let (mut c, beta_in) = match cx.opt(2) {
             Some(ct) if beta != 0.0 => {
                 let cv = ct.to_f32()?;
@@ -457,11 +478,9 @@ impl Op for Gemm {
         let fa = cx.input(0)?;
         let out = cx.output(0)?.shape.clone();
         let (m, n) = (out[0], out[1]);
-        let ta = cx.attrs().int_or("transA", 0) != 0;
-        let tb = cx.attrs().int_or("transB", 0) != 0;
+        let at = GemmAttrs::of(cx.attrs());
+        let (ta, tb, alpha, beta) = (at.trans_a, at.trans_b, at.alpha, at.beta);
         let k = if ta { fa.shape[0] } else { fa.shape[1] };
-        let alpha = cx.attrs().float("alpha").unwrap_or(1.0);
-        let beta = cx.attrs().float("beta").unwrap_or(1.0);
         let g = cx.grad(0)?;
         let gm = Mat::new(&g, m, n, false);
         let mut res = Vec::new();

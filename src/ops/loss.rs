@@ -24,12 +24,26 @@ enum Reduction {
     None,
 }
 
-fn reduction(cx_attrs: &crate::ir::Attrs) -> RuleResult<Reduction> {
-    match cx_attrs.string("reduction").unwrap_or("mean") {
-        "mean" => Ok(Reduction::Mean),
-        "sum" => Ok(Reduction::Sum),
-        "none" => Ok(Reduction::None),
-        r => Err(format!("reduction '{r}' is not one of mean, sum, none").into()),
+/// The losses' attributes.
+struct LossAttrs {
+    /// `reduction` (default "mean").
+    reduction: Reduction,
+    /// `ignore_index` (default: none).
+    ignore_index: Option<i64>,
+}
+
+impl LossAttrs {
+    fn of(attrs: &crate::ir::Attrs) -> RuleResult<LossAttrs> {
+        let reduction = match attrs.string("reduction").unwrap_or("mean") {
+            "mean" => Reduction::Mean,
+            "sum" => Reduction::Sum,
+            "none" => Reduction::None,
+            r => return Err(format!("reduction '{r}' is not one of mean, sum, none").into()),
+        };
+        Ok(LossAttrs {
+            reduction,
+            ignore_index: attrs.int("ignore_index"),
+        })
     }
 }
 
@@ -66,7 +80,7 @@ fn dims(cx: &Cx) -> RuleResult<(usize, usize, usize)> {
 }
 
 fn loss_fact(cx: &Cx) -> RuleResult<Fact> {
-    let shape = match reduction(cx.attrs())? {
+    let shape = match LossAttrs::of(cx.attrs())?.reduction {
         Reduction::None => cx.input(1)?.shape.clone(),
         _ => vec![],
     };
@@ -134,10 +148,6 @@ fn target_grads(
         .collect()
 }
 
-fn ignore_index(cx_attrs: &crate::ir::Attrs) -> Option<i64> {
-    cx_attrs.int("ignore_index")
-}
-
 /// log-softmax over axis 1 of `[N, C, inner]`, in f64 per column.
 fn log_softmax(x: &[f32], (n, c, inner): (usize, usize, usize)) -> Vec<f32> {
     let mut out = vec![0f32; x.len()];
@@ -190,6 +200,7 @@ impl Op for Nll {
     /// The loss as the module documents; with [`KernelCx::extras`], the summed
     /// weight follows.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let at = LossAttrs::of(cx.attrs())?;
         let x = cx.input(0)?;
         let (c, inner) = (x.shape[1], x.shape[2..].iter().product());
         let w = cx.opt(2).map(|w| w.to_f32()).transpose()?;
@@ -198,8 +209,8 @@ impl Op for Nll {
             &cx.input(1)?.to_i64s(),
             w.as_deref(),
             (c, inner),
-            ignore_index(cx.attrs()),
-            reduction(cx.attrs())?,
+            at.ignore_index,
+            at.reduction,
         )?;
         let o = cx.out(0)?;
         let mut out = vec![Tensor::from_f32(o.dtype, o.shape.clone(), loss)?];
@@ -211,6 +222,7 @@ impl Op for Nll {
     /// `dinput[n, t, d] = −w[t]·g` (divided by the summed weight for `mean`) at
     /// each target's class, 0 elsewhere and where the target is ignored.
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        let at = LossAttrs::of(cx.attrs())?;
         let x = cx.input(0)?;
         let (c, inner) = (x.shape[1], x.shape[2..].iter().product::<usize>());
         let _ = cx.saved(Saved::Input(0))?;
@@ -225,8 +237,8 @@ impl Op for Nll {
             w.as_deref(),
             &cx.grad(0)?,
             total,
-            ignore_index(cx.attrs()),
-            reduction(cx.attrs())?,
+            at.ignore_index,
+            at.reduction,
         );
         let mut dx = vec![0f32; x.numel() as usize];
         for (j, (&t, &v)) in targets.iter().zip(&tg).enumerate() {
@@ -318,6 +330,7 @@ impl Op for SoftmaxCrossEntropy {
     /// documents; with [`KernelCx::extras`], the summed weight and (when output 1
     /// is not declared) the log-probabilities follow.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
+        let at = LossAttrs::of(cx.attrs())?;
         let x = cx.input(0)?;
         let d = (x.shape[0], x.shape[1], x.shape[2..].iter().product());
         let lp = log_softmax(&x.to_f32()?, d);
@@ -327,8 +340,8 @@ impl Op for SoftmaxCrossEntropy {
             &cx.input(1)?.to_i64s(),
             w.as_deref(),
             (d.1, d.2),
-            ignore_index(cx.attrs()),
-            reduction(cx.attrs())?,
+            at.ignore_index,
+            at.reduction,
         )?;
         let o = cx.out(0)?;
         let lp = Tensor::from_f32(x.dtype(), x.shape.clone(), lp)?;
@@ -350,6 +363,7 @@ impl Op for SoftmaxCrossEntropy {
     /// summed weight for `mean`) at each target's class (none where ignored), plus
     /// output 1's incoming gradient.
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
+        let at = LossAttrs::of(cx.attrs())?;
         let x = cx.input(0)?;
         let (c, inner) = (x.shape[1], x.shape[2..].iter().product::<usize>());
         let lp_slot = if cx.outputs.get(1).is_some_and(|o| o.is_some()) {
@@ -369,8 +383,8 @@ impl Op for SoftmaxCrossEntropy {
             w.as_deref(),
             &cx.grad(0)?,
             total,
-            ignore_index(cx.attrs()),
-            reduction(cx.attrs())?,
+            at.ignore_index,
+            at.reduction,
         );
         // The gradient reaching each log-probability: from the loss at the
         // targets, plus output 1's own where one flows in.

@@ -97,6 +97,31 @@ impl Op for Tile {
 /// `Pad(x, pads, constant_value?, axes?)` (pads input from opset 11, attribute before).
 pub(super) struct Pad;
 
+/// Pad's attributes.
+struct PadAttrs<'a> {
+    /// `pads` (before opset 11; an input since).
+    pads: Option<&'a [i64]>,
+    /// `mode` (default "constant").
+    mode: &'a str,
+    /// `value` (before opset 11; default 0).
+    value: f32,
+}
+
+impl PadAttrs<'_> {
+    fn of(attrs: &crate::ir::Attrs) -> PadAttrs<'_> {
+        PadAttrs {
+            pads: attrs.ints("pads"),
+            mode: attrs.string("mode").unwrap_or("constant"),
+            value: attrs.float("value").unwrap_or(0.0),
+        }
+    }
+
+    /// The `pads` attribute, required before opset 11.
+    fn pads(&self) -> RuleResult<Vec<i64>> {
+        Ok(self.pads.ok_or("missing pads")?.to_vec())
+    }
+}
+
 impl Op for Pad {
     fn arity(&self) -> Arity {
         Arity::new(1, 4, 1, 1)
@@ -107,7 +132,7 @@ impl Op for Pad {
         let pads = if cx.opset >= 11 {
             cx.value(1)?.to_ints()
         } else {
-            cx.attrs().ints("pads").ok_or("missing pads")?.to_vec()
+            PadAttrs::of(cx.attrs()).pads()?
         };
         let axes: Vec<usize> = match cx.opt_ints(3)? {
             Some(a) => a.iter().map(|&v| axis(v, r)).collect::<RuleResult<_>>()?,
@@ -141,14 +166,13 @@ impl Op for Pad {
     /// 11), `edge` and `reflect` modes.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         let x = cx.input(0)?;
-        let r = x.rank();
+        let at = PadAttrs::of(cx.attrs());
         let pads = if cx.opset >= 11 {
             cx.input(1)?.to_i64s()
         } else {
-            cx.attrs().ints("pads").ok_or("missing pads")?.to_vec()
+            at.pads()?
         };
-        let _ = r;
-        let mode = cx.attrs().string("mode").unwrap_or("constant");
+        let mode = at.mode;
         let shape = cx.out(0)?.shape.clone();
         let src = pad_sources(
             &x.shape,
@@ -160,11 +184,7 @@ impl Op for Pad {
         let fill = match cx.opt(2) {
             Some(v) if v.numel() == 1 && cx.opset >= 11 => v.cast(x.dtype())?,
             // Before opset 11 the value is an attribute.
-            _ if cx.opset < 11 => Tensor::from_f64(
-                x.dtype(),
-                vec![1],
-                vec![cx.attrs().float("value").unwrap_or(0.0) as f64],
-            )?,
+            _ if cx.opset < 11 => Tensor::from_f64(x.dtype(), vec![1], vec![at.value as f64])?,
             _ => Tensor::zeros(x.dtype(), vec![1])?,
         };
         let both = [x, &fill];
@@ -187,12 +207,13 @@ impl Op for Pad {
                     .ok_or_else(|| format!("input {i} must be a constant"))?),
             }
         };
+        let at = PadAttrs::of(cx.attrs());
         let pads = if cx.opset >= 11 {
             konst(1)?.ok_or("missing pads")?
         } else {
-            cx.attrs().ints("pads").ok_or("missing pads")?.to_vec()
+            at.pads()?
         };
-        let mode = cx.attrs().string("mode").unwrap_or("constant");
+        let mode = at.mode;
         let src = pad_sources(&x.shape, &cx.output(0)?.shape, &pads, konst(3)?, mode)?;
         let g = cx.grad(0)?;
         let mut dx = vec![0f32; x.shape.iter().product()];
