@@ -6,6 +6,9 @@
 //!   --precision bf16`, every row, on the device (model loaded);
 //! - `fit_llm/llama3_8b_lora_rtx4090`: the LoRA export with `--trainable lora_` on an
 //!   RTX 4090;
+//! - `fit_llm/llama3_8b_h100_x8_target64`: the full export on eight H100s with
+//!   `--gpus 8 --target-batch 64`: every row and combination, recommended by
+//!   estimated step time over NVLink (issue 52; target at most 5 s);
 //! - `plan_llm/llama3_8b_b4_80GiB`: `memplan plan --batch 4 --budget 80GiB` with the
 //!   same training options (the step built, then planned with the default time limit
 //!   of a large graph).
@@ -58,6 +61,7 @@ fn on(gpu: &str, train: TrainOptions) -> FitOptions {
         plan_time_limit_s: 60.0,
         device: Some(DeviceModel::new(Default::default(), Some(g), None).with_memory(memory, 0)),
         routing: None,
+        cluster: None,
     }
 }
 
@@ -74,6 +78,17 @@ fn bench(c: &mut Criterion) {
             b.iter(|| black_box(fit(&m, name, &o).unwrap().strategies.len()))
         });
     }
+    let m = load_model(&model_path("llama3_8b")).unwrap();
+    let h100 = Gpu::named("h100").unwrap();
+    let o = FitOptions {
+        gpus: 8,
+        target_batch: Some(64),
+        cluster: Some(memplan::fit::time::Cluster::of(h100, 8, None).unwrap()),
+        ..on("h100", train(None))
+    };
+    g.bench_function("llama3_8b_h100_x8_target64", |b| {
+        b.iter(|| black_box(fit(&m, "llama3_8b", &o).unwrap().recommendation.is_some()))
+    });
     g.finish();
     let mut g = c.benchmark_group("plan_llm");
     g.sample_size(10);

@@ -67,6 +67,7 @@ fn bench(c: &mut Criterion) {
             plan_time_limit_s: 10.0,
             device: None,
             routing: None,
+            cluster: None,
         };
         c.bench_function(&format!("fit/{name}"), |b| {
             b.iter(|| {

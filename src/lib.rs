@@ -19,6 +19,7 @@ pub mod memory;
 pub mod moe;
 pub mod numeric;
 pub mod onnx;
+pub mod parallel;
 pub mod ops;
 pub mod remat;
 pub mod report;

@@ -12,19 +12,45 @@
 
 use std::path::Path;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::infer::lower::lowered;
 pub use crate::infer::{inference, Inference};
 use crate::infer::{Bindings, Inferred};
+use crate::ir::DType;
 use crate::ir::Model;
 use crate::onnx::load_model;
+use crate::parallel::{Fsdp, FsdpSummary};
 use crate::remat::from_schedule::from_schedule;
 use crate::remat::graph::RematGraph;
-use crate::train::{build_schedule, Schedule, TrainOptions};
+use crate::train::{build_schedule, Precision, Schedule, TrainOptions};
 
 /// The training schedule of a lowered, inferred model ([`inference`]).
 pub fn schedule(model: &Model, inferred: &Inferred, opts: &TrainOptions) -> Result<Schedule> {
     build_schedule(model, inferred, opts)
+}
+
+/// One rank's training schedule under FSDP2 `f` ([`crate::parallel::fsdp`]): under
+/// a half-precision `param_dtype` built in that precision with the sharded state in
+/// float32 (the parameters the policy casts), then sharded.
+pub fn sharded_schedule(
+    model: &Model,
+    inferred: &Inferred,
+    opts: &TrainOptions,
+    f: &Fsdp,
+) -> Result<(Schedule, FsdpSummary)> {
+    let mut o = opts.clone();
+    let mut f = f.clone();
+    // A half-precision policy casts float32 parameters: the step computes in the
+    // half type, the sharded state stays float32.
+    if let Some(DType::BF16 | DType::F16) = f.param_dtype {
+        if o.precision == Precision::Fp32 {
+            o.precision = Precision::Bf16;
+        }
+        f.orig_dtype = Some(DType::F32);
+    }
+    let mut s = schedule(model, inferred, &o)?;
+    let summary = crate::parallel::shard(&mut s, &f).map_err(Error::Graph)?;
+    Ok((s, summary))
 }
 
 /// The training schedule of `model` under `bindings` and `opts` (lowered and

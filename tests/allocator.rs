@@ -293,6 +293,7 @@ mod training {
             plan_time_limit_s: 5.0,
             device: Some(d.clone()),
             routing: None,
+            cluster: None,
         };
         let r = fit(&model, "cnn", &o).unwrap();
         let tensors = fit(
@@ -340,8 +341,10 @@ mod training {
         // With a target, every combination's micro-batch is replayed on the device
         // (fitting is not monotone in the batch, so below max_batch is not enough).
         let model = load_model(&common::shipped("cnn.onnx")).unwrap();
-        let d =
+        // A toy card: NCCL's memory left out (`--nccl-memory 0`).
+        let mut d =
             DeviceModel::new(AllocConf::default(), None, Some(32 << 20)).with_memory(120 << 20, 0);
+        d.nccl_per_group = Some(0);
         let o = FitOptions {
             memory: 120 << 20,
             train: TrainOptions::default(),
@@ -351,6 +354,7 @@ mod training {
             plan_time_limit_s: 5.0,
             device: Some(d.clone()),
             routing: None,
+            cluster: None,
         };
         let r = fit(&model, "cnn", &o).unwrap();
         let steps = Steps::new(&model, &o);
@@ -413,6 +417,7 @@ mod training {
             routing: None,
             plan_time_limit_s: 10.0,
             device: Some(d.clone()),
+            cluster: None,
         };
         let r = fit(&model, "resnet50", &o).unwrap();
         let steps = Steps::new(&model, &o);
@@ -481,6 +486,7 @@ mod training {
             // 2 s for each plan made again: other tests run beside this one.
             plan_time_limit_s: 20.0,
             device: Some(d.clone()),
+            cluster: None,
         };
         let r = fit(&model, "gpt2", &o).unwrap();
         let row = |n: &str| r.strategies.iter().find(|s| s.name == n).unwrap();

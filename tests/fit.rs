@@ -52,12 +52,14 @@ fn max_batch_agrees_with_profile() {
             plan_time_limit_s: 20.0,
             device: None,
             routing: None,
+            cluster: None,
         };
         let r = fit(&model, name, &o).unwrap();
-        // Eleven strategies, the two offloads, then the combinations (target batch).
+        // Thirteen strategies (FSDP2 resharding and not among them), the two
+        // offloads, then the combinations (target batch).
         let single = r.strategies.iter().filter(|s| s.combines.is_none()).count();
-        assert_eq!(single, 13);
-        assert!(r.strategies[..13].iter().all(|s| s.combines.is_none()));
+        assert_eq!(single, 15);
+        assert!(r.strategies[..15].iter().all(|s| s.combines.is_none()));
         assert!(r.recommendation.is_some(), "{name}");
         let base = &r.strategies[0];
         assert_eq!(base.name, "as-exported");
@@ -112,6 +114,12 @@ fn max_batch_agrees_with_profile() {
         }
         assert!(
             by("zero-3") >= by("zero-2") && by("zero-2") >= by("zero-1"),
+            "{name}"
+        );
+        // FSDP2 shards what ZeRO-3 shards; keeping the units gathered for backward
+        // costs memory.
+        assert!(
+            by("fsdp2") >= by("fsdp2-no-reshard") && by("fsdp2") >= by("zero-1"),
             "{name}"
         );
         assert!(
@@ -218,6 +226,7 @@ fn planned_checkpointing_search() {
         plan_time_limit_s: 20.0,
         device: None,
         routing: None,
+        cluster: None,
     };
     let r = fit(&model, "resnet18", &o).unwrap();
     let base = r.strategies[0].max_batch;
@@ -394,6 +403,7 @@ fn affine_step_max_fit_agrees_with_replay() {
         plan_time_limit_s: 5.0,
         device: None,
         routing: None,
+        cluster: None,
     };
     let g = |b: u64| {
         let b = Bindings {

@@ -128,6 +128,7 @@ fn combinations_agree_with_the_profile() {
             plan_time_limit_s: 5.0,
             device: None,
             routing: None,
+            cluster: None,
         };
         let r = fit(&model, name, &o).unwrap();
         // 2 precisions × 3 checkpointing schemes × the ways over GPUs (6 on several,
@@ -198,6 +199,7 @@ fn combinations_fit_where_single_strategies_do_not() {
         plan_time_limit_s: 5.0,
         device: None,
         routing: None,
+        cluster: None,
     };
     let e = fit(&model, "cnn", &o).unwrap_err().to_string();
     assert!(e.contains("nothing fits"), "{e}");

@@ -41,6 +41,13 @@ pub struct FitArgs {
     /// Stated in the output.
     #[arg(long, value_name = "ROUTING", value_parser = super::routing_arg)]
     moe_routing: Option<memplan::moe::Routing>,
+    /// The link between the GPUs, for the step-time estimate the recommendation
+    /// decides by (with --gpu): `nvlink`, `pcie`, `infiniband`, or `BW,LATENCY`
+    /// (e.g. `100G,5us`: bytes per second each way, one ring step's latency).
+    /// Default: NVLink on cards that have it up to 8 GPUs, InfiniBand past 8, PCIe
+    /// otherwise.
+    #[arg(long, value_name = "LINK")]
+    interconnect: Option<memplan::fit::time::Link>,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -71,6 +78,7 @@ pub fn run(a: FitArgs) -> anyhow::Result<()> {
         headroom,
         tensors_only,
         device,
+        interconnect,
     } = a;
     let path = model.display().to_string();
     let m = load_model(&model).with_context(|| path.clone())?;
@@ -104,6 +112,14 @@ pub fn run(a: FitArgs) -> anyhow::Result<()> {
         settings.push("expandable_segments:True".into());
         format!("--alloc-conf {}", settings.join(","))
     };
+    let cluster = match device.gpu {
+        Some(gpu) => Some(
+            memplan::fit::time::Cluster::of(gpu, gpus, interconnect.as_ref())
+                .map_err(|e| anyhow::anyhow!("--interconnect: {e}"))?,
+        ),
+        None if interconnect.is_some() => bail!("--interconnect needs --gpu (the card's rates)"),
+        None => None,
+    };
     let device = if tensors_only {
         None
     } else {
@@ -118,6 +134,7 @@ pub fn run(a: FitArgs) -> anyhow::Result<()> {
         dims: parse_dims(&dims)?,
         plan_time_limit_s: time_limit,
         routing: moe_routing,
+        cluster,
     };
     super::warn_precision(&path, &m, opts.train.precision);
     let r = fit(&m, &path, &opts).with_context(|| path.clone())?;

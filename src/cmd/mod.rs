@@ -164,6 +164,12 @@ pub struct DeviceArgs {
     /// figure for the GPU's generation).
     #[arg(long, value_name = "SIZE", value_parser = |t: &str| size_arg("--cuda-context", t))]
     pub cuda_context: Option<u64>,
+    /// Over several GPUs: the memory NCCL holds outside PyTorch's allocator per
+    /// process group, as measured on your cluster (default: 544 MB for a group of
+    /// two ranks, 688 MB for more, NVIDIA/nccl issue 964; it grows with
+    /// NCCL_BUFFSIZE and the channel count).
+    #[arg(long, value_name = "SIZE", value_parser = |t: &str| size_arg("--nccl-memory", t))]
+    pub nccl_memory: Option<u64>,
 }
 
 /// `--gpu`'s value parser.
@@ -178,6 +184,7 @@ impl DeviceArgs {
             || self.alloc_conf.is_some()
             || self.gpu.is_some()
             || self.cuda_context.is_some()
+            || self.nccl_memory.is_some()
     }
 
     /// The library's device model (unlimited memory).
@@ -192,7 +199,9 @@ impl DeviceArgs {
                 .map_err(|e| anyhow::anyhow!("--allocator {k}: {e}"))?,
             None => conf,
         };
-        Ok(DeviceModel::new(conf, self.gpu, self.cuda_context))
+        let mut d = DeviceModel::new(conf, self.gpu, self.cuda_context);
+        d.nccl_per_group = self.nccl_memory;
+        Ok(d)
     }
 
     /// The device model with `memory` bytes, `headroom` kept free (`fit`, and
@@ -319,4 +328,72 @@ pub fn parse_budget(text: &str, baseline: u64) -> anyhow::Result<u64> {
         };
     }
     size_arg("--budget", t).map_err(|e| anyhow::anyhow!(e))
+}
+
+/// FSDP2's flags (`fully_shard` per repeated block and on the root).
+#[derive(clap::Args, Clone, Default)]
+pub struct FsdpArgs {
+    /// Shard with FSDP2 over N ranks (the shard degree): the figures are one rank's.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub fsdp: Option<u64>,
+    /// HSDP: replicas of the N-way shards (replicate × shard; default 1).
+    #[arg(long, value_name = "R", requires = "fsdp", value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub fsdp_replicas: Option<u64>,
+    /// `reshard_after_forward` (default true): free each unit's gathered parameters
+    /// after its forward and gather them again in backward.
+    #[arg(long, value_name = "BOOL", requires = "fsdp")]
+    pub reshard_after_forward: Option<bool>,
+    /// The units `fully_shard` is applied to, as module paths (default: every
+    /// repeated block; the root is always one).
+    #[arg(long, value_name = "A,B", value_delimiter = ',', requires = "fsdp")]
+    pub fsdp_units: Vec<String>,
+    /// `MixedPrecisionPolicy.param_dtype`: fp32, fp16 or bf16 (default: the
+    /// parameters' own). The step then computes in it; the sharded parameters,
+    /// gradients and optimizer state stay in the step's precision.
+    #[arg(long, value_name = "DTYPE", requires = "fsdp", value_parser = dtype_arg)]
+    pub param_dtype: Option<memplan::ir::DType>,
+    /// `MixedPrecisionPolicy.reduce_dtype` (default: param dtype).
+    #[arg(long, value_name = "DTYPE", requires = "fsdp", value_parser = dtype_arg)]
+    pub reduce_dtype: Option<memplan::ir::DType>,
+    /// `CPUOffloadPolicy`: sharded parameters, gradients and optimizer state on the
+    /// host, the update there.
+    #[arg(long, requires = "fsdp")]
+    pub fsdp_offload: bool,
+}
+
+/// `fp32`, `fp16` or `bf16`.
+fn dtype_arg(text: &str) -> Result<memplan::ir::DType, String> {
+    use memplan::ir::DType;
+    match text.trim().to_ascii_lowercase().as_str() {
+        "fp32" | "float32" => Ok(DType::F32),
+        "fp16" | "float16" => Ok(DType::F16),
+        "bf16" | "bfloat16" => Ok(DType::BF16),
+        _ => Err(format!("'{text}': expected fp32, fp16 or bf16")),
+    }
+}
+
+impl FsdpArgs {
+    /// The process groups a rank communicates in: the shard group, and under HSDP
+    /// the replicate group.
+    pub fn groups(&self) -> Vec<u64> {
+        match self.fsdp {
+            Some(n) => vec![n, self.fsdp_replicas.unwrap_or(1)],
+            None => Vec::new(),
+        }
+    }
+
+    /// The library's settings (`None` without --fsdp).
+    pub fn settings(&self) -> Option<memplan::parallel::Fsdp> {
+        let shards = self.fsdp?;
+        Some(memplan::parallel::Fsdp {
+            shards,
+            replicas: self.fsdp_replicas.unwrap_or(1),
+            reshard_after_forward: self.reshard_after_forward.unwrap_or(true),
+            units: (!self.fsdp_units.is_empty()).then(|| self.fsdp_units.clone()),
+            param_dtype: self.param_dtype,
+            reduce_dtype: self.reduce_dtype,
+            orig_dtype: None,
+            offload: self.fsdp_offload,
+        })
+    }
 }

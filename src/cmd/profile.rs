@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
-use super::{choice, parse_dims, DeviceArgs, TrainArgs};
+use super::{choice, parse_dims, DeviceArgs, FsdpArgs, TrainArgs};
 use memplan::infer::Bindings;
 use memplan::memory::device::replay_schedule;
 use memplan::memory::{profile_inference, simulate};
@@ -47,6 +47,8 @@ pub struct ProfileArgs {
     training: TrainArgs,
     #[command(flatten)]
     device: DeviceArgs,
+    #[command(flatten)]
+    fsdp: FsdpArgs,
 }
 
 /// Runs `profile`.
@@ -62,7 +64,11 @@ pub fn run(a: ProfileArgs) -> anyhow::Result<()> {
         checkpoint,
         training,
         device,
+        fsdp,
     } = a;
+    if fsdp.fsdp.is_some() && !train {
+        anyhow::bail!("--fsdp shards the training step: give --train");
+    }
     if device.given() && !train {
         anyhow::bail!("--allocator, --alloc-conf, --gpu and --cuda-context describe the training step's device: give --train");
     }
@@ -90,13 +96,24 @@ pub fn run(a: ProfileArgs) -> anyhow::Result<()> {
     let mut report = ProfileReport::new(&path, &m, &inf, &prof, detail);
     if train {
         let opts = training.options()?;
-        let sched = memplan::step::schedule(&m, &inf, &opts).with_context(|| path.clone())?;
+        let (sched, sharded) = match fsdp.settings() {
+            Some(f) => {
+                let (s, summary) = memplan::step::sharded_schedule(&m, &inf, &opts, &f)
+                    .with_context(|| path.clone())?;
+                (s, Some(summary))
+            }
+            None => (
+                memplan::step::schedule(&m, &inf, &opts).with_context(|| path.clone())?,
+                None,
+            ),
+        };
         let replay = simulate(&sched);
         let mut t = TrainingReport::new(&opts, &sched, &replay);
+        t.fsdp = sharded;
         t.warnings = super::warn_inference_export(&path, &m);
         t.warnings
             .extend(super::warn_precision(&path, &m, opts.precision));
-        let d = device.model()?;
+        let d = device.model()?.on_groups(&fsdp.groups());
         let a = replay_schedule(&sched, &d).map_err(|e| super::replay_failed(&path, e))?;
         t.set_device(&d, a);
         if let Some(p) = checkpoint {

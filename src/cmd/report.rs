@@ -204,6 +204,10 @@ fn write_report(a: ReportArgs) -> anyhow::Result<()> {
             dims: dims.clone(),
             plan_time_limit_s: a.time_limit,
             routing: a.moe_routing,
+            cluster: a
+                .device
+                .gpu
+                .and_then(|g| memplan::fit::time::Cluster::of(g, a.gpus, None).ok()),
         };
         report.fit = Some(fit(&model, &path, &fo).with_context(|| path.clone())?);
     }

@@ -294,6 +294,7 @@ mod tests {
             pcie_seconds: None,
             reserved_bytes: None,
             device_bytes: None,
+            ..Default::default()
         };
         let mut rows = vec![
             row(Strategy::Checkpointing, 3, 0.33),

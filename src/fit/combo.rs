@@ -16,7 +16,8 @@
 //! | data-parallel | `2G` (one all-reduce; `no_sync` on the other micro-batches) | 0 | 0 |
 //! | zero-1 | `2G` (reduce-scatter at the boundary + all-gather of the updated parameters) | 0 | 0 |
 //! | zero-2 | `k·G + Wt` (gradients are partitioned: reduce-scattered every micro-batch) | 0 | 0 |
-//! | zero-3 | `k·(G + 2W)` (parameters gathered in forward and backward of every micro-batch) | 0 | 0 |
+//! | zero-3, fsdp2 | `k·(G + 2W)` (parameters gathered in forward and backward of every micro-batch) | 0 | 0 |
+//! | fsdp2-no-reshard | `k·(G + W)` (gathered in forward, kept for backward) | 0 | 0 |
 //! | zero-offload | as zero-2 (0 on one GPU) | `(k·G + Wt)/N` (gradients down, updated parameters up) | `(S + G)/N` |
 //! | zero-3-offload | as zero-3 (0 on one GPU) | `k·(2W + G)/N` (parameters up in forward and backward, gradients down) | `(S + G + W)/N` |
 //!
@@ -27,6 +28,7 @@
 
 use serde::Serialize;
 
+use super::time::StepTime;
 use crate::train::{Schedule, StorageKind};
 
 /// Activation checkpointing of a combination.
@@ -59,6 +61,12 @@ pub enum Dist {
     ZeroOffload,
     /// ZeRO-Infinity's CPU offload: parameters on the host too (ZeRO-3 over GPUs).
     Zero3Offload,
+    /// FSDP2 (`fully_shard` per repeated block and on the root), resharding after
+    /// forward or not ([`crate::parallel::fsdp`]).
+    Fsdp {
+        /// `reshard_after_forward`.
+        reshard: bool,
+    },
 }
 
 impl Dist {
@@ -70,6 +78,8 @@ impl Dist {
             Dist::Zero(k) => Some(format!("zero-{k}")),
             Dist::ZeroOffload => Some("zero-offload".into()),
             Dist::Zero3Offload => Some("zero-3-offload".into()),
+            Dist::Fsdp { reshard: true } => Some("fsdp2".into()),
+            Dist::Fsdp { reshard: false } => Some("fsdp2-no-reshard".into()),
         }
     }
 }
@@ -213,6 +223,15 @@ pub fn partition(s: &mut Schedule, dist: Dist, gpus: u64) {
                 add_buffer(s, "zero-3 gathered parameter", pmax);
             }
         }
+        Dist::Fsdp { reshard } => {
+            let f = crate::parallel::Fsdp {
+                shards: n,
+                reshard_after_forward: reshard,
+                ..Default::default()
+            };
+            // Only named units can be missing; these are the model's own blocks.
+            let _ = crate::parallel::shard(s, &f);
+        }
     }
 }
 
@@ -227,20 +246,27 @@ pub struct Traffic {
     pub host_bytes: u64,
 }
 
-/// [`Traffic`] of `dist` over `gpus` GPUs with `steps` micro-batches per optimizer
-/// step, from the unpartitioned schedule `s`.
-pub fn traffic(s: &Schedule, dist: Dist, gpus: u64, steps: u64) -> Traffic {
-    let n = gpus.max(1);
-    let k = steps.max(1);
+/// `G`, `W` and `Wt` of the module documentation: the gradients', all parameters'
+/// and the trainable parameters' bytes in `s`, unpartitioned.
+pub fn state_bytes(s: &Schedule) -> (u64, u64, u64) {
     let g = s.bytes_where(|x| x.kind == StorageKind::ParamGrad);
     let w = s.bytes_where(|x| x.kind == StorageKind::Parameter);
-    let st = s.bytes_where(|x| x.kind == StorageKind::OptimizerState);
     let wt: u64 = s
         .trainable
         .iter()
         .filter_map(|&t| s.storages.get(*s.tensor_storage.get(t)?))
         .map(|x| x.bytes)
         .sum();
+    (g, w, wt)
+}
+
+/// [`Traffic`] of `dist` over `gpus` GPUs with `steps` micro-batches per optimizer
+/// step, from the unpartitioned schedule `s`.
+pub fn traffic(s: &Schedule, dist: Dist, gpus: u64, steps: u64) -> Traffic {
+    let n = gpus.max(1);
+    let k = steps.max(1);
+    let (g, w, wt) = state_bytes(s);
+    let st = s.bytes_where(|x| x.kind == StorageKind::OptimizerState);
     let multi = n > 1;
     let zero2 = k.saturating_mul(g).saturating_add(wt);
     let zero3 = k.saturating_mul(g.saturating_add(w.saturating_mul(2)));
@@ -254,8 +280,13 @@ pub fn traffic(s: &Schedule, dist: Dist, gpus: u64, steps: u64) -> Traffic {
             communication_bytes: zero2,
             ..Default::default()
         },
-        Dist::Zero(_) => Traffic {
+        Dist::Zero(_) | Dist::Fsdp { reshard: true } => Traffic {
             communication_bytes: zero3,
+            ..Default::default()
+        },
+        // Gathered once per micro-batch, kept for backward.
+        Dist::Fsdp { reshard: false } => Traffic {
+            communication_bytes: k.saturating_mul(g.saturating_add(w)),
             ..Default::default()
         },
         Dist::ZeroOffload => Traffic {
@@ -290,6 +321,8 @@ pub struct Candidate {
     pub overhead: f64,
     /// Traffic per optimizer step.
     pub traffic: Traffic,
+    /// Estimated time of an optimizer step (with a card: [`super::time`]).
+    pub time: Option<StepTime>,
 }
 
 impl Candidate {
@@ -298,13 +331,18 @@ impl Candidate {
         self.micro_batch * self.steps * self.gpus
     }
 
-    /// The order of preference: least extra compute, then least communication,
-    /// least PCIe traffic, fewest accumulation steps, fewest strategies, lowest peak.
+    /// The order of preference: least estimated step time (where both have one, to
+    /// the microsecond), then least extra compute, least communication, least PCIe
+    /// traffic, fewest accumulation steps, fewest strategies, lowest peak.
     pub fn cmp_pref(&self, o: &Candidate) -> std::cmp::Ordering {
         // Overheads are ratios of FLOPs: equal within rounding.
         let ov = |x: f64| (x * 1e9).round() as i64;
-        ov(self.overhead)
-            .cmp(&ov(o.overhead))
+        let us = |t: Option<StepTime>| t.map(|t| (t.total_s * 1e6).round() as i64);
+        let time = match (us(self.time), us(o.time)) {
+            (Some(a), Some(b)) => a.cmp(&b),
+            _ => std::cmp::Ordering::Equal,
+        };
+        time.then(ov(self.overhead).cmp(&ov(o.overhead)))
             .then(
                 self.traffic
                     .communication_bytes
@@ -322,6 +360,23 @@ impl Candidate {
         let hb = crate::units::human_bytes;
         let pct = |x: f64| format!("{:.1}%", x * 100.0);
         let ov = |x: f64| (x * 1e9).round() as i64;
+        let us = |t: &StepTime| (t.total_s * 1e6).round() as i64;
+        if let (Some(x), Some(y)) = (&self.time, &o.time) {
+            if us(x) != us(y) {
+                let hs = super::time::human_seconds;
+                return format!(
+                    "{a} wins over {b}: a shorter estimated step ({} vs {}: compute {} vs {}, exposed communication {} vs {}, recompute {} vs {})",
+                    hs(x.total_s),
+                    hs(y.total_s),
+                    hs(x.compute_s),
+                    hs(y.compute_s),
+                    hs(x.exposed_communication_s + x.pcie_s),
+                    hs(y.exposed_communication_s + y.pcie_s),
+                    hs(x.recompute_s),
+                    hs(y.recompute_s)
+                );
+            }
+        }
         if ov(self.overhead) != ov(o.overhead) {
             format!(
                 "{a} wins over {b}: less extra compute ({} vs {})",
@@ -394,6 +449,12 @@ pub struct Recommendation {
     pub pcie_bytes: u64,
     /// Why it wins over the next combination.
     pub why: String,
+    /// Estimated time of one optimizer step and its parts (with a card).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step_time: Option<StepTime>,
+    /// The link the communication time assumes (with a card, over several GPUs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interconnect: Option<super::time::Interconnect>,
 }
 
 impl Recommendation {
@@ -412,6 +473,8 @@ impl Recommendation {
             host_bytes: c.traffic.host_bytes,
             communication_bytes: c.traffic.communication_bytes,
             pcie_bytes: c.traffic.pcie_bytes,
+            step_time: c.time,
+            interconnect: None,
             why: match next {
                 Some(n) => c.why_over(n),
                 None => format!("{} is the only combination that reaches it", c.combo.name()),
@@ -429,6 +492,8 @@ pub fn dists(gpus: u64) -> Vec<Dist> {
             Dist::Zero(1),
             Dist::Zero(2),
             Dist::Zero(3),
+            Dist::Fsdp { reshard: true },
+            Dist::Fsdp { reshard: false },
             Dist::ZeroOffload,
             Dist::Zero3Offload,
         ]

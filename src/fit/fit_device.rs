@@ -474,6 +474,7 @@ mod tests {
             pcie_seconds: None,
             reserved_bytes: Some(reserved),
             device_bytes: None,
+            ..Default::default()
         }
     }
 

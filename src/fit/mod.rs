@@ -29,6 +29,7 @@ mod blocks;
 pub mod combo;
 mod fit_device;
 mod planned;
+pub mod time;
 pub use combo::{partition, traffic, Ckpt, Combo, Dist, Recommendation, Traffic};
 pub use planned::{
     plan_step, plan_step_under, planned_max_batch, searched, AffineStep, PlannedFit,
@@ -71,6 +72,8 @@ pub enum Strategy {
     ZeroOffload,
     /// ZeRO-Infinity's CPU offload: parameters on the host too.
     Zero3Offload,
+    /// FSDP2 per repeated block and the root, resharding after forward or not.
+    Fsdp(bool),
 }
 
 impl Strategy {
@@ -88,6 +91,7 @@ impl Strategy {
             Strategy::Zero(k) => format!("zero-{k}"),
             Strategy::ZeroOffload => "zero-offload".into(),
             Strategy::Zero3Offload => "zero-3-offload".into(),
+            Strategy::Fsdp(r) => Dist::Fsdp { reshard: r }.name().unwrap_or_default(),
         }
     }
 
@@ -128,6 +132,10 @@ impl Strategy {
             },
             Strategy::Zero3Offload => Combo {
                 dist: Dist::Zero3Offload,
+                ..p
+            },
+            Strategy::Fsdp(reshard) => Combo {
+                dist: Dist::Fsdp { reshard },
                 ..p
             },
             Strategy::PlannedCheckpointing => return None,
@@ -191,6 +199,13 @@ pub struct StrategyFit {
     /// for the process.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_bytes: Option<u64>,
+    /// Combination rows that reach the target, with a card: the estimated seconds
+    /// of one optimizer step ([`time`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step_seconds: Option<f64>,
+    /// Combination rows with the same figures as this one, dropped from the list.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub same_as: Option<Vec<String>>,
 }
 
 /// The `fit` result.
@@ -271,6 +286,9 @@ pub struct FitOptions {
     /// reserve (its `capacity`: the memory less headroom and the CUDA context);
     /// when `None`, when the live tensor bytes stay within `memory`.
     pub device: Option<DeviceModel>,
+    /// The card and the links between cards: with one, the recommendation decides
+    /// by estimated step time ([`time`]).
+    pub cluster: Option<time::Cluster>,
 }
 
 impl FitOptions {
@@ -366,6 +384,7 @@ impl<'a> Steps<'a> {
         batch: u64,
         d: &DeviceModel,
     ) -> Result<Option<AllocatorReport>> {
+        let d = &self.on_ranks(c, d);
         let key = (c, batch, d.capacity);
         if let Some(r) = self.replayed.borrow().get(&key) {
             return Ok(*r);
@@ -379,6 +398,14 @@ impl<'a> Steps<'a> {
         .ok();
         self.replayed.borrow_mut().insert(key, r);
         Ok(r)
+    }
+
+    /// `d` on a rank of `c`: over several GPUs, NCCL's communicator for the group
+    /// of all of them is held outside the allocator
+    /// ([`device::nccl_communicator_bytes`]).
+    fn on_ranks(&self, c: Combo, d: &DeviceModel) -> DeviceModel {
+        let n = c.gpus(self.o.gpus);
+        d.clone().on_groups(&[n])
     }
 
     /// Whether `c` fits at `batch` on the device (always, without one: the batch
@@ -418,7 +445,8 @@ impl<'a> Steps<'a> {
     /// A row's device figures at its batch (nothing without a device or a batch).
     fn set_device(&self, row: &mut StrategyFit, c: Combo) -> Result<()> {
         if let (Some(d), true) = (&self.o.device, row.max_batch > 0) {
-            set_device_figures(row, d, self.device_at(c, row.max_batch, d)?);
+            let r = self.device_at(c, row.max_batch, d)?;
+            set_device_figures(row, &self.on_ranks(c, d), r);
         }
         Ok(())
     }
@@ -688,7 +716,8 @@ fn live_max_batch(steps: &Steps, c: Combo) -> Result<(u64, u64, f64)> {
 }
 
 /// The strategies `fit` tries, the multi-GPU ones with more than one GPU.
-fn strategies(gpus: u64) -> Vec<Strategy> {
+fn strategies(o: &FitOptions) -> Vec<Strategy> {
+    let gpus = o.gpus;
     let mut strategies = vec![
         Strategy::AsExported,
         Strategy::MixedPrecision,
@@ -704,9 +733,15 @@ fn strategies(gpus: u64) -> Vec<Strategy> {
             Strategy::Zero(1),
             Strategy::Zero(2),
             Strategy::Zero(3),
+            Strategy::Fsdp(true),
+            Strategy::Fsdp(false),
         ]);
     }
     strategies.extend([Strategy::ZeroOffload, Strategy::Zero3Offload]);
+    if o.train.precision.is_amp() {
+        // The step is mixed precision already: the row would repeat as-exported.
+        strategies.retain(|&s| s != Strategy::MixedPrecision);
+    }
     strategies
 }
 
@@ -740,7 +775,7 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
                 .into(),
         ));
     }
-    let strategies = strategies(o.gpus);
+    let strategies = strategies(o);
     let moe_routing = routing_at_batch_1(model, o)?;
     let steps = Steps::new(model, o);
     let mut rows = Vec::new();
@@ -801,6 +836,7 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
             Strategy::DataParallel => (mb * n, None, format!("per GPU: full replica + DDP gradient buckets; global batch over {n} GPUs")),
             Strategy::Zero(k) => (mb * n, None, format!("per GPU, {} partitioned over {n} GPUs", match k { 1 => "optimizer state", 2 => "optimizer state and gradients", _ => "optimizer state, gradients and parameters" })),
             Strategy::ZeroOffload => (mb * n, None, format!("optimizer state and gradients on the host (CPU update), over {n} GPU{}", if n == 1 { "" } else { "s" })),
+            Strategy::Fsdp(r) => (mb * n, None, format!("per GPU: FSDP2 per repeated block and the root, sharded over {n} GPUs; {}", if r { "each unit gathered in forward and again in backward (the next one prefetched)" } else { "each unit gathered in forward and kept for its backward" })),
             Strategy::Zero3Offload => (mb * n, None, format!("parameters, optimizer state and gradients on the host; one parameter gathered at a time, over {n} GPU{}", if n == 1 { "" } else { "s" })),
             Strategy::AsExported => (mb, None, format!("{} training, {} optimizer", o.train.precision, o.train.optimizer)),
             Strategy::MixedPrecision => (mb, None, "autocast: half-precision matmul/conv, fp32 master weights and states".into()),
@@ -852,6 +888,7 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
     if let Some(target) = o.target_batch {
         let (more, rec, unr) = combine(&steps, o, target)?;
         rows.extend(more);
+        drop_duplicates(&mut rows);
         (recommendation, unreachable) = (rec, unr);
     }
     if rows.iter().all(|r| r.max_batch == 0) {
@@ -901,6 +938,63 @@ fn set_traffic(row: &mut StrategyFit, tr: Option<Traffic>) {
     }
 }
 
+/// The estimated time of an optimizer step of `c` over `n` GPUs, `k` micro-batches
+/// of `micro` samples, with recompute fraction `ov` and traffic `tr`.
+fn step_time(
+    steps: &Steps,
+    cl: &time::Cluster,
+    c: Combo,
+    (n, k, micro): (u64, u64, u64),
+    ov: f64,
+    tr: Traffic,
+) -> Result<time::StepTime> {
+    let s = steps.schedule(c, micro)?;
+    let (grads, params, trainable) = combo::state_bytes(&s);
+    let shape = time::Shape {
+        dist: c.dist,
+        gpus: n,
+        steps: k,
+        overhead: ov,
+        grads,
+        params,
+        trainable,
+        pcie_bytes: tr.pcie_bytes,
+    };
+    Ok(time::estimate(time::phase_seconds(&s, &cl.gpu), &shape, cl))
+}
+
+/// Drops every combination row whose figures (batches, peak, overhead, traffic,
+/// device bytes, step time) equal an earlier row's, naming it in that row's
+/// `same_as`.
+fn drop_duplicates(rows: &mut Vec<StrategyFit>) {
+    let key = |r: &StrategyFit| {
+        format!(
+            "{} {} {} {:?} {:?} {:?} {:?} {:?} {:?} {:?}",
+            r.max_batch,
+            r.peak_bytes,
+            r.overhead.to_bits(),
+            r.global_batch,
+            r.accumulation_steps,
+            r.communication_bytes,
+            r.pcie_bytes,
+            r.host_bytes,
+            r.reserved_bytes,
+            r.step_seconds.map(f64::to_bits)
+        )
+    };
+    let mut kept: Vec<StrategyFit> = Vec::with_capacity(rows.len());
+    for r in rows.drain(..) {
+        let k = key(&r);
+        match kept.iter_mut().find(|x| key(x) == k) {
+            Some(first) if r.combines.is_some() => {
+                first.same_as.get_or_insert_with(Vec::new).push(r.name);
+            }
+            _ => kept.push(r),
+        }
+    }
+    *rows = kept;
+}
+
 /// Every combination towards the target global batch `target`: the rows of those
 /// that combine two or more strategies, the recommendation, or why none reaches it.
 fn combine(
@@ -914,7 +1008,12 @@ fn combine(
     // peak with it (what blocks accumulation when nothing reaches the target).
     let mut best_plain: (u64, String) = (0, String::new());
     let mut acc_block: Option<(u64, String)> = None;
-    for c0 in combo::combos(o.gpus) {
+    // Under a half-precision step, mixed precision repeats what was asked.
+    let half = o.train.precision.half().is_some();
+    for c0 in combo::combos(o.gpus)
+        .into_iter()
+        .filter(|c| !(half && c.mixed))
+    {
         let n = c0.gpus(o.gpus);
         let (mb0, peak0, ov0) = steps.max_batch(c0)?;
         let (c, mb, peak, ov, k, micro) =
@@ -943,6 +1042,10 @@ fn combine(
                 }
             };
         let tr = steps.traffic(c, k.max(1))?;
+        let time = match (&o.cluster, mb > 0 && k > 0) {
+            (Some(cl), true) => Some(step_time(steps, cl, c, (n, k, micro), ov, tr)?),
+            _ => None,
+        };
         if c.names().len() >= 2 {
             let mut row = StrategyFit {
                 name: c.name(),
@@ -976,6 +1079,8 @@ fn combine(
                 pcie_seconds: None,
                 reserved_bytes: None,
                 device_bytes: None,
+                step_seconds: time.map(|t| t.total_s),
+                same_as: None,
             };
             steps.set_device(&mut row, c)?;
             if c.dist != Dist::Single {
@@ -995,6 +1100,7 @@ fn combine(
                 peak_bytes: at_micro,
                 overhead: ov,
                 traffic: tr,
+                time,
             });
         }
     }
@@ -1021,7 +1127,10 @@ fn combine(
             )),
         ));
     }
-    let rec = Recommendation::new(&reach[0], reach.get(1));
+    let mut rec = Recommendation::new(&reach[0], reach.get(1));
+    if o.gpus > 1 {
+        rec.interconnect = o.cluster.as_ref().map(|c| c.link.clone());
+    }
     Ok((rows, Some(rec), None))
 }
 

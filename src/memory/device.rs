@@ -54,31 +54,97 @@ pub struct Gpu {
     /// Dense bf16 (fp16 on cards without bf16) tensor-core rate, TFLOP/s, without
     /// sparsity (the vendor's spec sheet; SXM parts where there are two).
     pub dense_tflops: f64,
+    /// Non-tensor-core fp32 rate, TFLOP/s (the spec sheet): what fp32 matrix products
+    /// run at, as PyTorch does not use TF32 for them by default.
+    pub fp32_tflops: f64,
+    /// Memory bandwidth, GB/s (10⁹ bytes; the spec sheet).
+    pub memory_gb_per_s: f64,
+    /// NVLink bandwidth per direction, GB/s (half the bidirectional figure of the
+    /// spec sheet; 0: the card has none, or only bridges between pairs).
+    pub nvlink_gb_per_s: f64,
 }
 
 /// Cards with published totals (docs/ALLOCATOR.md gives the sources).
 pub const GPUS: &[Gpu] = &[
-    gpu("v100-16gb", (7, 0), 16160, Some(16130), 3, 125.0),
-    gpu("v100-32gb", (7, 0), 32768, None, 3, 125.0),
-    gpu("t4", (7, 5), 15360, Some(15095), 3, 65.0),
-    gpu("a10", (8, 6), 23028, None, 4, 125.0),
-    gpu("a100-40gb", (8, 0), 40960, Some(40339), 4, 312.0),
-    gpu("a100-80gb", (8, 0), 81920, Some(81158), 4, 312.0),
-    gpu("l4", (8, 9), 23034, None, 4, 121.0),
-    gpu("l40s", (8, 9), 46068, None, 4, 362.0),
-    gpu("rtx4090", (8, 9), 24564, Some(24563), 4, 165.0),
-    gpu("h100", (9, 0), 81559, Some(81090), 5, 989.0),
-    gpu("h200", (9, 0), 143771, Some(143156), 5, 989.0),
-    gpu("b200", (10, 0), 183359, Some(182631), 5, 2250.0),
+    gpu(
+        "v100-16gb",
+        (7, 0),
+        16160,
+        Some(16130),
+        3,
+        [125.0, 15.7, 900.0, 150.0],
+    ),
+    gpu(
+        "v100-32gb",
+        (7, 0),
+        32768,
+        None,
+        3,
+        [125.0, 15.7, 900.0, 150.0],
+    ),
+    gpu("t4", (7, 5), 15360, Some(15095), 3, [65.0, 8.1, 320.0, 0.0]),
+    gpu("a10", (8, 6), 23028, None, 4, [125.0, 31.2, 600.0, 0.0]),
+    gpu(
+        "a100-40gb",
+        (8, 0),
+        40960,
+        Some(40339),
+        4,
+        [312.0, 19.5, 1555.0, 300.0],
+    ),
+    gpu(
+        "a100-80gb",
+        (8, 0),
+        81920,
+        Some(81158),
+        4,
+        [312.0, 19.5, 2039.0, 300.0],
+    ),
+    gpu("l4", (8, 9), 23034, None, 4, [121.0, 30.3, 300.0, 0.0]),
+    gpu("l40s", (8, 9), 46068, None, 4, [362.0, 91.6, 864.0, 0.0]),
+    gpu(
+        "rtx4090",
+        (8, 9),
+        24564,
+        Some(24563),
+        4,
+        [165.0, 82.6, 1008.0, 0.0],
+    ),
+    gpu(
+        "h100",
+        (9, 0),
+        81559,
+        Some(81090),
+        5,
+        [989.0, 67.0, 3350.0, 450.0],
+    ),
+    gpu(
+        "h200",
+        (9, 0),
+        143771,
+        Some(143156),
+        5,
+        [989.0, 67.0, 4800.0, 450.0],
+    ),
+    gpu(
+        "b200",
+        (10, 0),
+        183359,
+        Some(182631),
+        5,
+        [2250.0, 80.0, 8000.0, 900.0],
+    ),
 ];
 
+/// A table row; `rates`: dense half-precision TFLOP/s, fp32 TFLOP/s, memory GB/s,
+/// NVLink GB/s per direction.
 const fn gpu(
     name: &'static str,
     cc: (u8, u8),
     smi: u64,
     cuda: Option<u64>,
     pcie_gen: u8,
-    dense_tflops: f64,
+    rates: [f64; 4],
 ) -> Gpu {
     Gpu {
         name,
@@ -86,7 +152,10 @@ const fn gpu(
         smi_total_mib: smi,
         cuda_total_mib: cuda,
         pcie_gen,
-        dense_tflops,
+        dense_tflops: rates[0],
+        fp32_tflops: rates[1],
+        memory_gb_per_s: rates[2],
+        nvlink_gb_per_s: rates[3],
     }
 }
 
@@ -114,6 +183,11 @@ impl Gpu {
     /// [`Gpu::dense_tflops`] in FLOP/s.
     pub fn flops_per_s(&self) -> f64 {
         self.dense_tflops * 1e12
+    }
+
+    /// [`Gpu::memory_gb_per_s`] in bytes/s.
+    pub fn memory_bytes_per_s(&self) -> f64 {
+        self.memory_gb_per_s * 1e9
     }
 
     /// The memory PyTorch can use: CUDA's total where published, else nvidia-smi's.
@@ -171,6 +245,31 @@ pub struct DeviceModel {
     pub capacity: u64,
     /// Memory kept free ([`DeviceModel::with_memory`]).
     pub headroom: u64,
+    /// Memory NCCL holds outside the caching allocator for the process groups the
+    /// rank communicates in ([`nccl_bytes`]; 0 on one GPU).
+    pub nccl_bytes: u64,
+    /// NCCL's memory per communicator as measured on the user's cluster (`None`:
+    /// the published figures of [`nccl_communicator_bytes`]).
+    pub nccl_per_group: Option<u64>,
+}
+
+/// GPU memory NCCL holds for one communicator of `ranks` ranks, outside PyTorch's
+/// caching allocator (channel buffers, proxy and peer-to-peer staging): 544 MB for
+/// a group of two, 688 MB for more, measured with PyTorch on four NVLink A100s
+/// after a 4 MB all-reduce in each group (NVIDIA/nccl issue 964). It grows with
+/// `NCCL_BUFFSIZE` (default 4 MiB per channel) and the channel count, so a cluster
+/// tuned otherwise holds a different amount: give `--headroom` for that.
+pub fn nccl_communicator_bytes(ranks: u64) -> u64 {
+    match ranks {
+        0 | 1 => 0,
+        2 => 544 * MIB,
+        _ => 688 * MIB,
+    }
+}
+
+/// NCCL's memory on a rank that communicates in groups of the given sizes.
+pub fn nccl_bytes(groups: &[u64]) -> u64 {
+    groups.iter().map(|&r| nccl_communicator_bytes(r)).sum()
 }
 
 impl DeviceModel {
@@ -191,6 +290,8 @@ impl DeviceModel {
             cublas_workspace_bytes: cublas_workspace_for(cc),
             capacity: u64::MAX,
             headroom: 0,
+            nccl_bytes: 0,
+            nccl_per_group: None,
         }
     }
 
@@ -202,6 +303,27 @@ impl DeviceModel {
             .saturating_sub(headroom)
             .saturating_sub(self.context_bytes);
         self.headroom = headroom;
+        self
+    }
+
+    /// The same device on a rank that communicates in groups of the given sizes
+    /// ([`DeviceModel::with_nccl`] of their NCCL memory).
+    pub fn on_groups(self, groups: &[u64]) -> DeviceModel {
+        let bytes = match self.nccl_per_group {
+            Some(b) => groups.iter().filter(|&&r| r > 1).map(|_| b).sum(),
+            None => nccl_bytes(groups),
+        };
+        self.with_nccl(bytes)
+    }
+
+    /// The same device on a rank that also holds `nccl` bytes for NCCL: what the
+    /// allocator may reserve shrinks by them, and nvidia-smi shows them.
+    pub fn with_nccl(mut self, nccl: u64) -> DeviceModel {
+        let extra = nccl.saturating_sub(self.nccl_bytes);
+        if self.capacity != u64::MAX {
+            self.capacity = self.capacity.saturating_sub(extra);
+        }
+        self.nccl_bytes = nccl;
         self
     }
 }
@@ -227,13 +349,18 @@ pub struct DeviceSummary {
     /// (fit).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allocator_capacity_bytes: Option<u64>,
+    /// NCCL's memory outside the allocator, per rank (several GPUs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nccl_bytes: Option<u64>,
 }
 
 impl DeviceModel {
     /// What nvidia-smi shows for the process after a replay: the allocator's
     /// reserved bytes (cuBLAS workspaces among them) plus the CUDA context.
     pub fn device_bytes(&self, a: &AllocatorReport) -> u64 {
-        a.reserved_bytes.saturating_add(self.context_bytes)
+        a.reserved_bytes
+            .saturating_add(self.context_bytes)
+            .saturating_add(self.nccl_bytes)
     }
 
     /// What this device assumes.
@@ -247,6 +374,7 @@ impl DeviceModel {
             expandable_segments: self.conf.expandable_segments,
             headroom_bytes: limited.then_some(self.headroom),
             allocator_capacity_bytes: limited.then_some(self.capacity),
+            nccl_bytes: (self.nccl_bytes > 0).then_some(self.nccl_bytes),
         }
     }
 }

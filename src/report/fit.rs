@@ -1,5 +1,6 @@
 //! `fit`'s text rendering (its JSON is `FitReport` itself).
 
+use crate::fit::time::human_seconds;
 use crate::fit::{FitReport, Recommendation};
 use crate::units::human_bytes;
 
@@ -68,6 +69,12 @@ pub fn fit_text(r: &FitReport, to_try: Option<&str>) -> String {
                 human_bytes(h)
             ));
         }
+        if let Some(t) = st.step_seconds {
+            note.push_str(&format!("; step ~{}", human_seconds(t)));
+        }
+        if let Some(same) = &st.same_as {
+            note.push_str(&format!("; same figures: {}", same.join(", ")));
+        }
         let shown = match (smi, st.device_bytes) {
             (false, _) => String::new(),
             (true, Some(b)) => format!(" {:>12}", human_bytes(b)),
@@ -94,6 +101,26 @@ pub fn fit_text(r: &FitReport, to_try: Option<&str>) -> String {
             human_bytes(rec.host_bytes),
             rec.why
         ));
+        if let Some(t) = &rec.step_time {
+            s.push_str(&format!(
+                "  estimated step {}: compute {}, recompute {}, exposed communication {} (of {}{}), PCIe {}\n",
+                human_seconds(t.total_s),
+                human_seconds(t.compute_s),
+                human_seconds(t.recompute_s),
+                human_seconds(t.exposed_communication_s),
+                human_seconds(t.communication_s),
+                rec.interconnect
+                    .as_ref()
+                    .map(|l| format!(
+                        " over {} at {:.0} GB/s",
+                        l.name,
+                        l.bytes_per_s / 1e9
+                    ))
+                    .unwrap_or_default(),
+                human_seconds(t.pcie_s)
+            ));
+            s.push_str("  (rooflines at the card's peak rates: a lower bound, used to rank)\n");
+        }
     }
     if smi {
         s.push_str("\npeak: live tensor bytes at the step's peak; nvidia-smi: what it would show for the process at max batch (reserved by the allocator + CUDA context)\n");

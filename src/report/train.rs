@@ -83,6 +83,10 @@ pub struct TrainingReport {
     /// misstates (`train::inference_export`), one line each; empty for a
     /// training-mode export.
     pub warnings: Vec<String>,
+    /// Under FSDP2 (`--fsdp`): the units and what one rank shards, gathers and
+    /// reduces; every other figure is then one rank's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fsdp: Option<crate::parallel::FsdpSummary>,
 }
 
 /// The training step with modules checkpointed (`training.checkpoint` in the JSON).
@@ -165,6 +169,16 @@ impl TrainingReport {
     /// Assembles the report from a schedule and its replay.
     pub fn new(opts: &TrainOptions, s: &Schedule, r: &Replay) -> TrainingReport {
         let by = |k: StorageKind| s.bytes_where(|st| st.kind == k);
+        // The model's parameters (not FSDP's gathered copies, which hold no tensor).
+        let of_tensor: std::collections::HashSet<usize> =
+            s.tensor_storage.iter().copied().collect();
+        let model_params = || {
+            s.storages
+                .iter()
+                .enumerate()
+                .filter(|&(k, st)| st.kind == StorageKind::Parameter && of_tensor.contains(&k))
+                .map(|(_, st)| st)
+        };
         let peak = &s.steps[r.peak_step];
         let flops_forward = s
             .steps
@@ -178,7 +192,7 @@ impl TrainingReport {
             peak_bytes: r.peak().total(),
             peak_node: peak.name.clone(),
             peak_phase: peak.kind,
-            params_bytes: by(StorageKind::Parameter),
+            params_bytes: model_params().map(|st| st.bytes).sum(),
             trainable_params_bytes: s
                 .trainable
                 .iter()
@@ -186,12 +200,7 @@ impl TrainingReport {
                 .map(|st| st.bytes)
                 .sum(),
             trainable_params: s.trainable.len(),
-            frozen_params: s
-                .storages
-                .iter()
-                .filter(|st| st.kind == StorageKind::Parameter)
-                .count()
-                .saturating_sub(s.trainable.len()),
+            frozen_params: model_params().count().saturating_sub(s.trainable.len()),
             buffers_bytes: by(StorageKind::Buffer) + by(StorageKind::Constant),
             grads_bytes: by(StorageKind::ParamGrad),
             optimizer_bytes: by(StorageKind::OptimizerState),
@@ -212,6 +221,7 @@ impl TrainingReport {
                 .collect(),
             checkpoint: None,
             warnings: Vec::new(),
+            fsdp: None,
             allocator: None,
             device_bytes: None,
             device: None,
@@ -240,6 +250,19 @@ impl TrainingReport {
             self.peak_node,
             self.peak_phase
         );
+        if let Some(f) = &self.fsdp {
+            let _ = writeln!(
+                s,
+                "  one FSDP2 rank: {} units ({}{}), sharded parameters {}, largest unit gathered {}; per step {} all-gathered, {} reduce-scattered",
+                f.units.len(),
+                f.units.iter().take(2).cloned().collect::<Vec<_>>().join(", "),
+                if f.units.len() > 2 { ", ..., root" } else { "" },
+                human_bytes(f.sharded_param_bytes),
+                human_bytes(f.largest_unit_bytes),
+                human_bytes(f.all_gather_bytes),
+                human_bytes(f.reduce_scatter_bytes)
+            );
+        }
         if self.frozen_params > 0 {
             let _ = writeln!(
                 s,
