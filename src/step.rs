@@ -80,8 +80,22 @@ pub fn build(
     opts: &TrainOptions,
     name: &str,
 ) -> Result<TrainingStep> {
+    build_on(model, bindings, opts, None, name)
+}
+
+/// [`build`] for one rank under FSDP2 `fsdp` ([`sharded_schedule`]) when given.
+pub fn build_on(
+    model: &Model,
+    bindings: &Bindings,
+    opts: &TrainOptions,
+    fsdp: Option<&Fsdp>,
+    name: &str,
+) -> Result<TrainingStep> {
     let Inference { model, inferred } = inference(model, bindings)?;
-    let schedule = schedule(&model, &inferred, opts)?;
+    let schedule = match fsdp {
+        Some(f) => sharded_schedule(&model, &inferred, opts, f)?.0,
+        None => schedule(&model, &inferred, opts)?,
+    };
     let graph = from_schedule(&schedule, name);
     Ok(TrainingStep {
         inferred,
@@ -97,8 +111,18 @@ pub fn load(
     bindings: &Bindings,
     opts: &TrainOptions,
 ) -> Result<(Model, TrainingStep)> {
+    load_on(path, bindings, opts, None)
+}
+
+/// [`load`] for one rank under FSDP2 `fsdp` when given.
+pub fn load_on(
+    path: &Path,
+    bindings: &Bindings,
+    opts: &TrainOptions,
+    fsdp: Option<&Fsdp>,
+) -> Result<(Model, TrainingStep)> {
     let model = lowered(load_model(path)?, bindings)?;
-    let step = build(&model, bindings, opts, &path.display().to_string())?;
+    let step = build_on(&model, bindings, opts, fsdp, &path.display().to_string())?;
     Ok((model, step))
 }
 

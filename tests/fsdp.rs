@@ -181,3 +181,41 @@ fn fsdp_flags_are_checked() {
     ]);
     assert!(!ok && err.contains("expected fp32, fp16 or bf16"), "{err}");
 }
+
+#[test]
+fn plan_takes_one_ranks_step_and_never_reruns_a_collective() {
+    let file = common::shipped("llm/fsdp_llama_b.onnx");
+    let f = file.to_str().unwrap();
+    let base = [
+        "plan",
+        f,
+        "--batch",
+        "4",
+        "--optimizer",
+        "adamw",
+        "--loss",
+        "graph",
+        "--json",
+    ];
+    let unsharded = common::memplan_json(&[&base[..], &["--budget", "100%"]].concat());
+    let sharded = common::memplan_json(&[&base[..], &["--budget", "100%", "--fsdp", "4"]].concat());
+    let peak = |v: &serde_json::Value| v["baseline_peak_bytes"].as_u64().unwrap();
+    assert!(peak(&sharded) < peak(&unsharded), "{sharded}");
+    // A tighter budget is met by recomputing activations, never FSDP's gathers.
+    let tight = common::memplan_json(&[&base[..], &["--budget", "95%", "--fsdp", "4"]].concat());
+    let names = tight["recomputed"].to_string();
+    assert!(!names.contains("fsdp "), "{names}");
+    let (ok, _, err) = common::run_memplan(&[
+        "plan",
+        f,
+        "--batch",
+        "4",
+        "--budget",
+        "90%",
+        "--fsdp",
+        "2",
+        "--pytorch",
+        "/tmp/x.py",
+    ]);
+    assert!(!ok && err.contains("plan without --fsdp"), "{err}");
+}

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 
-use super::{choice, parse_budget, parse_dims, DeviceArgs, TrainArgs};
+use super::{choice, parse_budget, parse_dims, DeviceArgs, FsdpArgs, TrainArgs};
 use memplan::infer::Bindings;
 use memplan::memory::device::StepValues;
 use memplan::remat::dag::load_dag;
@@ -15,7 +15,7 @@ use memplan::remat::module_plan::{
 use memplan::remat::modules::saved_at_forward_end;
 use memplan::remat::plan::{plan, recomputed_modules, Solver};
 use memplan::report::plan::{plan_json, plan_text, Granularity, PlanDevice};
-use memplan::step::load;
+use memplan::step::load_on;
 use memplan::units::human_bytes;
 
 /// `plan`'s flags.
@@ -111,6 +111,8 @@ pub struct PlanArgs {
     training: TrainArgs,
     #[command(flatten)]
     device: DeviceArgs,
+    #[command(flatten)]
+    fsdp: FsdpArgs,
 }
 
 /// Runs `plan`.
@@ -140,7 +142,11 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
         pytorch,
         training,
         device,
+        fsdp,
     } = a;
+    if fsdp.fsdp.is_some() && (rewrite.is_some() || pytorch.is_some() || dag.is_some()) {
+        bail!("--fsdp plans one rank's step of an ONNX model; --rewrite, --pytorch and --dag write or read the unsharded model's: plan without --fsdp for them");
+    }
     super::refuse_overwriting_inputs(
         &[
             ("--output", output.as_deref()),
@@ -210,7 +216,8 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
                 dims: parse_dims(&dims)?,
                 routing: moe_routing,
             };
-            let (model, step) = load(&m, &b, &opts).with_context(|| path.clone())?;
+            let (model, step) =
+                load_on(&m, &b, &opts, fsdp.settings().as_ref()).with_context(|| path.clone())?;
             super::warn_inference_export(&path, &model);
             values = Some(StepValues::of(&step.schedule));
             (step.graph, path)
@@ -382,7 +389,7 @@ pub fn run(a: PlanArgs) -> anyhow::Result<()> {
     // The planned step and the baseline through the caching allocator (models only).
     let on_device = match &values {
         Some(values) if r.feasible => {
-            let d = device.model()?;
+            let d = device.model()?.on_groups(&fsdp.groups());
             let unlimited = |p: &[_]| {
                 replay_on_device(&g, p, values, &d).map_err(|e| super::replay_failed(&path, e))
             };
