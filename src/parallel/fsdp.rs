@@ -180,18 +180,25 @@ fn units(s: &Schedule, given: Option<&[String]>) -> Result<Vec<Unit>, String> {
         }
     }
     out.push(root);
-    // Gradients by their parameter's name.
-    let by_name: HashMap<&str, usize> = out
-        .iter()
-        .enumerate()
-        .flat_map(|(i, u)| u.params.iter().map(move |&p| (p, i)))
-        .map(|(p, i)| (s.storages[p].name.as_str(), i))
-        .collect();
-    for (k, st) in s.storages.iter().enumerate() {
-        if st.kind == StorageKind::ParamGrad {
-            if let Some(&i) = st.name.strip_suffix("/grad").and_then(|n| by_name.get(n)) {
-                out[i].grads.push(k);
+    // Gradients by where they are made: a block's in its backward steps (the
+    // weight gradient of a transposed matmul operand is a view of an activation
+    // gradient, named after it), the rest the root's.
+    let mut claimed: Vec<bool> = vec![false; s.storages.len()];
+    let root_ix = out.len() - 1;
+    for u in out.iter_mut().take(root_ix) {
+        for &n in &u.bwd {
+            let st = &s.steps[n];
+            for &w in st.writes.iter().chain(&st.updates) {
+                if s.storages[w].kind == StorageKind::ParamGrad && !claimed[w] {
+                    claimed[w] = true;
+                    u.grads.push(w);
+                }
             }
+        }
+    }
+    for (k, st) in s.storages.iter().enumerate() {
+        if st.kind == StorageKind::ParamGrad && !claimed[k] {
+            out[root_ix].grads.push(k);
         }
     }
     Ok(out)
