@@ -48,9 +48,7 @@ pub fn from_schedule(s: &Schedule, name: &str) -> RematGraph {
                 inputs,
                 outputs: st.writes.clone(),
                 backward: !matches!(st.kind, StepKind::Forward),
-                // FSDP's collectives are not ops to rerun: a unit is gathered
-                // again by resharding, which the rank's schedule already decides.
-                recomputable: st.kind == StepKind::Forward && !st.op.starts_with("Fsdp"),
+                recomputable: st.kind == StepKind::Forward,
                 // A node inside a fused kernel is not an op PyTorch dispatches.
                 op: if st.fused {
                     String::new()
