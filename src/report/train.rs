@@ -310,10 +310,13 @@ impl TrainingReport {
             let _ =
                 writeln!(
                 s,
-                "  nvidia-smi would show about {} for this process: reserved + CUDA context {}{}",
+                "  nvidia-smi would show about {} for this process: reserved + CUDA context {}{}{}",
                 human_bytes(total),
                 human_bytes(d.context_bytes),
-                d.gpu.as_ref().map(|g| format!(" ({g})")).unwrap_or_default()
+                d.gpu.as_ref().map(|g| format!(" ({g})")).unwrap_or_default(),
+                d.nccl_bytes
+                    .map(|n| format!(" + NCCL {}", human_bytes(n)))
+                    .unwrap_or_default()
             );
         }
         if let Some(c) = &self.checkpoint {
