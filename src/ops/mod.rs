@@ -43,6 +43,39 @@ macro_rules! shape_only {
     };
 }
 
+/// The methods every op that makes values without a gradient shares (constants,
+/// shape values, random numbers): no backward rule, a new tensor, [`no_gradient`]
+/// as its CPU backward, host kernels only, and promoted under autocast.
+macro_rules! no_gradient_source {
+    () => {
+        /// Constant, shape-valued or random: no gradient.
+        fn backward(
+            &self,
+            _cx: &$crate::ops::Cx,
+            _out: &[$crate::ops::Fact],
+        ) -> $crate::ops::RuleResult<Option<$crate::ops::Backward>> {
+            Ok(None)
+        }
+        fn storage(&self, _cx: &$crate::ops::Cx) -> $crate::ops::Storage {
+            $crate::ops::Storage::New
+        }
+        /// No gradient flows through it.
+        fn backward_cpu(
+            &self,
+            cx: &$crate::ops::BackwardCx,
+        ) -> $crate::ops::RuleResult<Vec<Option<$crate::numeric::Tensor>>> {
+            $crate::ops::no_gradient(cx)
+        }
+        /// Runs on the host on the GPU backend (no device kernels yet).
+        fn cuda_kernels(&self, _op_type: &str) -> $crate::ops::CudaKernels {
+            $crate::ops::CudaKernels::HOST
+        }
+        fn autocast(&self, _op_type: &str) -> $crate::ops::Autocast {
+            $crate::ops::Autocast::Promote
+        }
+    };
+}
+
 pub mod attention;
 pub mod conv;
 pub mod conv_transpose;

@@ -41,6 +41,8 @@ enum Kind {
 /// `RandomUniform`, `RandomNormal` (`like = false`: no input, `shape` and `dtype`
 /// attributes, default float32) and `RandomUniformLike`, `RandomNormalLike`
 /// (`like = true`: the input's shape, `dtype` attribute or the input's type).
+/// Random numbers do not depend differentiably on anything (the `*Like` input
+/// gives only a shape); host kernels: see the module documentation.
 struct Random {
     kind: Kind,
     like: bool,
@@ -94,14 +96,7 @@ impl Op for Random {
     fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {
         out[0].numel()
     }
-    /// Random numbers do not depend differentiably on anything (the `*Like` input
-    /// gives only a shape).
-    fn backward(&self, _cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
-        Ok(None)
-    }
-    fn storage(&self, _cx: &Cx) -> Storage {
-        Storage::New
-    }
+    no_gradient_source!();
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         let f = cx.out(0)?;
         let seed = stream(cx);
@@ -128,16 +123,6 @@ impl Op for Random {
             }
         };
         Ok(vec![Tensor::from_f32(f.dtype, f.shape.clone(), v)?])
-    }
-    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-        no_gradient(cx)
-    }
-    /// Host: see the module documentation.
-    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::HOST
-    }
-    fn autocast(&self, _op_type: &str) -> Autocast {
-        Autocast::Promote
     }
 }
 

@@ -53,13 +53,7 @@ impl Op for Constant {
         Ok(vec![fact])
     }
     no_flops!();
-    /// Constant or shape-valued: no gradient.
-    fn backward(&self, _cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
-        Ok(None)
-    }
-    fn storage(&self, _cx: &Cx) -> Storage {
-        Storage::New
-    }
+    no_gradient_source!();
     /// The literal from the attributes.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         let a = cx.attrs();
@@ -78,17 +72,6 @@ impl Op for Constant {
             return Err("no supported value attribute".into());
         };
         Ok(vec![t.cast(f.dtype)?])
-    }
-    /// No gradient flows through it.
-    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-        no_gradient(cx)
-    }
-    /// Runs on the host on the GPU backend (no device kernels yet).
-    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::HOST
-    }
-    fn autocast(&self, _op_type: &str) -> Autocast {
-        Autocast::Promote
     }
 }
 
@@ -132,30 +115,13 @@ impl Op for ShapeOp {
         Ok(vec![Fact::with_value(DType::I64, Value::vec(dims))])
     }
     no_flops!();
-    /// Constant or shape-valued: no gradient.
-    fn backward(&self, _cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
-        Ok(None)
-    }
-    fn storage(&self, _cx: &Cx) -> Storage {
-        Storage::New
-    }
+    no_gradient_source!();
     /// The input's dims (from `start` to `end`) as int64.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         let x = cx.input(0)?;
         let (start, end) = ShapeAttrs::of(cx.attrs()).bounds(x.rank());
         let dims: Vec<i64> = x.shape[start..end].iter().map(|&d| d as i64).collect();
         Ok(vec![Tensor::i64(vec![dims.len()], dims)])
-    }
-    /// No gradient flows through it.
-    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-        no_gradient(cx)
-    }
-    /// Runs on the host on the GPU backend (no device kernels yet).
-    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::HOST
-    }
-    fn autocast(&self, _op_type: &str) -> Autocast {
-        Autocast::Promote
     }
 }
 
@@ -174,27 +140,10 @@ impl Op for Size {
         )])
     }
     no_flops!();
-    /// Constant or shape-valued: no gradient.
-    fn backward(&self, _cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
-        Ok(None)
-    }
-    fn storage(&self, _cx: &Cx) -> Storage {
-        Storage::New
-    }
+    no_gradient_source!();
     /// The element count as an int64 scalar.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         Ok(vec![Tensor::i64(vec![], vec![cx.input(0)?.numel() as i64])])
-    }
-    /// No gradient flows through it.
-    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-        no_gradient(cx)
-    }
-    /// Runs on the host on the GPU backend (no device kernels yet).
-    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::HOST
-    }
-    fn autocast(&self, _op_type: &str) -> Autocast {
-        Autocast::Promote
     }
 }
 
@@ -233,13 +182,7 @@ impl Op for ConstantOfShape {
         }])
     }
     no_flops!();
-    /// Constant or shape-valued: no gradient.
-    fn backward(&self, _cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
-        Ok(None)
-    }
-    fn storage(&self, _cx: &Cx) -> Storage {
-        Storage::New
-    }
+    no_gradient_source!();
     /// The inferred shape filled with the `value` attribute (float32 0 by default).
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         let f = cx.out(0)?;
@@ -254,17 +197,6 @@ impl Op for ConstantOfShape {
         Ok(vec![fill
             .select(&vec![0; n], f.shape.clone())
             .cast(f.dtype)?])
-    }
-    /// No gradient flows through it.
-    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-        no_gradient(cx)
-    }
-    /// Runs on the host on the GPU backend (no device kernels yet).
-    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::HOST
-    }
-    fn autocast(&self, _op_type: &str) -> Autocast {
-        Autocast::Promote
     }
 }
 
@@ -342,13 +274,7 @@ impl Op for Range {
         }])
     }
     no_flops!();
-    /// Constant or shape-valued: no gradient.
-    fn backward(&self, _cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
-        Ok(None)
-    }
-    fn storage(&self, _cx: &Cx) -> Storage {
-        Storage::New
-    }
+    no_gradient_source!();
     /// `start + i·delta` for the inferred length, in the input type.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         let f = cx.out(0)?;
@@ -369,17 +295,6 @@ impl Op for Range {
             let v = (0..n as i64).map(|i| s + i * d).collect();
             Ok(vec![Tensor::from_i64(f.dtype, vec![n], v)?])
         }
-    }
-    /// No gradient flows through it.
-    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-        no_gradient(cx)
-    }
-    /// Runs on the host on the GPU backend (no device kernels yet).
-    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::HOST
-    }
-    fn autocast(&self, _op_type: &str) -> Autocast {
-        Autocast::Promote
     }
 }
 
@@ -625,13 +540,7 @@ impl Op for NonZero {
         )])
     }
     no_flops!();
-    /// Constant or shape-valued: no gradient.
-    fn backward(&self, _cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
-        Ok(None)
-    }
-    fn storage(&self, _cx: &Cx) -> Storage {
-        Storage::New
-    }
+    no_gradient_source!();
     /// Coordinates of the non-zero elements, `[rank, count]`.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         let x = cx.input(0)?;
@@ -650,17 +559,6 @@ impl Op for NonZero {
             }
         }
         Ok(vec![Tensor::i64(vec![x.rank(), hits.len()], out)])
-    }
-    /// No gradient flows through it.
-    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-        no_gradient(cx)
-    }
-    /// Runs on the host on the GPU backend (no device kernels yet).
-    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::HOST
-    }
-    fn autocast(&self, _op_type: &str) -> Autocast {
-        Autocast::Promote
     }
 }
 
@@ -742,6 +640,7 @@ fn scatter_plan(
 /// `values`' type: `values[1]` where the index (negative ones count from
 /// `depth`) equals the position, `values[0]` elsewhere and for indices out of
 /// range.
+/// PyTorch's `one_hot` has no gradient (its values are constants).
 pub(super) struct OneHot;
 
 impl OneHot {
@@ -780,13 +679,7 @@ impl Op for OneHot {
         Ok(vec![Fact::new(values.dtype, shape)])
     }
     no_flops!();
-    /// PyTorch's `one_hot` has no gradient (its values are constants).
-    fn backward(&self, _cx: &Cx, _out: &[Fact]) -> RuleResult<Option<Backward>> {
-        Ok(None)
-    }
-    fn storage(&self, _cx: &Cx) -> Storage {
-        Storage::New
-    }
+    no_gradient_source!();
     /// As the module documents, in the values' type.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         let x = cx.input(0)?;
@@ -805,15 +698,5 @@ impl Op for OneHot {
             }
         }
         Ok(vec![Tensor::from_f64(f.dtype, f.shape.clone(), out)?])
-    }
-    fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
-        no_gradient(cx)
-    }
-    /// Runs on the host on the GPU backend.
-    fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
-        CudaKernels::HOST
-    }
-    fn autocast(&self, _op_type: &str) -> Autocast {
-        Autocast::Promote
     }
 }
