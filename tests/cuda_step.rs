@@ -34,9 +34,7 @@ struct StepSetup {
     opt: memplan::train::Optimizer,
     loss: memplan::train::Loss,
     model: memplan::ir::Model,
-    inf: memplan::infer::Inferred,
-    s: memplan::train::Schedule,
-    g: memplan::remat::graph::RematGraph,
+    step: memplan::step::TrainingStep,
     params: Vec<Option<Tensor>>,
     inputs: Vec<Tensor>,
 }
@@ -82,8 +80,8 @@ fn step_setup_with(
         grads_resident,
         params: Default::default(),
     };
-    let s = build_schedule(&model, &inf, &topts).unwrap();
-    let g = memplan::remat::from_schedule::from_schedule(&s, name);
+    let schedule = build_schedule(&model, &inf, &topts).unwrap();
+    let graph = memplan::remat::from_schedule::from_schedule(&schedule, name);
     let params = Executor::new(&model, &inf, Options::default())
         .unwrap()
         .params()
@@ -94,9 +92,11 @@ fn step_setup_with(
         opt,
         loss,
         model,
-        inf,
-        s,
-        g,
+        step: memplan::step::TrainingStep {
+            inferred: inf,
+            schedule,
+            graph,
+        },
         params,
         inputs,
     }
@@ -111,9 +111,7 @@ fn step_on<B: memplan::exec::train::StepBackend>(
     train_step_on(
         b,
         &su.model,
-        &su.inf,
-        &su.s,
-        &su.g,
+        &su.step,
         plan,
         &su.params,
         &su.inputs,
@@ -135,14 +133,18 @@ fn same_counts(
     dev: &memplan::exec::train::StepResult,
     cpu: &memplan::exec::train::StepResult,
 ) {
-    let predicted = memplan::remat::graph::replay(&su.g, plan)
+    let predicted = memplan::remat::graph::replay(&su.step.graph, plan)
         .unwrap()
         .peak_bytes;
     if let Some(k) = (0..plan.len()).find(|&k| dev.live_after[k] != cpu.live_after[k]) {
         let name = match plan[k] {
-            memplan::remat::graph::Instr::Compute(i) => su.g.nodes[i].name.clone(),
-            memplan::remat::graph::Instr::Free(v) => format!("free {}", su.g.values[v].name),
-            memplan::remat::graph::Instr::Load(v) => format!("load {}", su.g.values[v].name),
+            memplan::remat::graph::Instr::Compute(i) => su.step.graph.nodes[i].name.clone(),
+            memplan::remat::graph::Instr::Free(v) => {
+                format!("free {}", su.step.graph.values[v].name)
+            }
+            memplan::remat::graph::Instr::Load(v) => {
+                format!("load {}", su.step.graph.values[v].name)
+            }
         };
         panic!(
             "{} {what}: after instruction {k} ({name}) the device counts {} B live, the schedule {} B",
@@ -278,7 +280,7 @@ fn device_run(
         if run.resident { ", resident" } else { "" }
     );
     let b = DeviceStep::new(dev);
-    let base_plan = su.g.no_recompute_plan();
+    let base_plan = su.step.graph.no_recompute_plan();
     let cpu = step_on(&Cpu, &su, &base_plan);
     let base = step_on(&b, &su, &base_plan);
     same_counts(&su, "baseline", &base_plan, &base, &cpu);
@@ -319,15 +321,15 @@ fn device_run(
             cpu.loss
         );
     }
-    let mut drop_all = vec![false; su.g.values.len()];
-    for v in candidates(&su.g) {
+    let mut drop_all = vec![false; su.step.graph.values.len()];
+    for v in candidates(&su.step.graph) {
         drop_all[v] = true;
     }
-    let lo = su.g.op_local_bound();
+    let lo = su.step.graph.op_local_bound();
     let budget = lo + base.peak_bytes.saturating_sub(lo) / 2;
     for (what, plan) in [
-        ("drop-all", plan_with_drops(&su.g, &drop_all)),
-        ("greedy", greedy(&su.g, budget).0),
+        ("drop-all", plan_with_drops(&su.step.graph, &drop_all)),
+        ("greedy", greedy(&su.step.graph, budget).0),
     ] {
         let cpu_p = step_on(&Cpu, &su, &plan);
         let p = step_on(&b, &su, &plan);
@@ -392,7 +394,10 @@ device_test!(train_step_agrees_on: train_step_agrees, train_step_agrees_emulated
 fn train_step_fused_on(dev: &Device) {
     use memplan::train::Optimizer;
     let su = step_setup("transformer", 2, Optimizer::Sgd);
-    assert!(!su.s.fused.is_empty(), "the transformer has fused patterns");
+    assert!(
+        !su.step.schedule.fused.is_empty(),
+        "the transformer has fused patterns"
+    );
     device_step(dev, "transformer", 2, Optimizer::Sgd, true);
 }
 
@@ -428,7 +433,9 @@ fn train_step_half_on(dev: &Device) {
     ] {
         let su = step_setup_with("mlp", 4, Optimizer::Sgd, precision, Loss::Mean, false);
         assert!(
-            su.s.storages
+            su.step
+                .schedule
+                .storages
                 .iter()
                 .any(|st| matches!(st.dtype, memplan::ir::DType::F16 | memplan::ir::DType::BF16)),
             "{precision}: half-precision storages"
@@ -669,30 +676,37 @@ fn train_step_resident_on(dev: &Device) {
     ] {
         let what = format!("{name} ({opt}, {precision}, resident)");
         let su = step_setup_with(name, batch, opt, precision, Loss::Mean, true);
-        let resident: Vec<usize> = (0..su.s.storages.len())
+        let resident: Vec<usize> = (0..su.step.schedule.storages.len())
             .filter(|&v| {
-                let st = &su.s.storages[v];
+                let st = &su.step.schedule.storages[v];
                 st.kind == StorageKind::ParamGrad && st.persistent
             })
             .collect();
         assert_eq!(
             resident.len(),
-            su.s.with_grad.len(),
+            su.step.schedule.with_grad.len(),
             "{what}: one resident .grad per trained parameter"
         );
         assert!(
-            su.s.steps
+            su.step
+                .schedule
+                .steps
                 .iter()
                 .all(|st| st.writes.iter().all(|w| !resident.contains(w))),
             "{what}: no step allocates a resident .grad"
         );
-        let adds =
-            su.s.steps
-                .iter()
-                .filter(|st| st.updates.iter().any(|u| resident.contains(u)))
-                .count();
+        let adds = su
+            .step
+            .schedule
+            .steps
+            .iter()
+            .filter(|st| st.updates.iter().any(|u| resident.contains(u)))
+            .count();
         accumulated += adds;
-        let resident_bytes: u64 = resident.iter().map(|&v| su.s.storages[v].bytes).sum();
+        let resident_bytes: u64 = resident
+            .iter()
+            .map(|&v| su.step.schedule.storages[v].bytes)
+            .sum();
         device_run(
             dev,
             name,
@@ -707,8 +721,8 @@ fn train_step_resident_on(dev: &Device) {
         );
         let plain = step_setup_with(name, batch, opt, precision, Loss::Mean, false);
         let b = DeviceStep::new(dev);
-        let r = step_on(&b, &su, &su.g.no_recompute_plan());
-        let p = step_on(&b, &plain, &plain.g.no_recompute_plan());
+        let r = step_on(&b, &su, &su.step.graph.no_recompute_plan());
+        let p = step_on(&b, &plain, &plain.step.graph.no_recompute_plan());
         assert!(
             bitwise(&r.grads, &p.grads),
             "{what}: gradients bitwise the device's without residency"
@@ -757,7 +771,7 @@ fn train_step_refusals_on(dev: &Device) {
         memplan::train::Loss::Mean,
         true,
     );
-    let plan = su.g.no_recompute_plan();
+    let plan = su.step.graph.no_recompute_plan();
     let first = plan
         .iter()
         .position(|op| matches!(op, memplan::remat::graph::Instr::Compute(_)))
@@ -767,9 +781,7 @@ fn train_step_refusals_on(dev: &Device) {
     let err = train_step_on(
         &DeviceStep::new(dev),
         &su.model,
-        &su.inf,
-        &su.s,
-        &su.g,
+        &su.step,
         &bad,
         &su.params,
         &su.inputs,
@@ -887,7 +899,7 @@ fn verify_half_and_sum_on_device_on(dev: &Device) {
                 loss,
                 false,
             );
-            memplan::remat::graph::replay(&su.g, &su.g.no_recompute_plan())
+            memplan::remat::graph::replay(&su.step.graph, &su.step.graph.no_recompute_plan())
                 .unwrap()
                 .peak_bytes
         };
@@ -913,9 +925,10 @@ fn verify_resident_on_device_on(dev: &Device) {
             Loss::Mean,
             true,
         );
-        let base = memplan::remat::graph::replay(&su.g, &su.g.no_recompute_plan())
-            .unwrap()
-            .peak_bytes;
+        let base =
+            memplan::remat::graph::replay(&su.step.graph, &su.step.graph.no_recompute_plan())
+                .unwrap()
+                .peak_bytes;
         let r = verify_report_with(
             dev,
             &path,

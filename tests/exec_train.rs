@@ -41,14 +41,13 @@ use memplan::onnx::load_model;
 use memplan::remat::from_schedule::from_schedule;
 use memplan::remat::graph::{replay, Instr, RematGraph};
 use memplan::remat::heuristics::{candidates, greedy, plan_with_drops};
-use memplan::train::{build_schedule, Loss, Optimizer, Precision, Schedule, TrainOptions};
+use memplan::step::TrainingStep;
+use memplan::train::{build_schedule, Loss, Optimizer, Precision, TrainOptions};
 
 struct Setup {
     opt: Optimizer,
     model: Model,
-    inf: Inferred,
-    s: Schedule,
-    g: RematGraph,
+    step: TrainingStep,
     params: Vec<Option<Tensor>>,
     inputs: Vec<Tensor>,
 }
@@ -81,8 +80,7 @@ fn setup_from(model: Model, name: &str, batch: u64, opts: TrainOptions) -> Setup
         },
     )
     .unwrap();
-    let s = build_schedule(&model, &inf, &opts).unwrap();
-    let g = from_schedule(&s, name);
+    let step = training_step(&model, &inf, &opts, name);
     let params = Executor::new(&model, &inf, Options::default())
         .unwrap()
         .params()
@@ -91,20 +89,28 @@ fn setup_from(model: Model, name: &str, batch: u64, opts: TrainOptions) -> Setup
     Setup {
         opt: opts.optimizer,
         model,
-        inf,
-        s,
-        g,
+        step,
         params,
         inputs,
+    }
+}
+
+/// The training step of `model` (inferred as `inf`) under `opts`, its graph named
+/// `name`.
+fn training_step(model: &Model, inf: &Inferred, opts: &TrainOptions, name: &str) -> TrainingStep {
+    let schedule = build_schedule(model, inf, opts).unwrap();
+    let graph = from_schedule(&schedule, name);
+    TrainingStep {
+        inferred: inf.clone(),
+        schedule,
+        graph,
     }
 }
 
 fn run(su: &Setup, plan: &[Instr], params: &[Option<Tensor>], lr: f32) -> StepResult {
     train_step(
         &su.model,
-        &su.inf,
-        &su.s,
-        &su.g,
+        &su.step,
         plan,
         params,
         &su.inputs,
@@ -155,11 +161,11 @@ fn baseline_peak_matches(name: &str, batch: u64) -> (Setup, StepResult) {
 }
 
 fn baseline_of(su: Setup, batch: u64) -> (Setup, StepResult) {
-    let name = su.g.name.clone();
+    let name = su.step.graph.name.clone();
     let name = name.as_str();
-    let plan = su.g.no_recompute_plan();
-    let predicted = replay(&su.g, &plan).unwrap().peak_bytes;
-    let simulated = simulate(&su.s).peak().total();
+    let plan = su.step.graph.no_recompute_plan();
+    let predicted = replay(&su.step.graph, &plan).unwrap().peak_bytes;
+    let simulated = simulate(&su.step.schedule).peak().total();
     assert_eq!(predicted, simulated, "{name}: replay and simulate agree");
     let r = run(&su, &plan, &su.params, 0.01);
     eprintln!(
@@ -167,12 +173,12 @@ fn baseline_of(su: Setup, batch: u64) -> (Setup, StepResult) {
         r.peak_bytes,
         predicted,
         simulated,
-        su.s.steps.len()
+        su.step.schedule.steps.len()
     );
     assert_eq!(r.peak_bytes, predicted, "{name}: measured = predicted peak");
     assert_eq!(
         r.live_after,
-        replay_live(&su.g, &plan),
+        replay_live(&su.step.graph, &plan),
         "{name}: live bytes after every instruction"
     );
     assert!(r.executions.iter().all(|&e| e == 1));
@@ -191,11 +197,11 @@ fn loss_moved(su: &Setup, t: usize, dir: &[f32], eps: f32) -> f64 {
         .map(|(&a, &d)| a + eps * d)
         .collect();
     p[t] = Some(Tensor::from_f32(x.dtype(), x.shape.clone(), v).unwrap());
-    run(su, &su.g.no_recompute_plan(), &p, 0.0).loss
+    run(su, &su.step.graph.no_recompute_plan(), &p, 0.0).loss
 }
 
 fn check_gradients(su: &Setup, r: &StepResult) {
-    let name = &su.g.name;
+    let name = &su.step.graph.name;
     let mut rng = 0x1234_5678u64;
     let mut next = || {
         rng = rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -205,11 +211,11 @@ fn check_gradients(su: &Setup, r: &StepResult) {
         z ^= z >> 31;
         (z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
     };
-    assert!(!su.s.with_grad.is_empty());
+    assert!(!su.step.schedule.with_grad.is_empty());
     let mean_abs: f64 =
         r.output.to_f64s().iter().map(|v| v.abs()).sum::<f64>() / r.output.numel().max(1) as f64;
     let mut worst: f64 = 0.0;
-    for (k, &t) in su.s.with_grad.iter().enumerate() {
+    for (k, &t) in su.step.schedule.with_grad.iter().enumerate() {
         let gt = r.grads[k].to_f32().unwrap();
         let n = gt.len();
         // Sparse random directions (a few elements): a dense one moves every
@@ -223,7 +229,7 @@ fn check_gradients(su: &Setup, r: &StepResult) {
             }
             dirs.push(d);
         }
-        if k == 0 || k + 1 == su.s.with_grad.len() {
+        if k == 0 || k + 1 == su.step.schedule.with_grad.len() {
             let mut e = vec![0.0; n];
             e[n / 2] = 1.0;
             dirs.push(e);
@@ -262,7 +268,7 @@ fn check_gradients(su: &Setup, r: &StepResult) {
     }
     eprintln!(
         "{name}: {} parameters checked, worst relative error {worst:.2e}",
-        su.s.with_grad.len()
+        su.step.schedule.with_grad.len()
     );
 }
 
@@ -283,14 +289,14 @@ fn plans(g: &RematGraph, baseline_peak: u64) -> Vec<(&'static str, Vec<Instr>)> 
 }
 
 fn planned_identical(su: &Setup, base: &StepResult) {
-    for (what, plan) in plans(&su.g, base.peak_bytes) {
+    for (what, plan) in plans(&su.step.graph, base.peak_bytes) {
         planned_run(su, base, what, &plan);
     }
 }
 
 fn planned_run(su: &Setup, base: &StepResult, what: &str, plan: &[Instr]) {
-    let name = &su.g.name;
-    let predicted = replay(&su.g, plan).unwrap();
+    let name = &su.step.graph.name;
+    let predicted = replay(&su.step.graph, plan).unwrap();
     let r = run(su, plan, &su.params, 0.01);
     let recomputed = r.executions.iter().filter(|&&e| e > 1).count();
     eprintln!(
@@ -299,7 +305,7 @@ fn planned_run(su: &Setup, base: &StepResult, what: &str, plan: &[Instr]) {
     );
     assert!(recomputed > 0, "{name}: the plan recomputes something");
     assert_eq!(r.peak_bytes, predicted.peak_bytes, "{name}: planned peak");
-    assert_eq!(r.live_after, replay_live(&su.g, plan));
+    assert_eq!(r.live_after, replay_live(&su.step.graph, plan));
     assert_eq!(r.loss.to_bits(), base.loss.to_bits(), "{name}: loss");
     for (k, (a, b)) in r.grads.iter().zip(&base.grads).enumerate() {
         let (a, b) = (a.to_f32().unwrap(), b.to_f32().unwrap());
@@ -318,7 +324,7 @@ fn mlp_baseline_peak_gradients_and_plan() {
     let (su, r) = baseline_peak_matches("mlp", 4);
     check_gradients(&su, &r);
     // SGD: p' = p - lr·g.
-    for (k, &t) in su.s.with_grad.iter().enumerate() {
+    for (k, &t) in su.step.schedule.with_grad.iter().enumerate() {
         let (p0, p1) = (
             su.params[t]
                 .as_ref()
@@ -348,7 +354,7 @@ fn cnn_baseline_peak_gradients_and_plan() {
 #[test]
 fn transformer_fused_gelu_baseline_gradients_and_plan() {
     let (su, r) = baseline_peak_matches("transformer", 2);
-    assert!(!su.s.fused.is_empty());
+    assert!(!su.step.schedule.fused.is_empty());
     check_gradients(&su, &r);
     planned_identical(&su, &r);
 }
@@ -360,20 +366,22 @@ fn transformer_fused_gelu_baseline_gradients_and_plan() {
 #[test]
 fn tied_embeddings_baseline_gradients_and_plan() {
     let (su, r) = baseline_peak_matches("roberta_mlm", 2);
-    let sums =
-        su.s.steps
-            .iter()
-            .filter(|st| {
-                st.writes.iter().any(|&w| {
-                    let name = &su.s.storages[w].name;
-                    su.s.storages[w].kind == memplan::train::StorageKind::ParamGrad
-                        && st
-                            .writes
-                            .iter()
-                            .any(|&p| su.s.storages[p].name == format!("{name}+"))
-                })
+    let sums = su
+        .step
+        .schedule
+        .steps
+        .iter()
+        .filter(|st| {
+            st.writes.iter().any(|&w| {
+                let name = &su.step.schedule.storages[w].name;
+                su.step.schedule.storages[w].kind == memplan::train::StorageKind::ParamGrad
+                    && st
+                        .writes
+                        .iter()
+                        .any(|&p| su.step.schedule.storages[p].name == format!("{name}+"))
             })
-            .count();
+        })
+        .count();
     assert_eq!(
         sums, 1,
         "one out-of-place accumulation (the tied embedding)"
@@ -387,11 +395,13 @@ fn tied_embeddings_baseline_gradients_and_plan() {
 #[test]
 fn llama_fused_silu_baseline_gradients_and_plan() {
     let (su, r) = baseline_peak_matches("llama_small", 2);
-    let silu =
-        su.s.fused
-            .iter()
-            .filter(|p| p.kind == memplan::train::FusedKind::Silu)
-            .count();
+    let silu = su
+        .step
+        .schedule
+        .fused
+        .iter()
+        .filter(|p| p.kind == memplan::train::FusedKind::Silu)
+        .count();
     assert_eq!(silu, 2, "one SiLU per decoder layer");
     check_gradients(&su, &r);
     planned_identical(&su, &r);
@@ -403,11 +413,13 @@ fn llama_fused_silu_baseline_gradients_and_plan() {
 #[test]
 fn gemma_fused_tanh_gelu_baseline_gradients_and_plan() {
     let (su, r) = baseline_peak_matches("census/hf_gemma", 1);
-    let n =
-        su.s.fused
-            .iter()
-            .filter(|p| p.kind == memplan::train::FusedKind::GeluTanh)
-            .count();
+    let n = su
+        .step
+        .schedule
+        .fused
+        .iter()
+        .filter(|p| p.kind == memplan::train::FusedKind::GeluTanh)
+        .count();
     assert_eq!(n, 2, "one tanh GELU per decoder layer");
     check_gradients(&su, &r);
     planned_identical(&su, &r);
@@ -429,7 +441,13 @@ fn decomposed_norms_baseline_gradients_and_plan() {
     ] {
         let model = load_model(&dir.join(format!("{name}.onnx"))).unwrap();
         let (su, r) = baseline_of(setup_from(model, name, 2, sgd_fp32()), 2);
-        let found = su.s.fused.iter().filter(|p| p.kind == kind).count();
+        let found = su
+            .step
+            .schedule
+            .fused
+            .iter()
+            .filter(|p| p.kind == kind)
+            .count();
         assert_eq!(found, n, "{name}: {kind:?} patterns");
         check_gradients(&su, &r);
         planned_identical(&su, &r);
@@ -456,11 +474,13 @@ fn squares_accumulate_in_place() {
     let dir = tempfile::tempdir().unwrap();
     let path = common::write_tmp(&dir, "sq.onnx", &common::encode(&p));
     let su = setup_from(load_model(&path).unwrap(), "squares", 2, sgd_fp32());
-    let updates =
-        su.s.steps
-            .iter()
-            .filter(|st| !st.updates.is_empty())
-            .count();
+    let updates = su
+        .step
+        .schedule
+        .steps
+        .iter()
+        .filter(|st| !st.updates.is_empty())
+        .count();
     assert_eq!(updates, 2, "h and s: one in-place accumulation each");
     let (su, r) = baseline_of(su, 2);
     check_gradients(&su, &r);
@@ -537,29 +557,29 @@ fn deform_conv_roi_align_baseline_gradients_and_plan() {
 #[test]
 fn bad_plans_and_schedules_are_rejected() {
     let su = setup("mlp", 2);
-    let plan = su.g.no_recompute_plan();
+    let plan = su.step.graph.no_recompute_plan();
     // Free the first value a backward step reads right after it is made.
-    let (_, v) =
-        su.g.nodes
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| n.backward)
-            .find_map(|(i, n)| {
-                n.inputs
-                    .iter()
-                    .find(|&&v| !su.g.values[v].fixed && !su.g.values[v].held)
-                    .map(|&v| (i, v))
-            })
-            .unwrap();
-    let p = su.g.values[v].producer.unwrap();
+    let (_, v) = su
+        .step
+        .graph
+        .nodes
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| n.backward)
+        .find_map(|(i, n)| {
+            n.inputs
+                .iter()
+                .find(|&&v| !su.step.graph.values[v].fixed && !su.step.graph.values[v].held)
+                .map(|&v| (i, v))
+        })
+        .unwrap();
+    let p = su.step.graph.values[v].producer.unwrap();
     let mut bad: Vec<Instr> = plan.clone();
     let at = bad.iter().position(|o| *o == Instr::Compute(p)).unwrap();
     bad.insert(at + 1, Instr::Free(v));
     let err = train_step(
         &su.model,
-        &su.inf,
-        &su.s,
-        &su.g,
+        &su.step,
         &bad,
         &su.params,
         &su.inputs,
@@ -568,7 +588,7 @@ fn bad_plans_and_schedules_are_rejected() {
     .unwrap_err()
     .to_string();
     assert!(err.contains("not live"), "{err}");
-    assert!(err.contains(&su.g.values[v].name), "{err}");
+    assert!(err.contains(&su.step.graph.values[v].name), "{err}");
     // A schedule built for another optimizer than the options'.
     let o = TrainOptions {
         optimizer: Optimizer::Adam,
@@ -577,14 +597,11 @@ fn bad_plans_and_schedules_are_rejected() {
         grads_resident: false,
         params: Default::default(),
     };
-    let s = build_schedule(&su.model, &su.inf, &o).unwrap();
-    let g = from_schedule(&s, "mlp");
+    let adam = training_step(&su.model, &su.step.inferred, &o, "mlp");
     let err = train_step(
         &su.model,
-        &su.inf,
-        &s,
-        &g,
-        &g.no_recompute_plan(),
+        &adam,
+        &adam.graph.no_recompute_plan(),
         &su.params,
         &su.inputs,
         &StepOptions::default(),
@@ -628,7 +645,12 @@ fn larger_models(all: &str) {
 #[test]
 fn sum_loss() {
     let mean = setup("mlp", 4);
-    let base = run(&mean, &mean.g.no_recompute_plan(), &mean.params, 0.0);
+    let base = run(
+        &mean,
+        &mean.step.graph.no_recompute_plan(),
+        &mean.params,
+        0.0,
+    );
     let o = TrainOptions {
         optimizer: Optimizer::Sgd,
         precision: Precision::Fp32,
@@ -636,14 +658,12 @@ fn sum_loss() {
         grads_resident: false,
         params: Default::default(),
     };
-    let s = build_schedule(&mean.model, &mean.inf, &o).unwrap();
-    let g = from_schedule(&s, "mlp");
+    let sum = training_step(&mean.model, &mean.step.inferred, &o, "mlp");
+    let (s, g) = (&sum.schedule, &sum.graph);
     let plan = g.no_recompute_plan();
     let r = train_step(
         &mean.model,
-        &mean.inf,
-        &s,
-        &g,
+        &sum,
         &plan,
         &mean.params,
         &mean.inputs,
@@ -654,8 +674,8 @@ fn sum_loss() {
         },
     )
     .unwrap();
-    assert_eq!(r.peak_bytes, replay(&g, &plan).unwrap().peak_bytes);
-    assert_eq!(r.peak_bytes, simulate(&s).peak().total());
+    assert_eq!(r.peak_bytes, replay(g, &plan).unwrap().peak_bytes);
+    assert_eq!(r.peak_bytes, simulate(s).peak().total());
     let n = base.output.numel() as f32;
     for (a, b) in r.grads.iter().zip(&base.grads) {
         let (a, b) = (a.to_f32().unwrap(), b.to_f32().unwrap());
@@ -678,7 +698,12 @@ fn sum_loss() {
 fn optimizers_peak_and_plans() {
     for (name, batch) in [("mlp", 4), ("cnn", 2)] {
         let base = setup(name, batch);
-        let sgd = run(&base, &base.g.no_recompute_plan(), &base.params, 0.01);
+        let sgd = run(
+            &base,
+            &base.step.graph.no_recompute_plan(),
+            &base.params,
+            0.01,
+        );
         for opt in [
             Optimizer::Sgd,
             Optimizer::Momentum,
@@ -735,10 +760,8 @@ fn optimizer_updates_by_hand() {
             };
             let r = train_step(
                 &su.model,
-                &su.inf,
-                &su.s,
-                &su.g,
-                &su.g.no_recompute_plan(),
+                &su.step,
+                &su.step.graph.no_recompute_plan(),
                 &su.params,
                 &su.inputs,
                 &so,
@@ -749,7 +772,7 @@ fn optimizer_updates_by_hand() {
             let n: usize = r.grads.iter().map(|g| g.numel()).sum();
             let mut off = 0;
             let mut checked = 0;
-            for (k, &t) in su.s.with_grad.iter().enumerate() {
+            for (k, &t) in su.step.schedule.with_grad.iter().enumerate() {
                 let p0 = su.params[t].as_ref().unwrap().to_f32().unwrap();
                 let p1 = r.params[t].as_ref().unwrap().to_f32().unwrap();
                 let g = r.grads[k].to_f32().unwrap();
@@ -969,11 +992,13 @@ fn sdpa_with_mask_and_dropout() {
     };
     for (folded, name) in [(true, "sdpa"), (false, "sdpa_unfolded")] {
         let su = setup_from(sdpa_model(folded), name, 2, o.clone());
-        let p =
-            su.s.fused
-                .iter()
-                .find(|p| p.kind == memplan::train::FusedKind::Sdpa)
-                .expect("the SDPA pattern is recognised");
+        let p = su
+            .step
+            .schedule
+            .fused
+            .iter()
+            .find(|p| p.kind == memplan::train::FusedKind::Sdpa)
+            .expect("the SDPA pattern is recognised");
         assert_eq!(
             p.nodes.len(),
             7,
@@ -1003,7 +1028,7 @@ fn sdpa_with_mask_and_dropout() {
 fn precision_policies_peak_and_plans() {
     for (name, batch) in [("mlp", 4), ("cnn", 2)] {
         let f = setup(name, batch);
-        let fp32 = run(&f, &f.g.no_recompute_plan(), &f.params, 0.01);
+        let fp32 = run(&f, &f.step.graph.no_recompute_plan(), &f.params, 0.01);
         for prec in [Precision::AmpFp16, Precision::AmpBf16, Precision::Bf16] {
             for opt in [Optimizer::Sgd, Optimizer::Adam] {
                 let su = setup_with(
@@ -1017,16 +1042,20 @@ fn precision_policies_peak_and_plans() {
                         params: Default::default(),
                     },
                 );
-                let half =
-                    su.s.storages
-                        .iter()
-                        .filter(|st| st.dtype == prec.half().unwrap())
-                        .count();
-                let casts =
-                    su.s.storages
-                        .iter()
-                        .filter(|st| st.kind == memplan::train::StorageKind::Cast)
-                        .count();
+                let half = su
+                    .step
+                    .schedule
+                    .storages
+                    .iter()
+                    .filter(|st| st.dtype == prec.half().unwrap())
+                    .count();
+                let casts = su
+                    .step
+                    .schedule
+                    .storages
+                    .iter()
+                    .filter(|st| st.kind == memplan::train::StorageKind::Cast)
+                    .count();
                 eprintln!("{name} {prec} {opt}: {half} half storages, {casts} casts");
                 assert!(half > 0);
                 assert_eq!(casts > 0, prec.is_amp());
@@ -1068,8 +1097,8 @@ fn fused_patterns_under_half_policies() {
             setup_with("transformer", 2, o.clone()),
             setup_from(sdpa_model(true), "sdpa", 2, o.clone()),
         ] {
-            assert!(!su.s.fused.is_empty());
-            eprintln!("{} {prec}:", su.g.name);
+            assert!(!su.step.schedule.fused.is_empty());
+            eprintln!("{} {prec}:", su.step.graph.name);
             let (su, r) = baseline_of(su, 2);
             planned_identical(&su, &r);
         }

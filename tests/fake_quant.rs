@@ -27,7 +27,7 @@ use std::process::Command;
 use common::{model, node, value_info, with_int, D};
 use memplan::exec::train::{train_step, StepOptions};
 use memplan::exec::{Executor, Options, Tensor};
-use memplan::infer::{infer, Bindings};
+use memplan::infer::{infer, Bindings, Inferred};
 use memplan::ir::Model;
 use memplan::onnx::load_model;
 use memplan::onnx::proto::TensorProto;
@@ -36,8 +36,9 @@ use memplan::ops::quantize::{
 };
 use memplan::remat::from_schedule::from_schedule;
 use memplan::remat::graph::replay;
+use memplan::step::TrainingStep;
 use memplan::train::{
-    build_schedule, FusedKind, Loss, Optimizer, Precision, StepKind, TrainOptions,
+    build_schedule, FusedKind, Loss, Optimizer, Precision, Schedule, StepKind, TrainOptions,
 };
 use serde_json::Value;
 
@@ -48,6 +49,17 @@ fn dir() -> PathBuf {
 fn saved_json() -> Value {
     let text = std::fs::read_to_string(dir().join("saved.json")).unwrap();
     serde_json::from_str(&text).unwrap()
+}
+
+/// The training step of schedule `s` (of a model inferred as `inf`), its graph
+/// named `name`.
+fn training_step(inf: &Inferred, s: Schedule, name: &str) -> TrainingStep {
+    let graph = from_schedule(&s, name);
+    TrainingStep {
+        inferred: inf.clone(),
+        schedule: s,
+        graph,
+    }
 }
 
 fn opts(precision: Precision) -> TrainOptions {
@@ -274,7 +286,8 @@ fn a_weight_fake_quantization_trains_the_float_weight() {
         assert_eq!(flops("q/grad", StepKind::Backward), 6);
         assert_eq!(flops("dq/grad", StepKind::Backward), 0);
         // One step on the CPU executor.
-        let g = from_schedule(&s, "w");
+        let training = training_step(&inf, s, "w");
+        let (s, g) = (&training.schedule, &training.graph);
         let plan = g.no_recompute_plan();
         let params = Executor::new(&m, &inf, Options::default())
             .unwrap()
@@ -283,9 +296,7 @@ fn a_weight_fake_quantization_trains_the_float_weight() {
         let x = Tensor::f32(vec![2, 2, 3], vec![0.0; 12]);
         let r = train_step(
             &m,
-            &inf,
-            &s,
-            &g,
+            &training,
             &plan,
             &params,
             &[x],
@@ -295,7 +306,7 @@ fn a_weight_fake_quantization_trains_the_float_weight() {
             },
         )
         .unwrap();
-        assert_eq!(r.peak_bytes, replay(&g, &plan).unwrap().peak_bytes);
+        assert_eq!(r.peak_bytes, replay(g, &plan).unwrap().peak_bytes);
         let want = fake_quantize(
             &Tensor::f32(vec![2, 3], w.to_vec()),
             &FakeQuantParams {
@@ -360,8 +371,8 @@ fn qat_models_step_as_pytorch() {
         )
         .unwrap();
         let s = build_schedule(&m, &inf, &opts(Precision::Fp32)).unwrap();
-        let g = from_schedule(&s, name);
-        let plan = g.no_recompute_plan();
+        let training = training_step(&inf, s, name);
+        let (s, plan) = (&training.schedule, training.graph.no_recompute_plan());
         let params = Executor::new(&m, &inf, Options::default())
             .unwrap()
             .params()
@@ -380,9 +391,7 @@ fn qat_models_step_as_pytorch() {
             .collect();
         let step = train_step(
             &m,
-            &inf,
-            &s,
-            &g,
+            &training,
             &plan,
             &params,
             &[Tensor::f32(shape, x)],
@@ -467,13 +476,11 @@ fn qat_models_run_under_every_precision() {
             Precision::Bf16,
         ] {
             let s = build_schedule(&m, &inf, &opts(p)).unwrap();
-            let g = from_schedule(&s, name);
-            let plan = g.no_recompute_plan();
+            let training = training_step(&inf, s, name);
+            let plan = training.graph.no_recompute_plan();
             let r = train_step(
                 &m,
-                &inf,
-                &s,
-                &g,
+                &training,
                 &plan,
                 &params,
                 &inputs,
@@ -485,7 +492,7 @@ fn qat_models_run_under_every_precision() {
             .unwrap_or_else(|e| panic!("{name} {p:?}: {e}"));
             assert_eq!(
                 r.peak_bytes,
-                replay(&g, &plan).unwrap().peak_bytes,
+                replay(&training.graph, &plan).unwrap().peak_bytes,
                 "{name} {p:?}"
             );
             assert!(r.loss.is_finite(), "{name} {p:?}");

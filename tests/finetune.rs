@@ -17,6 +17,7 @@ use memplan::ir::{parameter_name, Model};
 use memplan::memory::simulate;
 use memplan::onnx::load_model;
 use memplan::remat::from_schedule::from_schedule;
+use memplan::step::TrainingStep;
 use memplan::train::{
     build_schedule, Optimizer, ParamSelection, Schedule, StepKind, StorageKind, TrainOptions,
 };
@@ -165,8 +166,14 @@ fn run_step(
     inf: &Inferred,
     opts: &TrainOptions,
 ) -> (u64, u64, Vec<(String, Vec<f32>)>) {
-    let s = build_schedule(model, inf, opts).unwrap();
-    let g = from_schedule(&s, "step");
+    let schedule = build_schedule(model, inf, opts).unwrap();
+    let graph = from_schedule(&schedule, "step");
+    let step = TrainingStep {
+        inferred: inf.clone(),
+        schedule,
+        graph,
+    };
+    let (s, g) = (&step.schedule, &step.graph);
     let params = Executor::new(model, inf, Options::default())
         .unwrap()
         .params()
@@ -175,9 +182,7 @@ fn run_step(
     let plan = g.no_recompute_plan();
     let r = train_step(
         model,
-        inf,
-        &s,
-        &g,
+        &step,
         &plan,
         &params,
         &inputs,

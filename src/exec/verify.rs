@@ -25,6 +25,7 @@ use crate::remat::from_schedule::from_schedule;
 use crate::remat::graph::{replay, Instr, RematGraph};
 use crate::remat::plan::{plan, Solver};
 use crate::remat::planfile::{PlanFile, StepSource};
+use crate::step::TrainingStep;
 use crate::train::TrainOptions;
 
 /// Where the planned run's plan comes from.
@@ -144,32 +145,27 @@ pub struct VerifyReport {
 /// A model's training step, built and mapped onto the rematerialization graph.
 pub struct Step<'a> {
     model: &'a Model,
-    inf: &'a Inferred,
-    schedule: crate::train::Schedule,
-    graph: RematGraph,
+    step: TrainingStep,
 }
 
 impl<'a> Step<'a> {
     /// Builds the step of `model` (inferred as `inf`) with `train` options.
-    pub fn new(
-        model: &'a Model,
-        inf: &'a Inferred,
-        train: &TrainOptions,
-        name: &str,
-    ) -> Result<Self> {
+    pub fn new(model: &'a Model, inf: &Inferred, train: &TrainOptions, name: &str) -> Result<Self> {
         let schedule = crate::step::schedule(model, inf, train)?;
         let graph = from_schedule(&schedule, name);
         Ok(Step {
             model,
-            inf,
-            schedule,
-            graph,
+            step: TrainingStep {
+                inferred: inf.clone(),
+                schedule,
+                graph,
+            },
         })
     }
 
     /// The rematerialization graph (node i = schedule step i).
     pub fn graph(&self) -> &RematGraph {
-        &self.graph
+        &self.step.graph
     }
 
     /// Runs the step once on the CPU following `plan`.
@@ -192,17 +188,7 @@ impl<'a> Step<'a> {
         inputs: &[Tensor],
         opts: &StepOptions,
     ) -> Result<StepResult> {
-        train_step_on(
-            b,
-            self.model,
-            self.inf,
-            &self.schedule,
-            &self.graph,
-            plan,
-            params,
-            inputs,
-            opts,
-        )
+        train_step_on(b, self.model, &self.step, plan, params, inputs, opts)
     }
 }
 
@@ -285,7 +271,8 @@ pub fn verify(
     plan_source: &PlanSource,
     o: &VerifyOptions,
 ) -> Result<Verified> {
-    verify_with(&Cpu, model, inf, source, plan_source, o, &mut |_| {})
+    let step = Step::new(model, inf, &o.train, &source.model)?;
+    verify_with(&Cpu, &step, source, plan_source, o, &mut |_| {})
 }
 
 /// What a device run measured besides the step's result.
@@ -312,7 +299,8 @@ pub fn verify_cuda(
 ) -> Result<Verified> {
     let b = crate::exec::cuda::step::DeviceStep::new(dev);
     let mut runs: Vec<DeviceRun> = Vec::new();
-    let mut v = verify_with(&b, model, inf, source, plan_source, o, &mut |b| {
+    let step = Step::new(model, inf, &o.train, &source.model)?;
+    let mut v = verify_with(&b, &step, source, plan_source, o, &mut |b| {
         runs.push(DeviceRun {
             mem_get_info_peak_delta_bytes: b.mem_get_info_peak_delta_bytes(),
             workspace_peak_bytes: b.memory().workspace_peak_bytes,
@@ -366,79 +354,85 @@ fn max_rel_diff(a: &[Tensor], b: &[Tensor]) -> f64 {
         .fold(0f64, f64::max)
 }
 
-/// [`verify`] on backend `b`; `after_run` is called after every run.
-#[allow(clippy::too_many_arguments)]
-fn verify_with<B: StepBackend>(
-    b: &B,
-    model: &Model,
-    inf: &Inferred,
-    source: &StepSource,
-    plan_source: &PlanSource,
-    o: &VerifyOptions,
-    after_run: &mut dyn FnMut(&B),
-) -> Result<Verified> {
-    let step = Step::new(model, inf, &o.train, &source.model)?;
-    // The executor runs the step the schedule was built for.
-    let step_opts = StepOptions {
-        optimizer: o.train.optimizer,
-        loss: o.train.loss,
-        ..o.step
-    };
-    let g = step.graph();
-    let base_plan = g.no_recompute_plan();
-    let base = replay(g, &base_plan).map_err(Error::Graph)?;
-    let mut unit = "flops".to_string();
-    let (planned, predicted, budget, from, predicted_overhead) = match plan_source {
-        PlanSource::File(f) => {
-            let peak = f.check_against(g, source)?;
-            // In the file's own costs (FLOPs, or the seconds it was planned with).
-            let cost = replay(&f.graph, &f.plan)
-                .map_err(Error::Plan)?
-                .recompute_cost;
-            unit = f.cost_unit.clone();
-            (
-                f.plan.clone(),
-                peak,
-                f.budget_bytes,
-                "file".to_string(),
-                cost / f.graph.base_cost().max(f64::MIN_POSITIVE),
-            )
-        }
-        PlanSource::Given { plan, label } => {
-            let r =
-                replay(g, plan).map_err(|e| Error::Plan(format!("the plan is invalid: {e}")))?;
-            (
-                plan.clone(),
-                r.peak_bytes,
-                r.peak_bytes,
-                label.clone(),
-                r.recompute_cost / g.base_cost().max(f64::MIN_POSITIVE),
-            )
-        }
-        PlanSource::Budget {
-            bytes,
-            solver,
-            time_limit_s,
-        } => {
-            let r = plan(g, *bytes, *solver, *time_limit_s)?;
-            if !r.feasible {
-                return Err(Error::Plan(format!(
-                    "no plan fits the budget of {}: the lowest peak found is {} (no recompute: {})",
-                    crate::units::human_bytes(*bytes),
-                    crate::units::human_bytes(r.min_feasible_bytes),
-                    crate::units::human_bytes(r.baseline_peak_bytes)
-                )));
+/// The planned run's plan, from a file, given, or planned now under a budget.
+struct Planned {
+    plan: Vec<Instr>,
+    /// Its predicted peak.
+    predicted: u64,
+    budget: u64,
+    /// Where it came from (`plan_source`).
+    from: String,
+    /// Recomputed cost over the step's, in `unit`.
+    predicted_overhead: f64,
+    unit: String,
+}
+
+impl Planned {
+    /// The plan `plan_source` gives over `g`, the step of `source`.
+    fn of(g: &RematGraph, source: &StepSource, plan_source: &PlanSource) -> Result<Planned> {
+        Ok(match plan_source {
+            PlanSource::File(f) => {
+                let peak = f.check_against(g, source)?;
+                // In the file's own costs (FLOPs, or the seconds it was planned with).
+                let cost = replay(&f.graph, &f.plan)
+                    .map_err(Error::Plan)?
+                    .recompute_cost;
+                Planned {
+                    plan: f.plan.clone(),
+                    predicted: peak,
+                    budget: f.budget_bytes,
+                    from: "file".to_string(),
+                    predicted_overhead: cost / f.graph.base_cost().max(f64::MIN_POSITIVE),
+                    unit: f.cost_unit.clone(),
+                }
             }
-            (r.plan, r.peak_bytes, *bytes, r.method, r.overhead)
-        }
-    };
-    let peak = base.peak_bytes.max(predicted);
-    // On the host, the CPU executor's own buffers come on top of the step's tensors
-    // (float64 operands, both runs' gradients for the comparison): measured 3.8× the
-    // predicted peak on GPT-2 (9.6 GB resident for 2.54 GB) and 3.6× on ResNet-18 at
-    // batch 8, so the guard asks for 4× and the process's own 32 MiB. A device
-    // counts its tensors alone.
-    let (need, how) = if b.live_bytes().is_some() {
+            PlanSource::Given { plan, label } => {
+                let r = replay(g, plan)
+                    .map_err(|e| Error::Plan(format!("the plan is invalid: {e}")))?;
+                Planned {
+                    plan: plan.clone(),
+                    predicted: r.peak_bytes,
+                    budget: r.peak_bytes,
+                    from: label.clone(),
+                    predicted_overhead: r.recompute_cost / g.base_cost().max(f64::MIN_POSITIVE),
+                    unit: "flops".to_string(),
+                }
+            }
+            PlanSource::Budget {
+                bytes,
+                solver,
+                time_limit_s,
+            } => {
+                let r = plan(g, *bytes, *solver, *time_limit_s)?;
+                if !r.feasible {
+                    return Err(Error::Plan(format!(
+                        "no plan fits the budget of {}: the lowest peak found is {} (no recompute: {})",
+                        crate::units::human_bytes(*bytes),
+                        crate::units::human_bytes(r.min_feasible_bytes),
+                        crate::units::human_bytes(r.baseline_peak_bytes)
+                    )));
+                }
+                Planned {
+                    plan: r.plan,
+                    predicted: r.peak_bytes,
+                    budget: *bytes,
+                    from: r.method,
+                    predicted_overhead: r.overhead,
+                    unit: "flops".to_string(),
+                }
+            }
+        })
+    }
+}
+
+/// Refuses a run whose predicted `peak` needs more than `max_memory`. On the host,
+/// the CPU executor's own buffers come on top of the step's tensors (float64
+/// operands, both runs' gradients for the comparison): measured 3.8× the predicted
+/// peak on GPT-2 (9.6 GB resident for 2.54 GB) and 3.6× on ResNet-18 at batch 8, so
+/// the guard asks for [`HOST_FACTOR`]× and the process's own [`HOST_BASE`]. A device (`on_device`)
+/// counts its tensors alone.
+fn check_memory(on_device: bool, peak: u64, max_memory: u64) -> Result<()> {
+    let (need, how) = if on_device {
         (peak, "the predicted peak".to_string())
     } else {
         let n = peak.saturating_mul(HOST_FACTOR).saturating_add(HOST_BASE);
@@ -450,16 +444,41 @@ fn verify_with<B: StepBackend>(
             ),
         )
     };
-    if need > o.max_memory {
+    if need > max_memory {
         return Err(Error::setting(
             Setting::MaxMemory,
             format!(
                 "the run needs about {} ({how}), more than the {} it may use",
                 crate::units::human_bytes(need),
-                crate::units::human_bytes(o.max_memory)
+                crate::units::human_bytes(max_memory)
             ),
         ));
     }
+    Ok(())
+}
+
+/// [`verify`] of `step` on backend `b`; `after_run` is called after every run.
+fn verify_with<B: StepBackend>(
+    b: &B,
+    step: &Step,
+    source: &StepSource,
+    plan_source: &PlanSource,
+    o: &VerifyOptions,
+    after_run: &mut dyn FnMut(&B),
+) -> Result<Verified> {
+    let (model, inf) = (step.model, &step.step.inferred);
+    // The executor runs the step the schedule was built for.
+    let step_opts = StepOptions {
+        optimizer: o.train.optimizer,
+        loss: o.train.loss,
+        ..o.step
+    };
+    let g = step.graph();
+    let base_plan = g.no_recompute_plan();
+    let base = replay(g, &base_plan).map_err(Error::Graph)?;
+    let planned = Planned::of(g, source, plan_source)?;
+    let peak = base.peak_bytes.max(planned.predicted);
+    check_memory(b.live_bytes().is_some(), peak, o.max_memory)?;
     let params = Executor::new(
         model,
         inf,
@@ -475,7 +494,7 @@ fn verify_with<B: StepBackend>(
     let mut run = |plan: &[Instr]| -> Result<StepResult> {
         let mut best: Option<StepResult> = None;
         for _ in 0..o.runs.max(1) {
-            let r = fastest(b, &step, plan, &params, &inputs, &step_opts, 1)?;
+            let r = fastest(b, step, plan, &params, &inputs, &step_opts, 1)?;
             after_run(b);
             if best.as_ref().is_none_or(|x| r.seconds < x.seconds) {
                 best = Some(r);
@@ -484,7 +503,7 @@ fn verify_with<B: StepBackend>(
         Ok(best.expect("ran at least once"))
     };
     let base_run = run(&base_plan)?;
-    let p = run(&planned)?;
+    let p = run(&planned.plan)?;
     let b = base_run;
     let cpu_max_rel_grad_diff = if on_device {
         let c = step.run(&base_plan, &params, &inputs, &step_opts)?;
@@ -492,6 +511,29 @@ fn verify_with<B: StepBackend>(
     } else {
         None
     };
+    let costs = g
+        .nodes
+        .iter()
+        .zip(&b.step_seconds)
+        .map(|(n, &s)| (n.name.clone(), s))
+        .collect();
+    let mut report = report(source, g, &planned, base.peak_bytes, &p, &b, o.runs);
+    report.cpu_max_rel_grad_diff = cpu_max_rel_grad_diff;
+    Ok(Verified { report, costs })
+}
+
+/// The report of the planned run `p` against the baseline run `b` of the step of
+/// `source` (graph `g`, baseline predicted peak `base_peak`), `runs` runs each;
+/// as measured on the CPU.
+fn report(
+    source: &StepSource,
+    g: &RematGraph,
+    planned: &Planned,
+    base_peak: u64,
+    p: &StepResult,
+    b: &StepResult,
+    runs: usize,
+) -> VerifyReport {
     let (gradients_identical, max_abs_grad_diff) = compare(&p.grads, &b.grads);
     let (pa, pb): (Vec<Tensor>, Vec<Tensor>) = p
         .params
@@ -510,52 +552,45 @@ fn verify_with<B: StepBackend>(
         .iter()
         .position(|&l| l == p.peak_bytes)
         .unwrap_or(0);
-    let peak_step = match planned.get(peak_at) {
+    let peak_step = match planned.plan.get(peak_at) {
         Some(Instr::Compute(i)) => g.nodes[*i].name.clone(),
         Some(Instr::Free(v)) => format!("free {}", g.values[*v].name),
         Some(Instr::Load(v)) => format!("load {}", g.values[*v].name),
         None => String::new(),
     };
     let base_flops = g.base_cost();
-    let costs = g
-        .nodes
-        .iter()
-        .zip(&b.step_seconds)
-        .map(|(n, &s)| (n.name.clone(), s))
-        .collect();
-    let report = VerifyReport {
+    VerifyReport {
         model: source.model.clone(),
         batch: source.batch,
-        predicted_peak_bytes: predicted,
+        predicted_peak_bytes: planned.predicted,
         measured_peak_bytes: p.peak_bytes,
-        baseline_predicted_peak_bytes: base.peak_bytes,
+        baseline_predicted_peak_bytes: base_peak,
         baseline_measured_peak_bytes: b.peak_bytes,
         gradients_identical,
         max_abs_grad_diff,
         baseline_seconds: b.seconds,
         planned_seconds: p.seconds,
         measured_overhead: p.seconds / b.seconds.max(f64::MIN_POSITIVE) - 1.0,
-        predicted_overhead,
-        cost_unit: unit,
+        predicted_overhead: planned.predicted_overhead,
+        cost_unit: planned.unit.clone(),
         measured_recompute_overhead: p.recompute_seconds / b.seconds.max(f64::MIN_POSITIVE),
         baseline_flops: base_flops,
         baseline_gflops_per_second: base_flops / b.seconds.max(f64::MIN_POSITIVE) / 1e9,
         loss: b.loss,
         updated_params_identical: params_same && p.loss.to_bits() == b.loss.to_bits(),
-        budget_bytes: budget,
-        plan_source: from,
+        budget_bytes: planned.budget,
+        plan_source: planned.from.clone(),
         recomputations: p.executions.iter().map(|&e| e.saturating_sub(1)).sum(),
         measured_peak_step: peak_step,
-        runs: o.runs.max(1),
+        runs: runs.max(1),
         device: "cpu".into(),
         device_name: None,
         mem_get_info_peak_delta_bytes: None,
         baseline_mem_get_info_peak_delta_bytes: None,
         workspace_peak_bytes: None,
         launch_peak_bytes: None,
-        cpu_max_rel_grad_diff,
-    };
-    Ok(Verified { report, costs })
+        cpu_max_rel_grad_diff: None,
+    }
 }
 
 impl VerifyReport {

@@ -99,6 +99,7 @@ use crate::ir::{DType, Model, TensorId};
 use crate::numeric::{rng, Tensor};
 use crate::ops::{registry, BackwardCx, KernelCx, Saved};
 use crate::remat::graph::{Instr as PlanOp, RematGraph};
+use crate::step::TrainingStep;
 use crate::train::{
     fake_quant_roles, FakeQuantRole, FusedKind, FusedPattern, Loss, Optimizer, Schedule, StepKind,
     StorageId, StorageKind,
@@ -237,47 +238,60 @@ pub struct StepResult {
     pub state: Option<Tensor>,
 }
 
-/// Runs one training step of `model` on the CPU following `plan` over `g` (made
-/// from `s` by [`crate::remat::from_schedule::from_schedule`]), from parameters
-/// `params` (as [`crate::exec::Executor::params`]) on `inputs` (one per graph input).
-#[allow(clippy::too_many_arguments)]
+/// Runs one training step of `model` on the CPU following `plan` over `step`'s
+/// graph (one node per schedule step, see
+/// [`crate::remat::from_schedule::from_schedule`]), from parameters `params` (as
+/// [`crate::exec::Executor::params`]) on `inputs` (one per graph input).
 pub fn train_step(
     model: &Model,
-    inf: &Inferred,
-    s: &Schedule,
-    g: &RematGraph,
+    step: &TrainingStep,
     plan: &[PlanOp],
     params: &[Option<Tensor>],
     inputs: &[Tensor],
     opts: &StepOptions,
 ) -> Result<StepResult> {
-    train_step_on(&Cpu, model, inf, s, g, plan, params, inputs, opts)
+    train_step_on(&Cpu, model, step, plan, params, inputs, opts)
 }
 
 /// [`train_step`] on backend `b`: the same plan, storages and checks; the
 /// measured peak is the backend's count where it has one
 /// ([`StepBackend::peak_bytes`]), else the schedule [`Allocator`]'s.
-#[allow(clippy::too_many_arguments)]
 pub fn train_step_on<B: StepBackend>(
     b: &B,
     model: &Model,
-    inf: &Inferred,
-    s: &Schedule,
-    g: &RematGraph,
+    step: &TrainingStep,
     plan: &[PlanOp],
-    params_in: &[Option<Tensor>],
+    params: &[Option<Tensor>],
     inputs: &[Tensor],
     opts: &StepOptions,
 ) -> Result<StepResult> {
-    let gr = &model.graph;
-    let n_t = gr.tensors.len();
+    check_plan(model, step, plan, inputs)?;
+    b.check(&step.schedule, opts)?;
+    b.begin()?;
+    let mut run = Run::new(b, model, step, opts);
+    run.setup(params, inputs)?;
+    run.live_after.reserve(plan.len());
+    for (k, op) in plan.iter().enumerate() {
+        run.instruction(k, op)?;
+    }
+    run.result()
+}
+
+/// Refuses, before anything runs, a graph that is not the schedule's, an invalid
+/// plan (the whole plan is checked: every read live, every step computed, only
+/// forward steps recomputed) and inputs that are not one per graph input.
+fn check_plan(
+    model: &Model,
+    step: &TrainingStep,
+    plan: &[PlanOp],
+    inputs: &[Tensor],
+) -> Result<()> {
+    let (s, g, gr) = (&step.schedule, &step.graph, &model.graph);
     if g.nodes.len() != s.steps.len() || g.values.len() != s.storages.len() {
         return Err(Error::Graph(
             "the plan's graph is not this schedule's".into(),
         ));
     }
-    // The whole plan is checked before anything runs (every read live, every step
-    // computed, only forward steps recomputed).
     crate::remat::graph::replay(g, plan)
         .map_err(|e| Error::Graph(format!("the plan is invalid: {e}")))?;
     if inputs.len() != gr.inputs.len() {
@@ -287,133 +301,299 @@ pub fn train_step_on<B: StepBackend>(
             inputs.len()
         )));
     }
-    b.check(s, opts)?;
-    b.begin()?;
-    let mut alloc = Allocator::new(s.storages.iter().map(|st| st.bytes).collect());
-    // Values: forward tensors by tensor id; gradients by tensor id; extras and the
-    // loss by storage id. Each lives in one storage.
-    let none = |n: usize| -> Vec<Option<B::T>> { (0..n).map(|_| None).collect() };
-    let mut fwd: Vec<Option<B::T>> = none(n_t);
-    let mut gval: Vec<Option<B::T>> = none(n_t);
-    let mut gstore: Vec<Option<StorageId>> = vec![None; n_t];
-    let mut sval: Vec<Option<B::T>> = none(s.storages.len());
-    // Parameters and the batch in their storage's type (pure bf16: bf16).
-    let mut params: Vec<Option<B::T>> = none(n_t);
-    for (t, p) in params_in.iter().enumerate().take(n_t) {
-        if let Some(v) = p {
-            params[t] = Some(b.put(stored(s, t, v.clone())?)?);
+    Ok(())
+}
+
+/// What every step of a run reads and none changes: the backend, the model, its
+/// inferred shapes and schedule, the options, and each node's forward step.
+struct Cx<'a, B: StepBackend> {
+    b: &'a B,
+    model: &'a Model,
+    inf: &'a Inferred,
+    s: &'a Schedule,
+    opts: &'a StepOptions,
+    /// The forward step of each node.
+    step_of: HashMap<NodeIndex, usize>,
+}
+
+/// The values a run holds, each in one storage: parameters (in their storage's
+/// type), forward tensors and gradients by tensor id, with the storage each
+/// gradient lives in; extras, the loss, partial gradients, autocast copies and the
+/// optimizer state by storage id.
+struct Values<T> {
+    params: Vec<Option<T>>,
+    fwd: Vec<Option<T>>,
+    gval: Vec<Option<T>>,
+    gstore: Vec<Option<StorageId>>,
+    sval: Vec<Option<T>>,
+}
+
+impl<T> Values<T> {
+    /// No value for `n_t` tensors and `n_s` storages.
+    fn new(n_t: usize, n_s: usize) -> Values<T> {
+        let none = |n: usize| -> Vec<Option<T>> { (0..n).map(|_| None).collect() };
+        Values {
+            params: none(n_t),
+            fwd: none(n_t),
+            gval: none(n_t),
+            gstore: vec![None; n_t],
+            sval: none(n_s),
         }
     }
-    for (v, val) in g.values.iter().enumerate() {
-        if val.fixed {
-            alloc.alloc(v)?;
+
+    /// Forward tensor `t`'s value: the parameter's, else the one computed.
+    fn of(&self, t: TensorId) -> Option<&T> {
+        self.params[t].as_ref().or(self.fwd[t].as_ref())
+    }
+}
+
+/// Checks that value `t` has the bytes of storage `st`.
+fn check_bytes<B: StepBackend>(s: &Schedule, st: StorageId, t: &B::T) -> Result<()> {
+    let want = s.storages[st].bytes;
+    let have = B::dtype(t)
+        .bytes_for(B::numel(t) as u64)
+        .unwrap_or(u64::MAX);
+    if want != have {
+        return Err(format!(
+            "writes {have} bytes into '{}' of {want}",
+            s.storages[st].name
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// One run of a training step: its values, the [`Allocator`] that counts their
+/// storages, the fused patterns' state, and what it measures. [`Run::setup`] puts
+/// what lives from the start, [`Run::instruction`] follows the plan one
+/// instruction at a time, [`Run::result`] reads the result back.
+struct Run<'a, B: StepBackend> {
+    cx: Cx<'a, B>,
+    g: &'a RematGraph,
+    alloc: Allocator,
+    v: Values<B::T>,
+    /// Storage → the forward tensors held in it.
+    in_storage: Vec<Vec<TensorId>>,
+    /// Constants put before the first instruction ([`Run::preload`]).
+    preloaded: Vec<bool>,
+    /// Fake quantization ([`crate::train::FakeQuant`]): each node's pattern and role.
+    /// Its qparam nodes run no kernel (their values are folded; a double scale or an
+    /// 8-bit zero point has no tensor here), and its forward and backward are the
+    /// fused float kernels of `ops::quantize`, on the host.
+    fq: HashMap<NodeIndex, (usize, FakeQuantRole)>,
+    /// Fused patterns (but fake quantization): each node's pattern.
+    pattern_of: HashMap<NodeIndex, usize>,
+    /// Each pattern's extras as its fused kernel makes them, written by its last
+    /// node: SDPA's logsumexp (computed from the scores when the pattern's Softmax
+    /// runs), GroupNorm's mean and rstd (from its InstanceNormalization). Kept on
+    /// the host until that node puts them, when the schedule allocates them.
+    pattern_extras: Vec<Option<Vec<Tensor>>>,
+    /// Each pattern's recomputed inner values while its backward steps run...
+    recomputed: Vec<Option<Recomputed<B::T>>>,
+    /// ...and how many of them are left.
+    bw_left: Vec<usize>,
+    /// The optimizer state's storage (none for SGD).
+    state_st: Option<StorageId>,
+    /// The first graph output.
+    out0: TensorId,
+    executions: Vec<usize>,
+    live_after: Vec<u64>,
+    loss: f64,
+    step_seconds: Vec<f64>,
+    recompute_seconds: f64,
+    t_start: std::time::Instant,
+}
+
+impl<'a, B: StepBackend> Run<'a, B> {
+    /// A run of `step` with no value yet and nothing allocated.
+    fn new(b: &'a B, model: &'a Model, step: &'a TrainingStep, opts: &'a StepOptions) -> Self {
+        let (s, gr) = (&step.schedule, &model.graph);
+        let n_t = gr.tensors.len();
+        let mut in_storage: Vec<Vec<TensorId>> = vec![Vec::new(); s.storages.len()];
+        for (t, &st) in s.tensor_storage.iter().enumerate() {
+            if st != usize::MAX {
+                in_storage[st].push(t);
+            }
+        }
+        let step_of: HashMap<NodeIndex, usize> = s
+            .steps
+            .iter()
+            .enumerate()
+            .filter(|(_, st)| st.kind == StepKind::Forward)
+            .filter_map(|(i, st)| st.node.map(|n| (n, i)))
+            .collect();
+        let pattern_of: HashMap<NodeIndex, usize> = s
+            .fused
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.fake_quant.is_none())
+            .flat_map(|(k, p)| p.nodes.iter().map(move |&n| (n, k)))
+            .collect();
+        let mut bw_left = vec![0usize; s.fused.len()];
+        for st in &s.steps {
+            if let Some(&k) = st.node.and_then(|n| pattern_of.get(&n)) {
+                if st.kind == StepKind::Backward {
+                    bw_left[k] += 1;
+                }
+            }
+        }
+        Run {
+            cx: Cx {
+                b,
+                model,
+                inf: &step.inferred,
+                s,
+                opts,
+                step_of,
+            },
+            g: &step.graph,
+            alloc: Allocator::new(s.storages.iter().map(|st| st.bytes).collect()),
+            v: Values::new(n_t, s.storages.len()),
+            in_storage,
+            preloaded: vec![false; n_t],
+            fq: fake_quant_roles(&s.fused),
+            pattern_of,
+            pattern_extras: (0..s.fused.len()).map(|_| None).collect(),
+            recomputed: (0..s.fused.len()).map(|_| None).collect(),
+            bw_left,
+            state_st: s
+                .storages
+                .iter()
+                .position(|st| st.kind == StorageKind::OptimizerState),
+            out0: gr.outputs[0],
+            executions: vec![0usize; s.steps.len()],
+            live_after: Vec::new(),
+            loss: 0.0,
+            step_seconds: vec![0.0; s.steps.len()],
+            recompute_seconds: 0.0,
+            t_start: std::time::Instant::now(),
         }
     }
-    // The optimizer: the schedule's must be the options'; its state starts at zero.
-    let opt_step = s
-        .steps
-        .iter()
-        .find(|st| st.kind == StepKind::Optimizer)
-        .ok_or_else(|| Error::Graph("the schedule has no optimizer step".into()))?;
-    if !opts.optimizer.executable() {
-        return Err(Error::Graph(format!(
-            "memplan predicts the {} optimizer's memory but runs only sgd, momentum, adam and adamw",
-            opts.optimizer
-        )));
+
+    /// Puts what lives from the start, every fixed storage allocated: the
+    /// parameters and the batch in their storage's type (pure bf16: bf16), the
+    /// optimizer state, resident gradients and, on a backend that counts its own
+    /// memory, the constants nodes compute. The clock starts after.
+    fn setup(&mut self, params: &[Option<Tensor>], inputs: &[Tensor]) -> Result<()> {
+        let (b, s) = (self.cx.b, self.cx.s);
+        for (t, p) in params.iter().enumerate().take(self.v.params.len()) {
+            if let Some(v) = p {
+                self.v.params[t] = Some(b.put(stored(s, t, v.clone())?)?);
+            }
+        }
+        for (v, val) in self.g.values.iter().enumerate() {
+            if val.fixed {
+                self.alloc.alloc(v)?;
+            }
+        }
+        self.optimizer_state()?;
+        self.resident_grads()?;
+        self.put_inputs(inputs)?;
+        if b.live_bytes().is_some() {
+            self.preload()?;
+        }
+        self.t_start = std::time::Instant::now();
+        Ok(())
     }
-    if opt_step.op != opts.optimizer.to_string() {
-        return Err(Error::Graph(format!(
-            "the schedule's optimizer is {}, the options say {}",
-            opt_step.op, opts.optimizer
-        )));
-    }
-    let n_params: usize = s
-        .with_grad
-        .iter()
-        .map(|&t| inf.facts[t].numel() as usize)
-        .sum();
-    let state_st = s
-        .storages
-        .iter()
-        .position(|st| st.kind == StorageKind::OptimizerState);
-    if let Some(st) = state_st {
-        let n = opts.optimizer.states() as usize * n_params;
-        let dt = s.storages[st].dtype;
-        let z = Tensor::from_f32(dt, vec![n], vec![0.0; n])?;
-        if dt.bytes_for(n as u64) != Some(s.storages[st].bytes) {
+
+    /// The optimizer: the schedule's must be the options' and one the executor
+    /// runs; its state starts at zero.
+    fn optimizer_state(&mut self) -> Result<()> {
+        let (s, opts) = (self.cx.s, self.cx.opts);
+        let opt_step = s
+            .steps
+            .iter()
+            .find(|st| st.kind == StepKind::Optimizer)
+            .ok_or_else(|| Error::Graph("the schedule has no optimizer step".into()))?;
+        if !opts.optimizer.executable() {
             return Err(Error::Graph(format!(
-                "the optimizer state is {} bytes for {n} {dt} elements",
-                s.storages[st].bytes
+                "memplan predicts the {} optimizer's memory but runs only sgd, momentum, adam and adamw",
+                opts.optimizer
             )));
         }
-        sval[st] = Some(b.put(z)?);
-    }
-    // Resident gradients: each parameter's `.grad` zeroed before the step (a fixed
-    // storage, counted from the start); its first gradient is written into it.
-    for (v, st) in s.storages.iter().enumerate() {
-        if st.kind == StorageKind::ParamGrad && st.persistent {
-            let n: usize = st.shape.iter().product();
-            if st.dtype.bytes_for(n as u64) != Some(st.bytes) {
+        if opt_step.op != opts.optimizer.to_string() {
+            return Err(Error::Graph(format!(
+                "the schedule's optimizer is {}, the options say {}",
+                opt_step.op, opts.optimizer
+            )));
+        }
+        let n_params: usize = s
+            .with_grad
+            .iter()
+            .map(|&t| self.cx.inf.facts[t].numel() as usize)
+            .sum();
+        if let Some(st) = self.state_st {
+            let n = opts.optimizer.states() as usize * n_params;
+            let dt = s.storages[st].dtype;
+            let z = Tensor::from_f32(dt, vec![n], vec![0.0; n])?;
+            if dt.bytes_for(n as u64) != Some(s.storages[st].bytes) {
                 return Err(Error::Graph(format!(
-                    "the resident gradient '{}' is {} bytes for {n} {} elements",
-                    st.name, st.bytes, st.dtype
+                    "the optimizer state is {} bytes for {n} {dt} elements",
+                    s.storages[st].bytes
                 )));
             }
-            sval[v] = Some(b.put(Tensor::from_f32(st.dtype, st.shape.clone(), vec![0.0; n])?)?);
+            self.v.sval[st] = Some(self.cx.b.put(z)?);
         }
+        Ok(())
     }
-    for (&t, x) in gr.inputs.iter().zip(inputs) {
-        let f = &inf.facts[t];
-        if x.dtype() != f.dtype || x.shape != f.shape {
-            return Err(Error::Binding(format!(
-                "input '{}' is {} {:?}, expected {} {:?}",
-                gr.tensor(t).name,
-                x.dtype(),
-                x.shape,
-                f.dtype,
-                f.shape
-            )));
-        }
-        fwd[t] = Some(b.put(stored(s, t, x.clone())?)?);
-    }
-    // Storage -> forward tensors held in it.
-    let mut in_storage: Vec<Vec<TensorId>> = vec![Vec::new(); s.storages.len()];
-    for (t, &st) in s.tensor_storage.iter().enumerate() {
-        if st != usize::MAX {
-            in_storage[st].push(t);
-        }
-    }
-    let out0 = gr.outputs[0];
-    let step_of: std::collections::HashMap<_, usize> = s
-        .steps
-        .iter()
-        .enumerate()
-        .filter(|(_, st)| st.kind == StepKind::Forward)
-        .filter_map(|(i, st)| st.node.map(|n| (n, i)))
-        .collect();
-    // A backend that counts its own memory holds every fixed storage from the
-    // start, as the schedule does: a constant a node computes (folded by
-    // inference) is put now, and that node's step keeps it.
-    let mut preloaded = vec![false; n_t];
-    // Fake quantization ([`crate::train::FakeQuant`]): each node's pattern and role.
-    // Its qparam nodes run no kernel (their values are folded; a double scale or an
-    // 8-bit zero point has no tensor here), and its forward and backward are the
-    // fused float kernels of `ops::quantize`, on the host.
-    let fq = fake_quant_roles(&s.fused);
-    let mut fq_param = vec![false; n_t];
-    for (&n, &(_, role)) in &fq {
-        if role == FakeQuantRole::QParam {
-            for &t in gr.node(n).outputs.iter().flatten() {
-                fq_param[t] = true;
+
+    /// Resident gradients: each parameter's `.grad` zeroed before the step (a fixed
+    /// storage, counted from the start); its first gradient is written into it.
+    fn resident_grads(&mut self) -> Result<()> {
+        for (v, st) in self.cx.s.storages.iter().enumerate() {
+            if st.kind == StorageKind::ParamGrad && st.persistent {
+                let n: usize = st.shape.iter().product();
+                if st.dtype.bytes_for(n as u64) != Some(st.bytes) {
+                    return Err(Error::Graph(format!(
+                        "the resident gradient '{}' is {} bytes for {n} {} elements",
+                        st.name, st.bytes, st.dtype
+                    )));
+                }
+                let z = Tensor::from_f32(st.dtype, st.shape.clone(), vec![0.0; n])?;
+                self.v.sval[v] = Some(self.cx.b.put(z)?);
             }
         }
+        Ok(())
     }
-    if b.live_bytes().is_some() {
+
+    /// The batch, one tensor per graph input, of the inferred types and shapes.
+    fn put_inputs(&mut self, inputs: &[Tensor]) -> Result<()> {
+        let gr = &self.cx.model.graph;
+        for (&t, x) in gr.inputs.iter().zip(inputs) {
+            let f = &self.cx.inf.facts[t];
+            if x.dtype() != f.dtype || x.shape != f.shape {
+                return Err(Error::Binding(format!(
+                    "input '{}' is {} {:?}, expected {} {:?}",
+                    gr.tensor(t).name,
+                    x.dtype(),
+                    x.shape,
+                    f.dtype,
+                    f.shape
+                )));
+            }
+            self.v.fwd[t] = Some(self.cx.b.put(stored(self.cx.s, t, x.clone())?)?);
+        }
+        Ok(())
+    }
+
+    /// A backend that counts its own memory holds every fixed storage from the
+    /// start, as the schedule does: a constant a node computes (folded by
+    /// inference) is put now, and that node's step keeps it. A fake
+    /// quantization's qparam values are not.
+    fn preload(&mut self) -> Result<()> {
+        let (b, s, inf, g) = (self.cx.b, self.cx.s, self.cx.inf, self.g);
+        let gr = &self.cx.model.graph;
+        let mut fq_param = vec![false; gr.tensors.len()];
+        for (&n, &(_, role)) in &self.fq {
+            if role == FakeQuantRole::QParam {
+                for &t in gr.node(n).outputs.iter().flatten() {
+                    fq_param[t] = true;
+                }
+            }
+        }
         for (v, val) in g.values.iter().enumerate() {
-            let ts = &in_storage[v];
-            if !val.fixed
-                || sval[v].is_some()
-                || ts.iter().any(|&t| params[t].is_some() || fwd[t].is_some())
+            let ts = &self.in_storage[v];
+            if !val.fixed || self.v.sval[v].is_some() || ts.iter().any(|&t| self.v.of(t).is_some())
             {
                 continue;
             }
@@ -438,518 +618,509 @@ pub fn train_step_on<B: StepBackend>(
             if folded.dtype().bytes_for(folded.numel() as u64) != Some(s.storages[v].bytes) {
                 continue;
             }
-            fwd[t] = Some(b.put(folded)?);
-            preloaded[t] = true;
+            self.v.fwd[t] = Some(b.put(folded)?);
+            self.preloaded[t] = true;
         }
+        Ok(())
     }
-    // Fused patterns: each node's pattern; the SDPA logsumexp, computed from the
-    // scores when the pattern's Softmax runs and written as the Extra of its last
-    // node's forward step (both one kernel on the GPU); the recomputed inner values
-    // while the pattern's backward steps run, and how many of them are left.
-    let pattern_of: HashMap<NodeIndex, usize> = s
-        .fused
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| p.fake_quant.is_none())
-        .flat_map(|(k, p)| p.nodes.iter().map(move |&n| (n, k)))
-        .collect();
-    // Each pattern's extras as its fused kernel makes them, written by its last
-    // node: SDPA's logsumexp, GroupNorm's mean and rstd (from its InstanceNormalization).
-    // Kept on the host until that node puts them, when the schedule allocates them.
-    let mut pattern_extras: Vec<Option<Vec<Tensor>>> = (0..s.fused.len()).map(|_| None).collect();
-    let mut recomputed: Vec<Option<Recomputed<B::T>>> = (0..s.fused.len()).map(|_| None).collect();
-    let mut bw_left = vec![0usize; s.fused.len()];
-    for st in &s.steps {
-        if let Some(&k) = st.node.and_then(|n| pattern_of.get(&n)) {
-            if st.kind == StepKind::Backward {
-                bw_left[k] += 1;
-            }
-        }
-    }
-    let mut executions = vec![0usize; s.steps.len()];
-    let mut live_after = Vec::with_capacity(plan.len());
-    let mut loss_f64 = 0.0;
-    let mut step_seconds = vec![0.0; s.steps.len()];
-    let mut recompute_seconds = 0.0;
-    let t_start = std::time::Instant::now();
 
-    for (k, op) in plan.iter().enumerate() {
+    /// Follows plan instruction `k`, then records the live bytes.
+    fn instruction(&mut self, k: usize, op: &PlanOp) -> Result<()> {
         match *op {
             PlanOp::Load(_) => {
                 return Err(Error::Graph(format!(
                     "plan step {k}: the plan offloads activations to host memory; the executor runs recomputation only (the PyTorch plan file applies offload)"
                 )))
             }
-            PlanOp::Free(v) => {
-                if v >= s.storages.len() {
-                    return Err(Error::Graph(format!("plan step {k}: no storage {v}")));
-                }
-                if g.values[v].fixed {
-                    return Err(Error::Graph(format!(
-                        "plan step {k}: '{}' is fixed",
-                        g.values[v].name
-                    )));
-                }
-                alloc.free(v);
-                sval[v] = None;
-                for &t in &in_storage[v] {
-                    fwd[t] = None;
-                }
-                for t in 0..n_t {
-                    if gstore[t] == Some(v) {
-                        gstore[t] = None;
-                        gval[t] = None;
-                    }
-                }
+            PlanOp::Free(v) => self.free(k, v)?,
+            PlanOp::Compute(i) => self.compute(k, i)?,
+        }
+        let b = self.cx.b;
+        self.live_after
+            .push(b.live_bytes().unwrap_or(self.alloc.current));
+        b.after_instruction()
+    }
+
+    /// Frees storage `v` (plan instruction `k`) and drops every value held in it.
+    fn free(&mut self, k: usize, v: StorageId) -> Result<()> {
+        if v >= self.cx.s.storages.len() {
+            return Err(Error::Graph(format!("plan step {k}: no storage {v}")));
+        }
+        if self.g.values[v].fixed {
+            return Err(Error::Graph(format!(
+                "plan step {k}: '{}' is fixed",
+                self.g.values[v].name
+            )));
+        }
+        self.alloc.free(v);
+        self.v.sval[v] = None;
+        for &t in &self.in_storage[v] {
+            self.v.fwd[t] = None;
+        }
+        for t in 0..self.v.gstore.len() {
+            if self.v.gstore[t] == Some(v) {
+                self.v.gstore[t] = None;
+                self.v.gval[t] = None;
             }
-            PlanOp::Compute(i) => {
-                let t0 = std::time::Instant::now();
-                let step = s
-                    .steps
-                    .get(i)
-                    .ok_or_else(|| Error::Graph(format!("plan step {k}: no step {i}")))?;
-                let err = |e: Error| Error::step(&step.name, e);
-                for &r in step.reads.iter().chain(&step.updates) {
-                    if !step.writes.contains(&r) && !alloc.is_live(r) {
-                        return Err(err(format!(
-                            "reads '{}', which is not live",
-                            s.storages[r].name
-                        )
-                        .into()));
+        }
+        Ok(())
+    }
+
+    /// Runs step `i` (plan instruction `k`): every storage it reads must be live;
+    /// those it writes that are not are allocated; then its kind's work, timed.
+    /// Every failure names the step.
+    fn compute(&mut self, k: usize, i: usize) -> Result<()> {
+        let t0 = std::time::Instant::now();
+        let s = self.cx.s;
+        let step = s
+            .steps
+            .get(i)
+            .ok_or_else(|| Error::Graph(format!("plan step {k}: no step {i}")))?;
+        let err = |e: Error| Error::step(&step.name, e);
+        for &r in step.reads.iter().chain(&step.updates) {
+            if !step.writes.contains(&r) && !self.alloc.is_live(r) {
+                return Err(err(format!(
+                    "reads '{}', which is not live",
+                    s.storages[r].name
+                )
+                .into()));
+            }
+        }
+        for &w in &step.writes {
+            if !self.alloc.is_live(w) {
+                self.alloc.alloc(w).map_err(&err)?;
+            }
+        }
+        self.executions[i] += 1;
+        match step.kind {
+            StepKind::Forward if step.node.is_some_and(|n| self.fq.contains_key(&n)) => {
+                self.fake_quant(i, step)
+            }
+            StepKind::Forward => self.forward(step),
+            StepKind::Loss => self.loss(step),
+            StepKind::Backward if step.node.is_none() => self.loss_backward(step),
+            StepKind::Backward => self.backward(i, step),
+            StepKind::Optimizer => self.optimizer(step),
+        }
+        .map_err(&err)?;
+        if matches!(step.kind, StepKind::Backward) && self.cx.b.live_bytes().is_some() {
+            self.grad_scratch(step).map_err(&err)?;
+        }
+        let dt = t0.elapsed().as_secs_f64();
+        if self.executions[i] == 1 {
+            self.step_seconds[i] = dt;
+        } else {
+            self.recompute_seconds += dt;
+        }
+        Ok(())
+    }
+
+    /// Forward step `i` of a fake quantization's node ([`fake_quant_forward`]).
+    fn fake_quant(&mut self, i: usize, step: &crate::train::Step) -> Result<()> {
+        let (k, role) = self.fq[&step.node.expect("a node")];
+        let f = self.cx.s.fused[k]
+            .fake_quant
+            .as_ref()
+            .ok_or("a fake quantization without its parts")?;
+        fake_quant_forward(&self.cx, f, role, i, &self.alloc, &mut self.v)
+    }
+
+    /// A node's forward step: its inputs made available, the autocast copies it
+    /// writes, then its kernel. A constant put before the first instruction runs
+    /// none; a whole-tensor view (reshape-like, the identity) is its source under the
+    /// inferred shape where the backend aliases.
+    fn forward(&mut self, step: &crate::train::Step) -> Result<()> {
+        let (b, s, model, inf) = (self.cx.b, self.cx.s, self.cx.model, self.cx.inf);
+        let ix = step.node.expect("forward steps have a node");
+        let node = model.graph.node(ix);
+        let extras = extra_writes(s, step);
+        for t in node.inputs.iter().flatten() {
+            ensure_value(&self.cx, &self.alloc, &mut self.v, *t, 0)?;
+        }
+        self.autocast_copies(step, node)?;
+        let ins = slot_values(s, step, node, &self.v)?;
+        let pattern = self.pattern_of.get(&ix).copied();
+        if let Some(k) = pattern {
+            if s.fused[k].kind == FusedKind::Sdpa && node.op_type == "Softmax" {
+                // From the scores as the Softmax reads them (an autocast f32 copy
+                // under AMP).
+                let x = ins[0].ok_or("the scores have no value")?;
+                self.pattern_extras[k] = Some(vec![b.logsumexp_last(x)?]);
+            }
+        }
+        let stats_here = pattern.is_some_and(|k| {
+            s.fused[k].kind == FusedKind::GroupNorm && node.op_type == "InstanceNormalization"
+        });
+        let alias = if b.aliases_views() && extras.is_empty() && pattern.is_none() {
+            whole_view(model, inf, s, node)?
+        } else {
+            None
+        };
+        let all_preloaded = node.outputs.iter().flatten().all(|&t| self.preloaded[t])
+            && node.outputs.iter().flatten().next().is_some()
+            && extras.is_empty();
+        if all_preloaded {
+            // A constant put before the first instruction.
+            return Ok(());
+        }
+        if let Some(o) = alias {
+            let src = ins[0].ok_or("no input 0")?;
+            let v = b.reshaped(src, inf.facts[o].shape.clone())?;
+            self.v.fwd[o] = Some(v);
+            return Ok(());
+        }
+        let want_extras = (!extras.is_empty() && pattern.is_none()) || stats_here;
+        let outs = b.forward(model, inf, node, ins, self.cx.opts, want_extras)?;
+        self.forward_outputs(step, &extras, pattern, stats_here, outs)
+    }
+
+    /// The autocast and contiguous copies `step` makes of its node's inputs (a
+    /// cached weight copy made earlier is read as it is).
+    fn autocast_copies(&mut self, step: &crate::train::Step, node: &crate::ir::Node) -> Result<()> {
+        let (b, s) = (self.cx.b, self.cx.s);
+        for (slot, t) in node.inputs.iter().enumerate() {
+            let (Some(t), Some(&Some(c))) = (*t, step.slots.get(slot)) else {
+                continue;
+            };
+            let kind = s.storages[c].kind;
+            if !matches!(kind, StorageKind::Cast | StorageKind::Copy) {
+                continue;
+            }
+            if step.writes.contains(&c) {
+                let v = self
+                    .v
+                    .of(t)
+                    .ok_or_else(|| format!("input {slot} has no value"))?;
+                if kind == StorageKind::Copy {
+                    // Held as its source; an expanded copy is accounted at its
+                    // expanded size by the schedule.
+                    let v = b.copy(v, &s.storages[c].shape)?;
+                    // Of an autocast copy: in its type.
+                    let v = cast_to(b, v, s.storages[c].dtype)?;
+                    if s.storages[c].shape.as_slice() == B::shape(&v) {
+                        check_bytes::<B>(s, c, &v)?;
                     }
+                    self.v.sval[c] = Some(b.hold(v));
+                    continue;
                 }
-                for &w in &step.writes {
-                    if !alloc.is_live(w) {
-                        alloc.alloc(w).map_err(&err)?;
-                    }
-                }
-                executions[i] += 1;
-                let check_bytes = |st: StorageId, t: &B::T| -> Result<()> {
-                    let want = s.storages[st].bytes;
-                    let have = B::dtype(t)
-                        .bytes_for(B::numel(t) as u64)
-                        .unwrap_or(u64::MAX);
-                    if want != have {
-                        return Err(err(format!(
-                            "writes {have} bytes into '{}' of {want}",
-                            s.storages[st].name
-                        )
-                        .into()));
-                    }
-                    Ok(())
-                };
-                match step.kind {
-                    StepKind::Forward if step.node.is_some_and(|n| fq.contains_key(&n)) => {
-                        let (k, role) = fq[&step.node.expect("a node")];
-                        let f = s.fused[k]
-                            .fake_quant
-                            .as_ref()
-                            .ok_or_else(|| err("a fake quantization without its parts".into()))?;
-                        fake_quant_forward(
-                            b, model, inf, s, f, role, i, &step_of, &alloc, &params, &mut fwd,
-                            &mut sval, opts,
-                        )
-                        .map_err(&err)?;
-                    }
-                    StepKind::Forward => {
-                        let ix = step.node.expect("forward steps have a node");
-                        let node = gr.node(ix);
-                        let extras = extra_writes(s, step);
-                        for t in node.inputs.iter().flatten() {
-                            ensure_value(
-                                b, model, inf, s, &step_of, &alloc, &params, &mut fwd, opts, *t, 0,
-                            )
-                            .map_err(&err)?;
-                        }
-                        // Autocast copies this step makes (a cached weight copy made
-                        // earlier is read as it is).
-                        for (slot, t) in node.inputs.iter().enumerate() {
-                            let (Some(t), Some(&Some(c))) = (*t, step.slots.get(slot)) else {
-                                continue;
-                            };
-                            let kind = s.storages[c].kind;
-                            if !matches!(kind, StorageKind::Cast | StorageKind::Copy) {
-                                continue;
-                            }
-                            if step.writes.contains(&c) {
-                                let v =
-                                    params[t].as_ref().or(fwd[t].as_ref()).ok_or_else(|| {
-                                        err(format!("input {slot} has no value").into())
-                                    })?;
-                                if kind == StorageKind::Copy {
-                                    // Held as its source; an expanded copy is accounted
-                                    // at its expanded size by the schedule.
-                                    let v = b.copy(v, &s.storages[c].shape).map_err(&err)?;
-                                    // Of an autocast copy: in its type.
-                                    let v = cast_to(b, v, s.storages[c].dtype).map_err(&err)?;
-                                    if s.storages[c].shape.as_slice() == B::shape(&v) {
-                                        check_bytes(c, &v)?;
-                                    }
-                                    sval[c] = Some(b.hold(v));
-                                    continue;
-                                }
-                                let v = b.cast(v, s.storages[c].dtype).map_err(&err)?;
-                                check_bytes(c, &v)?;
-                                sval[c] = Some(b.hold(v));
-                            } else if sval[c].is_none() {
-                                return Err(err(format!(
-                                    "the cast '{}' has no value",
-                                    s.storages[c].name
-                                )
-                                .into()));
-                            }
-                        }
-                        let ins: Vec<Option<&B::T>> = node
-                            .inputs
-                            .iter()
-                            .enumerate()
-                            .map(|(slot, t)| {
-                                let t = (*t)?;
-                                match step.slots.get(slot) {
-                                    Some(&Some(c)) if is_copy(s.storages[c].kind) => {
-                                        sval[c].as_ref()
-                                    }
-                                    _ => params[t].as_ref().or(fwd[t].as_ref()),
-                                }
-                            })
-                            .collect();
-                        if let Some(slot) = node
-                            .inputs
-                            .iter()
-                            .zip(&ins)
-                            .position(|(t, v)| t.is_some() && v.is_none())
-                        {
-                            return Err(err(format!("input {slot} has no value").into()));
-                        }
-                        let pattern = pattern_of.get(&ix).copied();
-                        if let Some(k) = pattern {
-                            if s.fused[k].kind == FusedKind::Sdpa && node.op_type == "Softmax" {
-                                // From the scores as the Softmax reads them (an autocast
-                                // f32 copy under AMP).
-                                let x =
-                                    ins[0].ok_or_else(|| err("the scores have no value".into()))?;
-                                pattern_extras[k] =
-                                    Some(vec![b.logsumexp_last(x).map_err(&err)?]);
-                            }
-                        }
-                        let stats_here = pattern.is_some_and(|k| {
-                            s.fused[k].kind == FusedKind::GroupNorm
-                                && node.op_type == "InstanceNormalization"
-                        });
-                        // A whole-tensor view (reshape-like, the identity) is its
-                        // source under the inferred shape where the backend aliases.
-                        let alias = if b.aliases_views() && extras.is_empty() && pattern.is_none() {
-                            whole_view(model, inf, s, node).map_err(&err)?
-                        } else {
-                            None
-                        };
-                        let all_preloaded = node.outputs.iter().flatten().all(|&t| preloaded[t])
-                            && node.outputs.iter().flatten().next().is_some()
-                            && extras.is_empty();
-                        if all_preloaded {
-                            // A constant put before the first instruction.
-                        } else if let Some(o) = alias {
-                            let src = ins[0].ok_or_else(|| err("no input 0".into()))?;
-                            let v = b.reshaped(src, inf.facts[o].shape.clone()).map_err(&err)?;
-                            fwd[o] = Some(v);
-                        } else {
-                            let mut outs = b
-                                .forward(
-                                    model,
-                                    inf,
-                                    node,
-                                    ins,
-                                    opts,
-                                    (!extras.is_empty() && pattern.is_none()) || stats_here,
-                                )
-                                .map_err(&err)?;
-                            if let Some(k) = pattern {
-                                if stats_here {
-                                    let stats = outs.split_off(node.outputs.len().min(outs.len()));
-                                    let host: Result<Vec<Tensor>> =
-                                        stats.iter().map(|v| b.get(v)).collect();
-                                    pattern_extras[k] = Some(host.map_err(&err)?);
-                                }
-                                let p = &s.fused[k];
-                                if ix == p.last() && !extras.is_empty() {
-                                    let made = pattern_extras[k].take().ok_or_else(|| {
-                                        err(format!(
-                                            "the fused {:?} kernel's extras were not computed",
-                                            p.kind
-                                        )
-                                        .into())
-                                    })?;
-                                    for t in made {
-                                        outs.push(b.put(t).map_err(&err)?);
-                                    }
-                                }
-                            }
-                            let n_out = node.outputs.len();
-                            if outs.len() != n_out + extras.len() {
-                                return Err(err(format!(
-                                    "the kernel gave {} tensors for {} outputs and {} extras",
-                                    outs.len(),
-                                    n_out,
-                                    extras.len()
-                                )
-                                .into()));
-                            }
-                            let mut outs = outs.into_iter();
-                            for t in &node.outputs {
-                                let v = outs.next().expect("counted");
-                                let Some(t) = *t else { continue };
-                                let f = &inf.facts[t];
-                                if B::dtype(&v) != f.dtype || B::shape(&v) != f.shape.as_slice() {
-                                    return Err(err(format!(
-                                        "output '{}' is {} {:?}, inference says {} {:?}",
-                                        gr.tensor(t).name,
-                                        B::dtype(&v),
-                                        B::shape(&v),
-                                        f.dtype,
-                                        f.shape
-                                    )
-                                    .into()));
-                                }
-                                let mut v = store(b, s, t, v).map_err(&err)?;
-                                let st = s.tensor_storage[t];
-                                if step.writes.contains(&st) {
-                                    check_bytes(st, &v)?;
-                                    v = b.hold(v);
-                                } else if !alloc.is_live(st) {
-                                    return Err(err(format!(
-                                        "view '{}' of a storage that is not live",
-                                        gr.tensor(t).name
-                                    )
-                                    .into()));
-                                } else {
-                                    v = b.set_apart(v);
-                                }
-                                fwd[t] = Some(v);
-                            }
-                            for (&st, v) in extras.iter().zip(outs) {
-                                check_bytes(st, &v)?;
-                                sval[st] = Some(b.hold(v));
-                            }
-                        }
-                    }
-                    StepKind::Loss => {
-                        let y = fwd[out0]
-                            .as_ref()
-                            .ok_or_else(|| err("no model output".into()))?;
-                        let sum: f64 = b.sum_f64(y).map_err(&err)?;
-                        loss_f64 = match opts.loss {
-                            Loss::Mean => sum / B::numel(y).max(1) as f64,
-                            // The model's own loss is a scalar: its sum is itself.
-                            Loss::Sum | Loss::Graph => sum,
-                        };
-                        sval[step.writes[0]] = Some(
-                            b.put(Tensor::f32(vec![], vec![loss_f64 as f32]))
-                                .map_err(&err)?,
-                        );
-                    }
-                    StepKind::Backward if step.node.is_none() => {
-                        // The loss's backward: d loss / d output.
-                        let f = &inf.facts[out0];
-                        let g0 = match opts.loss {
-                            Loss::Mean => Tensor::f32(
-                                f.shape.clone(),
-                                vec![1.0 / f.numel().max(1) as f32; f.numel() as usize],
-                            ),
-                            Loss::Sum | Loss::Graph => Tensor::f32(vec![], vec![1.0]),
-                        };
-                        let st = step.writes[0];
-                        let dt = s.storages[st].dtype;
-                        let g0 = g0.cast(dt).map_err(|e| err(e.into()))?;
-                        if dt.bytes_for(g0.numel() as u64) != Some(s.storages[st].bytes) {
-                            return Err(err(format!(
-                                "writes {} bytes into '{}' of {}",
-                                dt.bytes_for(g0.numel() as u64).unwrap_or(u64::MAX),
-                                s.storages[st].name,
-                                s.storages[st].bytes
-                            )
-                            .into()));
-                        }
-                        gval[out0] = Some(
-                            match opts.loss {
-                                Loss::Mean => b.put(g0),
-                                // The scalar broadcast to the output's shape (an
-                                // expand view: its storage is the scalar's).
-                                Loss::Sum | Loss::Graph => b.put_broadcast(
-                                    Tensor::from_f32(
-                                        dt,
-                                        f.shape.clone(),
-                                        vec![1.0; f.numel() as usize],
-                                    )
-                                    .map_err(|e| err(e.into()))?,
-                                    s.storages[st].bytes,
-                                ),
-                            }
-                            .map_err(&err)?,
-                        );
-                        gstore[out0] = Some(st);
-                    }
-                    StepKind::Backward => {
-                        let ix = step.node.expect("backward of a node");
-                        let node = gr.node(ix);
-                        let pattern = pattern_of.get(&ix).copied();
-                        if let Some(k) = pattern.filter(|&k| recomputed[k].is_none()) {
-                            let p = &s.fused[k];
-                            if ix != p.last() {
-                                return Err(err(format!(
-                                    "the first backward step of a fused {:?} pattern is not its \
-                                     last node's",
-                                    p.kind
-                                )
-                                .into()));
-                            }
-                            let copied = |t: TensorId| s.fused_copy(p.last(), t).is_some();
-                            for &t in p.reads.iter().filter(|&&t| !copied(t)) {
-                                ensure_value(
-                                    b, model, inf, s, &step_of, &alloc, &params, &mut fwd, opts, t,
-                                    0,
-                                )
-                                .map_err(&err)?;
-                            }
-                            recomputed[k] = Some(
-                                recompute_pattern(
-                                    b, model, inf, s, p, &step_of, &params, &fwd, &sval, opts,
-                                )
-                                .map_err(&err)?,
-                            );
-                        }
-                        for t in node.inputs.iter().chain(&node.outputs).flatten() {
-                            let st = s.tensor_storage[*t];
-                            if st != usize::MAX && step.reads.contains(&st) {
-                                ensure_value(
-                                    b, model, inf, s, &step_of, &alloc, &params, &mut fwd, opts,
-                                    *t, 0,
-                                )
-                                .map_err(&err)?;
-                            }
-                        }
-                        let partials = backward_step(
-                            b,
-                            model,
-                            inf,
-                            s,
-                            i,
-                            &params,
-                            &fwd,
-                            &mut sval,
-                            pattern.and_then(|k| recomputed[k].as_ref()),
-                            &mut gval,
-                            &mut gstore,
-                            opts,
-                        )
-                        .map_err(&err)?;
-                        // A partial gradient lives in its storage until freed.
-                        for (w, d) in partials {
-                            sval[w] = Some(d);
-                        }
-                        if let Some(k) = pattern {
-                            bw_left[k] -= 1;
-                            if bw_left[k] == 0 {
-                                recomputed[k] = None;
-                            }
-                        }
-                    }
-                    StepKind::Optimizer => {
-                        let temp = b
-                            .optimizer(
-                                s,
-                                &gval,
-                                &mut params,
-                                state_st.and_then(|st| sval[st].as_mut()),
-                                opts,
-                            )
-                            .map_err(&err)?;
-                        let temps: Vec<StorageId> = step
-                            .writes
-                            .iter()
-                            .copied()
-                            .filter(|&w| s.storages[w].kind == StorageKind::OptimizerTemp)
-                            .collect();
-                        match (temps.as_slice(), temp) {
-                            ([], None) => {}
-                            ([w], Some(t)) => {
-                                check_bytes(*w, &t)?;
-                                sval[*w] = Some(t);
-                            }
-                            _ => {
-                                return Err(err(
-                                    "the update's temporaries are not the schedule's".into()
-                                ))
-                            }
-                        }
-                    }
-                }
-                // What a backward step's derivative formulas hold beyond its
-                // gradients (`Op::backward_scratch`, autodiff's "<node>/grad scratch"):
-                // the CPU's kernels make it inside, the schedule counts it until its
-                // free; a backend that counts its own tensors holds zeros of its size.
-                if matches!(step.kind, StepKind::Backward) && b.live_bytes().is_some() {
-                    for &w in &step.writes {
-                        let st = &s.storages[w];
-                        if sval[w].is_none() && st.name.ends_with("/grad scratch") {
-                            let n = st.bytes / st.dtype.bytes_for(1).unwrap_or(1).max(1);
-                            let z = Tensor::zeros(st.dtype, vec![n as usize])
-                                .map_err(|e| err(e.into()))?;
-                            sval[w] = Some(b.hold(b.put(z).map_err(&err)?));
-                        }
-                    }
-                }
-                let dt = t0.elapsed().as_secs_f64();
-                if executions[i] == 1 {
-                    step_seconds[i] = dt;
-                } else {
-                    recompute_seconds += dt;
+                let v = b.cast(v, s.storages[c].dtype)?;
+                check_bytes::<B>(s, c, &v)?;
+                self.v.sval[c] = Some(b.hold(v));
+            } else if self.v.sval[c].is_none() {
+                return Err(format!("the cast '{}' has no value", s.storages[c].name).into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Stores what a forward kernel gave: each output (in its own storage, or a
+    /// view of a live one) and the extras `step` writes; a fused pattern's extras,
+    /// made by its kernel, are written by its last node.
+    fn forward_outputs(
+        &mut self,
+        step: &crate::train::Step,
+        extras: &[StorageId],
+        pattern: Option<usize>,
+        stats_here: bool,
+        mut outs: Vec<B::T>,
+    ) -> Result<()> {
+        let (b, s, inf) = (self.cx.b, self.cx.s, self.cx.inf);
+        let gr = &self.cx.model.graph;
+        let ix = step.node.expect("forward steps have a node");
+        let node = gr.node(ix);
+        if let Some(k) = pattern {
+            if stats_here {
+                let stats = outs.split_off(node.outputs.len().min(outs.len()));
+                let host: Result<Vec<Tensor>> = stats.iter().map(|v| b.get(v)).collect();
+                self.pattern_extras[k] = Some(host?);
+            }
+            let p = &s.fused[k];
+            if ix == p.last() && !extras.is_empty() {
+                let made = self.pattern_extras[k].take().ok_or_else(|| {
+                    format!("the fused {:?} kernel's extras were not computed", p.kind)
+                })?;
+                for t in made {
+                    outs.push(b.put(t)?);
                 }
             }
         }
-        live_after.push(b.live_bytes().unwrap_or(alloc.current));
-        b.after_instruction()?;
+        let n_out = node.outputs.len();
+        if outs.len() != n_out + extras.len() {
+            return Err(format!(
+                "the kernel gave {} tensors for {} outputs and {} extras",
+                outs.len(),
+                n_out,
+                extras.len()
+            )
+            .into());
+        }
+        let mut outs = outs.into_iter();
+        for t in &node.outputs {
+            let v = outs.next().expect("counted");
+            let Some(t) = *t else { continue };
+            let f = &inf.facts[t];
+            if B::dtype(&v) != f.dtype || B::shape(&v) != f.shape.as_slice() {
+                return Err(format!(
+                    "output '{}' is {} {:?}, inference says {} {:?}",
+                    gr.tensor(t).name,
+                    B::dtype(&v),
+                    B::shape(&v),
+                    f.dtype,
+                    f.shape
+                )
+                .into());
+            }
+            let mut v = store(b, s, t, v)?;
+            let st = s.tensor_storage[t];
+            if step.writes.contains(&st) {
+                check_bytes::<B>(s, st, &v)?;
+                v = b.hold(v);
+            } else if !self.alloc.is_live(st) {
+                return Err(
+                    format!("view '{}' of a storage that is not live", gr.tensor(t).name).into(),
+                );
+            } else {
+                v = b.set_apart(v);
+            }
+            self.v.fwd[t] = Some(v);
+        }
+        for (&st, v) in extras.iter().zip(outs) {
+            check_bytes::<B>(s, st, &v)?;
+            self.v.sval[st] = Some(b.hold(v));
+        }
+        Ok(())
     }
-    if let Some(i) = executions.iter().position(|&e| e == 0) {
-        return Err(Error::Graph(format!(
-            "step '{}' never runs",
-            s.steps[i].name
-        )));
+
+    /// The loss step: the model output's mean or sum, accumulated in f64.
+    fn loss(&mut self, step: &crate::train::Step) -> Result<()> {
+        let b = self.cx.b;
+        let y = self.v.fwd[self.out0].as_ref().ok_or("no model output")?;
+        let sum: f64 = b.sum_f64(y)?;
+        self.loss = match self.cx.opts.loss {
+            Loss::Mean => sum / B::numel(y).max(1) as f64,
+            // The model's own loss is a scalar: its sum is itself.
+            Loss::Sum | Loss::Graph => sum,
+        };
+        self.v.sval[step.writes[0]] = Some(b.put(Tensor::f32(vec![], vec![self.loss as f32]))?);
+        Ok(())
     }
-    let grads = s
-        .with_grad
-        .iter()
-        .map(|&t| {
-            let v = gval[t]
-                .as_ref()
-                .ok_or_else(|| Error::Graph(format!("no gradient for '{}'", gr.tensor(t).name)))?;
-            b.get(v)
+
+    /// The loss's backward: d loss / d output.
+    fn loss_backward(&mut self, step: &crate::train::Step) -> Result<()> {
+        let (b, s, loss) = (self.cx.b, self.cx.s, self.cx.opts.loss);
+        let out0 = self.out0;
+        let f = &self.cx.inf.facts[out0];
+        let g0 = match loss {
+            Loss::Mean => Tensor::f32(
+                f.shape.clone(),
+                vec![1.0 / f.numel().max(1) as f32; f.numel() as usize],
+            ),
+            Loss::Sum | Loss::Graph => Tensor::f32(vec![], vec![1.0]),
+        };
+        let st = step.writes[0];
+        let dt = s.storages[st].dtype;
+        let g0 = g0.cast(dt)?;
+        if dt.bytes_for(g0.numel() as u64) != Some(s.storages[st].bytes) {
+            return Err(format!(
+                "writes {} bytes into '{}' of {}",
+                dt.bytes_for(g0.numel() as u64).unwrap_or(u64::MAX),
+                s.storages[st].name,
+                s.storages[st].bytes
+            )
+            .into());
+        }
+        self.v.gval[out0] = Some(match loss {
+            Loss::Mean => b.put(g0),
+            // The scalar broadcast to the output's shape (an expand view: its
+            // storage is the scalar's).
+            Loss::Sum | Loss::Graph => b.put_broadcast(
+                Tensor::from_f32(dt, f.shape.clone(), vec![1.0; f.numel() as usize])?,
+                s.storages[st].bytes,
+            ),
+        }?);
+        self.v.gstore[out0] = Some(st);
+        Ok(())
+    }
+
+    /// A node's backward step `i`: a fused pattern's inner values recomputed at its
+    /// first backward step (and dropped after its last), the values the step reads
+    /// made available, then [`backward_step`]; a partial gradient lives in its
+    /// storage until freed.
+    fn backward(&mut self, i: usize, step: &crate::train::Step) -> Result<()> {
+        let s = self.cx.s;
+        let ix = step.node.expect("backward of a node");
+        let node = self.cx.model.graph.node(ix);
+        let pattern = self.pattern_of.get(&ix).copied();
+        if let Some(k) = pattern.filter(|&k| self.recomputed[k].is_none()) {
+            self.recompute(k, ix)?;
+        }
+        for t in node.inputs.iter().chain(&node.outputs).flatten() {
+            let st = s.tensor_storage[*t];
+            if st != usize::MAX && step.reads.contains(&st) {
+                ensure_value(&self.cx, &self.alloc, &mut self.v, *t, 0)?;
+            }
+        }
+        let rec = pattern.and_then(|k| self.recomputed[k].as_ref());
+        let partials = backward_step(&self.cx, i, &mut self.v, rec)?;
+        for (w, d) in partials {
+            self.v.sval[w] = Some(d);
+        }
+        if let Some(k) = pattern {
+            self.bw_left[k] -= 1;
+            if self.bw_left[k] == 0 {
+                self.recomputed[k] = None;
+            }
+        }
+        Ok(())
+    }
+
+    /// Recomputes fused pattern `k`'s inner values at its first backward step,
+    /// which must be its last node's (`ix`), from what that step reads.
+    fn recompute(&mut self, k: usize, ix: NodeIndex) -> Result<()> {
+        let s = self.cx.s;
+        let p = &s.fused[k];
+        if ix != p.last() {
+            return Err(format!(
+                "the first backward step of a fused {:?} pattern is not its last node's",
+                p.kind
+            )
+            .into());
+        }
+        let copied = |t: TensorId| s.fused_copy(p.last(), t).is_some();
+        for &t in p.reads.iter().filter(|&&t| !copied(t)) {
+            ensure_value(&self.cx, &self.alloc, &mut self.v, t, 0)?;
+        }
+        self.recomputed[k] = Some(recompute_pattern(&self.cx, p, &self.v)?);
+        Ok(())
+    }
+
+    /// The optimizer step: every parameter updated in place, and the update's
+    /// temporary (foreach Adam's) where the schedule writes one.
+    fn optimizer(&mut self, step: &crate::train::Step) -> Result<()> {
+        let (b, s, state_st) = (self.cx.b, self.cx.s, self.state_st);
+        let temp = b.optimizer(
+            s,
+            &self.v.gval,
+            &mut self.v.params,
+            state_st.and_then(|st| self.v.sval[st].as_mut()),
+            self.cx.opts,
+        )?;
+        let temps: Vec<StorageId> = step
+            .writes
+            .iter()
+            .copied()
+            .filter(|&w| s.storages[w].kind == StorageKind::OptimizerTemp)
+            .collect();
+        match (temps.as_slice(), temp) {
+            ([], None) => {}
+            ([w], Some(t)) => {
+                check_bytes::<B>(s, *w, &t)?;
+                self.v.sval[*w] = Some(t);
+            }
+            _ => return Err("the update's temporaries are not the schedule's".into()),
+        }
+        Ok(())
+    }
+
+    /// What a backward step's derivative formulas hold beyond its gradients
+    /// (`Op::backward_scratch`, autodiff's "<node>/grad scratch"): the CPU's kernels
+    /// make it inside, the schedule counts it until its free; a backend that counts
+    /// its own tensors holds zeros of its size.
+    fn grad_scratch(&mut self, step: &crate::train::Step) -> Result<()> {
+        let (b, s) = (self.cx.b, self.cx.s);
+        for &w in &step.writes {
+            let st = &s.storages[w];
+            if self.v.sval[w].is_none() && st.name.ends_with("/grad scratch") {
+                let n = st.bytes / st.dtype.bytes_for(1).unwrap_or(1).max(1);
+                let z = Tensor::zeros(st.dtype, vec![n as usize])?;
+                self.v.sval[w] = Some(b.hold(b.put(z)?));
+            }
+        }
+        Ok(())
+    }
+
+    /// What the run produced and measured, read back from the backend; every step
+    /// must have run.
+    fn result(self) -> Result<StepResult> {
+        let (b, s) = (self.cx.b, self.cx.s);
+        let gr = &self.cx.model.graph;
+        if let Some(i) = self.executions.iter().position(|&e| e == 0) {
+            return Err(Error::Graph(format!(
+                "step '{}' never runs",
+                s.steps[i].name
+            )));
+        }
+        let grads = s
+            .with_grad
+            .iter()
+            .map(|&t| {
+                let v = self.v.gval[t].as_ref().ok_or_else(|| {
+                    Error::Graph(format!("no gradient for '{}'", gr.tensor(t).name))
+                })?;
+                b.get(v)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let output = self.v.fwd[self.out0]
+            .as_ref()
+            .or(self.v.params[self.out0].as_ref())
+            .ok_or_else(|| Error::Graph("the model output was freed".into()))?;
+        let output = b.get(output)?;
+        let seconds = self.t_start.elapsed().as_secs_f64();
+        let params = self
+            .v
+            .params
+            .iter()
+            .map(|p| p.as_ref().map(|p| b.get(p)).transpose())
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let state = self
+            .state_st
+            .and_then(|st| self.v.sval[st].as_ref())
+            .map(|v| b.get(v))
+            .transpose()?;
+        Ok(StepResult {
+            loss: self.loss,
+            output,
+            grads,
+            params,
+            peak_bytes: b.peak_bytes().unwrap_or(self.alloc.peak),
+            live_after: self.live_after,
+            executions: self.executions,
+            step_seconds: self.step_seconds,
+            recompute_seconds: self.recompute_seconds,
+            seconds,
+            state,
         })
-        .collect::<Result<Vec<_>>>()?;
-    let output = fwd[out0]
-        .as_ref()
-        .or(params[out0].as_ref())
-        .ok_or_else(|| Error::Graph("the model output was freed".into()))?;
-    let output = b.get(output)?;
-    let seconds = t_start.elapsed().as_secs_f64();
-    let params = params
+    }
+}
+
+/// The values `step` passes its node's kernel, one per input slot: the autocast or
+/// contiguous copy the slot is read through, else the tensor's value; every input
+/// must have one.
+fn slot_values<'v, T>(
+    s: &Schedule,
+    step: &crate::train::Step,
+    node: &crate::ir::Node,
+    v: &'v Values<T>,
+) -> Result<Vec<Option<&'v T>>> {
+    let ins: Vec<Option<&T>> = node
+        .inputs
         .iter()
-        .map(|p| p.as_ref().map(|p| b.get(p)).transpose())
-        .collect::<std::result::Result<Vec<_>, _>>()?;
-    let state = state_st
-        .and_then(|st| sval[st].as_ref())
-        .map(|v| b.get(v))
-        .transpose()?;
-    Ok(StepResult {
-        loss: loss_f64,
-        output,
-        grads,
-        params,
-        peak_bytes: b.peak_bytes().unwrap_or(alloc.peak),
-        live_after,
-        executions,
-        step_seconds,
-        recompute_seconds,
-        seconds,
-        state,
-    })
+        .enumerate()
+        .map(|(slot, t)| {
+            let t = (*t)?;
+            match step.slots.get(slot) {
+                Some(&Some(c)) if is_copy(s.storages[c].kind) => v.sval[c].as_ref(),
+                _ => v.of(t),
+            }
+        })
+        .collect();
+    if let Some(slot) = node
+        .inputs
+        .iter()
+        .zip(&ins)
+        .position(|(t, v)| t.is_some() && v.is_none())
+    {
+        return Err(format!("input {slot} has no value").into());
+    }
+    Ok(ins)
 }
