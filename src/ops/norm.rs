@@ -62,16 +62,8 @@ impl Op for BatchNorm {
     }
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
         let x = cx.input(0)?;
-        if x.rank() < 2 {
-            return Err(format!("input must be [N, C, ...], got {:?}", x.shape).into());
-        }
-        let c = x.shape[1];
-        for (i, name) in [(1, "scale"), (2, "B"), (3, "mean"), (4, "var")] {
-            let f = cx.input(i)?;
-            if f.shape != [c] {
-                return Err(format!("{name} is {:?}, expected [{c}]", f.shape).into());
-            }
-        }
+        let c = channels(x)?;
+        check_params(cx, &[(1, "scale"), (2, "B"), (3, "mean"), (4, "var")], c)?;
         let stat = cx.input(3)?.dtype;
         let mut out = vec![Fact::new(x.dtype, x.shape.clone())];
         for _ in 1..cx.n_outputs() {
@@ -88,30 +80,9 @@ impl Op for BatchNorm {
     /// and the batch mean and inverse std it computed ([C] each, float32). Memplan's
     /// training step always runs BN in training mode. Backward FLOPs: 8 per element.
     fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
-        let c = out[0].shape[1];
-        let stat = Fact::new(DType::F32, vec![c]);
-        let needs = vec![
-            Saved::Input(0),
-            Saved::Input(1),
-            Saved::Extra(0),
-            Saved::Extra(1),
-        ];
         let _ = cx;
-        Ok(Some(Backward {
-            grads: vec![
-                Grad {
-                    input: 0,
-                    needs: needs.clone(),
-                },
-                Grad { input: 1, needs },
-                Grad {
-                    input: 2,
-                    needs: vec![],
-                },
-            ],
-            extras: vec![stat.clone(), stat],
-            flops: out[0].numel().saturating_mul(8),
-        }))
+        let stat = Fact::new(DType::F32, vec![out[0].shape[1]]);
+        Ok(Some(stats_backward(vec![stat.clone(), stat], true, out, 8)))
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
@@ -203,8 +174,7 @@ impl Op for LayerNorm {
             }
         }
         let stash = super::dtype_attr(at.stash_type)?;
-        let mut stat = x.shape[..ax].to_vec();
-        stat.resize(x.rank(), 1);
+        let stat = row_stat_shape(&x.shape, ax);
         let mut out = vec![Fact::new(x.dtype, x.shape.clone())];
         for _ in 1..cx.n_outputs() {
             out.push(Fact::new(stash, stat.clone()));
@@ -219,30 +189,8 @@ impl Op for LayerNorm {
     fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
         let x = cx.input(0)?;
         let ax = LayerNormAttrs::of(cx.attrs()).axis(x.rank())?;
-        let mut stat = x.shape[..ax].to_vec();
-        stat.resize(x.rank(), 1);
-        let stat = Fact::new(DType::F32, stat);
-        let needs = vec![
-            Saved::Input(0),
-            Saved::Input(1),
-            Saved::Extra(0),
-            Saved::Extra(1),
-        ];
-        Ok(Some(Backward {
-            grads: vec![
-                Grad {
-                    input: 0,
-                    needs: needs.clone(),
-                },
-                Grad { input: 1, needs },
-                Grad {
-                    input: 2,
-                    needs: vec![],
-                },
-            ],
-            extras: vec![stat.clone(), stat],
-            flops: out[0].numel().saturating_mul(8),
-        }))
+        let stat = Fact::new(DType::F32, row_stat_shape(&x.shape, ax));
+        Ok(Some(stats_backward(vec![stat.clone(), stat], true, out, 8)))
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
@@ -313,20 +261,8 @@ impl Op for RmsNorm {
     fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
         let x = cx.input(0)?;
         let ax = LayerNormAttrs::of(cx.attrs()).axis(x.rank())?;
-        let mut stat = x.shape[..ax].to_vec();
-        stat.resize(x.rank(), 1);
-        let needs = vec![Saved::Input(0), Saved::Input(1), Saved::Extra(0)];
-        Ok(Some(Backward {
-            grads: vec![
-                Grad {
-                    input: 0,
-                    needs: needs.clone(),
-                },
-                Grad { input: 1, needs },
-            ],
-            extras: vec![Fact::new(DType::F32, stat)],
-            flops: out[0].numel().saturating_mul(6),
-        }))
+        let stat = Fact::new(DType::F32, row_stat_shape(&x.shape, ax));
+        Ok(Some(stats_backward(vec![stat], false, out, 6)))
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
@@ -400,18 +336,13 @@ impl Op for SameShapeNorm {
     }
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
         let x = cx.input(0)?;
-        if x.rank() < 2 {
-            return Err(format!("input must be [N, C, ...], got {:?}", x.shape).into());
-        }
-        let c = x.shape[1];
+        let c = channels(x)?;
         let (groups, per_group) = self.groups(&GroupNormAttrs::of(cx.attrs()), cx.opset, c)?;
-        let want = if per_group { groups } else { c };
-        for (i, name) in [(1, "scale"), (2, "B")] {
-            let f = cx.input(i)?;
-            if f.shape != [want] {
-                return Err(format!("{name} is {:?}, expected [{want}]", f.shape).into());
-            }
-        }
+        check_params(
+            cx,
+            &[(1, "scale"), (2, "B")],
+            if per_group { groups } else { c },
+        )?;
         Ok(vec![Fact::new(x.dtype, x.shape.clone())])
     }
     fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {
@@ -425,27 +356,7 @@ impl Op for SameShapeNorm {
         let x = cx.input(0)?;
         let (groups, _) = self.groups(&GroupNormAttrs::of(cx.attrs()), cx.opset, x.shape[1])?;
         let stat = Fact::new(DType::F32, vec![x.shape[0], groups]);
-        let needs = vec![
-            Saved::Input(0),
-            Saved::Input(1),
-            Saved::Extra(0),
-            Saved::Extra(1),
-        ];
-        Ok(Some(Backward {
-            grads: vec![
-                Grad {
-                    input: 0,
-                    needs: needs.clone(),
-                },
-                Grad { input: 1, needs },
-                Grad {
-                    input: 2,
-                    needs: vec![],
-                },
-            ],
-            extras: vec![stat.clone(), stat],
-            flops: out[0].numel().saturating_mul(8),
-        }))
+        Ok(Some(stats_backward(vec![stat.clone(), stat], true, out, 8)))
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
@@ -689,6 +600,60 @@ fn split_axis(shape: &[usize], a: usize) -> (usize, usize, usize) {
     )
 }
 
+/// The channels `C` of an `[N, C, ...]` input.
+fn channels(x: &Fact) -> RuleResult<usize> {
+    if x.rank() < 2 {
+        return Err(format!("input must be [N, C, ...], got {:?}", x.shape).into());
+    }
+    Ok(x.shape[1])
+}
+
+/// Checks that each named parameter input is `[want]`.
+fn check_params(cx: &Cx, params: &[(usize, &str)], want: usize) -> RuleResult<()> {
+    for &(i, name) in params {
+        let f = cx.input(i)?;
+        if f.shape != [want] {
+            return Err(format!("{name} is {:?}, expected [{want}]", f.shape).into());
+        }
+    }
+    Ok(())
+}
+
+/// The shape of a Layer/RMSNormalization statistic over axes `ax..` of `shape`:
+/// `shape[..ax]` then ones to the input's rank.
+fn row_stat_shape(shape: &[usize], ax: usize) -> Vec<usize> {
+    let mut stat = shape[..ax].to_vec();
+    stat.resize(shape.len(), 1);
+    stat
+}
+
+/// The backward rule the normalizations share: the input's and the scale's
+/// (inputs 0 and 1) gradients read the input, the scale and the saved
+/// statistics `stats` (extras, in order); the bias's (input 2, when `bias`)
+/// reads nothing. Backward FLOPs: `per` per output element.
+fn stats_backward(stats: Vec<Fact>, bias: bool, out: &[Fact], per: u64) -> Backward {
+    let mut needs = vec![Saved::Input(0), Saved::Input(1)];
+    needs.extend((0..stats.len()).map(Saved::Extra));
+    let mut grads = vec![
+        Grad {
+            input: 0,
+            needs: needs.clone(),
+        },
+        Grad { input: 1, needs },
+    ];
+    if bias {
+        grads.push(Grad {
+            input: 2,
+            needs: vec![],
+        });
+    }
+    Backward {
+        grads,
+        extras: stats,
+        flops: out[0].numel().saturating_mul(per),
+    }
+}
+
 /// BatchNormalization on the CPU; see [`BatchNorm`]'s `forward_cpu`.
 fn batch_norm_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
     let x = cx.input(0)?;
@@ -902,8 +867,7 @@ fn layer_norm_kernel(cx: &KernelCx, centered: bool) -> RuleResult<Vec<Tensor>> {
         }
     }
     if cx.extras {
-        let mut shape = x.shape[..a].to_vec();
-        shape.resize(x.rank(), 1);
+        let shape = row_stat_shape(&x.shape, a);
         if centered {
             outs.push(Tensor::f32(
                 shape.clone(),
