@@ -175,6 +175,55 @@ fn expanded_copy(
     copies.then(|| new.to_vec())
 }
 
+/// MatMul's operands as batches of matrices (a 1-D A is a row `[1, K]`, a 1-D B
+/// a column `[K, 1]`), as its forward and backward kernels walk them.
+struct BatchedMats {
+    /// A's rows.
+    m: usize,
+    /// The shared inner dimension.
+    k: usize,
+    /// B's columns.
+    n: usize,
+    /// Per broadcast batch element, in order: A's and B's batch element.
+    pairs: Vec<(usize, usize)>,
+    /// A's batch dims.
+    ba: Vec<usize>,
+    /// B's batch dims.
+    bb: Vec<usize>,
+}
+
+impl BatchedMats {
+    fn of(a: &[usize], b: &[usize]) -> RuleResult<BatchedMats> {
+        let a2: Vec<usize> = if a.len() == 1 {
+            vec![1, a[0]]
+        } else {
+            a.to_vec()
+        };
+        let b2: Vec<usize> = if b.len() == 1 {
+            vec![b[0], 1]
+        } else {
+            b.to_vec()
+        };
+        let (ra, rb) = (a2.len(), b2.len());
+        let (m, k, n) = (a2[ra - 2], a2[ra - 1], b2[rb - 1]);
+        if b2[rb - 2] != k {
+            return Err(format!("inner dimensions differ: {a:?} × {b:?}").into());
+        }
+        let (ba, bb) = (a2[..ra - 2].to_vec(), b2[..rb - 2].to_vec());
+        let batch = broadcast(&[&ba, &bb])?;
+        let mut pairs = Vec::new();
+        for_each(&batch, [&ba[..], &bb[..]], |_, [i, j]| pairs.push((i, j)));
+        Ok(BatchedMats {
+            m,
+            k,
+            n,
+            pairs,
+            ba,
+            bb,
+        })
+    }
+}
+
 impl Op for MatMul {
     fn arity(&self) -> Arity {
         Arity::new(2, 2, 1, 1)
@@ -228,26 +277,7 @@ impl Op for MatMul {
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         let (a, b) = (cx.input(0)?, cx.input(1)?);
         let out = cx.out(0)?.shape.clone();
-        let a2: Vec<usize> = if a.rank() == 1 {
-            vec![1, a.shape[0]]
-        } else {
-            a.shape.clone()
-        };
-        let b2: Vec<usize> = if b.rank() == 1 {
-            vec![b.shape[0], 1]
-        } else {
-            b.shape.clone()
-        };
-        let (ra, rb) = (a2.len(), b2.len());
-        let (m, k, n) = (a2[ra - 2], a2[ra - 1], b2[rb - 1]);
-        if b2[rb - 2] != k {
-            return Err(format!("inner dimensions differ: {:?} × {:?}", a.shape, b.shape).into());
-        }
-        let batch = broadcast(&[&a2[..ra - 2], &b2[..rb - 2]])?;
-        let mut pairs = Vec::new();
-        for_each(&batch, [&a2[..ra - 2], &b2[..rb - 2]], |_, [i, j]| {
-            pairs.push((i, j))
-        });
+        let BatchedMats { m, k, n, pairs, .. } = BatchedMats::of(&a.shape, &b.shape)?;
         let (av, bv) = (a.to_f32()?, b.to_f32()?);
         let mut c = vec![0f32; pairs.len() * m * n];
         let one = |(i, j): (usize, usize), cm: &mut [f32]| {
@@ -271,22 +301,14 @@ impl Op for MatMul {
     /// order (the broadcast reduction); 1-D operands as in the forward.
     fn backward_cpu(&self, cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
         let (fa, fb) = (cx.input(0)?, cx.input(1)?);
-        let a2: Vec<usize> = if fa.rank() == 1 {
-            vec![1, fa.shape[0]]
-        } else {
-            fa.shape.clone()
-        };
-        let b2: Vec<usize> = if fb.rank() == 1 {
-            vec![fb.shape[0], 1]
-        } else {
-            fb.shape.clone()
-        };
-        let (ra, rb) = (a2.len(), b2.len());
-        let (m, k, n) = (a2[ra - 2], a2[ra - 1], b2[rb - 1]);
-        let (ba, bb) = (&a2[..ra - 2], &b2[..rb - 2]);
-        let batch = broadcast(&[ba, bb])?;
-        let mut pairs = Vec::new();
-        for_each(&batch, [ba, bb], |_, [i, j]| pairs.push((i, j)));
+        let BatchedMats {
+            m,
+            k,
+            n,
+            pairs,
+            ba,
+            bb,
+        } = BatchedMats::of(&fa.shape, &fb.shape)?;
         let g = cx.grad(0)?;
         let mut res = Vec::new();
         // `dst[t] = Σ_{pairs p with target t} prod(p)`, targets in parallel.
