@@ -703,6 +703,16 @@ impl<'a> BackwardCx<'a> {
     }
 }
 
+/// The backward rule of an op whose float output's gradient flows back to input 0
+/// alone (reshaped, transposed, summed back, sliced, ...): nothing saved, one
+/// FLOP per output element; no gradient for other types.
+pub(crate) fn nothing_saved_backward(out: &[Fact]) -> RuleResult<Option<Backward>> {
+    if !out[0].dtype.is_float() {
+        return Ok(None);
+    }
+    Ok(Some(Backward::each(&[0], &[], out[0].numel())))
+}
+
 /// The backward kernel of an op that has no gradient (its rule answers `Ok(None)`).
 pub fn no_gradient(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
     Err(RuleError::NoGradient(cx.node.op_type.to_string()))

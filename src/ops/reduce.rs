@@ -1,8 +1,9 @@
 //! Reductions along axes (ReduceSum, ReduceMean, ...), ArgMax/ArgMin, TopK, CumSum.
 
 use super::{
-    axis, dim, no_backward_kernel, no_gradient, no_kernel, Arity, Autocast, Backward, BackwardCx,
-    CudaKernels, Cx, Fact, KernelCx, Launch, Op, Registry, RuleResult, Saved, Storage,
+    axis, dim, no_backward_kernel, no_gradient, no_kernel, nothing_saved_backward, Arity, Autocast,
+    Backward, BackwardCx, CudaKernels, Cx, Fact, KernelCx, Launch, Op, Registry, RuleResult, Saved,
+    Storage,
 };
 use crate::ir::value::MAX_FOLD_ELEMS;
 use crate::ir::{Attrs, DType, Data, Value};
@@ -517,6 +518,54 @@ fn cumulative_axis(cx: &BackwardCx, rank: usize) -> RuleResult<usize> {
     axis(a, rank)
 }
 
+/// CumSum/CumProd's axis (input 1) on the CPU.
+fn kernel_axis(cx: &KernelCx, rank: usize) -> RuleResult<usize> {
+    axis(
+        *cx.input(1)?
+            .to_i64s()
+            .first()
+            .ok_or("axis must be one value")?,
+        rank,
+    )
+}
+
+/// CumSum/CumProd's axis (input 1) when it is a constant, checked.
+fn constant_axis(cx: &Cx, rank: usize) -> RuleResult<Option<usize>> {
+    match &cx.input(1)?.value {
+        Some(v) => Ok(Some(axis(
+            v.scalar_int().ok_or("axis must be one value")?,
+            rank,
+        )?)),
+        None => Ok(None),
+    }
+}
+
+/// Running sums (f64) of `get(i)` along axis `a` of `shape` ([`scan_lines`]):
+/// each element's sum holds it unless `excl`.
+fn running_sums(
+    shape: &[usize],
+    a: usize,
+    excl: bool,
+    rev: bool,
+    get: impl Fn(usize) -> f64,
+) -> Vec<f64> {
+    let n = shape[a];
+    let mut y = vec![0f64; shape.iter().product()];
+    scan_lines(shape, a, rev, |at| {
+        let mut acc = 0f64;
+        for k in 0..n {
+            if excl {
+                y[at(k)] = acc;
+                acc += get(at(k));
+            } else {
+                acc += get(at(k));
+                y[at(k)] = acc;
+            }
+        }
+    });
+    y
+}
+
 /// `CumSum(x, axis)`: same shape. FLOPs: 1 add per element.
 struct CumSum;
 
@@ -543,13 +592,7 @@ impl Op for CumSum {
     /// a 1-D integer constant folds.
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
         let x = cx.input(0)?;
-        let a = match &cx.input(1)?.value {
-            Some(v) => Some(axis(
-                v.scalar_int().ok_or("axis must be one value")?,
-                x.rank(),
-            )?),
-            None => None,
-        };
+        let a = constant_axis(cx, x.rank())?;
         let value = x
             .value
             .as_ref()
@@ -579,10 +622,7 @@ impl Op for CumSum {
     }
     /// The gradient is a reversed cumulative sum: nothing saved.
     fn backward(&self, _cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
-        if !out[0].dtype.is_float() {
-            return Ok(None);
-        }
-        Ok(Some(Backward::each(&[0], &[], out[0].numel())))
+        nothing_saved_backward(out)
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
@@ -590,38 +630,10 @@ impl Op for CumSum {
     /// Running sums along the axis (`exclusive`, `reverse`), f64 for floats.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         let x = cx.input(0)?;
-        let a = axis(
-            *cx.input(1)?
-                .to_i64s()
-                .first()
-                .ok_or("axis must be one value")?,
-            x.rank(),
-        )?;
-        let CumAttrs {
-            exclusive: excl,
-            reverse: rev,
-        } = CumAttrs::of(cx.attrs());
+        let a = kernel_axis(cx, x.rank())?;
+        let at = CumAttrs::of(cx.attrs());
         let xs = x.to_f64s();
-        let outer: usize = x.shape[..a].iter().product();
-        let n = x.shape[a];
-        let inner: usize = x.shape[a + 1..].iter().product();
-        let mut y = vec![0f64; xs.len()];
-        for o in 0..outer {
-            for i in 0..inner {
-                let mut acc = 0f64;
-                for step in 0..n {
-                    let k = if rev { n - 1 - step } else { step };
-                    let at = (o * n + k) * inner + i;
-                    if excl {
-                        y[at] = acc;
-                        acc += xs[at];
-                    } else {
-                        acc += xs[at];
-                        y[at] = acc;
-                    }
-                }
-            }
-        }
+        let y = running_sums(&x.shape, a, at.exclusive, at.reverse, |i| xs[i]);
         Ok(vec![Tensor::from_f64(x.dtype(), x.shape.clone(), y)?])
     }
     /// A cumulative sum of `g` the other way along the axis (same `exclusive`);
@@ -633,29 +645,9 @@ impl Op for CumSum {
         }
         let a = cumulative_axis(cx, f.rank())?;
         let at = CumAttrs::of(cx.attrs());
-        let (excl, rev) = (at.exclusive, !at.reverse);
         let g = cx.grad(0)?;
-        let outer: usize = f.shape[..a].iter().product();
-        let n = f.shape[a];
-        let inner: usize = f.shape[a + 1..].iter().product();
-        let mut dx = vec![0f32; g.len()];
-        for o in 0..outer {
-            for i in 0..inner {
-                let mut acc = 0f64;
-                for step in 0..n {
-                    let k = if rev { n - 1 - step } else { step };
-                    let at = (o * n + k) * inner + i;
-                    if excl {
-                        dx[at] = acc as f32;
-                        acc += g[at] as f64;
-                    } else {
-                        acc += g[at] as f64;
-                        dx[at] = acc as f32;
-                    }
-                }
-            }
-        }
-        cx.answer(vec![(0, dx)])
+        let dx = running_sums(&f.shape, a, at.exclusive, !at.reverse, |i| g[i] as f64);
+        cx.answer(vec![(0, dx.into_iter().map(|v| v as f32).collect())])
     }
     /// Runs on the host on the GPU backend (no device kernels yet).
     fn cuda_kernels(&self, _op_type: &str) -> CudaKernels {
@@ -694,9 +686,7 @@ impl Op for CumProd {
     /// The shape is the input's whatever the axis; a constant axis is checked.
     fn infer(&self, cx: &Cx) -> RuleResult<Vec<Fact>> {
         let x = cx.input(0)?;
-        if let Some(v) = &cx.input(1)?.value {
-            axis(v.scalar_int().ok_or("axis must be one value")?, x.rank())?;
-        }
+        constant_axis(cx, x.rank())?;
         Ok(vec![Fact::new(x.dtype, x.shape.clone())])
     }
     fn flops(&self, _cx: &Cx, out: &[Fact]) -> u64 {
@@ -720,13 +710,7 @@ impl Op for CumProd {
     /// Running products along the axis, f64 for floats.
     fn forward_cpu(&self, cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
         let x = cx.input(0)?;
-        let a = axis(
-            *cx.input(1)?
-                .to_i64s()
-                .first()
-                .ok_or("axis must be one value")?,
-            x.rank(),
-        )?;
+        let a = kernel_axis(cx, x.rank())?;
         let CumAttrs {
             exclusive: excl,
             reverse: rev,

@@ -35,9 +35,9 @@ pub use views::reshape_target;
 use views::*;
 
 use super::{
-    axis, broadcast, dim, dtype_attr, layout, no_backward_kernel, no_gradient, numel, Arity,
-    Autocast, Backward, BackwardCx, CudaKernels, Cx, Fact, KernelCx, Launch, Op, Registry,
-    RuleError, RuleResult, Saved, Storage,
+    axis, broadcast, dim, dtype_attr, layout, no_backward_kernel, no_gradient,
+    nothing_saved_backward, numel, Arity, Autocast, Backward, BackwardCx, CudaKernels, Cx, Fact,
+    KernelCx, Launch, Op, Registry, RuleError, RuleResult, Saved, Storage,
 };
 use crate::ir::value::MAX_FOLD_ELEMS;
 use crate::ir::{DType, Data, TensorData, Value};
@@ -81,6 +81,17 @@ pub(super) fn remap(
         shape: out_shape.to_vec(),
         data: v.data.gather(idx.into_iter()),
     })
+}
+
+/// The fact of an output of `x`'s type shaped `shape` whose element at `coord` is
+/// `x`'s element `src(coord)`: its value folded when `x`'s is known ([`remap`]).
+pub(super) fn remapped_fact(x: &Fact, shape: Vec<usize>, src: impl Fn(&[usize]) -> usize) -> Fact {
+    let value = x.value.as_ref().and_then(|v| remap(v, &shape, src));
+    Fact {
+        dtype: x.dtype,
+        shape,
+        value: value.map(Box::new),
+    }
 }
 
 pub(super) fn with_shape(v: &Value, shape: Vec<usize>) -> Value {

@@ -26,31 +26,19 @@ impl Op for Tile {
             })
             .collect::<RuleResult<Vec<_>>>()?;
         let st = strides(&x.shape);
-        let value = x.value.as_ref().and_then(|v| {
-            remap(v, &shape, |c| {
-                c.iter()
-                    .enumerate()
-                    .map(|(i, &ci)| (ci % x.shape[i].max(1)) * st[i])
-                    .sum()
-            })
-        });
-        Ok(vec![Fact {
-            dtype: x.dtype,
-            shape,
-            value: value.map(Box::new),
-        }])
+        Ok(vec![remapped_fact(x, shape, |c| {
+            c.iter()
+                .enumerate()
+                .map(|(i, &ci)| (ci % x.shape[i].max(1)) * st[i])
+                .sum()
+        })])
     }
     no_flops!();
     /// The gradient is summed over the repeats; nothing saved.
-    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
-        if !out[0].dtype.is_float() {
-            return Ok(None);
-        }
-        let _ = cx;
-        Ok(Some(Backward::each(&[0], &[], out[0].numel())))
+    fn backward(&self, _cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        nothing_saved_backward(out)
     }
-    fn storage(&self, cx: &Cx) -> Storage {
-        let _ = cx;
+    fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
     }
     /// Output coordinate `c` reads input coordinate `c mod dims`.
@@ -151,15 +139,10 @@ impl Op for Pad {
     }
     no_flops!();
     /// The gradient is the un-padded slice; nothing saved.
-    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
-        if !out[0].dtype.is_float() {
-            return Ok(None);
-        }
-        let _ = cx;
-        Ok(Some(Backward::each(&[0], &[], out[0].numel())))
+    fn backward(&self, _cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        nothing_saved_backward(out)
     }
-    fn storage(&self, cx: &Cx) -> Storage {
-        let _ = cx;
+    fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
     }
     /// `constant` (value from input 2, default 0; attribute `value` before opset
@@ -361,10 +344,7 @@ impl Op for CenterCropPad {
     no_flops!();
     /// A slice and a pad: the gradient is the matching region; nothing saved.
     fn backward(&self, _cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
-        if !out[0].dtype.is_float() {
-            return Ok(None);
-        }
-        Ok(Some(Backward::each(&[0], &[], out[0].numel())))
+        nothing_saved_backward(out)
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New

@@ -412,31 +412,19 @@ impl Op for Slice {
         let x = cx.input(0)?;
         let (shape, begin, step) = Slice::plan(cx)?;
         let st = strides(&x.shape);
-        let value = x.value.as_ref().and_then(|v| {
-            remap(v, &shape, |c| {
-                c.iter()
-                    .enumerate()
-                    .map(|(i, &ci)| (begin[i] + ci as i64 * step[i]) as usize * st[i])
-                    .sum()
-            })
-        });
-        Ok(vec![Fact {
-            dtype: x.dtype,
-            shape,
-            value: value.map(Box::new),
-        }])
+        Ok(vec![remapped_fact(x, shape, |c| {
+            c.iter()
+                .enumerate()
+                .map(|(i, &ci)| (begin[i] + ci as i64 * step[i]) as usize * st[i])
+                .sum()
+        })])
     }
     no_flops!();
     /// A strided view (`narrow`/basic indexing); nothing saved.
-    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
-        if !out[0].dtype.is_float() {
-            return Ok(None);
-        }
-        let _ = cx;
-        Ok(Some(Backward::each(&[0], &[], out[0].numel())))
+    fn backward(&self, _cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        nothing_saved_backward(out)
     }
-    fn storage(&self, cx: &Cx) -> Storage {
-        let _ = cx;
+    fn storage(&self, _cx: &Cx) -> Storage {
         Storage::StridedView
     }
     /// A stepped axis multiplies its stride (a negative step is not followed).
@@ -768,8 +756,7 @@ impl Op for GatherElements {
             out[0].numel(),
         )))
     }
-    fn storage(&self, cx: &Cx) -> Storage {
-        let _ = cx;
+    fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
     }
     /// `out[c] = data[c with c[axis] = indices[c]]`.
@@ -902,12 +889,8 @@ impl Op for Compress {
     no_flops!();
     /// As `index_select` (or `masked_select` flattened): the gradient scatters
     /// back by the selection, a constant here; nothing saved.
-    fn backward(&self, cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
-        if !out[0].dtype.is_float() {
-            return Ok(None);
-        }
-        let _ = cx;
-        Ok(Some(Backward::each(&[0], &[], out[0].numel())))
+    fn backward(&self, _cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
+        nothing_saved_backward(out)
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New

@@ -125,15 +125,6 @@ fn unsqueezed(cx: &Cx, x: &Fact) -> RuleResult<Vec<usize>> {
         .collect())
 }
 
-/// The backward rule of every view op: a float output's gradient flows back to
-/// input 0 (reshaped, transposed or summed back); nothing saved.
-fn view_backward(out: &[Fact]) -> RuleResult<Option<Backward>> {
-    if !out[0].dtype.is_float() {
-        return Ok(None);
-    }
-    Ok(Some(Backward::each(&[0], &[], out[0].numel())))
-}
-
 impl Op for View {
     fn arity(&self) -> Arity {
         match self {
@@ -155,7 +146,7 @@ impl Op for View {
     no_flops!();
     /// A view: the gradient is reshaped back; nothing saved.
     fn backward(&self, _cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
-        view_backward(out)
+        nothing_saved_backward(out)
     }
     /// Reshape and Flatten copy a strided input; Squeeze and Unsqueeze are views.
     fn storage(&self, _cx: &Cx) -> Storage {
@@ -216,21 +207,14 @@ impl Op for Transpose {
         let perm = perm(cx.attrs(), x.rank())?;
         let shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
         let st = strides(&x.shape);
-        let value = x.value.as_ref().and_then(|v| {
-            remap(v, &shape, |c| {
-                c.iter().zip(&perm).map(|(&ci, &p)| ci * st[p]).sum()
-            })
-        });
-        Ok(vec![Fact {
-            dtype: x.dtype,
-            shape,
-            value: value.map(Box::new),
-        }])
+        Ok(vec![remapped_fact(x, shape, |c| {
+            c.iter().zip(&perm).map(|(&ci, &p)| ci * st[p]).sum()
+        })])
     }
     no_flops!();
     /// A strided view: the gradient is transposed back; nothing saved.
     fn backward(&self, _cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
-        view_backward(out)
+        nothing_saved_backward(out)
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::StridedView
@@ -313,31 +297,24 @@ impl Op for Expand {
             .map(|&d| dim(d, "dimension"))
             .collect::<RuleResult<_>>()?;
         let shape = broadcast(&[&x.shape, &target])?;
-        let value = x.value.as_ref().and_then(|v| {
-            let st = strides(&x.shape);
-            let off = shape.len() - x.rank();
-            remap(v, &shape, |c| {
-                (0..x.rank())
-                    .map(|i| {
-                        if x.shape[i] == 1 {
-                            0
-                        } else {
-                            c[off + i] * st[i]
-                        }
-                    })
-                    .sum()
-            })
-        });
-        Ok(vec![Fact {
-            dtype: x.dtype,
-            shape,
-            value: value.map(Box::new),
-        }])
+        let st = strides(&x.shape);
+        let off = shape.len() - x.rank();
+        Ok(vec![remapped_fact(x, shape, |c| {
+            (0..x.rank())
+                .map(|i| {
+                    if x.shape[i] == 1 {
+                        0
+                    } else {
+                        c[off + i] * st[i]
+                    }
+                })
+                .sum()
+        })])
     }
     no_flops!();
     /// A broadcast view; the gradient is summed back; nothing saved.
     fn backward(&self, _cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
-        view_backward(out)
+        nothing_saved_backward(out)
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::StridedView
