@@ -21,6 +21,10 @@ for m in map(json.loads, sys.stdin):
     if m.get("executable") and m.get("target", {}).get("name") in ("cuda", "cuda_step"):
         print(m["target"]["name"], m["executable"])' \
         | while read -r name exe; do strip -o "$carry/$name-tests" "$exe"; done
+    # tools/gpu-fsdp.py's larger config has no committed ONNX file (the GPU machine may lack
+    # the exporter's onnx): without it only those rows lack memplan's figures.
+    python3 tools/gpu-fsdp.py --export fsdp_llama_large --export-dir "$carry" \
+        || echo "fsdp_llama_large not exported: its rows in fsdp_gpu.json will lack memplan's figures" >&2
     # The working tree and gpu-carry travel together, 64 MiB at most: compressed.
     gzip -9 "$carry"/*
     # The test binaries find models/ through the build's CARGO_MANIFEST_DIR.
@@ -38,7 +42,8 @@ run)
     rm -rf "$work" && mkdir -p "$out" "$work"
     pack() {
         tar czf "$out/gpu-session.tgz" -C "$work" .
-        for f in nvidia-smi.txt cuda-tests.txt cuda-step-tests.txt allocator-check.txt peak-snapshot.json; do
+        for f in nvidia-smi.txt cuda-tests.txt cuda-step-tests.txt allocator-check.txt peak-snapshot.json \
+            fsdp/fsdp_gpu.json; do
             [ -f "$work/$f" ] && cp "$work/$f" "$out/" || true
         done
     }
@@ -78,6 +83,19 @@ run)
     # attention layout on 4 December 2026), about 15 s a case
     timeout -k 10 90 python3 tools/gpu-peak-snapshot.py --cases "vit_b_16:8;resnet50:8;gpt2:8" \
         --out "$work/peak-snapshot.json" 2>&1 | tee "$work/peak-snapshot.txt" || true
+    # 5. FSDP2 per rank with NCCL, one process per GPU (tools/gpu-fsdp.py), only where two or
+    # more GPUs are lent: every configuration in one torchrun (time on a GPU not known yet),
+    # then memplan's figures put beside the measured ones
+    ngpu="$( (nvidia-smi -L 2>/dev/null || true) | wc -l)"
+    if [ "$ngpu" -ge 2 ]; then
+        timeout -k 10 180 python3 -m torch.distributed.run --standalone --nproc_per_node "$ngpu" \
+            tools/gpu-fsdp.py --out "$work/fsdp" 2>&1 | tee "$work/fsdp.txt" || true
+        timeout -k 5 90 python3 tools/gpu-fsdp.py --merge "$work/fsdp" --memplan "$carry/memplan" \
+            --onnx "$carry" 2>&1 | tee -a "$work/fsdp.txt" || true
+    else
+        echo "5. FSDP2 on several GPUs: skipped ($ngpu GPU; tools/gpu-fsdp.py needs 2 or more)" \
+            | tee "$work/fsdp.txt"
+    fi
     ;;
 *)
     echo "usage: tools/gpu-session.sh prepare | run [--gpu NAME]" >&2
