@@ -45,6 +45,46 @@ impl LossAttrs {
             ignore_index: attrs.int("ignore_index"),
         })
     }
+
+    /// [`nll`] of the log-probabilities `lp` at the targets (input 1), weighted
+    /// by input 2 when given: the loss and the summed weight.
+    fn loss(
+        &self,
+        cx: &KernelCx,
+        lp: &[f32],
+        (c, inner): (usize, usize),
+    ) -> RuleResult<(Vec<f32>, f64)> {
+        let w = cx.opt(2).map(|w| w.to_f32()).transpose()?;
+        nll(
+            lp,
+            &cx.input(1)?.to_i64s(),
+            w.as_deref(),
+            (c, inner),
+            self.ignore_index,
+            self.reduction,
+        )
+    }
+
+    /// The saved targets (input 1) and their [`target_grads`] of the incoming
+    /// gradient, from the saved summed weight (extra 0) and weights (input 2,
+    /// when given).
+    fn saved_target_grads(&self, cx: &BackwardCx) -> RuleResult<(Vec<i64>, Vec<f32>)> {
+        let targets = cx.saved(Saved::Input(1))?.to_i64s();
+        let total = cx.saved(Saved::Extra(0))?.to_f32()?[0];
+        let w = match cx.inputs.get(2).copied().flatten() {
+            Some(_) => Some(cx.saved(Saved::Input(2))?.to_f32()?),
+            None => None,
+        };
+        let tg = target_grads(
+            &targets,
+            w.as_deref(),
+            &cx.grad(0)?,
+            total,
+            self.ignore_index,
+            self.reduction,
+        );
+        Ok((targets, tg))
+    }
 }
 
 /// `(N, C, inner)` of scores `[N, C, d..]` after checking the target `[N, d..]`
@@ -203,15 +243,7 @@ impl Op for Nll {
         let at = LossAttrs::of(cx.attrs())?;
         let x = cx.input(0)?;
         let (c, inner) = (x.shape[1], x.shape[2..].iter().product());
-        let w = cx.opt(2).map(|w| w.to_f32()).transpose()?;
-        let (loss, total) = nll(
-            &x.to_f32()?,
-            &cx.input(1)?.to_i64s(),
-            w.as_deref(),
-            (c, inner),
-            at.ignore_index,
-            at.reduction,
-        )?;
+        let (loss, total) = at.loss(cx, &x.to_f32()?, (c, inner))?;
         let o = cx.out(0)?;
         let mut out = vec![Tensor::from_f32(o.dtype, o.shape.clone(), loss)?];
         if cx.extras {
@@ -226,20 +258,7 @@ impl Op for Nll {
         let x = cx.input(0)?;
         let (c, inner) = (x.shape[1], x.shape[2..].iter().product::<usize>());
         let _ = cx.saved(Saved::Input(0))?;
-        let targets = cx.saved(Saved::Input(1))?.to_i64s();
-        let total = cx.saved(Saved::Extra(0))?.to_f32()?[0];
-        let w = match cx.inputs.get(2).copied().flatten() {
-            Some(_) => Some(cx.saved(Saved::Input(2))?.to_f32()?),
-            None => None,
-        };
-        let tg = target_grads(
-            &targets,
-            w.as_deref(),
-            &cx.grad(0)?,
-            total,
-            at.ignore_index,
-            at.reduction,
-        );
+        let (targets, tg) = at.saved_target_grads(cx)?;
         let mut dx = vec![0f32; x.numel() as usize];
         for (j, (&t, &v)) in targets.iter().zip(&tg).enumerate() {
             if v != 0.0 {
@@ -334,15 +353,7 @@ impl Op for SoftmaxCrossEntropy {
         let x = cx.input(0)?;
         let d = (x.shape[0], x.shape[1], x.shape[2..].iter().product());
         let lp = log_softmax(&x.to_f32()?, d);
-        let w = cx.opt(2).map(|w| w.to_f32()).transpose()?;
-        let (loss, total) = nll(
-            &lp,
-            &cx.input(1)?.to_i64s(),
-            w.as_deref(),
-            (d.1, d.2),
-            at.ignore_index,
-            at.reduction,
-        )?;
+        let (loss, total) = at.loss(cx, &lp, (d.1, d.2))?;
         let o = cx.out(0)?;
         let lp = Tensor::from_f32(x.dtype(), x.shape.clone(), lp)?;
         let mut out = vec![Tensor::from_f32(o.dtype, o.shape.clone(), loss)?];
@@ -372,20 +383,7 @@ impl Op for SoftmaxCrossEntropy {
             Saved::Extra(1)
         };
         let lp = cx.saved(lp_slot)?.to_f32()?;
-        let targets = cx.saved(Saved::Input(1))?.to_i64s();
-        let total = cx.saved(Saved::Extra(0))?.to_f32()?[0];
-        let w = match cx.inputs.get(2).copied().flatten() {
-            Some(_) => Some(cx.saved(Saved::Input(2))?.to_f32()?),
-            None => None,
-        };
-        let tg = target_grads(
-            &targets,
-            w.as_deref(),
-            &cx.grad(0)?,
-            total,
-            at.ignore_index,
-            at.reduction,
-        );
+        let (targets, tg) = at.saved_target_grads(cx)?;
         // The gradient reaching each log-probability: from the loss at the
         // targets, plus output 1's own where one flows in.
         let mut dlp = match cx.grads.get(1).copied().flatten() {
