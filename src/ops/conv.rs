@@ -693,21 +693,70 @@ pub(super) fn im2col(x: &[f32], c: usize, w: &Window, col: &mut [f32]) {
     }
 }
 
+/// A Conv's sizes, as its CPU kernels (forward and backward) walk them.
+struct ConvGeom {
+    /// `group` (at least 1).
+    group: usize,
+    /// Images, input channels, output channels.
+    n: usize,
+    c: usize,
+    m: usize,
+    /// Input and output channels per group.
+    cg: usize,
+    mg: usize,
+    /// The window ([`window`]).
+    win: Window,
+    /// One input channel's spatial size.
+    vol: usize,
+    /// One output channel's GEMM depth: `cg` times the kernel's size.
+    kk: usize,
+    /// One output channel's spatial size.
+    plane: usize,
+    /// Whether the input serves as its own im2col ([`Window::is_direct`]).
+    direct: bool,
+}
+
+impl ConvGeom {
+    fn of(attrs: &Attrs, x: &[usize], w: &[usize], out: &[usize]) -> RuleResult<ConvGeom> {
+        let group = ConvAttrs::of(attrs).group.max(1) as usize;
+        let (n, c, m) = (x[0], x[1], w[0]);
+        let (cg, mg) = (c / group, m / group);
+        let win = window(attrs, &x[2..], &w[2..], &out[2..])?;
+        Ok(ConvGeom {
+            group,
+            n,
+            c,
+            m,
+            cg,
+            mg,
+            vol: win.input_len(),
+            kk: cg * win.kernel_len(),
+            plane: win.output_len(),
+            direct: win.is_direct(),
+            win,
+        })
+    }
+}
+
 /// `Conv` on the CPU; see [`Conv`]'s `forward_cpu`.
 fn conv_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
     let (x, wt) = (cx.input(0)?, cx.input(1)?);
     let out = cx.out(0)?.shape.clone();
-    let attrs = cx.attrs();
-    let group = ConvAttrs::of(attrs).group.max(1) as usize;
-    let (n, c, m) = (x.shape[0], x.shape[1], wt.shape[0]);
-    let (cg, mg) = (c / group, m / group);
-    let win = window(attrs, &x.shape[2..], &wt.shape[2..], &out[2..])?;
-    let vol = win.input_len();
-    let kk = cg * win.kernel_len();
-    let direct = win.is_direct();
+    let ConvGeom {
+        group,
+        n,
+        c,
+        m,
+        cg,
+        mg,
+        win,
+        vol,
+        kk,
+        plane,
+        direct,
+    } = ConvGeom::of(cx.attrs(), &x.shape, &wt.shape, &out)?;
     let (xs, ws) = (x.to_f32()?, wt.to_f32()?);
     let bias = cx.opt(2).map(|b| b.to_f32()).transpose()?;
-    let plane = win.output_len();
     let mut y = vec![0f32; n * m * plane];
     if plane > 0 {
         y.par_chunks_mut(mg * plane)
@@ -880,15 +929,19 @@ pub(super) fn col2im(col: &[f32], c: usize, w: &Window, dx: &mut [f32]) {
 fn conv_backward_kernel(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
     let (fx, fw) = (cx.input(0)?, cx.input(1)?);
     let out = cx.output(0)?.shape.clone();
-    let attrs = cx.attrs();
-    let group = ConvAttrs::of(attrs).group.max(1) as usize;
-    let (n, c, m) = (fx.shape[0], fx.shape[1], fw.shape[0]);
-    let (cg, mg) = (c / group, m / group);
-    let win = window(attrs, &fx.shape[2..], &fw.shape[2..], &out[2..])?;
-    let vol = win.input_len();
-    let kk = cg * win.kernel_len();
-    let plane = win.output_len();
-    let direct = win.is_direct();
+    let ConvGeom {
+        group,
+        n,
+        c,
+        m,
+        cg,
+        mg,
+        win,
+        vol,
+        kk,
+        plane,
+        direct,
+    } = ConvGeom::of(cx.attrs(), &fx.shape, &fw.shape, &out)?;
     let g = cx.grad(0)?;
     // G of (image, group): `[mg, plane]`, contiguous.
     let g_of =
