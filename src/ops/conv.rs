@@ -736,54 +736,58 @@ impl ConvGeom {
             win,
         })
     }
+
+    /// Image `img`'s input channels of group `g` (`[cg, vol]`, contiguous).
+    fn x_group(&self, img: usize, g: usize) -> std::ops::Range<usize> {
+        let first = img * self.c + g * self.cg;
+        first * self.vol..(first + self.cg) * self.vol
+    }
+
+    /// Group `g`'s weights (`[mg, kk]`, contiguous).
+    fn w_group(&self, g: usize) -> std::ops::Range<usize> {
+        g * self.mg * self.kk..(g + 1) * self.mg * self.kk
+    }
+
+    /// Image `img`'s output channels of group `g` (`[mg, plane]`, contiguous).
+    fn y_group(&self, img: usize, g: usize) -> std::ops::Range<usize> {
+        let first = img * self.m + g * self.mg;
+        first * self.plane..(first + self.mg) * self.plane
+    }
 }
 
 /// `Conv` on the CPU; see [`Conv`]'s `forward_cpu`.
 fn conv_kernel(cx: &KernelCx) -> RuleResult<Vec<Tensor>> {
     let (x, wt) = (cx.input(0)?, cx.input(1)?);
     let out = cx.out(0)?.shape.clone();
-    let ConvGeom {
-        group,
-        n,
-        c,
-        m,
-        cg,
-        mg,
-        win,
-        vol,
-        kk,
-        plane,
-        direct,
-    } = ConvGeom::of(cx.attrs(), &x.shape, &wt.shape, &out)?;
+    let geo = ConvGeom::of(cx.attrs(), &x.shape, &wt.shape, &out)?;
     let (xs, ws) = (x.to_f32()?, wt.to_f32()?);
     let bias = cx.opt(2).map(|b| b.to_f32()).transpose()?;
-    let mut y = vec![0f32; n * m * plane];
-    if plane > 0 {
-        y.par_chunks_mut(mg * plane)
+    let mut y = vec![0f32; geo.n * geo.m * geo.plane];
+    if geo.plane > 0 {
+        y.par_chunks_mut(geo.mg * geo.plane)
             .enumerate()
             .for_each(|(job, yg)| {
-                let (img, g) = (job / group, job % group);
-                let xg = &xs[(img * c + g * cg) * vol..(img * c + (g + 1) * cg) * vol];
-                let wg = &ws[g * mg * kk..(g + 1) * mg * kk];
+                let (img, g) = (job / geo.group, job % geo.group);
+                let (xg, wg) = (&xs[geo.x_group(img, g)], &ws[geo.w_group(g)]);
                 let col_buf;
-                let col: &[f32] = if direct {
+                let col: &[f32] = if geo.direct {
                     xg
                 } else {
-                    let mut b = vec![0f32; kk * plane];
-                    im2col(xg, cg, &win, &mut b);
+                    let mut b = vec![0f32; geo.kk * geo.plane];
+                    im2col(xg, geo.cg, &geo.win, &mut b);
                     col_buf = b;
                     &col_buf
                 };
                 sgemm(
                     1.0,
-                    Mat::new(wg, mg, kk, false),
-                    Mat::new(col, kk, plane, false),
+                    Mat::new(wg, geo.mg, geo.kk, false),
+                    Mat::new(col, geo.kk, geo.plane, false),
                     0.0,
                     yg,
                 );
                 if let Some(b) = &bias {
-                    for (o, row) in yg.chunks_mut(plane).enumerate() {
-                        let bv = b[g * mg + o];
+                    for (o, row) in yg.chunks_mut(geo.plane).enumerate() {
+                        let bv = b[g * geo.mg + o];
                         row.iter_mut().for_each(|v| *v += bv);
                     }
                 }
@@ -929,40 +933,27 @@ pub(super) fn col2im(col: &[f32], c: usize, w: &Window, dx: &mut [f32]) {
 fn conv_backward_kernel(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
     let (fx, fw) = (cx.input(0)?, cx.input(1)?);
     let out = cx.output(0)?.shape.clone();
-    let ConvGeom {
-        group,
-        n,
-        c,
-        m,
-        cg,
-        mg,
-        win,
-        vol,
-        kk,
-        plane,
-        direct,
-    } = ConvGeom::of(cx.attrs(), &fx.shape, &fw.shape, &out)?;
+    let geo = ConvGeom::of(cx.attrs(), &fx.shape, &fw.shape, &out)?;
     let g = cx.grad(0)?;
     // G of (image, group): `[mg, plane]`, contiguous.
-    let g_of =
-        |img: usize, gr: usize| &g[(img * m + gr * mg) * plane..(img * m + (gr + 1) * mg) * plane];
+    let g_of = |img: usize, gr: usize| &g[geo.y_group(img, gr)];
     let mut res = Vec::new();
     if cx.wants(0) {
         let ws = cx.saved(Saved::Input(1))?.to_f32()?;
-        let mut dx = vec![0f32; n * c * vol];
-        if cg * vol > 0 && plane > 0 {
-            dx.par_chunks_mut(cg * vol)
+        let mut dx = vec![0f32; geo.n * geo.c * geo.vol];
+        if geo.cg * geo.vol > 0 && geo.plane > 0 {
+            dx.par_chunks_mut(geo.cg * geo.vol)
                 .enumerate()
                 .for_each(|(job, dxg)| {
-                    let (img, gr) = (job / group, job % group);
-                    let wg = Mat::new(&ws[gr * mg * kk..(gr + 1) * mg * kk], kk, mg, true);
-                    let gm = Mat::new(g_of(img, gr), mg, plane, false);
-                    if direct {
+                    let (img, gr) = (job / geo.group, job % geo.group);
+                    let wg = Mat::new(&ws[geo.w_group(gr)], geo.kk, geo.mg, true);
+                    let gm = Mat::new(g_of(img, gr), geo.mg, geo.plane, false);
+                    if geo.direct {
                         sgemm(1.0, wg, gm, 0.0, dxg);
                     } else {
-                        let mut col = vec![0f32; kk * plane];
+                        let mut col = vec![0f32; geo.kk * geo.plane];
                         sgemm(1.0, wg, gm, 0.0, &mut col);
-                        col2im(&col, cg, &win, dxg);
+                        col2im(&col, geo.cg, &geo.win, dxg);
                     }
                 });
         }
@@ -970,28 +961,28 @@ fn conv_backward_kernel(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
     }
     if cx.wants(1) {
         let xs = cx.saved(Saved::Input(0))?.to_f32()?;
-        let mut dw = vec![0f32; m * kk];
-        if mg * kk > 0 && plane > 0 {
-            dw.par_chunks_mut(mg * kk)
+        let mut dw = vec![0f32; geo.m * geo.kk];
+        if geo.mg * geo.kk > 0 && geo.plane > 0 {
+            dw.par_chunks_mut(geo.mg * geo.kk)
                 .enumerate()
                 .for_each(|(gr, dwg)| {
-                    let mut col = if direct {
+                    let mut col = if geo.direct {
                         Vec::new()
                     } else {
-                        vec![0f32; kk * plane]
+                        vec![0f32; geo.kk * geo.plane]
                     };
-                    for img in 0..n {
-                        let xg = &xs[(img * c + gr * cg) * vol..(img * c + (gr + 1) * cg) * vol];
-                        let colv: &[f32] = if direct {
+                    for img in 0..geo.n {
+                        let xg = &xs[geo.x_group(img, gr)];
+                        let colv: &[f32] = if geo.direct {
                             xg
                         } else {
-                            im2col(xg, cg, &win, &mut col);
+                            im2col(xg, geo.cg, &geo.win, &mut col);
                             &col
                         };
                         sgemm(
                             1.0,
-                            Mat::new(g_of(img, gr), mg, plane, false),
-                            Mat::new(colv, plane, kk, true),
+                            Mat::new(g_of(img, gr), geo.mg, geo.plane, false),
+                            Mat::new(colv, geo.plane, geo.kk, true),
                             1.0,
                             dwg,
                         );
@@ -1001,7 +992,7 @@ fn conv_backward_kernel(cx: &BackwardCx) -> RuleResult<Vec<Option<Tensor>>> {
         res.push((1, dw));
     }
     if cx.wants(2) {
-        res.push((2, bias_grad(&g, n, m, plane)));
+        res.push((2, bias_grad(&g, geo.n, geo.m, geo.plane)));
     }
     cx.answer(res)
 }
