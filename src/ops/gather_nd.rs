@@ -4,8 +4,8 @@
 //! exporter writes PyTorch's advanced indexing `x[i0, i1]` with tensor indices.
 
 use super::{
-    no_gradient, Arity, Autocast, Backward, BackwardCx, CudaKernels, Cx, Fact, KernelCx, Op,
-    Registry, RuleError, RuleResult, Saved, Storage,
+    input0_backward, no_gradient, Arity, Autocast, Backward, BackwardCx, CudaKernels, Cx, Fact,
+    KernelCx, Op, Registry, RuleError, RuleResult, Saved, Storage,
 };
 use crate::ir::value::MAX_FOLD_ELEMS;
 use crate::ir::{Attrs, Value};
@@ -165,14 +165,7 @@ impl Op for GatherND {
     /// data: the gradient is zeros with the output gradient added at the indices.
     /// Backward FLOPs: one add per output element (the scatter-add).
     fn backward(&self, _cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
-        if !out[0].dtype.is_float() {
-            return Ok(None);
-        }
-        Ok(Some(Backward::each(
-            &[0],
-            &[Saved::Input(1)],
-            out[0].numel(),
-        )))
+        input0_backward(out, &[Saved::Input(1)])
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New

@@ -704,13 +704,19 @@ impl<'a> BackwardCx<'a> {
 }
 
 /// The backward rule of an op whose float output's gradient flows back to input 0
-/// alone (reshaped, transposed, summed back, sliced, ...): nothing saved, one
-/// FLOP per output element; no gradient for other types.
-pub(crate) fn nothing_saved_backward(out: &[Fact]) -> RuleResult<Option<Backward>> {
+/// alone, reading `needs`: one FLOP per output element; no gradient for other
+/// types.
+pub(crate) fn input0_backward(out: &[Fact], needs: &[Saved]) -> RuleResult<Option<Backward>> {
     if !out[0].dtype.is_float() {
         return Ok(None);
     }
-    Ok(Some(Backward::each(&[0], &[], out[0].numel())))
+    Ok(Some(Backward::each(&[0], needs, out[0].numel())))
+}
+
+/// [`input0_backward`] reading nothing (the gradient reshaped, transposed, summed
+/// back, sliced, ...).
+pub(crate) fn nothing_saved_backward(out: &[Fact]) -> RuleResult<Option<Backward>> {
+    input0_backward(out, &[])
 }
 
 /// The backward kernel of an op that has no gradient (its rule answers `Ok(None)`).

@@ -35,7 +35,7 @@ pub use views::reshape_target;
 use views::*;
 
 use super::{
-    axis, broadcast, dim, dtype_attr, layout, no_backward_kernel, no_gradient,
+    axis, broadcast, dim, dtype_attr, input0_backward, layout, no_backward_kernel, no_gradient,
     nothing_saved_backward, numel, Arity, Autocast, Backward, BackwardCx, CudaKernels, Cx, Fact,
     KernelCx, Launch, Op, Registry, RuleError, RuleResult, Saved, Storage,
 };

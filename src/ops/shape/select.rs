@@ -1011,14 +1011,7 @@ impl Op for ReverseSequence {
     /// `flip` of each sequence: the gradient reversed the same way, reading the
     /// lengths.
     fn backward(&self, _cx: &Cx, out: &[Fact]) -> RuleResult<Option<Backward>> {
-        if !out[0].dtype.is_float() {
-            return Ok(None);
-        }
-        Ok(Some(Backward::each(
-            &[0],
-            &[Saved::Input(1)],
-            out[0].numel(),
-        )))
+        input0_backward(out, &[Saved::Input(1)])
     }
     fn storage(&self, _cx: &Cx) -> Storage {
         Storage::New
