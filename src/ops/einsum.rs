@@ -343,30 +343,17 @@ fn sum_out(o: Opnd, keep: impl Fn(usize) -> bool) -> Opnd {
 /// kept are the batch, in both and not kept contracted, the rest rows (`a`) and
 /// columns (`b`). Every label of `a` or `b` is in both or kept.
 fn contract(a: Opnd, b: Opnd, keep: &BTreeSet<usize>) -> Opnd {
-    let batch: Vec<usize> = a
-        .labels
-        .iter()
-        .copied()
-        .filter(|l| b.labels.contains(l) && keep.contains(l))
-        .collect();
-    let con: Vec<usize> = a
-        .labels
-        .iter()
-        .copied()
-        .filter(|l| b.labels.contains(l) && !keep.contains(l))
-        .collect();
-    let m_l: Vec<usize> = a
-        .labels
-        .iter()
-        .copied()
-        .filter(|l| !b.labels.contains(l))
-        .collect();
-    let n_l: Vec<usize> = b
-        .labels
-        .iter()
-        .copied()
-        .filter(|l| !a.labels.contains(l))
-        .collect();
+    // `o`'s labels, in order, that `keep` and `other` do (or do not) hold.
+    let pick = |o: &Opnd, other: &Opnd, in_other: bool, kept: Option<bool>| -> Vec<usize> {
+        let want = |l: &usize| {
+            other.labels.contains(l) == in_other && kept.is_none_or(|k| keep.contains(l) == k)
+        };
+        o.labels.iter().copied().filter(want).collect()
+    };
+    let batch = pick(&a, &b, true, Some(true));
+    let con = pick(&a, &b, true, Some(false));
+    let m_l = pick(&a, &b, false, None);
+    let n_l = pick(&b, &a, false, None);
     let size = |o: &Opnd, ls: &[usize]| -> usize {
         ls.iter()
             .map(|l| o.shape[o.labels.iter().position(|x| x == l).unwrap()])
