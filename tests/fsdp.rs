@@ -104,24 +104,21 @@ fn fsdp2_rank_peaks_match_real_gloo_runs() {
 fn resharding_trades_memory_for_a_second_gather_and_more_ranks_hold_less() {
     let file = common::shipped("llm/fsdp_llama_b.onnx");
     let f = file.to_str().unwrap();
+    let base = [
+        "profile",
+        f,
+        "--train",
+        "--batch",
+        "4",
+        "--optimizer",
+        "adamw",
+        "--loss",
+        "graph",
+        "--json",
+    ];
     let peak = |world: &str, reshard: &str| -> (u64, u64) {
-        let t = common::memplan_json(&[
-            "profile",
-            f,
-            "--train",
-            "--batch",
-            "4",
-            "--optimizer",
-            "adamw",
-            "--loss",
-            "graph",
-            "--json",
-            "--fsdp",
-            world,
-            "--reshard-after-forward",
-            reshard,
-        ])["training"]
-            .clone();
+        let more = ["--fsdp", world, "--reshard-after-forward", reshard];
+        let t = common::memplan_json(&[&base[..], &more[..]].concat())["training"].clone();
         (
             t["peak_bytes"].as_u64().unwrap(),
             t["fsdp"]["all_gather_bytes"].as_u64().unwrap(),
@@ -134,18 +131,7 @@ fn resharding_trades_memory_for_a_second_gather_and_more_ranks_hold_less() {
     let (four, _) = peak("4", "true");
     assert!(four < resharded, "{four} vs {resharded}");
     // One rank alone is the unsharded step plus FSDP's buffers.
-    let single = common::memplan_json(&[
-        "profile",
-        f,
-        "--train",
-        "--batch",
-        "4",
-        "--optimizer",
-        "adamw",
-        "--loss",
-        "graph",
-        "--json",
-    ])["training"]["peak_bytes"]
+    let single = common::memplan_json(&base)["training"]["peak_bytes"]
         .as_u64()
         .unwrap();
     assert!(resharded < single + single / 2);

@@ -373,13 +373,11 @@ fn dtype_arg(text: &str) -> Result<memplan::ir::DType, String> {
 }
 
 impl FsdpArgs {
-    /// The process groups a rank communicates in: the shard group, and under HSDP
-    /// the replicate group.
+    /// The process groups a rank communicates in (none without --fsdp).
     pub fn groups(&self) -> Vec<u64> {
-        match self.fsdp {
-            Some(n) => vec![n, self.fsdp_replicas.unwrap_or(1)],
-            None => Vec::new(),
-        }
+        self.settings()
+            .map(|f| f.groups().to_vec())
+            .unwrap_or_default()
     }
 
     /// The library's settings (`None` without --fsdp).

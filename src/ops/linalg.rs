@@ -22,21 +22,28 @@ type PairProduct<'a> = dyn Fn(usize, (usize, usize), &mut [f32]) + Sync + 'a;
 /// FLOPs: 2·M·K·N per broadcast batch element (a multiply-add counts 2).
 struct MatMul;
 
+/// The operands of a numpy matmul with 1-D ones promoted: `[k]` on the left is
+/// `[1, k]`, on the right `[k, 1]`.
+pub fn promoted(a: &[usize], b: &[usize]) -> (Vec<usize>, Vec<usize>) {
+    let a2 = if a.len() == 1 {
+        vec![1, a[0]]
+    } else {
+        a.to_vec()
+    };
+    let b2 = if b.len() == 1 {
+        vec![b[0], 1]
+    } else {
+        b.to_vec()
+    };
+    (a2, b2)
+}
+
 /// Output shape and contraction size `K` of a numpy matmul.
 pub fn matmul_shape(a: &[usize], b: &[usize]) -> RuleResult<(Vec<usize>, usize)> {
     if a.is_empty() || b.is_empty() {
         return Err("MatMul operands must have rank >= 1".into());
     }
-    let a2: Vec<usize> = if a.len() == 1 {
-        vec![1, a[0]]
-    } else {
-        a.to_vec()
-    };
-    let b2: Vec<usize> = if b.len() == 1 {
-        vec![b[0], 1]
-    } else {
-        b.to_vec()
-    };
+    let (a2, b2) = promoted(a, b);
     let (m, k) = (a2[a2.len() - 2], a2[a2.len() - 1]);
     let (k2, n) = (b2[b2.len() - 2], b2[b2.len() - 1]);
     if k != k2 {
@@ -194,16 +201,7 @@ struct BatchedMats {
 
 impl BatchedMats {
     fn of(a: &[usize], b: &[usize]) -> RuleResult<BatchedMats> {
-        let a2: Vec<usize> = if a.len() == 1 {
-            vec![1, a[0]]
-        } else {
-            a.to_vec()
-        };
-        let b2: Vec<usize> = if b.len() == 1 {
-            vec![b[0], 1]
-        } else {
-            b.to_vec()
-        };
+        let (a2, b2) = promoted(a, b);
         let (ra, rb) = (a2.len(), b2.len());
         let (m, k, n) = (a2[ra - 2], a2[ra - 1], b2[rb - 1]);
         if b2[rb - 2] != k {

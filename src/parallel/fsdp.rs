@@ -66,6 +66,14 @@ pub struct Fsdp {
     pub offload: bool,
 }
 
+impl Fsdp {
+    /// The sizes of the process groups a rank communicates in: the shard group and,
+    /// under HSDP, the replicate group.
+    pub fn groups(&self) -> [u64; 2] {
+        [self.shards, self.replicas]
+    }
+}
+
 impl Default for Fsdp {
     fn default() -> Self {
         Fsdp {
@@ -224,11 +232,8 @@ pub fn shard(s: &mut Schedule, f: &Fsdp) -> Result<FsdpSummary, String> {
     let param_dtype = f.param_dtype.unwrap_or(sched_dtype);
     let reduce_dtype = f.reduce_dtype.unwrap_or(param_dtype);
     let orig = f.orig_dtype.unwrap_or(sched_dtype);
-    let (pb, rb, ob) = (
-        param_dtype.bits().div_ceil(8),
-        reduce_dtype.bits().div_ceil(8),
-        orig.bits().div_ceil(8),
-    );
+    let size = |d: DType| d.bits().div_ceil(8).max(1);
+    let (pb, rb, ob) = (size(param_dtype), size(reduce_dtype), size(orig));
     let mut summary = FsdpSummary {
         units: us.iter().map(|u| u.name.clone()).collect(),
         largest_unit_bytes: us.iter().map(|u| u.numel * pb).max().unwrap_or(0),
@@ -252,7 +257,7 @@ pub fn shard(s: &mut Schedule, f: &Fsdp) -> Result<FsdpSummary, String> {
         .iter()
         .flat_map(|u| u.grads.first())
         .next()
-        .map_or(ob, |&g| s.storages[g].dtype.bits().div_ceil(8).max(1));
+        .map_or(ob, |&g| size(s.storages[g].dtype));
     for st in &mut s.storages {
         if matches!(
             st.kind,

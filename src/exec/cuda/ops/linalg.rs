@@ -122,16 +122,7 @@ pub(super) struct MatDims {
 }
 
 pub(super) fn mat_dims(a: &[usize], b: &[usize]) -> Result<MatDims> {
-    let a2: Vec<usize> = if a.len() == 1 {
-        vec![1, a[0]]
-    } else {
-        a.to_vec()
-    };
-    let b2: Vec<usize> = if b.len() == 1 {
-        vec![b[0], 1]
-    } else {
-        b.to_vec()
-    };
+    let (a2, b2) = ops::linalg::promoted(a, b);
     let (ra, rb) = (a2.len(), b2.len());
     let (m, k, n) = (a2[ra - 2], a2[ra - 1], b2[rb - 1]);
     let batch = ops::broadcast(&[&a2[..ra - 2], &b2[..rb - 2]])?;
