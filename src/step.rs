@@ -19,7 +19,7 @@ use crate::infer::{Bindings, Inferred};
 use crate::ir::DType;
 use crate::ir::Model;
 use crate::onnx::load_model;
-use crate::parallel::{Fsdp, FsdpSummary};
+use crate::parallel::{Fsdp, FsdpSummary, Layout, RankStep};
 use crate::remat::from_schedule::from_schedule;
 use crate::remat::graph::RematGraph;
 use crate::train::{build_schedule, Precision, Schedule, TrainOptions};
@@ -51,6 +51,21 @@ pub fn sharded_schedule(
     let mut s = schedule(model, inferred, &o)?;
     let summary = crate::parallel::shard(&mut s, &f).map_err(Error::Graph)?;
     Ok((s, summary))
+}
+
+/// The training schedules of the ranks that differ under model-parallel layout `l`
+/// ([`crate::parallel::ranks`]): one per pipeline stage, first stage first.
+pub fn rank_schedules(
+    model: &Model,
+    inferred: &Inferred,
+    opts: &TrainOptions,
+    l: &Layout,
+) -> Result<Vec<RankStep>> {
+    let s = schedule(model, inferred, opts)?;
+    let names: Vec<String> = (0..s.tensor_storage.len())
+        .map(|t| model.graph.tensor(t).name.to_string())
+        .collect();
+    crate::parallel::ranks(s, &names, l).map_err(Error::Graph)
 }
 
 /// The training schedule of `model` under `bindings` and `opts` (lowered and

@@ -395,3 +395,74 @@ impl FsdpArgs {
         })
     }
 }
+
+/// Tensor, pipeline, context and expert parallelism's flags.
+#[derive(clap::Args, Clone, Default)]
+pub struct ParallelArgs {
+    /// Tensor parallelism over N ranks: Linear layers split by role (column: q/k/v,
+    /// gate/up; row: o, down; embeddings and LM head by vocabulary).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub tp: Option<u64>,
+    /// With --tp: sequence parallelism (activations between the parallel regions split
+    /// along the sequence too).
+    #[arg(long, requires = "tp")]
+    pub sequence_parallel: bool,
+    /// Pipeline parallelism over N stages, split by repeated blocks; the batch is one
+    /// micro-batch.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub pp: Option<u64>,
+    /// With --pp: micro-batches per step (default: the stages).
+    #[arg(long, value_name = "M", requires = "pp", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub microbatches: Option<u64>,
+    /// With --pp: gpipe, 1f1b (default) or interleaved:V (V model chunks per rank).
+    #[arg(long, value_name = "SCHEDULE", requires = "pp", value_parser = memplan::parallel::PipeSchedule::parse)]
+    pub pp_schedule: Option<memplan::parallel::PipeSchedule>,
+    /// With --pp: blocks per (virtual) stage, in order (default: even, the first
+    /// stages one more when they do not divide).
+    #[arg(long, value_name = "A,B", value_delimiter = ',', requires = "pp")]
+    pub pp_stages: Vec<u64>,
+    /// Context parallelism over N ranks: the sequence split, attention as a ring.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub cp: Option<u64>,
+    /// Expert parallelism over N ranks: each holds 1/N of every MoE layer's experts.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub ep: Option<u64>,
+}
+
+impl ParallelArgs {
+    /// The library's layout (checked against the routing assumption).
+    pub fn layout(
+        &self,
+        routing: Option<memplan::moe::Routing>,
+    ) -> anyhow::Result<memplan::parallel::Layout> {
+        use memplan::parallel::{Degrees, Layout, PipeSchedule, Pipeline};
+        let ep = self.ep.unwrap_or(1);
+        if ep > 1 && routing == Some(memplan::moe::Routing::Worst) {
+            anyhow::bail!("--ep with --moe-routing worst: the rank holding the busiest expert is not modelled; use balanced or capacity=F");
+        }
+        let stages = self.pp.unwrap_or(1);
+        Ok(Layout {
+            degrees: Degrees {
+                tp: self.tp.unwrap_or(1),
+                sequence_parallel: self.sequence_parallel,
+                cp: self.cp.unwrap_or(1),
+                ep,
+            },
+            pipeline: (stages > 1).then(|| Pipeline {
+                stages,
+                microbatches: self.microbatches.unwrap_or(stages),
+                schedule: self.pp_schedule.unwrap_or(PipeSchedule::OneFOneB),
+                blocks: (!self.pp_stages.is_empty()).then(|| self.pp_stages.clone()),
+            }),
+        })
+    }
+
+    /// The process groups a rank communicates in.
+    pub fn groups(&self) -> Vec<u64> {
+        [self.tp, self.pp, self.cp, self.ep]
+            .into_iter()
+            .flatten()
+            .filter(|&n| n > 1)
+            .collect()
+    }
+}

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
-use super::{choice, parse_dims, DeviceArgs, FsdpArgs, TrainArgs};
+use super::{choice, parse_dims, DeviceArgs, FsdpArgs, ParallelArgs, TrainArgs};
 use memplan::infer::Bindings;
 use memplan::memory::device::replay_schedule;
 use memplan::memory::{profile_inference, simulate};
@@ -49,6 +49,8 @@ pub struct ProfileArgs {
     device: DeviceArgs,
     #[command(flatten)]
     fsdp: FsdpArgs,
+    #[command(flatten)]
+    parallel: ParallelArgs,
 }
 
 /// Runs `profile`.
@@ -65,9 +67,17 @@ pub fn run(a: ProfileArgs) -> anyhow::Result<()> {
         training,
         device,
         fsdp,
+        parallel,
     } = a;
     if fsdp.fsdp.is_some() && !train {
         anyhow::bail!("--fsdp shards the training step: give --train");
+    }
+    let layout = parallel.layout(moe_routing)?;
+    if layout.is_split() && !train {
+        anyhow::bail!("--tp, --pp, --cp and --ep split the training step: give --train");
+    }
+    if layout.is_split() && fsdp.fsdp.is_some() {
+        anyhow::bail!("--fsdp with --tp/--pp/--cp/--ep: profile shows one of them; fit combines model parallelism with ZeRO over the data-parallel ranks");
     }
     if device.given() && !train {
         anyhow::bail!("--allocator, --alloc-conf, --gpu and --cuda-context describe the training step's device: give --train");
@@ -96,26 +106,33 @@ pub fn run(a: ProfileArgs) -> anyhow::Result<()> {
     let mut report = ProfileReport::new(&path, &m, &inf, &prof, detail);
     if train {
         let opts = training.options()?;
-        let (sched, sharded) = match fsdp.settings() {
-            Some(f) => {
-                let (s, summary) = memplan::step::sharded_schedule(&m, &inf, &opts, &f)
-                    .with_context(|| path.clone())?;
-                (s, Some(summary))
-            }
-            None => (
-                memplan::step::schedule(&m, &inf, &opts).with_context(|| path.clone())?,
-                None,
-            ),
+        let d = device
+            .model()?
+            .on_groups(&[fsdp.groups(), parallel.groups()].concat());
+        let (sched, mut t) = if layout.is_split() {
+            layout_report(&m, &inf, &opts, &layout, &d).with_context(|| path.clone())?
+        } else {
+            let (sched, sharded) = match fsdp.settings() {
+                Some(f) => {
+                    let (s, summary) = memplan::step::sharded_schedule(&m, &inf, &opts, &f)
+                        .with_context(|| path.clone())?;
+                    (s, Some(summary))
+                }
+                None => (
+                    memplan::step::schedule(&m, &inf, &opts).with_context(|| path.clone())?,
+                    None,
+                ),
+            };
+            let replay = simulate(&sched);
+            let mut t = TrainingReport::new(&opts, &sched, &replay);
+            t.fsdp = sharded;
+            let a = replay_schedule(&sched, &d).map_err(|e| super::replay_failed(&path, e))?;
+            t.set_device(&d, a);
+            (sched, t)
         };
-        let replay = simulate(&sched);
-        let mut t = TrainingReport::new(&opts, &sched, &replay);
-        t.fsdp = sharded;
         t.warnings = super::warn_inference_export(&path, &m);
         t.warnings
             .extend(super::warn_precision(&path, &m, opts.precision));
-        let d = device.model()?.on_groups(&fsdp.groups());
-        let a = replay_schedule(&sched, &d).map_err(|e| super::replay_failed(&path, e))?;
-        t.set_device(&d, a);
         if let Some(p) = checkpoint {
             t.checkpoint = Some(CheckpointReport::of(&sched, p).with_context(|| path.clone())?);
         }
@@ -131,4 +148,37 @@ pub fn run(a: ProfileArgs) -> anyhow::Result<()> {
     std::mem::forget((report, prof, inf, m));
     std::mem::forget(loaded);
     Ok(())
+}
+
+/// The worst rank's training report under model-parallel `layout`, with every
+/// pipeline stage's figures, and its schedule.
+fn layout_report(
+    m: &memplan::ir::Model,
+    inf: &memplan::infer::Inferred,
+    opts: &memplan::train::TrainOptions,
+    layout: &memplan::parallel::Layout,
+    d: &memplan::memory::device::DeviceModel,
+) -> anyhow::Result<(memplan::train::Schedule, TrainingReport)> {
+    use memplan::report::parallel::{ParallelReport, RankRow};
+    let ranks = memplan::step::rank_schedules(m, inf, opts, layout)?;
+    let mut rows = Vec::new();
+    let mut allocs = Vec::new();
+    for r in &ranks {
+        let a = replay_schedule(&r.schedule, d)
+            .map_err(|e| super::replay_failed(&format!("stage {}", rows.len()), e))?;
+        rows.push(RankRow {
+            stage: r.stage.clone(),
+            peak_bytes: simulate(&r.schedule).peak().total(),
+            reserved_bytes: a.reserved_bytes,
+            param_bytes: r.split.param_bytes,
+        });
+        allocs.push(a);
+    }
+    let report = ParallelReport::new(layout, rows, &ranks[0].split);
+    let w = report.worst_rank;
+    let sched = ranks[w].schedule.clone();
+    let mut t = TrainingReport::new(opts, &sched, &simulate(&sched));
+    t.set_device(d, allocs[w]);
+    t.parallel = Some(report);
+    Ok((sched, t))
 }

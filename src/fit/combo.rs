@@ -95,6 +95,45 @@ pub struct Combo {
     pub dist: Dist,
     /// Gradient accumulation (gradients stay allocated between micro-batches).
     pub accumulate: bool,
+    /// Tensor and pipeline parallelism within each data-parallel replica.
+    pub mp: Mp,
+}
+
+/// Tensor and pipeline degrees of a combination ([`crate::parallel`]): the GPUs
+/// of one model replica are `tp·pp`, the data-parallel ranks the rest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Mp {
+    /// Tensor-parallel ranks (with sequence parallelism).
+    pub tp: u64,
+    /// Pipeline stages (1F1B, the micro-batches the accumulation steps).
+    pub pp: u64,
+}
+
+impl Mp {
+    /// One GPU per replica.
+    pub const NONE: Mp = Mp { tp: 1, pp: 1 };
+
+    /// GPUs per replica.
+    pub fn ranks(self) -> u64 {
+        self.tp * self.pp
+    }
+
+    /// The layout of one replica with `microbatches` micro-batches per step.
+    pub fn layout(self, microbatches: u64) -> crate::parallel::Layout {
+        crate::parallel::Layout {
+            degrees: crate::parallel::Degrees {
+                tp: self.tp,
+                sequence_parallel: self.tp > 1,
+                ..Default::default()
+            },
+            pipeline: (self.pp > 1).then(|| crate::parallel::Pipeline {
+                stages: self.pp,
+                microbatches: microbatches.max(self.pp),
+                schedule: crate::parallel::PipeSchedule::OneFOneB,
+                blocks: None,
+            }),
+        }
+    }
 }
 
 impl Combo {
@@ -104,6 +143,7 @@ impl Combo {
         ckpt: Ckpt::None,
         dist: Dist::Single,
         accumulate: false,
+        mp: Mp::NONE,
     };
 
     /// The strategies' names, in a fixed order.
@@ -118,6 +158,12 @@ impl Combo {
             Ckpt::EveryBlock => v.push("checkpoint-every-block".into()),
             Ckpt::EveryBlockSelective => v.push("checkpoint-every-block-selective".into()),
             Ckpt::Blocks => v.push("checkpoint-blocks-planned".into()),
+        }
+        if self.mp.tp > 1 {
+            v.push(format!("tp-{}", self.mp.tp));
+        }
+        if self.mp.pp > 1 {
+            v.push(format!("pp-{}", self.mp.pp));
         }
         v.extend(self.dist.name());
         if self.accumulate {
@@ -136,11 +182,11 @@ impl Combo {
         }
     }
 
-    /// GPUs the batch spreads over.
+    /// GPUs the batch spreads over: the data-parallel ranks.
     pub fn gpus(&self, gpus: u64) -> u64 {
         match self.dist {
             Dist::Single => 1,
-            _ => gpus.max(1),
+            _ => (gpus / self.mp.ranks()).max(1),
         }
     }
 }
@@ -522,7 +568,55 @@ pub fn combos(gpus: u64) -> Vec<Combo> {
                     ckpt,
                     dist,
                     accumulate: false,
+                    mp: Mp::NONE,
                 });
+            }
+        }
+    }
+    v.extend(model_parallel(gpus));
+    v
+}
+
+/// The tensor- and pipeline-parallel combinations on `gpus` GPUs: tensor
+/// parallelism (with sequence parallelism) over 2 and over up to 8, 2 and 4
+/// pipeline stages, and 2 × 2; ZeRO-1 over the data-parallel ranks that remain;
+/// 2-way tensor parallelism also with every block checkpointed.
+fn model_parallel(gpus: u64) -> Vec<Combo> {
+    let layouts = [
+        Mp { tp: 2, pp: 1 },
+        Mp {
+            tp: gpus.min(8),
+            pp: 1,
+        },
+        Mp { tp: 1, pp: 2 },
+        Mp { tp: 1, pp: 4 },
+        Mp { tp: 2, pp: 2 },
+    ];
+    let mut v: Vec<Combo> = Vec::new();
+    for mp in layouts {
+        if gpus < 2 || mp.ranks() > gpus || gpus % mp.ranks() != 0 {
+            continue;
+        }
+        let dist = if gpus / mp.ranks() > 1 {
+            Dist::Zero(1)
+        } else {
+            Dist::Single
+        };
+        let ckpts: &[Ckpt] = if mp.pp > 1 || mp.tp > 2 {
+            &[Ckpt::None]
+        } else {
+            &[Ckpt::None, Ckpt::EveryBlock]
+        };
+        for &ckpt in ckpts {
+            let c = Combo {
+                mixed: false,
+                ckpt,
+                dist,
+                accumulate: mp.pp > 1,
+                mp,
+            };
+            if !v.contains(&c) {
+                v.push(c);
             }
         }
     }

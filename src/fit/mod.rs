@@ -299,10 +299,13 @@ impl FitOptions {
     }
 }
 
+/// A replica rank's step: model parallelism, mixed precision, accumulation, batch.
+type RankKey = (combo::Mp, bool, bool, u64);
+
 /// Schedules of the step by precision, gradient residency and batch, built once
 /// each and shared by every combination; and each combination's largest batch.
 pub struct Steps<'a> {
-    model: &'a Model,
+    pub(super) model: &'a Model,
     o: &'a FitOptions,
     built: RefCell<HashMap<(bool, bool, u64), Rc<Schedule>>>,
     solved: RefCell<HashMap<Combo, (u64, u64, f64)>>,
@@ -311,6 +314,9 @@ pub struct Steps<'a> {
     /// The steps realised last (a few: a batch's peak and its replays come
     /// together), newest last.
     realised: RefCell<Vec<(StepKey, Rc<RealisedStep>)>>,
+    /// The worst rank's schedule by model parallelism, precision, accumulation and
+    /// batch (shared by the ways over the data-parallel ranks).
+    ranked: RefCell<HashMap<RankKey, Rc<Schedule>>>,
 }
 
 /// A combination at a batch.
@@ -334,6 +340,7 @@ impl<'a> Steps<'a> {
             solved: Default::default(),
             replayed: Default::default(),
             realised: Default::default(),
+            ranked: Default::default(),
         }
     }
 
@@ -469,7 +476,7 @@ impl<'a> Steps<'a> {
     /// The step of `c` at `batch` on one GPU: a schedule, or a plan over its graph;
     /// and the recompute FLOP fraction.
     fn realise(&self, c: Combo, batch: u64) -> Result<RealisedStep> {
-        let base = self.schedule(c, batch)?;
+        let base = self.replica_rank(c, self.schedule(c, batch)?, batch)?;
         let gpus = c.gpus(self.o.gpus);
         // The shared schedule as the combination's distribution leaves it on one GPU
         // (copied only when something is partitioned or added).
@@ -552,10 +559,41 @@ impl<'a> Steps<'a> {
         Ok(solved.get(&c).copied().unwrap_or(found[0]))
     }
 
-    /// [`traffic`] of `c` with `steps` micro-batches per optimizer step.
+    /// [`traffic`] of `c` with `steps` micro-batches per optimizer step (under
+    /// model parallelism, a rank's share of the replica's).
     pub fn traffic(&self, c: Combo, steps: u64) -> Result<Traffic> {
         let s = self.schedule(c, 1)?;
-        Ok(traffic(&s, c.dist, c.gpus(self.o.gpus), steps))
+        let t = traffic(&s, c.dist, c.gpus(self.o.gpus), steps);
+        let r = c.mp.ranks();
+        Ok(Traffic {
+            communication_bytes: t.communication_bytes.div_ceil(r),
+            pcie_bytes: t.pcie_bytes.div_ceil(r),
+            host_bytes: t.host_bytes.div_ceil(r),
+        })
+    }
+
+    /// The worst rank's step of `c`'s tensor- and pipeline-parallel replica
+    /// ([`crate::parallel::ranks`]; `s` itself without model parallelism).
+    fn replica_rank(&self, c: Combo, s: Rc<Schedule>, batch: u64) -> Result<Rc<Schedule>> {
+        if c.mp == combo::Mp::NONE {
+            return Ok(s);
+        }
+        let key = (c.mp, c.mixed, c.accumulate, batch);
+        if let Some(r) = self.ranked.borrow().get(&key) {
+            return Ok(r.clone());
+        }
+        let names: Vec<String> = (0..s.tensor_storage.len())
+            .map(|t| self.model.graph.tensor(t).name.to_string())
+            .collect();
+        let ranks = crate::parallel::ranks((*s).clone(), &names, &c.mp.layout(c.mp.pp))
+            .map_err(Error::Graph)?;
+        let worst = ranks
+            .into_iter()
+            .max_by_key(|r| crate::memory::simulate(&r.schedule).peak().total())
+            .expect("one rank at least");
+        let r = Rc::new(worst.schedule);
+        self.ranked.borrow_mut().insert(key, r.clone());
+        Ok(r)
     }
 }
 
@@ -938,31 +976,6 @@ fn set_traffic(row: &mut StrategyFit, tr: Option<Traffic>) {
     }
 }
 
-/// The estimated time of an optimizer step of `c` over `n` GPUs, `k` micro-batches
-/// of `micro` samples, with recompute fraction `ov` and traffic `tr`.
-fn step_time(
-    steps: &Steps,
-    cl: &time::Cluster,
-    c: Combo,
-    (n, k, micro): (u64, u64, u64),
-    ov: f64,
-    tr: Traffic,
-) -> Result<time::StepTime> {
-    let s = steps.schedule(c, micro)?;
-    let (grads, params, trainable) = combo::state_bytes(&s);
-    let shape = time::Shape {
-        dist: c.dist,
-        gpus: n,
-        steps: k,
-        overhead: ov,
-        grads,
-        params,
-        trainable,
-        pcie_bytes: tr.pcie_bytes,
-    };
-    Ok(time::estimate(time::phase_seconds(&s, &cl.gpu), &shape, cl))
-}
-
 /// Drops every combination row whose figures (batches, peak, overhead, traffic,
 /// device bytes, step time) equal an earlier row's, naming it in that row's
 /// `same_as`.
@@ -1043,7 +1056,7 @@ fn combine(
             };
         let tr = steps.traffic(c, k.max(1))?;
         let time = match (&o.cluster, mb > 0 && k > 0) {
-            (Some(cl), true) => Some(step_time(steps, cl, c, (n, k, micro), ov, tr)?),
+            (Some(cl), true) => Some(time::step_time(steps, cl, c, (n, k, micro), ov, tr)?),
             _ => None,
         };
         if c.names().len() >= 2 {
@@ -1058,16 +1071,21 @@ fn combine(
                     "does not fit batch 1".into()
                 } else if k == 0 {
                     "no micro-batch split for the target fits the device".into()
-                } else if c.accumulate {
-                    format!(
-                        "micro-batch {micro} × {k} steps × {n} GPU{}",
-                        if n == 1 { "" } else { "s" }
-                    )
                 } else {
-                    format!(
-                        "micro-batch {micro} × {n} GPU{}",
-                        if n == 1 { "" } else { "s" }
-                    )
+                    let over = if c.mp == combo::Mp::NONE {
+                        format!("{n} GPU{}", if n == 1 { "" } else { "s" })
+                    } else {
+                        format!(
+                            "{n} replica{} of {} GPUs",
+                            if n == 1 { "" } else { "s" },
+                            c.mp.ranks()
+                        )
+                    };
+                    if c.accumulate {
+                        format!("micro-batch {micro} × {k} steps × {over}")
+                    } else {
+                        format!("micro-batch {micro} × {over}")
+                    }
                 },
                 planner: None,
                 lower_bound_overhead: None,

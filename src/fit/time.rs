@@ -147,6 +147,8 @@ pub struct Cluster {
     pub gpu: Gpu,
     /// Between the cards.
     pub link: Interconnect,
+    /// Within a tensor-parallel group (one node: up to 8 GPUs).
+    pub tp_link: Interconnect,
 }
 
 impl Cluster {
@@ -154,6 +156,7 @@ impl Cluster {
     pub fn of(gpu: Gpu, gpus: u64, link: Option<&Link>) -> Result<Cluster, String> {
         Ok(Cluster {
             link: Link::resolve(link, &gpu, gpus)?,
+            tp_link: Link::resolve(link, &gpu, gpus.min(8))?,
             gpu,
         })
     }
@@ -214,6 +217,9 @@ pub struct StepTime {
     pub communication_s: f64,
     /// Host-device copies (offload).
     pub pcie_s: f64,
+    /// Pipeline stages idle at the start and end of the step (1F1B's bubble:
+    /// `(p − 1)` micro-batch stage times).
+    pub pipeline_bubble_s: f64,
 }
 
 /// What [`estimate`] needs of a combination.
@@ -236,6 +242,11 @@ pub struct Shape {
     pub trainable: u64,
     /// PCIe bytes per optimizer step.
     pub pcie_bytes: u64,
+    /// Tensor and pipeline parallelism of each replica.
+    pub mp: super::combo::Mp,
+    /// Bytes one micro-batch's forward all-reduces over the tensor-parallel ranks
+    /// (backward as much again).
+    pub tp_bytes: u64,
 }
 
 /// The time of one optimizer step of `c`, whose micro-batch phases take `t`.
@@ -244,7 +255,13 @@ pub fn estimate(t: PhaseSeconds, c: &Shape, cl: &Cluster) -> StepTime {
     let k = c.steps.max(1) as f64;
     let coll = |bytes: u64| collective_seconds(bytes, n, &cl.link);
     let hide = |comm: f64, window: f64| (comm - window).max(0.0);
-    let fb = t.forward + t.backward;
+    // A replica's ranks share its work evenly; the tensor-parallel all-reduces wait
+    // for the layer before them and hold up the one after: not hidden.
+    let ranks = c.mp.ranks().max(1) as f64;
+    let fb = (t.forward + t.backward) / ranks;
+    let tp_link = if c.mp.tp > 1 { &cl.tp_link } else { &cl.link };
+    let tp_comm = k * 2.0 * collective_seconds(2 * c.tp_bytes, c.mp.tp, tp_link);
+    let bubble = (c.mp.pp.max(1) - 1) as f64 * fb;
     let recompute = c.overhead * fb;
     // Recomputation runs inside backward, which hides collectives beside it.
     let back = t.backward + recompute;
@@ -277,16 +294,19 @@ pub fn estimate(t: PhaseSeconds, c: &Shape, cl: &Cluster) -> StepTime {
         Dist::ZeroOffload | Dist::Zero3Offload => 0.0,
         Dist::Zero(_) | Dist::Fsdp { .. } => t.optimizer / n as f64,
     };
+    let optimizer = optimizer / ranks;
     let compute = k * fb + optimizer;
     let pcie = c.pcie_bytes as f64 / cl.gpu.pcie_bytes_per_s();
     let recompute = k * recompute;
+    let exposed = exposed + tp_comm;
     StepTime {
-        total_s: compute + recompute + exposed + pcie,
+        total_s: compute + recompute + exposed + pcie + bubble,
         compute_s: compute,
         recompute_s: recompute,
         exposed_communication_s: exposed,
-        communication_s: comm,
+        communication_s: comm + tp_comm,
         pcie_s: pcie,
+        pipeline_bubble_s: bubble,
     }
 }
 
@@ -309,6 +329,45 @@ pub fn human_seconds(s: f64) -> String {
     }
 }
 
+/// The estimated time of an optimizer step of `c` over `n` GPUs, `k` micro-batches
+/// of `micro` samples, with recompute fraction `ov` and traffic `tr`.
+pub(super) fn step_time(
+    steps: &super::Steps,
+    cl: &Cluster,
+    c: super::Combo,
+    (n, k, micro): (u64, u64, u64),
+    ov: f64,
+    tr: super::combo::Traffic,
+) -> crate::error::Result<StepTime> {
+    let s = steps.schedule(c, micro)?;
+    let (grads, params, trainable) = super::combo::state_bytes(&s);
+    let r = c.mp.ranks();
+    let tp_bytes = if c.mp.tp > 1 {
+        let names: Vec<String> = (0..s.tensor_storage.len())
+            .map(|t| steps.model.graph.tensor(t).name.to_string())
+            .collect();
+        let l = c.mp.layout(k);
+        crate::parallel::split::split(&mut (*s).clone(), &names, &l.degrees)
+            .map_err(crate::error::Error::Graph)?
+            .allreduce_bytes
+    } else {
+        0
+    };
+    let shape = Shape {
+        dist: c.dist,
+        gpus: n,
+        steps: k,
+        overhead: ov,
+        grads: grads.div_ceil(r),
+        params: params.div_ceil(r),
+        trainable: trainable.div_ceil(r),
+        pcie_bytes: tr.pcie_bytes,
+        mp: c.mp,
+        tp_bytes,
+    };
+    Ok(estimate(phase_seconds(&s, &cl.gpu), &shape, cl))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -317,7 +376,11 @@ mod tests {
     fn h100() -> Cluster {
         let gpu = Gpu::named("h100").unwrap();
         let link = Link::resolve(None, &gpu, 8).unwrap();
-        Cluster { gpu, link }
+        Cluster {
+            gpu,
+            tp_link: link.clone(),
+            link,
+        }
     }
 
     fn shape(dist: Dist) -> Shape {
@@ -330,6 +393,8 @@ mod tests {
             params: 16 << 30,
             trainable: 16 << 30,
             pcie_bytes: 0,
+            mp: crate::fit::combo::Mp::NONE,
+            tp_bytes: 0,
         }
     }
 

@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 pub mod bench;
 pub mod fit;
 pub mod html;
+pub mod parallel;
 pub mod plan;
 pub mod train;
 

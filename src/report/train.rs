@@ -87,6 +87,10 @@ pub struct TrainingReport {
     /// reduces; every other figure is then one rank's.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fsdp: Option<crate::parallel::FsdpSummary>,
+    /// Under tensor, pipeline, context or expert parallelism: the layout and every
+    /// pipeline stage; every other figure is then the worst rank's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parallel: Option<super::parallel::ParallelReport>,
 }
 
 /// The training step with modules checkpointed (`training.checkpoint` in the JSON).
@@ -222,6 +226,7 @@ impl TrainingReport {
             checkpoint: None,
             warnings: Vec::new(),
             fsdp: None,
+            parallel: None,
             allocator: None,
             device_bytes: None,
             device: None,
@@ -262,6 +267,9 @@ impl TrainingReport {
                 human_bytes(f.all_gather_bytes),
                 human_bytes(f.reduce_scatter_bytes)
             );
+        }
+        if let Some(p) = &self.parallel {
+            s.push_str(&p.to_text());
         }
         if self.frozen_params > 0 {
             let _ = writeln!(

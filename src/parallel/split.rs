@@ -1,0 +1,488 @@
+//! Tensor, context and expert parallelism: what one rank holds of each storage.
+//!
+//! **Tensor parallelism** (Megatron-LM, Shoeybi et al. 2019; torch's
+//! `parallelize_module` with `ColwiseParallel`/`RowwiseParallel`): each Linear is split
+//! by its role, read from its weight's name (`model.layers.0.self_attn.q_proj.weight`
+//! → `q_proj`):
+//! - column-parallel (q/k/v, gate/up, fused qkv and gate_up, fc1): the weight's output
+//!   rows are split, so the output is split (heads, or the MLP's inner width);
+//! - row-parallel (o, down, fc2): the weight's input columns are split; the output is
+//!   a partial sum all-reduced in place: whole;
+//! - vocab-parallel embedding: the table's rows are split; the looked-up output is
+//!   masked and all-reduced: whole; LM head: the weight's rows are split and the
+//!   logits (and the vocab-parallel cross entropy's vocabulary-sized tensors) split;
+//! - replicated: the MoE router (`gate`, `router`) and position embeddings.
+//!
+//! Every other tensor is split when one of its inputs is (the attention between the
+//! column- and row-parallel layers works on its share of heads) and whole otherwise
+//! (norms, residuals). Gradients follow their tensor; the optimizer state and
+//! temporaries follow the gradients they are made for. A Linear (a MatMul, Gemm or
+//! Gather reading a parameter) whose weight matches no role is refused by name.
+//!
+//! **Sequence parallelism** (Korthikanti et al. 2022): the whole tensors between the
+//! parallel regions are split along the sequence as well, so every activation and
+//! activation gradient is split; each column-parallel layer all-gathers its input
+//! (a whole-size transient, gathered again in backward where its input gradient is
+//! whole before the reduce-scatter).
+//!
+//! **Context parallelism** (ring attention, Megatron's `--context-parallel-size`): the
+//! sequence is split over the ranks for the whole model, so every activation and
+//! activation gradient is split; parameters stay whole. Each attention passes its
+//! local keys and values around the ring: while one block is used the next is
+//! received, a transient of twice the local K and V at the attention (and again in
+//! backward, with their gradients).
+//!
+//! **Expert parallelism**: the experts (parameters named `….experts.…`) are split
+//! over the ranks, with their gradients and optimizer state. Under the balanced and
+//! capacity routings each expert receives the same tokens from every rank, so a rank
+//! computes E/ep experts on ep times the tokens: the expert activations are those of
+//! the unsplit layer (the all-to-all's received tokens are the experts' inputs).
+
+use std::collections::HashMap;
+
+use crate::train::{Schedule, StepKind, StorageId, StorageKind};
+
+/// A Linear's role under tensor parallelism.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Output features split.
+    Column,
+    /// Input features split, output all-reduced.
+    Row,
+    /// Vocabulary-parallel embedding: rows split, output all-reduced.
+    VocabEmbed,
+    /// Vocabulary-parallel LM head: rows split, logits split.
+    VocabHead,
+    /// Whole on every rank.
+    Replicated,
+}
+
+/// The role of a module name (the last component of its path).
+fn role_of_module(name: &str) -> Option<Role> {
+    Some(match name {
+        "q_proj" | "k_proj" | "v_proj" | "qkv_proj" | "query" | "key" | "value"
+        | "query_key_value" | "c_attn" | "Wqkv" | "wq" | "wk" | "wv" | "gate_proj" | "up_proj"
+        | "gate_up_proj" | "w1" | "w3" | "fc1" | "c_fc" | "linear_fc1" | "dense_h_to_4h"
+        | "linear_qkv" => Role::Column,
+        "o_proj" | "out_proj" | "c_proj" | "wo" | "w2" | "fc2" | "down_proj" | "linear_proj"
+        | "linear_fc2" | "dense_4h_to_h" => Role::Row,
+        "embed_tokens" | "wte" | "word_embeddings" | "tok_embeddings" | "embed_in" => {
+            Role::VocabEmbed
+        }
+        "lm_head" | "embed_out" | "output_layer" => Role::VocabHead,
+        "gate" | "router" | "wpe" | "position_embeddings" | "embed_positions" => Role::Replicated,
+        _ => return None,
+    })
+}
+
+/// The role of a parameter by its name: the last path component that names one
+/// (`….q_proj.lora_A.default.weight` takes `q_proj`'s).
+pub fn role(param: &str) -> Option<Role> {
+    param.rsplit('.').find_map(role_of_module)
+}
+
+/// Whether a parameter belongs to a mixture-of-experts layer's experts.
+fn is_expert(param: &str) -> bool {
+    param.split('.').any(|c| c == "experts")
+}
+
+/// Tensor, context and expert parallel degrees.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Degrees {
+    /// Tensor-parallel ranks.
+    pub tp: u64,
+    /// Sequence parallelism within the tensor-parallel group.
+    pub sequence_parallel: bool,
+    /// Context-parallel ranks.
+    pub cp: u64,
+    /// Expert-parallel ranks.
+    pub ep: u64,
+}
+
+impl Default for Degrees {
+    fn default() -> Self {
+        Degrees {
+            tp: 1,
+            sequence_parallel: false,
+            cp: 1,
+            ep: 1,
+        }
+    }
+}
+
+/// What a rank's storage is: how it is divided.
+#[derive(Debug, Clone, Copy, Default)]
+struct Share {
+    /// Divided over the tensor-parallel ranks.
+    tp: bool,
+    /// Carries the sequence (an activation or its gradient).
+    seq: bool,
+    /// An expert parameter or its gradient.
+    expert: bool,
+}
+
+/// Facts about the one-GPU schedule the split reads.
+struct Facts {
+    /// Per storage: made from parameters alone (a weight's cast or transpose), and
+    /// the parameter it is made from.
+    root: Vec<Option<StorageId>>,
+    /// The storage a gradient's tensor lives in, per storage (`None`: not a
+    /// gradient, or of no known tensor).
+    grad_of: Vec<Option<StorageId>>,
+}
+
+fn facts(s: &Schedule, names: &[String]) -> Facts {
+    let mut root: Vec<Option<StorageId>> = s
+        .storages
+        .iter()
+        .enumerate()
+        .map(|(i, st)| (st.kind == StorageKind::Parameter).then_some(i))
+        .collect();
+    let fixed = |k: StorageKind| matches!(k, StorageKind::Constant | StorageKind::Buffer);
+    for st in s.steps.iter().filter(|x| x.kind == StepKind::Forward) {
+        let r = st.reads.iter().find_map(|&r| root[r]);
+        let only_params = st
+            .reads
+            .iter()
+            .all(|&x| root[x].is_some() || fixed(s.storages[x].kind));
+        if let (Some(r), true) = (r, only_params) {
+            for &w in &st.writes {
+                root[w].get_or_insert(r);
+            }
+        }
+    }
+    let mut by_name: HashMap<&str, StorageId> = HashMap::new();
+    for (t, &sid) in s.tensor_storage.iter().enumerate() {
+        if let Some(n) = names.get(t) {
+            by_name.insert(n, sid);
+        }
+    }
+    for (i, st) in s.storages.iter().enumerate() {
+        by_name.entry(&st.name).or_insert(i);
+    }
+    let grad_of = s
+        .storages
+        .iter()
+        .map(|st| grad_name(&st.name).and_then(|t| by_name.get(t).copied()))
+        .collect();
+    Facts { root, grad_of }
+}
+
+/// The tensor a gradient storage is named after (`x/grad`, `x/grad+`).
+fn grad_name(name: &str) -> Option<&str> {
+    name.strip_suffix("/grad")
+        .or_else(|| name.strip_suffix("/grad+"))
+}
+
+const LINEAR: [&str; 5] = ["MatMul", "Gemm", "Gather", "MatMulInteger", "MatMulNBits"];
+
+/// Which storages tensor parallelism splits (see the module docs), or the modules
+/// whose Linear layers have no role.
+fn tp_split(s: &Schedule, f: &Facts) -> Result<Vec<bool>, String> {
+    let name = |r: StorageId| s.storages[r].name.as_str();
+    let mut split = vec![false; s.storages.len()];
+    let mut unmatched: Vec<String> = Vec::new();
+    // Parameters: split when a Linear reads them in a split role.
+    for st in s.steps.iter().filter(|x| x.kind == StepKind::Forward) {
+        let activation = st.reads.iter().any(|&r| f.root[r].is_none());
+        if !LINEAR.contains(&st.op.as_str()) || !activation {
+            continue;
+        }
+        for p in st.reads.iter().filter_map(|&r| f.root[r]) {
+            match role(name(p)) {
+                Some(Role::Replicated) => {}
+                Some(_) => split[p] = true,
+                None => {
+                    let m = name(p)
+                        .trim_end_matches(".weight")
+                        .trim_end_matches(".bias");
+                    if !unmatched.iter().any(|u| u == m) {
+                        unmatched.push(m.to_string());
+                    }
+                }
+            }
+        }
+    }
+    if !unmatched.is_empty() {
+        let more = unmatched.len().saturating_sub(4);
+        unmatched.truncate(4);
+        let tail = if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        };
+        return Err(format!(
+            "tensor parallelism splits Linear layers by role (q/k/v/o_proj, gate/up/down_proj, embeddings, lm_head); no role for {}{tail}",
+            unmatched.join(", ")
+        ));
+    }
+    for st in &s.steps {
+        if st.kind == StepKind::Optimizer {
+            continue;
+        }
+        let linear = LINEAR.contains(&st.op.as_str());
+        let weight_role = st
+            .reads
+            .iter()
+            .filter_map(|&r| f.root[r])
+            .find_map(|p| role(name(p)));
+        let from_params = st.reads.iter().all(|&r| f.root[r].is_some());
+        for &w in &st.writes {
+            if let Some(p) = f.root[w] {
+                split[w] = split[p];
+                continue;
+            }
+            if let Some(t) = f.grad_of[w].filter(|&t| t != w) {
+                split[w] = split[t];
+                continue;
+            }
+            split[w] = match (st.kind, linear && !from_params, weight_role) {
+                (StepKind::Forward, true, Some(Role::Row | Role::VocabEmbed)) => false,
+                (StepKind::Forward, true, Some(Role::Column | Role::VocabHead)) => true,
+                _ => st.reads.iter().any(|&r| split[r]),
+            };
+        }
+    }
+    Ok(split)
+}
+
+/// What the split did to a rank's step, for reports.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct SplitSummary {
+    /// Parameter bytes of the rank (after the split).
+    pub param_bytes: u64,
+    /// Parameters the tensor-parallel split divides.
+    pub tp_split_params: usize,
+    /// Expert parameters the expert-parallel split divides.
+    pub expert_params: usize,
+    /// Bytes one micro-batch's forward all-reduces over the tensor-parallel ranks
+    /// (the row-parallel and embedding outputs; under sequence parallelism the same
+    /// volume is reduce-scattered and all-gathered); backward moves as much again.
+    pub allreduce_bytes: u64,
+}
+
+/// Divides `bytes` (and its pieces) by `d`, rounding up.
+fn divide(st: &mut crate::train::Storage, d: u64) {
+    if d <= 1 {
+        return;
+    }
+    if st.pieces.is_empty() {
+        st.bytes = st.bytes.div_ceil(d);
+    } else {
+        for p in &mut st.pieces {
+            *p = p.div_ceil(d);
+        }
+        st.bytes = st.pieces.iter().sum();
+    }
+}
+
+/// Rewrites `s` (whose forward tensors are named `names`, by tensor id) into one
+/// rank's step under `d`.
+pub fn split(s: &mut Schedule, names: &[String], d: &Degrees) -> Result<SplitSummary, String> {
+    let f = facts(s, names);
+    let tp = if d.tp > 1 {
+        tp_split(s, &f)?
+    } else {
+        vec![false; s.storages.len()]
+    };
+    let shares: Vec<Share> = (0..s.storages.len())
+        .map(|i| share(s, &f, &tp, i))
+        .collect();
+    let grads_before = s.bytes_where(|x| x.kind == StorageKind::ParamGrad);
+    let mut summary = SplitSummary::default();
+    // Whole-size inputs of the column-parallel layers, gathered (split by context).
+    let gathers = if d.tp > 1 && d.sequence_parallel {
+        gathered_inputs(s, &f)
+    } else {
+        Vec::new()
+    };
+    for (st, sh) in s.storages.iter_mut().zip(&shares) {
+        let param = st.kind == StorageKind::Parameter;
+        if sh.tp || (sh.seq && d.sequence_parallel) {
+            divide(st, d.tp);
+            summary.tp_split_params += usize::from(param && sh.tp);
+        }
+        if sh.seq {
+            divide(st, d.cp);
+        }
+        if sh.expert && d.ep > 1 {
+            divide(st, d.ep);
+            summary.expert_params += usize::from(param);
+        }
+    }
+    super::pipeline::scale_optimizer(s, grads_before);
+    for (step, bytes) in gathers {
+        add_transient(
+            s,
+            step,
+            "sequence-parallel all-gather",
+            bytes.div_ceil(d.cp),
+        );
+    }
+    // The ring's blocks: the rank's keys and values (split already), twice.
+    let ring = if d.cp > 1 {
+        ring_blocks(s, &f)
+    } else {
+        Vec::new()
+    };
+    for (step, bytes) in ring {
+        add_transient(s, step, "context-parallel ring K/V", 2 * bytes);
+    }
+    summary.param_bytes = s.bytes_where(|x| x.kind == StorageKind::Parameter);
+    if d.tp > 1 {
+        summary.allreduce_bytes = reduced_outputs(s, &f)
+            .iter()
+            .map(|&w| s.storages[w].bytes)
+            .sum();
+    }
+    Ok(summary)
+}
+
+/// The outputs tensor parallelism all-reduces: the row-parallel Linears' and the
+/// vocab-parallel embedding's.
+fn reduced_outputs(s: &Schedule, f: &Facts) -> Vec<StorageId> {
+    let mut out = Vec::new();
+    for st in s.steps.iter().filter(|x| x.kind == StepKind::Forward) {
+        let activation = st.reads.iter().any(|&r| f.root[r].is_none());
+        let reduced = st.reads.iter().filter_map(|&r| f.root[r]).any(|p| {
+            matches!(
+                role(&s.storages[p].name),
+                Some(Role::Row | Role::VocabEmbed)
+            )
+        });
+        if LINEAR.contains(&st.op.as_str()) && activation && reduced {
+            out.extend(st.writes.iter().copied());
+        }
+    }
+    out
+}
+
+/// How storage `i` is divided.
+fn share(s: &Schedule, f: &Facts, tp: &[bool], i: StorageId) -> Share {
+    let st = &s.storages[i];
+    let param_of = |k: StorageId| f.root[k];
+    let tensor = f.grad_of[i];
+    let base = match st.kind {
+        StorageKind::ParamGrad | StorageKind::GradTemp | StorageKind::ActivationGrad => {
+            tensor.unwrap_or(i)
+        }
+        _ => i,
+    };
+    let param = param_of(base).or(param_of(i));
+    let seq = param.is_none()
+        && matches!(
+            s.storages[base].kind,
+            StorageKind::Activation
+                | StorageKind::Extra
+                | StorageKind::Cast
+                | StorageKind::Copy
+                | StorageKind::ActivationGrad
+                | StorageKind::GradTemp
+        );
+    Share {
+        tp: tp[i],
+        seq,
+        expert: param.is_some_and(|p| is_expert(&s.storages[p].name)),
+    }
+}
+
+/// Sequence parallelism's all-gathers: each column-parallel Linear's forward step
+/// (and its backward steps) with the whole size of its activation input.
+fn gathered_inputs(s: &Schedule, f: &Facts) -> Vec<(usize, u64)> {
+    let mut by_node: HashMap<_, u64> = HashMap::new();
+    let mut out = Vec::new();
+    for (i, st) in s.steps.iter().enumerate() {
+        let col = st.reads.iter().filter_map(|&r| f.root[r]).any(|p| {
+            matches!(
+                role(&s.storages[p].name),
+                Some(Role::Column | Role::VocabHead)
+            )
+        });
+        if st.kind != StepKind::Forward || !LINEAR.contains(&st.op.as_str()) || !col {
+            continue;
+        }
+        let input = st
+            .reads
+            .iter()
+            .filter(|&&r| f.root[r].is_none())
+            .map(|&r| s.storages[r].bytes)
+            .max()
+            .unwrap_or(0);
+        out.push((i, input));
+        if let Some(n) = st.node {
+            by_node.insert(n, input);
+        }
+    }
+    for (i, st) in s.steps.iter().enumerate() {
+        if st.kind == StepKind::Backward {
+            if let Some(&b) = st.node.and_then(|n| by_node.get(&n)) {
+                out.push((i, b));
+            }
+        }
+    }
+    out
+}
+
+/// Context parallelism's ring: per attention (the first Softmax or attention op
+/// after a value projection), its forward and backward steps with the bytes of the
+/// keys and values it reads around the ring (the unsplit projections' outputs).
+fn ring_blocks(s: &Schedule, f: &Facts) -> Vec<(usize, u64)> {
+    let proj = |i: usize, names: &[&str]| -> bool {
+        let st = &s.steps[i];
+        st.kind == StepKind::Forward
+            && LINEAR.contains(&st.op.as_str())
+            && st.reads.iter().filter_map(|&r| f.root[r]).any(|p| {
+                let n = &s.storages[p].name;
+                n.rsplit('.').any(|c| names.contains(&c))
+            })
+    };
+    let out_bytes =
+        |i: usize| -> u64 { s.steps[i].writes.iter().map(|&w| s.storages[w].bytes).sum() };
+    let mut out = Vec::new();
+    let mut kv = 0u64;
+    let mut nodes = HashMap::new();
+    for i in 0..s.steps.len() {
+        if proj(i, &["k_proj", "v_proj", "key", "value", "wk", "wv"]) {
+            kv += out_bytes(i);
+        } else if proj(i, &["qkv_proj", "query_key_value", "c_attn", "Wqkv"]) {
+            kv += out_bytes(i) * 2 / 3;
+        }
+        let op = s.steps[i].op.as_str();
+        let attention = op == "Softmax" || op.contains("Attention");
+        if kv > 0 && s.steps[i].kind == StepKind::Forward && attention {
+            out.push((i, kv));
+            if let Some(n) = s.steps[i].node {
+                nodes.insert(n, kv);
+            }
+            kv = 0;
+        }
+    }
+    for (i, st) in s.steps.iter().enumerate() {
+        if st.kind == StepKind::Backward {
+            if let Some(&b) = st.node.and_then(|n| nodes.get(&n)) {
+                out.push((i, b));
+            }
+        }
+    }
+    out
+}
+
+/// A transient storage of `bytes` written by step `at` (freed after it).
+pub(super) fn add_transient(s: &mut Schedule, at: usize, name: &str, bytes: u64) {
+    let mut st = s.storages[0].clone();
+    st.name = format!("{name} ({})", s.steps[at].name);
+    st.bytes = bytes;
+    st.kind = if s.steps[at].kind == StepKind::Forward {
+        StorageKind::Activation
+    } else {
+        StorageKind::GradTemp
+    };
+    st.persistent = false;
+    st.held = false;
+    st.saved = false;
+    st.pieces = Vec::new();
+    st.shape = Vec::new();
+    s.storages.push(st);
+    let id = s.storages.len() - 1;
+    s.steps[at].writes.push(id);
+}

@@ -1,0 +1,291 @@
+//! Tensor, pipeline, context and expert parallelism per rank (`profile --train --tp
+//! / --pp / --cp / --ep`), against the arithmetic of Megatron-LM's theoretical memory
+//! (megatron/training/theoretical_memory_usage.py; docs/TRAINING_MEMORY.md writes it
+//! out for Llama-3-8B): parameters on the most loaded shard
+//! `(layer params / pp + embedding) / tp` (+ the untied head's `/ tp` when pp = 1),
+//! activations divided by tp under sequence parallelism and by cp under context
+//! parallelism, the first 1F1B stage holding `p` micro-batches and an interleaved
+//! one `1 + (p − 1)/(pV)` times a whole micro-batch's layers.
+//!
+//! The model is models/llm/fsdp_llama_b.onnx: 4 LLaMA layers, hidden 192, GQA with
+//! 64-wide keys and values, MLP 514, vocabulary 1999, untied head, float32.
+
+mod common;
+
+use serde_json::Value;
+
+const MODEL: &str = "llm/fsdp_llama_b.onnx";
+const L: u64 = 4;
+const H: u64 = 192;
+const KV: u64 = 64;
+const FFN: u64 = 514;
+const VOCAB: u64 = 1999;
+
+/// One layer's parameters: the split Linear weights and the two norms (whole).
+fn layer_linear() -> u64 {
+    2 * H * H + 2 * KV * H + 3 * H * FFN
+}
+
+fn training(extra: &[&str]) -> Value {
+    let file = common::shipped(MODEL);
+    let mut args = vec![
+        "profile",
+        file.to_str().unwrap(),
+        "--train",
+        "--batch",
+        "2",
+        "--optimizer",
+        "adamw",
+        "--loss",
+        "graph",
+        "--json",
+    ];
+    args.extend(extra);
+    common::memplan_json(&args)["training"].clone()
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+fn within(got: u64, want: f64, tol: f64, what: &str) {
+    let err = (got as f64 - want) / want;
+    assert!(
+        err.abs() <= tol,
+        "{what}: {got} vs {want:.0} ({:+.3} %)",
+        err * 100.0
+    );
+}
+
+#[test]
+fn tensor_parallel_parameters_follow_megatrons_most_loaded_shard() {
+    for tp in [2u64, 4] {
+        let t = training(&["--tp", &tp.to_string()]);
+        let p = &t["parallel"];
+        assert_eq!(u(&p["tp"]), tp);
+        // 7 Linear weights per layer, the embedding and the head.
+        assert_eq!(u(&p["tp_split_params"]), 7 * L + 2);
+        let embedding = VOCAB * H;
+        let megatron = (L * layer_linear() + 2 * embedding) as f64 / tp as f64;
+        // memplan keeps the norms whole (Megatron divides them too): 2 per layer
+        // and the final one.
+        let norms = (2 * L + 1) * H;
+        let got = u(&p["ranks"][0]["param_bytes"]) / 4;
+        within(got, megatron + norms as f64, 0.001, "tp parameters");
+        within(
+            got,
+            megatron,
+            0.01,
+            "tp parameters against Megatron's division",
+        );
+    }
+}
+
+#[test]
+fn sequence_and_context_parallelism_divide_the_saved_activations() {
+    let one = u(&training(&[])["saved_activation_bytes"]);
+    for n in [2u64, 4] {
+        let n_s = n.to_string();
+        let sp = u(&training(&["--tp", &n_s, "--sequence-parallel"])["saved_activation_bytes"]);
+        within(
+            sp,
+            one as f64 / n as f64,
+            0.01,
+            "tp + sequence parallel saved",
+        );
+        let cp = u(&training(&["--cp", &n_s])["saved_activation_bytes"]);
+        within(cp, one as f64 / n as f64, 0.01, "cp saved");
+        // Without sequence parallelism the norms' and residuals' tensors stay whole:
+        // between 1/tp of the whole and the whole (Korthikanti et al.'s 10 + 24/t).
+        let tp = u(&training(&["--tp", &n_s])["saved_activation_bytes"]);
+        assert!(tp > sp && tp < one, "tp {tp}, sp {sp}, one GPU {one}");
+    }
+}
+
+#[test]
+fn pipeline_stages_hold_their_blocks_and_one_f_one_b_in_flight() {
+    let one = training(&[]);
+    let total_params = u(&one["params_bytes"]);
+    let t = training(&["--pp", "2", "--microbatches", "4"]);
+    let ranks = t["parallel"]["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 2);
+    // Every parameter on exactly one stage; each stage half the layers plus its end.
+    let sum: u64 = ranks.iter().map(|r| u(&r["param_bytes"])).sum();
+    assert_eq!(sum, total_params);
+    let embedding = VOCAB * H;
+    let stage0 = (L / 2 * (layer_linear() + 2 * H) + embedding) * 4;
+    assert_eq!(u(&ranks[0]["param_bytes"]), stage0);
+    // Megatron's most loaded shard (pp > 1): layers / pp + embedding.
+    within(
+        u(&ranks[0]["param_bytes"]) / 4,
+        (L * layer_linear()) as f64 / 2.0 + embedding as f64,
+        0.01,
+        "pp stage 0",
+    );
+    // 1F1B: stage r holds p − r micro-batches; the others' saved activations are
+    // one micro-batch's times (in flight − 1).
+    let (s0, s1) = (&ranks[0]["stage"], &ranks[1]["stage"]);
+    assert_eq!((u(&s0["in_flight"]), u(&s1["in_flight"])), (2, 1));
+    assert_eq!(u(&s1["in_flight_bytes"]), 0);
+    assert!(u(&s0["in_flight_bytes"]) > 0);
+    assert_eq!(s0["blocks"].as_array().unwrap().len(), 2);
+    assert!(s0["first"].as_bool().unwrap() && s1["last"].as_bool().unwrap());
+    // GPipe holds all 4 micro-batches: three more than one, against 1F1B's one.
+    let g = training(&["--pp", "2", "--microbatches", "4", "--pp-schedule", "gpipe"]);
+    let g0 = &g["parallel"]["ranks"][0]["stage"];
+    assert_eq!(u(&g0["in_flight"]), 4);
+    assert_eq!(u(&g0["in_flight_bytes"]), 3 * u(&s0["in_flight_bytes"]));
+}
+
+#[test]
+fn interleaving_holds_megatrons_penalty_of_layers() {
+    // Rank 0 of p with V chunks holds 2(p − 1) + (V − 1)p + 1 chunk micro-batches of
+    // L/(pV) layers each: L · (1 + (p − 1)/(pV)) layers, Megatron's factor.
+    use memplan::parallel::PipeSchedule;
+    for (p, v) in [(2u64, 2u64), (4, 2), (4, 4), (8, 3)] {
+        let n = PipeSchedule::Interleaved(v).in_flight(0, p, 1000);
+        let layers = n as f64 / (p * v) as f64;
+        let megatron = 1.0 + (p - 1) as f64 / (p * v) as f64;
+        assert!(
+            (layers - megatron).abs() < 1e-12,
+            "p {p} V {v}: {layers} vs {megatron}"
+        );
+    }
+    let t = training(&[
+        "--pp",
+        "2",
+        "--microbatches",
+        "4",
+        "--pp-schedule",
+        "interleaved:2",
+    ]);
+    let r0 = &t["parallel"]["ranks"][0]["stage"];
+    assert_eq!(u(&r0["in_flight"]), 5);
+    // Chunks 0 and 2 of 4: layers 0 and 2.
+    assert_eq!(
+        r0["blocks"].as_array().unwrap(),
+        &vec![Value::from("model.layers.0"), Value::from("model.layers.2")]
+    );
+}
+
+#[test]
+fn expert_parallelism_divides_the_experts_alone() {
+    let moe = |ep: &str| {
+        let file = common::shipped("llm/qwen3_moe.onnx");
+        let t = common::memplan_json(&[
+            "profile",
+            file.to_str().unwrap(),
+            "--train",
+            "--batch",
+            "1",
+            "--json",
+            "--ep",
+            ep,
+        ])["training"]
+            .clone();
+        (u(&t["params_bytes"]), u(&t["saved_activation_bytes"]), t)
+    };
+    let (p1, a1, _) = moe("1");
+    let (p2, a2, t2) = moe("2");
+    let (p4, a4, _) = moe("4");
+    assert_eq!(u(&t2["parallel"]["expert_params"]), 4);
+    // The experts halve and halve again; nothing else moves.
+    assert_eq!(p1 - p2, 2 * (p2 - p4));
+    assert!(p1 > p2 && p2 > p4);
+    // Balanced routing: E/ep experts on ep times the tokens.
+    assert_eq!((a1, a2), (a2, a4));
+}
+
+#[test]
+fn bad_layouts_are_refused_in_one_line() {
+    let llama = common::shipped(MODEL);
+    let bert = common::shipped("bert_base.onnx");
+    let moe = common::shipped("llm/qwen3_moe.onnx");
+    let (l, b, m) = (
+        llama.to_str().unwrap(),
+        bert.to_str().unwrap(),
+        moe.to_str().unwrap(),
+    );
+    for (args, says) in [
+        (vec!["profile", b, "--train", "--tp", "2"], "no role for"),
+        (vec!["profile", l, "--tp", "2"], "give --train"),
+        (vec!["profile", l, "--train", "--pp", "8"], "cannot fill"),
+        (
+            vec!["profile", l, "--train", "--pp", "2", "--pp-stages", "1,2"],
+            "must hold the model's 4 blocks",
+        ),
+        (
+            vec![
+                "profile",
+                l,
+                "--train",
+                "--pp",
+                "2",
+                "--pp-schedule",
+                "zigzag",
+            ],
+            "not a pipeline schedule",
+        ),
+        (
+            vec![
+                "profile",
+                m,
+                "--train",
+                "--ep",
+                "2",
+                "--moe-routing",
+                "worst",
+            ],
+            "busiest expert",
+        ),
+        (
+            vec!["profile", l, "--train", "--tp", "2", "--fsdp", "2"],
+            "profile shows one of them",
+        ),
+    ] {
+        let mut args = args;
+        args.extend(["--batch", "1"]);
+        let (ok, _, err) = common::run_memplan(&args);
+        assert!(!ok, "{args:?} succeeded");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn fit_lists_tensor_and_pipeline_parallel_rows_with_their_times() {
+    let file = common::shipped(MODEL);
+    let r = common::memplan_json(&[
+        "fit",
+        file.to_str().unwrap(),
+        "--gpu",
+        "h100",
+        "--gpus",
+        "4",
+        "--target-batch",
+        "16",
+        "--optimizer",
+        "adamw",
+        "--loss",
+        "graph",
+        "--json",
+    ]);
+    let names: Vec<String> = r["strategies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap().to_string())
+        .collect();
+    for want in [
+        "tp-2+zero-1",
+        "pp-2+zero-1+grad-accumulation",
+        "tp-2+pp-2+grad-accumulation",
+    ] {
+        assert!(
+            names.iter().any(|n| n.contains(want)),
+            "{want} not in {names:?}"
+        );
+    }
+    let t = &r["recommendation"]["step_time"];
+    assert!(t["pipeline_bubble_s"].is_number(), "{t}");
+}
