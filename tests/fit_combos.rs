@@ -62,8 +62,13 @@ fn config_peak(model: &Model, names: &[String], b: u64, o: &FitOptions) -> u64 {
     } else {
         Dist::Single
     };
-    let gpus = if dist == Dist::Single { 1 } else { o.gpus };
-    let mut s = schedule(model, b, &t);
+    let mp = model_parallel(names);
+    let gpus = if dist == Dist::Single {
+        1
+    } else {
+        o.gpus / mp.ranks()
+    };
+    let mut s = replica_rank(model, schedule(model, b, &t), mp);
     if has("checkpoint-every-block") {
         partition(&mut s, dist, gpus);
         return every_block(&from_schedule(&s, "t")).unwrap().peak_bytes;
@@ -81,6 +86,36 @@ fn config_peak(model: &Model, names: &[String], b: u64, o: &FitOptions) -> u64 {
     }
     partition(&mut s, dist, gpus);
     simulate(&s).peak().total()
+}
+
+/// The `tp-N` and `pp-N` of a row's names.
+fn model_parallel(names: &[String]) -> memplan::fit::combo::Mp {
+    let degree = |p: &str| {
+        names
+            .iter()
+            .find_map(|n| n.strip_prefix(p).and_then(|d| d.parse().ok()))
+            .unwrap_or(1)
+    };
+    memplan::fit::combo::Mp {
+        tp: degree("tp-"),
+        pp: degree("pp-"),
+    }
+}
+
+/// The step of the replica's rank with the highest peak (as `fit` picks it).
+fn replica_rank(model: &Model, s: Schedule, mp: memplan::fit::combo::Mp) -> Schedule {
+    if mp.ranks() == 1 {
+        return s;
+    }
+    let names: Vec<String> = (0..s.tensor_storage.len())
+        .map(|t| model.graph.tensor(t).name.to_string())
+        .collect();
+    memplan::parallel::ranks(s, &names, &mp.layout(mp.pp))
+        .unwrap()
+        .into_iter()
+        .map(|r| r.schedule)
+        .max_by_key(|s| simulate(s).peak().total())
+        .unwrap()
 }
 
 fn check_rows(model: &Model, name: &str, o: &FitOptions, r: &FitReport) -> usize {
@@ -104,10 +139,12 @@ fn check_rows(model: &Model, name: &str, o: &FitOptions, r: &FitReport) -> usize
         );
         let gb = row.global_batch.unwrap();
         let target = o.target_batch.unwrap();
-        // Combinations run on every GPU: global = micro-batch × steps × GPUs.
+        // Combinations run on every GPU: global = micro-batch × steps × data-parallel
+        // ranks (the GPUs over a replica's tensor- and pipeline-parallel ranks).
         let k = row.accumulation_steps.unwrap_or(1);
-        assert_eq!(gb % (k * o.gpus), 0, "{}", row.name);
-        assert!(gb / (k * o.gpus) <= row.max_batch, "{}", row.name);
+        let dp = (o.gpus / model_parallel(names).ranks()).max(1);
+        assert_eq!(gb % (k * dp), 0, "{}", row.name);
+        assert!(gb / (k * dp) <= row.max_batch, "{}", row.name);
         if row.accumulation_steps.is_some() {
             assert!(gb >= target, "{}", row.name);
         }
@@ -170,9 +207,10 @@ fn combinations_agree_with_the_profile() {
         // preferred to it (less extra compute, or as little and less communication).
         let rec = r.recommendation.as_ref().expect("reachable");
         assert!(rec.global_batch >= target, "{rec:?}");
+        let dp = (gpus / model_parallel(&rec.strategies).ranks()).max(1);
         assert_eq!(
             rec.global_batch,
-            rec.micro_batch * rec.accumulation_steps * gpus
+            rec.micro_batch * rec.accumulation_steps * dp
         );
         assert!(rec.peak_bytes <= mem);
         assert!(!rec.why.is_empty());
@@ -508,4 +546,39 @@ fn contradicting_flags_fail_in_one_line() {
         "fc3",
     ]);
     assert_eq!(c, Some(0), "{err}");
+}
+
+/// With a card (the step timed), `fit` adds tensor- and pipeline-parallel rows; each
+/// is rebuilt here as the worst rank of its replica under ZeRO-1 over the
+/// data-parallel ranks left, and agrees with its row, as every other row does.
+#[test]
+fn tensor_and_pipeline_parallel_rows_agree_with_their_ranks() {
+    let model = load_model(&common::shipped("llm/fsdp_llama_b.onnx")).unwrap();
+    let gpu = memplan::memory::device::Gpu::named("h100").unwrap();
+    let o = FitOptions {
+        memory: 48 << 20,
+        train: TrainOptions {
+            optimizer: Optimizer::Adamw,
+            ..TrainOptions::default()
+        },
+        gpus: 4,
+        target_batch: Some(64),
+        dims: Default::default(),
+        plan_time_limit_s: 5.0,
+        device: None,
+        routing: None,
+        cluster: Some(memplan::fit::time::Cluster::of(gpu, 4, None).unwrap()),
+    };
+    let r = fit(&model, "fsdp_llama_b", &o).unwrap();
+    let mp_rows: Vec<&str> = r
+        .strategies
+        .iter()
+        .map(|s| s.name.as_str())
+        .filter(|n| n.contains("tp-") || n.contains("pp-"))
+        .collect();
+    assert!(mp_rows.len() >= 4, "{mp_rows:?}");
+    assert!(check_rows(&model, "fsdp_llama_b", &o, &r) >= mp_rows.len());
+    for row in r.strategies.iter().filter(|s| s.name.contains("pp-")) {
+        assert!(row.step_seconds.is_some(), "{}", row.name);
+    }
 }

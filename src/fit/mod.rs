@@ -572,6 +572,20 @@ impl<'a> Steps<'a> {
         })
     }
 
+    /// Whether the model can be split as `mp` says (its Linear layers' roles
+    /// known, blocks enough for the stages): the layout's error means no.
+    pub fn takes(&self, mp: combo::Mp) -> Result<bool> {
+        if mp == combo::Mp::NONE {
+            return Ok(true);
+        }
+        let c = Combo { mp, ..Combo::PLAIN };
+        match self.replica_rank(c, self.schedule(c, 1)?, 1) {
+            Ok(_) => Ok(true),
+            Err(Error::Graph(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The worst rank's step of `c`'s tensor- and pipeline-parallel replica
     /// ([`crate::parallel::ranks`]; `s` itself without model parallelism).
     fn replica_rank(&self, c: Combo, s: Rc<Schedule>, batch: u64) -> Result<Rc<Schedule>> {
@@ -1027,6 +1041,13 @@ fn combine(
         .into_iter()
         .filter(|c| !(half && c.mixed))
     {
+        // Tensor and pipeline parallelism pay in time (all-reduces, the bubble), not
+        // in FLOPs or data-parallel traffic: offered where the step is timed (a
+        // card is given). Tensor parallelism needs Linear roles, pipelines enough
+        // repeated blocks.
+        if c0.mp != combo::Mp::NONE && (o.cluster.is_none() || !steps.takes(c0.mp)?) {
+            continue;
+        }
         let n = c0.gpus(o.gpus);
         let (mb0, peak0, ov0) = steps.max_batch(c0)?;
         let (c, mb, peak, ov, k, micro) =
