@@ -284,7 +284,9 @@ pub const FRAGMENTATION_HINT: f64 = 0.1;
 /// is reported (mixed precision or checkpointing alone).
 pub(super) fn family(o: &FitOptions, c: Combo) -> Vec<Combo> {
     let rows_only = o.target_batch.is_none() && (c.mixed || c.ckpt != Ckpt::None);
-    if o.device.is_none() || c.accumulate || rows_only {
+    // Model-parallel rows come with one way over their data-parallel ranks.
+    let model_parallel = c.mp != super::combo::Mp::NONE;
+    if o.device.is_none() || c.accumulate || rows_only || model_parallel {
         return vec![c];
     }
     let mut dists = super::combo::dists(o.gpus);

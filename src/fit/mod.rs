@@ -42,6 +42,7 @@ use crate::ir::Model;
 use crate::memory::device::{self, AllocatorReport, DeviceModel, DeviceSummary};
 use crate::memory::simulate;
 use crate::remat::checkpoint_sqrt;
+use crate::remat::modules::ModuleTree;
 use crate::remat::plan::Solver;
 use crate::train::{Precision, Schedule, TrainOptions};
 
@@ -317,7 +318,14 @@ pub struct Steps<'a> {
     /// The worst rank's schedule by model parallelism, precision, accumulation and
     /// batch (shared by the ways over the data-parallel ranks).
     ranked: RefCell<HashMap<RankKey, Rc<Schedule>>>,
+    /// Module trees by what shapes the steps (not the batch), and step count.
+    trees: RefCell<HashMap<TreeKey, Rc<ModuleTree>>>,
 }
+
+/// What a module tree depends on: precision, accumulation, model parallelism, the
+/// way over the GPUs (FSDP adds steps) and the number of steps (a model lowered per
+/// batch changes it).
+type TreeKey = (bool, bool, combo::Mp, Dist, usize);
 
 /// A combination at a batch.
 type StepKey = (Combo, u64);
@@ -341,7 +349,19 @@ impl<'a> Steps<'a> {
             replayed: Default::default(),
             realised: Default::default(),
             ranked: Default::default(),
+            trees: Default::default(),
         }
+    }
+
+    /// The module tree of `s`, the partitioned step of `c` at some batch: the same
+    /// at every batch, built once.
+    fn tree(&self, c: Combo, s: &Schedule) -> Rc<ModuleTree> {
+        let key = (c.mixed, c.accumulate, c.mp, c.dist, s.steps.len());
+        self.trees
+            .borrow_mut()
+            .entry(key)
+            .or_insert_with(|| Rc::new(ModuleTree::of_schedule(s)))
+            .clone()
     }
 
     /// The step schedule (before checkpointing and partitioning) of `c`'s precision
@@ -495,7 +515,7 @@ impl<'a> Steps<'a> {
                 // affine in it.
                 let s = partitioned();
                 let g = crate::remat::from_schedule::from_schedule(&s, "fit");
-                let t = crate::remat::modules::ModuleTree::build(&g);
+                let t = self.tree(c, &s);
                 let selective = c.ckpt == Ckpt::EveryBlockSelective;
                 let p = crate::remat::modules::every_block_with(&g, &t, selective)
                     .map_err(Error::Graph)?;

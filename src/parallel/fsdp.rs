@@ -39,7 +39,6 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use crate::ir::DType;
-use crate::remat::from_schedule::from_schedule;
 use crate::remat::modules::{repeated_blocks, ModuleTree};
 use crate::train::{Schedule, Step, StepKind, StorageId, StorageKind};
 
@@ -137,8 +136,7 @@ fn sharded(s: &crate::train::Storage) -> bool {
 
 /// The units of `s`: the given module paths or the repeated blocks, then the root.
 fn units(s: &Schedule, given: Option<&[String]>) -> Result<Vec<Unit>, String> {
-    let g = from_schedule(s, "fsdp");
-    let t = ModuleTree::build(&g);
+    let t = ModuleTree::of_schedule(s);
     let mods: Vec<usize> = match given {
         Some(paths) => paths
             .iter()

@@ -31,7 +31,6 @@ use std::collections::{HashMap, HashSet};
 
 use serde::Serialize;
 
-use crate::remat::from_schedule::from_schedule;
 use crate::remat::modules::{repeated_blocks, ModuleTree};
 use crate::train::{Schedule, StepKind, StorageId, StorageKind};
 
@@ -150,8 +149,7 @@ type Assigned = (Vec<Option<usize>>, Vec<Vec<String>>);
 /// The virtual stage of each step (`None`: the optimizer, on every rank), and the
 /// blocks of each virtual stage.
 fn assign(s: &Schedule, p: &Pipeline) -> Result<Assigned, String> {
-    let g = from_schedule(s, "pipeline");
-    let t = ModuleTree::build(&g);
+    let t = ModuleTree::of_schedule(s);
     let mut blocks = repeated_blocks(&t);
     if blocks.is_empty() {
         return Err("pipeline parallelism splits the model by its repeated blocks (decoder layers); this model has none".into());

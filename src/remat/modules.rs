@@ -103,22 +103,61 @@ fn call_suffix(scope: &str) -> Option<&str> {
     (!base.is_empty() && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())).then_some(base)
 }
 
-impl ModuleTree {
-    /// Builds the tree from the forward nodes' names.
-    pub fn build(g: &RematGraph) -> ModuleTree {
-        // Module paths of each node's scope chain, before merging repeated calls.
-        let raw: Vec<Vec<String>> = g
-            .nodes
-            .iter()
-            .map(|n| {
+/// Module paths of each node's scope chain, before merging repeated calls: one
+/// chain per distinct scope (the name up to its last component), and each node's.
+fn scope_chains(nodes: &[(&str, bool)]) -> (Vec<Vec<String>>, Vec<usize>) {
+    let mut chain_of: HashMap<&str, usize> = HashMap::new();
+    let mut raw: Vec<Vec<String>> = Vec::new();
+    let node_chain = nodes
+        .iter()
+        .map(|n| {
+            let name = n.0.strip_suffix("/grad").unwrap_or(n.0);
+            let key = match name.rsplit_once('/') {
+                Some((k, _)) if name.starts_with('/') => k,
+                _ => "",
+            };
+            *chain_of.entry(key).or_insert_with(|| {
                 let mut out: Vec<String> = Vec::new();
-                for s in scopes(&n.name) {
+                for s in scopes(name) {
                     let p = join(out.last().map_or("", |s| s.as_str()), s);
                     out.push(p);
                 }
-                out
+                raw.push(out);
+                raw.len() - 1
+            })
+        })
+        .collect();
+    (raw, node_chain)
+}
+
+impl ModuleTree {
+    /// Builds the tree from the forward nodes' names.
+    pub fn build(g: &RematGraph) -> ModuleTree {
+        let nodes: Vec<(&str, bool)> = g
+            .nodes
+            .iter()
+            .map(|n| (n.name.as_str(), n.backward))
+            .collect();
+        Self::of_nodes(&nodes)
+    }
+
+    /// The tree of a schedule's steps (its node ids are step indices, as
+    /// [`crate::remat::from_schedule::from_schedule`] numbers them).
+    pub fn of_schedule(s: &crate::train::Schedule) -> ModuleTree {
+        let nodes: Vec<(&str, bool)> = s
+            .steps
+            .iter()
+            .map(|st| {
+                let forward = st.kind == crate::train::StepKind::Forward;
+                (st.name.as_str(), !forward)
             })
             .collect();
+        Self::of_nodes(&nodes)
+    }
+
+    /// The tree of nodes given as (name, is a backward node), in order.
+    fn of_nodes(nodes: &[(&str, bool)]) -> ModuleTree {
+        let (raw, node_chain) = scope_chains(nodes);
         let all: std::collections::HashSet<&str> =
             raw.iter().flatten().map(|s| s.as_str()).collect();
         // `p.relu_1` is the second call of `p.relu` when `p.relu` exists.
@@ -142,27 +181,34 @@ impl ModuleTree {
             modules: Vec::new(),
             unscoped: Vec::new(),
             by_path: HashMap::new(),
-            innermost: vec![None; g.nodes.len()],
+            innermost: vec![None; nodes.len()],
         };
-        let by_name: HashMap<&str, NodeId> = g
-            .nodes
+        let by_name: HashMap<&str, NodeId> = nodes
             .iter()
             .enumerate()
-            .filter(|(_, n)| !n.backward)
-            .map(|(i, n)| (n.name.as_str(), i))
+            .filter(|(_, n)| !n.1)
+            .map(|(i, n)| (n.0, i))
             .collect();
-        let forward: Vec<NodeId> = (0..g.nodes.len())
-            .filter(|&i| !g.nodes[i].backward)
-            .collect();
-        let mut fwd_pos = vec![usize::MAX; g.nodes.len()];
+        let forward: Vec<NodeId> = (0..nodes.len()).filter(|&i| !nodes[i].1).collect();
+        let mut fwd_pos = vec![usize::MAX; nodes.len()];
         for (k, &i) in forward.iter().enumerate() {
             fwd_pos[i] = k;
         }
-        // Scoped forward nodes per module, in order.
+        // Scoped forward nodes per module, in order; each chain's modules resolved
+        // once.
         let mut members: Vec<Vec<usize>> = Vec::new();
+        let mut resolved: Vec<Option<Vec<usize>>> = vec![None; raw.len()];
         for &i in &forward {
+            if let Some(ms) = &resolved[node_chain[i]] {
+                for &m in ms {
+                    members[m].push(fwd_pos[i]);
+                }
+                tree.innermost[i] = ms.last().copied();
+                continue;
+            }
             let mut parent: Option<usize> = None;
-            for p in &raw[i] {
+            let mut ms = Vec::new();
+            for p in &raw[node_chain[i]] {
                 let path = canon(p);
                 let m = match tree.by_path.get(&path) {
                     Some(&m) => m,
@@ -187,9 +233,11 @@ impl ModuleTree {
                     }
                 };
                 members[m].push(fwd_pos[i]);
+                ms.push(m);
                 parent = Some(m);
             }
             tree.innermost[i] = parent;
+            resolved[node_chain[i]] = Some(ms);
         }
         // Spans: every forward node between the first and the last is the module's or
         // scope-less.
@@ -211,7 +259,7 @@ impl ModuleTree {
             };
         }
         // Scope-less forward nodes inside a span go to the innermost such module.
-        let mut span_owner: Vec<Option<usize>> = vec![None; g.nodes.len()];
+        let mut span_owner: Vec<Option<usize>> = vec![None; nodes.len()];
         for (m, md) in tree.modules.iter().enumerate() {
             if !md.contiguous {
                 continue;
@@ -233,11 +281,11 @@ impl ModuleTree {
             }
         }
         // Backward nodes follow their forward node.
-        for (i, n) in g.nodes.iter().enumerate() {
-            if !n.backward {
+        for (i, n) in nodes.iter().enumerate() {
+            if !n.1 {
                 continue;
             }
-            let Some(f) = n.name.strip_suffix("/grad").and_then(|f| by_name.get(f)) else {
+            let Some(f) = n.0.strip_suffix("/grad").and_then(|f| by_name.get(f)) else {
                 continue;
             };
             tree.innermost[i] = tree.innermost[*f];
