@@ -201,11 +201,14 @@ fn bad_layouts_are_refused_in_one_line() {
     let llama = common::shipped(MODEL);
     let bert = common::shipped("bert_base.onnx");
     let moe = common::shipped("llm/qwen3_moe.onnx");
+    let resnet = common::shipped("resnet18.onnx");
+    let whisper = common::shipped("whisper_mini.onnx");
     let (l, b, m) = (
         llama.to_str().unwrap(),
         bert.to_str().unwrap(),
         moe.to_str().unwrap(),
     );
+    let (r, w) = (resnet.to_str().unwrap(), whisper.to_str().unwrap());
     for (args, says) in [
         (vec!["profile", b, "--train", "--tp", "2"], "no role for"),
         (vec!["profile", l, "--tp", "2"], "give --train"),
@@ -241,6 +244,22 @@ fn bad_layouts_are_refused_in_one_line() {
         (
             vec!["profile", l, "--train", "--tp", "2", "--fsdp", "2"],
             "profile shows one of them",
+        ),
+        (
+            vec!["profile", l, "--train", "--ep", "2"],
+            "this model has none",
+        ),
+        (
+            vec!["profile", m, "--train", "--ep", "3"],
+            "needs a number of experts",
+        ),
+        (
+            vec!["profile", r, "--train", "--cp", "2"],
+            "this model has none",
+        ),
+        (
+            vec!["profile", w, "--train", "--pp", "2"],
+            "one stack of repeated blocks",
         ),
     ] {
         let mut args = args;

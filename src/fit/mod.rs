@@ -29,6 +29,7 @@ mod blocks;
 pub mod combo;
 mod fit_device;
 mod planned;
+mod replica;
 pub mod time;
 pub use combo::{partition, traffic, Ckpt, Combo, Dist, Recommendation, Traffic};
 pub use planned::{
@@ -323,9 +324,8 @@ pub struct Steps<'a> {
 }
 
 /// What a module tree depends on: precision, accumulation, model parallelism, the
-/// way over the GPUs (FSDP adds steps) and the number of steps (a model lowered per
-/// batch changes it).
-type TreeKey = (bool, bool, combo::Mp, Dist, usize);
+/// way over the GPUs (FSDP adds steps) and a hash of the steps' names.
+type TreeKey = (bool, bool, combo::Mp, Dist, u64);
 
 /// A combination at a batch.
 type StepKey = (Combo, u64);
@@ -351,17 +351,6 @@ impl<'a> Steps<'a> {
             ranked: Default::default(),
             trees: Default::default(),
         }
-    }
-
-    /// The module tree of `s`, the partitioned step of `c` at some batch: the same
-    /// at every batch, built once.
-    fn tree(&self, c: Combo, s: &Schedule) -> Rc<ModuleTree> {
-        let key = (c.mixed, c.accumulate, c.mp, c.dist, s.steps.len());
-        self.trees
-            .borrow_mut()
-            .entry(key)
-            .or_insert_with(|| Rc::new(ModuleTree::of_schedule(s)))
-            .clone()
     }
 
     /// The step schedule (before checkpointing and partitioning) of `c`'s precision
@@ -590,44 +579,6 @@ impl<'a> Steps<'a> {
             pcie_bytes: t.pcie_bytes.div_ceil(r),
             host_bytes: t.host_bytes.div_ceil(r),
         })
-    }
-
-    /// Whether the model can be split as `mp` says (its Linear layers' roles
-    /// known, blocks enough for the stages): the layout's error means no.
-    pub fn takes(&self, mp: combo::Mp) -> Result<bool> {
-        if mp == combo::Mp::NONE {
-            return Ok(true);
-        }
-        let c = Combo { mp, ..Combo::PLAIN };
-        match self.replica_rank(c, self.schedule(c, 1)?, 1) {
-            Ok(_) => Ok(true),
-            Err(Error::Graph(_)) => Ok(false),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// The worst rank's step of `c`'s tensor- and pipeline-parallel replica
-    /// ([`crate::parallel::ranks`]; `s` itself without model parallelism).
-    fn replica_rank(&self, c: Combo, s: Rc<Schedule>, batch: u64) -> Result<Rc<Schedule>> {
-        if c.mp == combo::Mp::NONE {
-            return Ok(s);
-        }
-        let key = (c.mp, c.mixed, c.accumulate, batch);
-        if let Some(r) = self.ranked.borrow().get(&key) {
-            return Ok(r.clone());
-        }
-        let names: Vec<String> = (0..s.tensor_storage.len())
-            .map(|t| self.model.graph.tensor(t).name.to_string())
-            .collect();
-        let ranks = crate::parallel::ranks((*s).clone(), &names, &c.mp.layout(c.mp.pp))
-            .map_err(Error::Graph)?;
-        let worst = ranks
-            .into_iter()
-            .max_by_key(|r| crate::memory::simulate(&r.schedule).peak().total())
-            .expect("one rank at least");
-        let r = Rc::new(worst.schedule);
-        self.ranked.borrow_mut().insert(key, r.clone());
-        Ok(r)
     }
 }
 

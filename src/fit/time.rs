@@ -264,7 +264,8 @@ pub fn estimate(t: PhaseSeconds, c: &Shape, cl: &Cluster) -> StepTime {
     let bubble = (c.mp.pp.max(1) - 1) as f64 * fb;
     let recompute = c.overhead * fb;
     // Recomputation runs inside backward, which hides collectives beside it.
-    let back = t.backward + recompute;
+    let back = t.backward / ranks + recompute;
+    let fwd = t.forward / ranks;
     let (g, w, wt) = (c.grads, c.params, c.trainable);
     let (comm, exposed) = match c.dist {
         Dist::Single => (0.0, 0.0),
@@ -280,12 +281,12 @@ pub fn estimate(t: PhaseSeconds, c: &Shape, cl: &Cluster) -> StepTime {
         // Gathered in forward, kept for backward, reduce-scattered in it.
         Dist::Fsdp { reshard: false } => (
             k * (coll(w) + coll(g)),
-            k * (hide(coll(w), t.forward) + hide(coll(g), back)),
+            k * (hide(coll(w), fwd) + hide(coll(g), back)),
         ),
         // Parameters gathered in forward and backward of every micro-batch.
         _ => (
             k * (coll(w) * 2.0 + coll(g)),
-            k * (hide(coll(w), t.forward) + hide(coll(w) + coll(g), back)),
+            k * (hide(coll(w), fwd) + hide(coll(w) + coll(g), back)),
         ),
     };
     // ZeRO partitions the update; offload runs it on the host.
@@ -350,6 +351,7 @@ pub(super) fn step_time(
         crate::parallel::split::split(&mut (*s).clone(), &names, &l.degrees)
             .map_err(crate::error::Error::Graph)?
             .allreduce_bytes
+            / c.mp.pp
     } else {
         0
     };

@@ -108,6 +108,9 @@ pub struct StageSummary {
     pub stage: u64,
     /// The blocks it holds (module paths).
     pub blocks: Vec<String>,
+    /// Its model chunks' blocks as ranges (`first … last`; one chunk without
+    /// interleaving).
+    pub chunks: Vec<String>,
     /// Whether it holds what precedes the first block (embeddings).
     pub first: bool,
     /// Whether it holds what follows the last block (head, loss).
@@ -155,6 +158,18 @@ fn assign(s: &Schedule, p: &Pipeline) -> Result<Assigned, String> {
         return Err("pipeline parallelism splits the model by its repeated blocks (decoder layers); this model has none".into());
     }
     blocks.sort_by_key(|&m| t.modules[m].forward.first().copied().unwrap_or(usize::MAX));
+    let mut stacks: Vec<&str> = blocks
+        .iter()
+        .map(|&m| t.modules[m].path.rsplit_once('.').map_or("", |(p, _)| p))
+        .collect();
+    stacks.dedup();
+    if stacks.len() > 1 {
+        return Err(format!(
+            "pipeline parallelism splits one stack of repeated blocks; this model has {}: {}",
+            stacks.len(),
+            stacks.join(", ")
+        ));
+    }
     let per = counts(blocks.len(), p)?;
     let mut vs: Vec<Option<usize>> = vec![None; s.steps.len()];
     let mut names: Vec<Vec<String>> = vec![Vec::new(); per.len()];
@@ -233,6 +248,14 @@ pub fn stages(s: &Schedule, p: &Pipeline) -> Result<Vec<(Schedule, StageSummary)
                 .filter(|&j| mine(j))
                 .flat_map(|j| names[j].clone())
                 .collect(),
+            chunks: (0..nv)
+                .filter(|&j| mine(j))
+                .map(|j| match names[j].as_slice() {
+                    [one] => one.clone(),
+                    [a, .., b] => format!("{a} … {b}"),
+                    [] => String::new(),
+                })
+                .collect(),
             first: mine(0),
             last: mine(nv - 1),
             in_flight: p.schedule.in_flight(r, np, p.microbatches),
@@ -280,10 +303,31 @@ fn stage_step(
     scale_optimizer(&mut s, grads_before);
     // One micro-batch's saved activations: made or received in forward, read in
     // backward.
+    // Made from the weights alone (autocast's weight casts): once per step, not
+    // per micro-batch.
+    let fixed = |k: StorageId| {
+        matches!(
+            s.storages[k].kind,
+            StorageKind::Parameter | StorageKind::Buffer | StorageKind::Constant
+        )
+    };
+    let mut from_weights: HashSet<StorageId> = HashSet::new();
+    for st in s.steps.iter().filter(|x| x.kind == StepKind::Forward) {
+        if st
+            .reads
+            .iter()
+            .all(|&r| fixed(r) || from_weights.contains(&r))
+        {
+            from_weights.extend(&st.writes);
+        }
+    }
     let mut ids: Vec<StorageId> = fwd
         .intersection(&bwd)
         .copied()
-        .filter(|&k| !s.storages[k].persistent && s.storages[k].bytes > 0)
+        .filter(|&k| {
+            let st = &s.storages[k];
+            !st.persistent && st.bytes > 0 && !from_weights.contains(&k)
+        })
         .collect();
     ids.sort_unstable();
     let saved: Vec<u64> = ids.iter().map(|&k| s.storages[k].bytes).collect();

@@ -256,8 +256,9 @@ pub struct SplitSummary {
     /// Expert parameters the expert-parallel split divides.
     pub expert_params: usize,
     /// Bytes one micro-batch's forward all-reduces over the tensor-parallel ranks
-    /// (the row-parallel and embedding outputs; under sequence parallelism the same
-    /// volume is reduce-scattered and all-gathered); backward moves as much again.
+    /// (the row-parallel and embedding outputs, whole; under sequence parallelism the
+    /// same volume is reduce-scattered and all-gathered), over the whole model;
+    /// backward moves as much again.
     pub allreduce_bytes: u64,
 }
 
@@ -290,6 +291,16 @@ pub fn split(s: &mut Schedule, names: &[String], d: &Degrees) -> Result<SplitSum
         .collect();
     let grads_before = s.bytes_where(|x| x.kind == StorageKind::ParamGrad);
     let mut summary = SplitSummary::default();
+    if d.tp > 1 {
+        summary.allreduce_bytes = reduced_outputs(s, &f)
+            .iter()
+            .map(|&w| s.storages[w].bytes)
+            .sum();
+    }
+    if d.ep > 1 {
+        check_experts(s, d.ep)?;
+    }
+    divide_flops(s, &tp, d);
     // Whole-size inputs of the column-parallel layers, gathered (split by context).
     let gathers = if d.tp > 1 && d.sequence_parallel {
         gathered_inputs(s, &f)
@@ -325,16 +336,13 @@ pub fn split(s: &mut Schedule, names: &[String], d: &Degrees) -> Result<SplitSum
     } else {
         Vec::new()
     };
+    if d.cp > 1 && ring.is_empty() {
+        return Err("context parallelism splits the sequence of attention (keys and values from k_proj/v_proj or a fused qkv projection); this model has none".into());
+    }
     for (step, bytes) in ring {
         add_transient(s, step, "context-parallel ring K/V", 2 * bytes);
     }
     summary.param_bytes = s.bytes_where(|x| x.kind == StorageKind::Parameter);
-    if d.tp > 1 {
-        summary.allreduce_bytes = reduced_outputs(s, &f)
-            .iter()
-            .map(|&w| s.storages[w].bytes)
-            .sum();
-    }
     Ok(summary)
 }
 
@@ -355,6 +363,58 @@ fn reduced_outputs(s: &Schedule, f: &Facts) -> Vec<StorageId> {
         }
     }
     out
+}
+
+/// Each step's FLOPs on one rank: the steps that touch a tensor-parallel split
+/// tensor do 1/tp of the work, and context parallelism divides every forward and
+/// backward step's (the ring spreads attention's evenly).
+fn divide_flops(s: &mut Schedule, tp: &[bool], d: &Degrees) {
+    for st in &mut s.steps {
+        if st.kind == StepKind::Optimizer {
+            continue;
+        }
+        let split = st.reads.iter().chain(&st.writes).any(|&x| tp[x]);
+        if split && d.tp > 1 {
+            st.flops = st.flops.div_ceil(d.tp);
+        }
+        st.flops = st.flops.div_ceil(d.cp.max(1));
+    }
+}
+
+/// The experts of each MoE layer: `….experts.N.…` modules counted per layer, or the
+/// leading dimension of fused expert weights; `ep` must divide every count.
+fn check_experts(s: &Schedule, ep: u64) -> Result<(), String> {
+    let mut layers: HashMap<&str, std::collections::HashSet<&str>> = HashMap::new();
+    let mut fused: Vec<u64> = Vec::new();
+    for st in s
+        .storages
+        .iter()
+        .filter(|x| x.kind == StorageKind::Parameter)
+    {
+        let Some((layer, rest)) = st.name.split_once(".experts.") else {
+            continue;
+        };
+        match rest.split('.').next() {
+            Some(n) if n.bytes().all(|b| b.is_ascii_digit()) => {
+                layers.entry(layer).or_default().insert(n);
+            }
+            _ => fused.extend(st.shape.first().map(|&e| e as u64)),
+        }
+    }
+    let counts: Vec<u64> = layers
+        .values()
+        .map(|e| e.len() as u64)
+        .chain(fused)
+        .collect();
+    if counts.is_empty() {
+        return Err("expert parallelism splits mixture-of-experts layers (parameters under `experts`); this model has none".into());
+    }
+    match counts.iter().find(|&&e| e % ep != 0) {
+        Some(e) => Err(format!(
+            "expert parallelism over {ep} ranks needs a number of experts it divides; a layer has {e}"
+        )),
+        None => Ok(()),
+    }
 }
 
 /// How storage `i` is divided.

@@ -94,16 +94,15 @@ impl ParallelReport {
         if self.pp > 1 {
             let _ = writeln!(
                 s,
-                "  pipeline: {} micro-batches, {}; the figures below are stage {}'s (the highest reserved)",
-                self.microbatches, self.schedule, self.worst_rank
+                "  pipeline: {} micro-batch{}, {}; the figures below are stage {}'s (the highest reserved)",
+                self.microbatches,
+                if self.microbatches == 1 { "" } else { "es" },
+                self.schedule,
+                self.worst_rank
             );
             for r in &self.ranks {
                 let Some(st) = &r.stage else { continue };
-                let blocks = match (st.blocks.first(), st.blocks.last()) {
-                    (Some(a), Some(b)) if st.blocks.len() > 1 => format!("{a} … {b}"),
-                    (Some(a), _) => a.clone(),
-                    _ => "-".into(),
-                };
+                let blocks = st.chunks.join(", ");
                 let ends = match (st.first, st.last) {
                     (true, true) => " + embeddings + head",
                     (true, false) => " + embeddings",
@@ -112,9 +111,10 @@ impl ParallelReport {
                 };
                 let _ = writeln!(
                     s,
-                    "    stage {}: {} blocks ({blocks}{ends}), parameters {}, {} in flight ({} more saved), peak {}, reserved {}",
+                    "    stage {}: {} block{} ({blocks}{ends}), parameters {}, {} in flight ({} more saved), peak {}, reserved {}",
                     st.stage,
                     st.blocks.len(),
+                    if st.blocks.len() == 1 { "" } else { "s" },
                     human_bytes(r.param_bytes),
                     st.in_flight,
                     human_bytes(st.in_flight_bytes),

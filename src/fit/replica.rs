@@ -1,0 +1,77 @@
+//! A data-parallel replica's rank under tensor and pipeline parallelism, and the
+//! module trees of the steps, shared across batches.
+
+use std::rc::Rc;
+
+use super::{combo, Combo, Steps};
+use crate::error::{Error, Result};
+use crate::remat::modules::ModuleTree;
+use crate::train::Schedule;
+
+impl Steps<'_> {
+    /// The module tree of `s`, the partitioned step of `c` at some batch: the same
+    /// at every batch, built once.
+    pub(super) fn tree(&self, c: Combo, s: &Schedule) -> Rc<ModuleTree> {
+        // The steps' names fingerprint the structure (a model lowered per batch
+        // changes them).
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        for st in &s.steps {
+            std::hash::Hash::hash(&st.name, &mut h);
+        }
+        let key = (
+            c.mixed,
+            c.accumulate,
+            c.mp,
+            c.dist,
+            std::hash::Hasher::finish(&h),
+        );
+        self.trees
+            .borrow_mut()
+            .entry(key)
+            .or_insert_with(|| Rc::new(ModuleTree::of_schedule(s)))
+            .clone()
+    }
+
+    /// Whether the model can be split as `mp` says (its Linear layers' roles
+    /// known, blocks enough for the stages): the layout's error means no.
+    pub fn takes(&self, mp: combo::Mp) -> Result<bool> {
+        if mp == combo::Mp::NONE {
+            return Ok(true);
+        }
+        let c = Combo { mp, ..Combo::PLAIN };
+        match self.replica_rank(c, self.schedule(c, 1)?, 1) {
+            Ok(_) => Ok(true),
+            Err(Error::Graph(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The worst rank's step of `c`'s tensor- and pipeline-parallel replica
+    /// ([`crate::parallel::ranks`]; `s` itself without model parallelism).
+    pub(super) fn replica_rank(
+        &self,
+        c: Combo,
+        s: Rc<Schedule>,
+        batch: u64,
+    ) -> Result<Rc<Schedule>> {
+        if c.mp == combo::Mp::NONE {
+            return Ok(s);
+        }
+        let key = (c.mp, c.mixed, c.accumulate, batch);
+        if let Some(r) = self.ranked.borrow().get(&key) {
+            return Ok(r.clone());
+        }
+        let names: Vec<String> = (0..s.tensor_storage.len())
+            .map(|t| self.model.graph.tensor(t).name.to_string())
+            .collect();
+        let ranks = crate::parallel::ranks((*s).clone(), &names, &c.mp.layout(c.mp.pp))
+            .map_err(Error::Graph)?;
+        let worst = ranks
+            .into_iter()
+            .max_by_key(|r| crate::memory::simulate(&r.schedule).peak().total())
+            .expect("one rank at least");
+        let r = Rc::new(worst.schedule);
+        self.ranked.borrow_mut().insert(key, r.clone());
+        Ok(r)
+    }
+}
