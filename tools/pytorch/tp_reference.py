@@ -1,0 +1,156 @@
+"""Tensor-parallel per-rank memory references from real runs on CPU (dev-time; gloo, no GPU).
+
+The fsdp_llama_a config of tools/pytorch/fsdp2_reference.py (transformers' llama, 2 layers, MHA,
+eager attention, loss logits.mean()), split with torch.distributed.tensor.parallel's
+parallelize_module over init_device_mesh("cpu", (N,)) as Megatron splits it: q/k/v_proj and
+gate/up_proj ColwiseParallel, o_proj and down_proj RowwiseParallel, embed_tokens
+RowwiseParallel(input_layouts=Replicate()) (vocabulary-parallel), lm_head ColwiseParallel with
+the logits left sharded and local (Shard(-1), use_local_output=True): the loss, logits.mean(), is
+each rank's mean of its vocabulary shard, so its gradient stays split as a vocabulary-parallel
+cross entropy's does. (On the sharded DTensor instead, MeanBackward materialises the gradient of
+the whole logits and the redistribution clones this rank's shard of it: 2 MiB + 1 MiB more at
+world 2, a peak 10 % above memplan's, an artefact of that loss, not of tensor parallelism.) Every rank runs
+the same batch (tensor-parallel ranks share their data); AdamW(foreach=True) over two parameter
+groups, the split DTensors and the whole norms (one foreach call takes one kind). The step and its peak are measured as
+fsdp2_reference.py measures them (torch.profiler's allocation events of the rank's main thread,
+a warm-up step first; what gloo allocates inside its own collectives left out).
+
+One run:    torchrun --standalone --nproc_per_node N tools/pytorch/tp_reference.py --out DIR
+Everything: python tools/pytorch/tp_reference.py [--worlds 2,4] [--out tests/data/pytorch/tp_reference.json]
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import fsdp2_reference as F  # noqa: E402  its config, model builder and measurement
+
+CONFIG = "fsdp_llama_a"
+OUT = os.path.join(ROOT, "tests", "data", "pytorch", "tp_reference.json")
+
+
+def parallelize(hf, mesh):
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    plan = {
+        "model.embed_tokens": RowwiseParallel(input_layouts=Replicate()),
+        "lm_head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=True),
+    }
+    for i in range(len(hf.model.layers)):
+        p = "model.layers.%d." % i
+        for m in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"):
+            plan[p + m] = ColwiseParallel()
+        for m in ("self_attn.o_proj", "mlp.down_proj"):
+            plan[p + m] = RowwiseParallel()
+    parallelize_module(hf, mesh, plan)
+
+
+def measure():
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    torch.set_num_threads(1)
+    spec = F.CONFIGS[CONFIG]
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,))
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    prof.__enter__()
+    try:
+        model, make_inputs, _ = F.build(CONFIG)
+        parallelize(model.m, mesh)
+        inputs = make_inputs(spec["batch"], seed=1)
+        # Two parameter groups (the split DTensors, the whole norms): a foreach update
+        # takes one kind at a time.
+        from torch.distributed.tensor import DTensor
+
+        split = [p for p in model.parameters() if isinstance(p, DTensor)]
+        whole = [p for p in model.parameters() if not isinstance(p, DTensor)]
+        opt = torch.optim.AdamW([{"params": split}, {"params": whole}], lr=1e-3, foreach=True)
+        torch.manual_seed(F.ref.TRAIN_SEED)
+        F.ref._train_step(model, opt, inputs, F.ref._NullPhase())
+        params = [F._local(p) for p in model.parameters()]
+        buffers = list(model.buffers())
+        state = [F._local(v) for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+        sets = {
+            "sharded_param": {p.untyped_storage().data_ptr() for p in params},
+            "buffer": {b.untyped_storage().data_ptr() for b in buffers},
+            "input": {t.untyped_storage().data_ptr() for t in inputs},
+            "optimizer_state": {t.untyped_storage().data_ptr() for t in state},
+        }
+        seen = set()
+        param_bytes = F.ref._sum_storages(params, seen)
+        buffer_bytes = F.ref._sum_storages(buffers, seen)
+        state_bytes = F.ref._sum_storages(state, seen)
+        input_bytes = F.ref._sum_storages(inputs, seen)
+        resident = param_bytes + buffer_bytes + state_bytes + input_bytes
+        torch.manual_seed(F.ref.TRAIN_SEED)
+        with record_function("memplan::s2/step"):
+            F.ref._train_step(model, opt, inputs, F.Phase("s2/"))
+    finally:
+        prof.__exit__(None, None, None)
+    allocs, ranges = F.collect(prof)
+    res = F.analyse(allocs, ranges, "s2/", sets, [])
+    out = {
+        "rank": rank,
+        "world": world,
+        "param_bytes": param_bytes,
+        "buffers_bytes": buffer_bytes,
+        "optimizer_state_bytes": state_bytes,
+        "input_bytes": input_bytes,
+        "resident_bytes_before_step": resident,
+        "step_peak_bytes": resident + res["step_peak_delta_bytes"],
+        "peak_phase": res.get("peak_phase"),
+        "peak_at": res.get("peak_at"),
+        "forward_end_delta_bytes": res.get("forward_end_delta_bytes"),
+        "phase_peak_delta_bytes": res.get("phase_peak_delta_bytes"),
+        "collective_internal": res.get("collective_internal"),
+        "at_peak": res.get("at_peak"),
+        "check": res.get("check"),
+    }
+    dist.destroy_process_group()
+    return out
+
+
+def driver(a):
+    runs = []
+    for world in [int(w) for w in a.worlds.split(",")]:
+        with tempfile.TemporaryDirectory() as d:
+            cmd = ["torchrun", "--standalone", "--nproc_per_node", str(world), __file__, "--rank-out", d]
+            subprocess.run(cmd, check=True, cwd=ROOT)
+            ranks = [json.load(open(os.path.join(d, "rank%d.json" % r))) for r in range(world)]
+        runs.append({"world": world, "file": "models/llm/%s.onnx" % CONFIG, "ranks": ranks})
+    spec = F.CONFIGS[CONFIG]
+    res = {"script": "tools/pytorch/tp_reference.py", "config": CONFIG, "batch": spec["batch"],
+           "seq": spec["seq"], "model_config": spec["config"], "runs": runs}
+    with open(a.out, "w") as f:
+        json.dump(res, f, indent=1)
+        f.write("\n")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--worlds", default="2,4")
+    p.add_argument("--out", default=OUT)
+    p.add_argument("--rank-out")
+    a = p.parse_args()
+    if a.rank_out:
+        r = measure()
+        with open(os.path.join(a.rank_out, "rank%d.json" % r["rank"]), "w") as f:
+            json.dump(r, f)
+    else:
+        driver(a)
+
+
+if __name__ == "__main__":
+    main()
