@@ -38,34 +38,60 @@ pub fn sharded_schedule(
     opts: &TrainOptions,
     f: &Fsdp,
 ) -> Result<(Schedule, FsdpSummary)> {
+    let (o, f) = fsdp_options(opts, f);
+    let mut s = schedule(model, inferred, &o)?;
+    let summary = crate::parallel::shard(&mut s, &f).map_err(Error::Graph)?;
+    Ok((s, summary))
+}
+
+/// The step's options and FSDP's settings under FSDP2 `f`: a half-precision policy
+/// casts float32 parameters, so the step computes in the half type and the sharded
+/// state stays float32.
+fn fsdp_options(opts: &TrainOptions, f: &Fsdp) -> (TrainOptions, Fsdp) {
     let mut o = opts.clone();
     let mut f = f.clone();
-    // A half-precision policy casts float32 parameters: the step computes in the
-    // half type, the sharded state stays float32.
     if let Some(DType::BF16 | DType::F16) = f.param_dtype {
         if o.precision == Precision::Fp32 {
             o.precision = Precision::Bf16;
         }
         f.orig_dtype = Some(DType::F32);
     }
-    let mut s = schedule(model, inferred, &o)?;
-    let summary = crate::parallel::shard(&mut s, &f).map_err(Error::Graph)?;
-    Ok((s, summary))
+    (o, f)
 }
 
 /// The training schedules of the ranks that differ under model-parallel layout `l`
-/// ([`crate::parallel::ranks`]): one per pipeline stage, first stage first.
+/// ([`crate::parallel::ranks`]): one per pipeline stage, first stage first; each
+/// sharded over the data-parallel ranks by FSDP2 `fsdp` when given (2-D and 3-D
+/// layouts: FSDP over what tensor and pipeline parallelism leave a rank).
 pub fn rank_schedules(
     model: &Model,
     inferred: &Inferred,
     opts: &TrainOptions,
     l: &Layout,
-) -> Result<Vec<RankStep>> {
-    let s = schedule(model, inferred, opts)?;
+    fsdp: Option<&Fsdp>,
+) -> Result<Vec<(RankStep, Option<FsdpSummary>)>> {
+    let (o, f) = match fsdp {
+        Some(f) => {
+            let (o, f) = fsdp_options(opts, f);
+            (o, Some(f))
+        }
+        None => (opts.clone(), None),
+    };
+    let s = schedule(model, inferred, &o)?;
     let names: Vec<String> = (0..s.tensor_storage.len())
         .map(|t| model.graph.tensor(t).name.to_string())
         .collect();
-    crate::parallel::ranks(s, &names, l).map_err(Error::Graph)
+    let ranks = crate::parallel::ranks(s, &names, l).map_err(Error::Graph)?;
+    ranks
+        .into_iter()
+        .map(|mut r| {
+            let summary = match &f {
+                Some(f) => Some(crate::parallel::shard(&mut r.schedule, f).map_err(Error::Graph)?),
+                None => None,
+            };
+            Ok((r, summary))
+        })
+        .collect()
 }
 
 /// The training schedule of `model` under `bindings` and `opts` (lowered and

@@ -76,9 +76,7 @@ pub fn run(a: ProfileArgs) -> anyhow::Result<()> {
     if layout.is_split() && !train {
         anyhow::bail!("--tp, --pp, --cp and --ep split the training step: give --train");
     }
-    if layout.is_split() && fsdp.fsdp.is_some() {
-        anyhow::bail!("--fsdp with --tp/--pp/--cp/--ep: profile shows one of them; fit combines model parallelism with ZeRO over the data-parallel ranks");
-    }
+
     if device.given() && !train {
         anyhow::bail!("--allocator, --alloc-conf, --gpu and --cuda-context describe the training step's device: give --train");
     }
@@ -110,7 +108,8 @@ pub fn run(a: ProfileArgs) -> anyhow::Result<()> {
             .model()?
             .on_groups(&[fsdp.groups(), parallel.groups()].concat());
         let (sched, mut t) = if layout.is_split() {
-            layout_report(&m, &inf, &opts, &layout, &d).with_context(|| path.clone())?
+            layout_report(&m, &inf, &opts, (&layout, fsdp.settings().as_ref()), &d)
+                .with_context(|| path.clone())?
         } else {
             let (sched, sharded) = match fsdp.settings() {
                 Some(f) => {
@@ -156,21 +155,27 @@ fn layout_report(
     m: &memplan::ir::Model,
     inf: &memplan::infer::Inferred,
     opts: &memplan::train::TrainOptions,
-    layout: &memplan::parallel::Layout,
+    (layout, fsdp): (&memplan::parallel::Layout, Option<&memplan::parallel::Fsdp>),
     d: &memplan::memory::device::DeviceModel,
 ) -> anyhow::Result<(memplan::train::Schedule, TrainingReport)> {
     use memplan::report::parallel::{ParallelReport, RankRow};
-    let ranks = memplan::step::rank_schedules(m, inf, opts, layout)?;
+    let (ranks, sharded): (Vec<_>, Vec<_>) =
+        memplan::step::rank_schedules(m, inf, opts, layout, fsdp)?
+            .into_iter()
+            .unzip();
     let mut rows = Vec::new();
     let mut allocs = Vec::new();
-    for r in &ranks {
+    for (r, f) in ranks.iter().zip(&sharded) {
         let a = replay_schedule(&r.schedule, d)
             .map_err(|e| super::replay_failed(&format!("stage {}", rows.len()), e))?;
         rows.push(RankRow {
             stage: r.stage.clone(),
             peak_bytes: simulate(&r.schedule).peak().total(),
             reserved_bytes: a.reserved_bytes,
-            param_bytes: r.split.param_bytes,
+            // Under FSDP the rank's shard (the gathered units are transients).
+            param_bytes: f
+                .as_ref()
+                .map_or(r.split.param_bytes, |f| f.sharded_param_bytes),
         });
         allocs.push(a);
     }
@@ -180,5 +185,6 @@ fn layout_report(
     let mut t = TrainingReport::new(opts, &sched, &simulate(&sched));
     t.set_device(d, allocs[w]);
     t.parallel = Some(report);
+    t.fsdp = sharded[w].clone();
     Ok((sched, t))
 }

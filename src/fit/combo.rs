@@ -580,7 +580,8 @@ pub fn combos(gpus: u64) -> Vec<Combo> {
 /// The tensor- and pipeline-parallel combinations on `gpus` GPUs: tensor
 /// parallelism (with sequence parallelism) over 2 and over up to 8, 2 and 4
 /// pipeline stages, and 2 × 2; ZeRO-1 over the data-parallel ranks that remain;
-/// 2-way tensor parallelism also with every block checkpointed.
+/// 2-way tensor parallelism also with every block checkpointed, and with FSDP2 over
+/// the data-parallel ranks.
 fn model_parallel(gpus: u64) -> Vec<Combo> {
     let layouts = [
         Mp { tp: 2, pp: 1 },
@@ -618,6 +619,17 @@ fn model_parallel(gpus: u64) -> Vec<Combo> {
             if !v.contains(&c) {
                 v.push(c);
             }
+        }
+        // 2-D: FSDP2 over the data-parallel ranks of 2-way tensor parallelism
+        // (torchtitan's layout).
+        if mp == (Mp { tp: 2, pp: 1 }) && dist != Dist::Single {
+            v.push(Combo {
+                mixed: false,
+                ckpt: Ckpt::None,
+                dist: Dist::Fsdp { reshard: true },
+                accumulate: false,
+                mp,
+            });
         }
     }
     v

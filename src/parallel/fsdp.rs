@@ -131,7 +131,8 @@ fn shard_numel(shape: &[usize], n: u64) -> u64 {
 /// Whether FSDP shards the storage: a parameter, trainable or frozen (the schedule's
 /// buffers, running statistics and rotary tables, stay whole).
 fn sharded(s: &crate::train::Storage) -> bool {
-    s.kind == StorageKind::Parameter
+    // A parameter another pipeline stage holds has no bytes on this rank.
+    s.kind == StorageKind::Parameter && s.bytes > 0
 }
 
 /// The units of `s`: the given module paths or the repeated blocks, then the root.

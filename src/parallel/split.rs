@@ -267,6 +267,12 @@ fn divide(st: &mut crate::train::Storage, d: u64) {
     if d <= 1 {
         return;
     }
+    // A parameter's local shape, as FSDP pads and shards it after (dim 0).
+    if st.kind == StorageKind::Parameter {
+        if let Some(d0) = st.shape.first_mut() {
+            *d0 = d0.div_ceil(d as usize);
+        }
+    }
     if st.pieces.is_empty() {
         st.bytes = st.bytes.div_ceil(d);
     } else {

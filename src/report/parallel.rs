@@ -17,7 +17,7 @@ pub struct RankRow {
     pub peak_bytes: u64,
     /// The caching allocator's reserved peak (with `--gpu` and the defaults).
     pub reserved_bytes: u64,
-    /// Parameter bytes it holds.
+    /// Parameter bytes it holds (under FSDP, its shard).
     pub param_bytes: u64,
 }
 
