@@ -213,6 +213,17 @@ fn add_buffer(s: &mut Schedule, name: &str, bytes: u64) {
 /// dtype (DeepSpeed under fp16 keeps fp16 parameters on the GPU and fp32 masters on
 /// the host; memplan's mixed precision keeps fp32 masters on the GPU).
 pub fn partition(s: &mut Schedule, dist: Dist, gpus: u64) {
+    partition_in(s, dist, gpus, None);
+}
+
+/// [`partition`] with the module tree of `s` given (FSDP's units come from it; `None`:
+/// built here).
+pub fn partition_in(
+    s: &mut Schedule,
+    dist: Dist,
+    gpus: u64,
+    tree: Option<&crate::remat::modules::ModuleTree>,
+) {
     let n = gpus.max(1);
     let largest = |s: &Schedule, k: StorageKind| {
         s.storages
@@ -276,7 +287,10 @@ pub fn partition(s: &mut Schedule, dist: Dist, gpus: u64) {
                 ..Default::default()
             };
             // Only named units can be missing; these are the model's own blocks.
-            let _ = crate::parallel::shard(s, &f);
+            let _ = match tree {
+                Some(t) => crate::parallel::fsdp::shard_in(s, &f, t),
+                None => crate::parallel::shard(s, &f),
+            };
         }
     }
 }

@@ -494,7 +494,18 @@ impl<'a> Steps<'a> {
                 return base.clone();
             }
             let mut s = (*base).clone();
-            partition(&mut s, c.dist, gpus);
+            if matches!(c.dist, Dist::Fsdp { .. }) {
+                let t = self.tree(
+                    Combo {
+                        dist: Dist::Single,
+                        ..c
+                    },
+                    &base,
+                );
+                combo::partition_in(&mut s, c.dist, gpus, Some(&t));
+            } else {
+                partition(&mut s, c.dist, gpus);
+            }
             Rc::new(s)
         };
         match c.ckpt {

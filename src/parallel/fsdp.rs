@@ -136,8 +136,7 @@ fn sharded(s: &crate::train::Storage) -> bool {
 }
 
 /// The units of `s`: the given module paths or the repeated blocks, then the root.
-fn units(s: &Schedule, given: Option<&[String]>) -> Result<Vec<Unit>, String> {
-    let t = ModuleTree::of_schedule(s);
+fn units(s: &Schedule, given: Option<&[String]>, t: &ModuleTree) -> Result<Vec<Unit>, String> {
     let mods: Vec<usize> = match given {
         Some(paths) => paths
             .iter()
@@ -213,8 +212,16 @@ fn units(s: &Schedule, given: Option<&[String]>) -> Result<Vec<Unit>, String> {
 
 /// Rewrites `s` into one rank's step under FSDP2 `f`.
 pub fn shard(s: &mut Schedule, f: &Fsdp) -> Result<FsdpSummary, String> {
+    let t = ModuleTree::of_schedule(s);
+    shard_in(s, f, &t)
+}
+
+/// [`shard`] with the module tree of `s` ([`ModuleTree::of_schedule`]) given: the
+/// same for every batch of one model's step, so a caller trying many may build it
+/// once.
+pub fn shard_in(s: &mut Schedule, f: &Fsdp, t: &ModuleTree) -> Result<FsdpSummary, String> {
     let n = f.shards.max(1);
-    let mut us = units(s, f.units.as_deref())?;
+    let mut us = units(s, f.units.as_deref(), t)?;
     for u in &mut us {
         u.numel = u
             .params
