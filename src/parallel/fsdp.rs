@@ -142,7 +142,7 @@ fn units(s: &Schedule, given: Option<&[String]>, t: &ModuleTree) -> Result<Vec<U
             .iter()
             .map(|p| {
                 t.find(p).ok_or_else(|| {
-                    let known: Vec<&str> = repeated_blocks(&t)
+                    let known: Vec<&str> = repeated_blocks(t)
                         .iter()
                         .take(3)
                         .map(|&m| t.modules[m].path.as_str())
@@ -154,7 +154,7 @@ fn units(s: &Schedule, given: Option<&[String]>, t: &ModuleTree) -> Result<Vec<U
                 })
             })
             .collect::<Result<_, _>>()?,
-        None => repeated_blocks(&t),
+        None => repeated_blocks(t),
     };
     let mut owner: HashMap<StorageId, usize> = HashMap::new();
     let mut out: Vec<Unit> = Vec::new();
