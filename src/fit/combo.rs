@@ -193,12 +193,8 @@ impl Combo {
 
 /// A persistent buffer of `bytes` added to the schedule.
 fn add_buffer(s: &mut Schedule, name: &str, bytes: u64) {
-    let mut b = s.storages[0].clone();
-    b.name = name.into();
-    b.kind = StorageKind::Buffer;
-    b.bytes = bytes;
-    b.persistent = true;
-    s.storages.push(b);
+    let b = s.add_storage(name.into(), bytes, StorageKind::Buffer);
+    s.storages[b].persistent = true;
 }
 
 /// Per-GPU storages under data parallel, ZeRO and offload. ZeRO (Rajbhandari et al.

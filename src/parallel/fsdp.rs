@@ -330,21 +330,6 @@ impl<'u> Rewrite<'u> {
         }
     }
 
-    /// A new transient storage of `bytes`.
-    fn storage(s: &mut Schedule, name: String, bytes: u64, kind: StorageKind) -> StorageId {
-        let mut st = s.storages[0].clone();
-        st.name = name;
-        st.bytes = bytes;
-        st.kind = kind;
-        st.persistent = false;
-        st.held = false;
-        st.saved = false;
-        st.pieces = Vec::new();
-        st.shape = Vec::new();
-        s.storages.push(st);
-        s.storages.len() - 1
-    }
-
     /// Inserts `step` before original step `at`.
     fn insert(&mut self, at: usize, step: Step) {
         self.before.entry(at).or_default().push(step);
@@ -385,8 +370,7 @@ impl<'u> Rewrite<'u> {
         let [pb, _, ob] = self.bytes;
         let n = self.f.shards.max(1);
         let unit = &self.units[u];
-        let flat = Self::storage(
-            s,
+        let flat = s.add_storage(
             format!("fsdp {} all-gather output", unit.name),
             unit.numel * pb,
             StorageKind::Parameter,
@@ -394,8 +378,7 @@ impl<'u> Rewrite<'u> {
         let mut writes = vec![flat];
         if pb != ob {
             let cast = unit.numel / n * pb;
-            writes.push(Self::storage(
-                s,
+            writes.push(s.add_storage(
                 format!("fsdp {} all-gather input", unit.name),
                 cast,
                 StorageKind::Parameter,
@@ -431,8 +414,7 @@ impl<'u> Rewrite<'u> {
         kind: StepKind,
     ) {
         let unit = &self.units[u];
-        let params = Self::storage(
-            s,
+        let params = s.add_storage(
             format!("fsdp {} unsharded parameters", unit.name),
             unit.numel * self.bytes[0],
             StorageKind::Parameter,
@@ -548,15 +530,13 @@ impl<'u> Rewrite<'u> {
             if let Some(p) = prev {
                 self.read_by(p, [end]);
             }
-            let input = Self::storage(
-                s,
+            let input = s.add_storage(
                 format!("fsdp {} reduce-scatter input", unit.name),
                 unit.numel * rb,
                 StorageKind::GradTemp,
             );
             let shard = unit.numel / n;
-            let grad = Self::storage(
-                s,
+            let grad = s.add_storage(
                 format!("fsdp {} sharded gradients", unit.name),
                 if self.f.offload { 0 } else { shard * ob },
                 StorageKind::ParamGrad,
@@ -579,8 +559,7 @@ impl<'u> Rewrite<'u> {
             );
             let mut writes = vec![grad];
             if rb != ob {
-                writes.push(Self::storage(
-                    s,
+                writes.push(s.add_storage(
                     format!("fsdp {} reduce output", unit.name),
                     shard * rb,
                     StorageKind::GradTemp,

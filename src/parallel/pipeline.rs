@@ -333,22 +333,16 @@ fn stage_step(
     let saved: Vec<u64> = ids.iter().map(|&k| s.storages[k].bytes).collect();
     let extra = summary.in_flight.saturating_sub(chunks);
     if extra > 0 && !saved.is_empty() {
-        let mut st = s.storages[0].clone();
-        st.name = format!("pipeline: {extra} more micro-batches in flight");
-        st.kind = StorageKind::Activation;
-        st.persistent = false;
-        st.held = false;
-        st.saved = true;
-        st.shape = Vec::new();
-        st.pieces = (0..extra)
+        let pieces: Vec<u64> = (0..extra)
             .flat_map(|_| saved.iter().map(|&b| b.div_ceil(chunks)))
             .collect();
-        st.bytes = st.pieces.iter().sum();
-        summary.in_flight_bytes = st.bytes;
-        s.storages.push(st);
+        summary.in_flight_bytes = pieces.iter().sum();
+        let name = format!("pipeline: {extra} more micro-batches in flight");
+        let id = s.add_storage(name, summary.in_flight_bytes, StorageKind::Activation);
+        s.storages[id].saved = true;
+        s.storages[id].pieces = pieces;
         // Live from the rank's first forward to its last backward: the optimizer
         // runs after every micro-batch is done.
-        let id = s.storages.len() - 1;
         let first = s.steps.iter().position(|x| x.kind == StepKind::Forward);
         let last = s.steps.iter().rposition(|x| x.kind == StepKind::Backward);
         if let (Some(a), Some(b)) = (first, last) {

@@ -534,21 +534,12 @@ fn ring_blocks(s: &Schedule, f: &Facts) -> Vec<(usize, u64)> {
 }
 
 /// A transient storage of `bytes` written by step `at` (freed after it).
-pub(super) fn add_transient(s: &mut Schedule, at: usize, name: &str, bytes: u64) {
-    let mut st = s.storages[0].clone();
-    st.name = format!("{name} ({})", s.steps[at].name);
-    st.bytes = bytes;
-    st.kind = if s.steps[at].kind == StepKind::Forward {
+fn add_transient(s: &mut Schedule, at: usize, name: &str, bytes: u64) {
+    let kind = if s.steps[at].kind == StepKind::Forward {
         StorageKind::Activation
     } else {
         StorageKind::GradTemp
     };
-    st.persistent = false;
-    st.held = false;
-    st.saved = false;
-    st.pieces = Vec::new();
-    st.shape = Vec::new();
-    s.storages.push(st);
-    let id = s.storages.len() - 1;
+    let id = s.add_storage(format!("{name} ({})", s.steps[at].name), bytes, kind);
     s.steps[at].writes.push(id);
 }

@@ -185,6 +185,25 @@ pub struct Schedule {
 }
 
 impl Schedule {
+    /// Adds a storage of `bytes` and `kind` (typed as the first storage; not
+    /// persistent, held or saved; one allocation) that the caller's steps write and
+    /// read; returns its id.
+    pub fn add_storage(&mut self, name: String, bytes: u64, kind: StorageKind) -> StorageId {
+        let dtype = self.storages.first().map_or(DType::F32, |s| s.dtype);
+        self.storages.push(Storage {
+            name,
+            bytes,
+            dtype,
+            shape: Vec::new(),
+            kind,
+            persistent: false,
+            held: false,
+            saved: false,
+            pieces: Vec::new(),
+        });
+        self.storages.len() - 1
+    }
+
     /// Sum of bytes of the storages matching `f`.
     pub fn bytes_where(&self, f: impl Fn(&Storage) -> bool) -> u64 {
         self.storages.iter().filter(|s| f(s)).map(|s| s.bytes).sum()
