@@ -220,6 +220,25 @@ def _nbytes(ts):
     return sum(t.numel() * t.element_size() for t in ts)
 
 
+def resident(model, opt, inputs):
+    """What a rank holds before the step, by storage: (its local parameters, the storage
+    sets of each kind for analyse(), and the bytes of each kind: param, buffer, state, input)."""
+    import torch
+
+    params = [_local(p) for p in model.parameters()]
+    buffers = list(model.buffers())
+    state = [_local(v) for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+    sets = {
+        "sharded_param": {p.untyped_storage().data_ptr() for p in params},
+        "buffer": {b.untyped_storage().data_ptr() for b in buffers},
+        "input": {t.untyped_storage().data_ptr() for t in inputs},
+        "optimizer_state": {t.untyped_storage().data_ptr() for t in state},
+    }
+    seen = set()
+    sizes = [ref._sum_storages(ts, seen) for ts in (params, buffers, state, inputs)]
+    return params, sets, sizes
+
+
 def fsdp_groups(model, world):
     import torch
 
@@ -484,22 +503,10 @@ def measure(name, world, reshard, policy, threads):
         torch.manual_seed(ref.TRAIN_SEED)
         ref._train_step(model, opt, inputs, ref._NullPhase())  # warm-up: AdamW's state
 
-        params = [_local(p) for p in model.parameters()]
-        buffers = list(model.buffers())
-        state = [_local(v) for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+        params, sets, sizes = resident(model, opt, inputs)
         steps = [_local(st["step"]) for st in opt.state.values() if isinstance(st.get("step"), torch.Tensor)]
-        sets = {
-            "sharded_param": {p.untyped_storage().data_ptr() for p in params},
-            "buffer": {b.untyped_storage().data_ptr() for b in buffers},
-            "input": {t.untyped_storage().data_ptr() for t in inputs},
-            "optimizer_state": {t.untyped_storage().data_ptr() for t in state},
-        }
-        seen = set()
-        param_bytes = ref._sum_storages(params, seen)
-        buffer_bytes = ref._sum_storages(buffers, seen)
-        state_bytes = ref._sum_storages(state, seen)
-        input_bytes = ref._sum_storages(inputs, seen)
-        resident = param_bytes + buffer_bytes + state_bytes + input_bytes
+        param_bytes, buffer_bytes, state_bytes, input_bytes = sizes
+        resident_bytes = sum(sizes)
         groups = fsdp_groups(model, world) if mesh is not None else []
 
         torch.manual_seed(ref.TRAIN_SEED)
@@ -543,18 +550,18 @@ def measure(name, world, reshard, policy, threads):
         "optimizer_state_bytes": state_bytes,
         "optimizer_state_scalar_bytes": ref._sum_storages(steps),
         "grads_bytes": grads_bytes,
-        "resident_bytes_before_step": resident,
-        "step_peak_bytes": resident + res["step_peak_delta_bytes"],
-        "device_equivalent_step_peak_bytes": resident + res["device_equivalent_step_peak_delta_bytes"],
+        "resident_bytes_before_step": resident_bytes,
+        "step_peak_bytes": resident_bytes + res["step_peak_delta_bytes"],
+        "device_equivalent_step_peak_bytes": resident_bytes + res["device_equivalent_step_peak_delta_bytes"],
     }
     out.update(res)
-    out["check"]["other_live_bytes_after_zero_grad"] = res["session_live_after_zero_grad_bytes"] - resident
+    out["check"]["other_live_bytes_after_zero_grad"] = res["session_live_after_zero_grad_bytes"] - resident_bytes
     out["check"]["end_delta_equals_grads_bytes"] = res["end_delta_bytes"] == grads_bytes
     if groups:
         out["fsdp_groups"] = groups
     if tracker is not None:
         try:
-            tracker["step3_profiler_peak_bytes"] = resident + analyse(allocs, ranges, "s3/", sets, groups)[
+            tracker["step3_profiler_peak_bytes"] = resident_bytes + analyse(allocs, ranges, "s3/", sets, groups)[
                 "step_peak_delta_bytes"]
         except Exception as e:  # noqa: BLE001
             tracker["step3_profiler_peak_bytes"] = "failed: %s" % e

@@ -79,21 +79,9 @@ def measure():
         opt = torch.optim.AdamW([{"params": split}, {"params": whole}], lr=1e-3, foreach=True)
         torch.manual_seed(F.ref.TRAIN_SEED)
         F.ref._train_step(model, opt, inputs, F.ref._NullPhase())
-        params = [F._local(p) for p in model.parameters()]
-        buffers = list(model.buffers())
-        state = [F._local(v) for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
-        sets = {
-            "sharded_param": {p.untyped_storage().data_ptr() for p in params},
-            "buffer": {b.untyped_storage().data_ptr() for b in buffers},
-            "input": {t.untyped_storage().data_ptr() for t in inputs},
-            "optimizer_state": {t.untyped_storage().data_ptr() for t in state},
-        }
-        seen = set()
-        param_bytes = F.ref._sum_storages(params, seen)
-        buffer_bytes = F.ref._sum_storages(buffers, seen)
-        state_bytes = F.ref._sum_storages(state, seen)
-        input_bytes = F.ref._sum_storages(inputs, seen)
-        resident = param_bytes + buffer_bytes + state_bytes + input_bytes
+        _, sets, sizes = F.resident(model, opt, inputs)
+        param_bytes, buffer_bytes, state_bytes, input_bytes = sizes
+        resident = sum(sizes)
         torch.manual_seed(F.ref.TRAIN_SEED)
         with record_function("memplan::s2/step"):
             F.ref._train_step(model, opt, inputs, F.Phase("s2/"))
