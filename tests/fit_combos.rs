@@ -582,3 +582,41 @@ fn tensor_and_pipeline_parallel_rows_agree_with_their_ranks() {
         assert!(row.step_seconds.is_some(), "{}", row.name);
     }
 }
+
+#[test]
+fn the_answer_does_not_depend_on_the_threads() {
+    // fit solves families of combinations side by side on a shared cache: one
+    // thread and three must give the same report, byte for byte, on a device
+    // (replays, family settling) with model-parallel rows and a target.
+    use memplan::memory::allocator::AllocConf;
+    use memplan::memory::device::{DeviceModel, Gpu};
+    let model = load_model(&common::shipped("llm/fsdp_llama_b.onnx")).unwrap();
+    let gpu = Gpu::named("h100").unwrap();
+    let d = DeviceModel::new(AllocConf::default(), Some(gpu), Some(64 << 20))
+        .with_memory(160 << 20, 8 << 20);
+    let o = FitOptions {
+        memory: 160 << 20,
+        train: TrainOptions {
+            optimizer: Optimizer::Adamw,
+            ..TrainOptions::default()
+        },
+        gpus: 4,
+        target_batch: Some(64),
+        dims: Default::default(),
+        plan_time_limit_s: 5.0,
+        device: Some(d),
+        routing: None,
+        cluster: Some(memplan::fit::time::Cluster::of(gpu, 4, None).unwrap()),
+    };
+    let on = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        let r = pool.install(|| fit(&model, "fsdp_llama_b", &o)).unwrap();
+        serde_json::to_string(&r).unwrap()
+    };
+    let one = on(1);
+    assert!(one.contains("tp-2") && one.contains("fsdp2"), "{one}");
+    assert_eq!(one, on(3));
+}

@@ -16,12 +16,13 @@
 //! GPUs or onto the host, and gradient accumulation. [`Steps`] builds each schedule
 //! once per precision, accumulation and batch and shares it among the combinations,
 //! whose per-GPU memory stays affine in the batch and is solved as above. With a
-//! target batch, `fit` lists the combinations and recommends the one with the least
-//! extra compute that reaches it, ties broken by communication.
-
-use std::cell::RefCell;
-use std::collections::HashMap;
-use std::rc::Rc;
+//! target batch, `fit` lists the combinations and recommends, of those that reach
+//! it, the one with the least estimated step time where a card is given ([`time`]),
+//! else the least extra compute, ties broken by communication.
+//!
+//! The combinations are independent once their steps are built: families of them
+//! are solved on the machine's cores side by side, on one cache ([`Steps`]); the
+//! report is the same whatever the number of threads.
 
 use serde::Serialize;
 
@@ -30,22 +31,22 @@ pub mod combo;
 mod fit_device;
 mod planned;
 mod replica;
+mod steps;
 pub mod time;
 pub use combo::{partition, traffic, Ckpt, Combo, Dist, Recommendation, Traffic};
 pub use planned::{
     plan_step, plan_step_under, planned_max_batch, searched, AffineStep, PlannedFit,
     CONFIRM_ROUNDS, LOWEST_PEAK_TIME_LIMIT_S,
 };
+use steps::Realised;
+pub use steps::Steps;
 
 use crate::error::{Error, Result, Setting};
-use crate::infer::{Bindings, MAX_BATCH};
+use crate::infer::Bindings;
 use crate::ir::Model;
-use crate::memory::device::{self, AllocatorReport, DeviceModel, DeviceSummary};
-use crate::memory::simulate;
-use crate::remat::checkpoint_sqrt;
-use crate::remat::modules::ModuleTree;
+use crate::memory::device::{AllocatorReport, DeviceModel, DeviceSummary};
 use crate::remat::plan::Solver;
-use crate::train::{Precision, Schedule, TrainOptions};
+use crate::train::TrainOptions;
 
 /// A strategy's memory transformation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -301,316 +302,12 @@ impl FitOptions {
     }
 }
 
-/// A replica rank's step: model parallelism, mixed precision, accumulation, batch.
-type RankKey = (combo::Mp, bool, bool, u64);
-
-/// Schedules of the step by precision, gradient residency and batch, built once
-/// each and shared by every combination; and each combination's largest batch.
-pub struct Steps<'a> {
-    pub(super) model: &'a Model,
-    o: &'a FitOptions,
-    built: RefCell<HashMap<(bool, bool, u64), Rc<Schedule>>>,
-    solved: RefCell<HashMap<Combo, (u64, u64, f64)>>,
-    /// Allocator replays by combination, batch and capacity.
-    replayed: RefCell<HashMap<(Combo, u64, u64), Option<AllocatorReport>>>,
-    /// The steps realised last (a few: a batch's peak and its replays come
-    /// together), newest last.
-    realised: RefCell<Vec<(StepKey, Rc<RealisedStep>)>>,
-    /// The worst rank's schedule by model parallelism, precision, accumulation and
-    /// batch (shared by the ways over the data-parallel ranks).
-    ranked: RefCell<HashMap<RankKey, Rc<Schedule>>>,
-    /// Module trees by what shapes the steps (not the batch), and step count.
-    trees: RefCell<HashMap<TreeKey, Rc<ModuleTree>>>,
-}
-
-/// What a module tree depends on: precision, accumulation, model parallelism, the
-/// way over the GPUs (FSDP adds steps) and a hash of the steps' names.
-type TreeKey = (bool, bool, combo::Mp, Dist, u64);
-
-/// A combination at a batch.
-type StepKey = (Combo, u64);
-/// A realised step and its recompute FLOP fraction.
-type RealisedStep = (Realised, f64);
-
-/// Micro-batch splits [`Steps::split_fitting`] tries.
-const MICRO_TRIES: usize = 16;
-
-/// Steps [`Steps::realise`] keeps.
-const REALISED_KEPT: usize = 4;
-
-impl<'a> Steps<'a> {
-    /// For `model` under `o`.
-    pub fn new(model: &'a Model, o: &'a FitOptions) -> Steps<'a> {
-        Steps {
-            model,
-            o,
-            built: Default::default(),
-            solved: Default::default(),
-            replayed: Default::default(),
-            realised: Default::default(),
-            ranked: Default::default(),
-            trees: Default::default(),
-        }
-    }
-
-    /// The step schedule (before checkpointing and partitioning) of `c`'s precision
-    /// and gradient residency at `batch`.
-    pub fn schedule(&self, c: Combo, batch: u64) -> Result<Rc<Schedule>> {
-        let key = (c.mixed, c.accumulate, batch);
-        if let Some(s) = self.built.borrow().get(&key) {
-            return Ok(s.clone());
-        }
-        let o = self.o;
-        let b = Bindings {
-            batch: Some(batch),
-            dims: o.dims.clone(),
-            routing: o.routing,
-        };
-        let mut topts = o.train.clone();
-        if c.mixed {
-            topts.precision = match o.train.precision {
-                Precision::AmpBf16 | Precision::Bf16 => Precision::AmpBf16,
-                _ => Precision::AmpFp16,
-            };
-        }
-        topts.grads_resident = c.accumulate;
-        let s = Rc::new(crate::step::schedule_of(self.model, &b, &topts)?);
-        self.built.borrow_mut().insert(key, s.clone());
-        Ok(s)
-    }
-
-    /// Per-GPU bytes at every step of combination `c` at `batch`, and the recompute
-    /// FLOP fraction.
-    pub fn peak_at(&self, c: Combo, batch: u64) -> Result<(Vec<u64>, f64)> {
-        let r = self.realised(c, batch)?;
-        Ok((
-            match &r.0 {
-                Realised::Schedule(s) => timeline(s),
-                Realised::Plan { g, plan, .. } => crate::remat::modules::timeline(g, plan),
-            },
-            r.1,
-        ))
-    }
-
-    /// Combination `c`'s step at `batch` replayed through the caching allocator on
-    /// `d` (`Ok(None)`: it does not fit the device).
-    pub fn device_at(
-        &self,
-        c: Combo,
-        batch: u64,
-        d: &DeviceModel,
-    ) -> Result<Option<AllocatorReport>> {
-        let d = &self.on_ranks(c, d);
-        let key = (c, batch, d.capacity);
-        if let Some(r) = self.replayed.borrow().get(&key) {
-            return Ok(*r);
-        }
-        let r = match &self.realised(c, batch)?.0 {
-            Realised::Schedule(s) => device::replay_schedule(s, d),
-            Realised::Plan { g, plan, values } => {
-                crate::remat::graph::replay_on_device(g, plan, values, d)
-            }
-        }
-        .ok();
-        self.replayed.borrow_mut().insert(key, r);
-        Ok(r)
-    }
-
-    /// `d` on a rank of `c`: over several GPUs, NCCL's communicator for the group
-    /// of all of them is held outside the allocator
-    /// ([`device::nccl_communicator_bytes`]).
-    fn on_ranks(&self, c: Combo, d: &DeviceModel) -> DeviceModel {
-        let n = c.gpus(self.o.gpus);
-        d.clone().on_groups(&[n])
-    }
-
-    /// Whether `c` fits at `batch` on the device (always, without one: the batch
-    /// is then at most the live-bytes answer).
-    fn fits_at(&self, c: Combo, batch: u64) -> Result<bool> {
-        match &self.o.device {
-            Some(d) => Ok(self.device_at(c, batch, d)?.is_some()),
-            None => Ok(true),
-        }
-    }
-
-    /// [`split_batch`] with micro-batches that fit the device: fitting is not
-    /// monotone in the batch (docs/ALLOCATOR.md), so a micro-batch below `max_batch`
-    /// is replayed too, and the split is redone below one that does not fit (at most
-    /// [`MICRO_TRIES`] times; `None` when none of those fits).
-    fn split_fitting(
-        &self,
-        c: Combo,
-        target: u64,
-        max_batch: u64,
-        gpus: u64,
-    ) -> Result<Option<(u64, u64)>> {
-        let mut most = max_batch;
-        for _ in 0..MICRO_TRIES {
-            if most == 0 {
-                break;
-            }
-            let (micro, k) = split_batch(target, most, gpus);
-            if self.fits_at(c, micro)? {
-                return Ok(Some((micro, k)));
-            }
-            most = micro - 1;
-        }
-        Ok(None)
-    }
-
-    /// A row's device figures at its batch (nothing without a device or a batch).
-    fn set_device(&self, row: &mut StrategyFit, c: Combo) -> Result<()> {
-        if let (Some(d), true) = (&self.o.device, row.max_batch > 0) {
-            let r = self.device_at(c, row.max_batch, d)?;
-            set_device_figures(row, &self.on_ranks(c, d), r);
-        }
-        Ok(())
-    }
-
-    /// [`Steps::realise`], kept for the next few calls.
-    fn realised(&self, c: Combo, batch: u64) -> Result<Rc<RealisedStep>> {
-        let key = (c, batch);
-        if let Some((_, r)) = self.realised.borrow().iter().find(|(k, _)| *k == key) {
-            return Ok(r.clone());
-        }
-        let r = Rc::new(self.realise(c, batch)?);
-        let mut kept = self.realised.borrow_mut();
-        if kept.len() == REALISED_KEPT {
-            kept.remove(0);
-        }
-        kept.push((key, r.clone()));
-        Ok(r)
-    }
-
-    /// The step of `c` at `batch` on one GPU: a schedule, or a plan over its graph;
-    /// and the recompute FLOP fraction.
-    fn realise(&self, c: Combo, batch: u64) -> Result<RealisedStep> {
-        let base = self.replica_rank(c, self.schedule(c, batch)?, batch)?;
-        let gpus = c.gpus(self.o.gpus);
-        // The shared schedule as the combination's distribution leaves it on one GPU
-        // (copied only when something is partitioned or added).
-        let partitioned = || -> Rc<Schedule> {
-            if c.dist == Dist::Single {
-                return base.clone();
-            }
-            let mut s = (*base).clone();
-            if matches!(c.dist, Dist::Fsdp { .. }) {
-                let t = self.tree(
-                    Combo {
-                        dist: Dist::Single,
-                        ..c
-                    },
-                    &base,
-                );
-                combo::partition_in(&mut s, c.dist, gpus, Some(&t));
-            } else {
-                partition(&mut s, c.dist, gpus);
-            }
-            Rc::new(s)
-        };
-        match c.ckpt {
-            Ckpt::EveryBlock | Ckpt::EveryBlockSelective => {
-                // The module set does not depend on the batch, so the plan's
-                // instructions are the same at every batch and their live bytes are
-                // affine in it.
-                let s = partitioned();
-                let g = crate::remat::from_schedule::from_schedule(&s, "fit");
-                let t = self.tree(c, &s);
-                let selective = c.ckpt == Ckpt::EveryBlockSelective;
-                let p = crate::remat::modules::every_block_with(&g, &t, selective)
-                    .map_err(Error::Graph)?;
-                let cost = g.base_cost().max(1.0);
-                let ov = p.recompute_cost / cost;
-                Ok((
-                    Realised::Plan {
-                        g,
-                        plan: p.plan,
-                        values: device::StepValues::of(&s),
-                    },
-                    ov,
-                ))
-            }
-            Ckpt::Blocks => blocks::realise(self.o, &partitioned()),
-            Ckpt::Sqrt => {
-                let flops = base.flops().max(1);
-                let r = checkpoint_sqrt(&base, 0);
-                let mut s = r.schedule;
-                partition(&mut s, c.dist, gpus);
-                Ok((
-                    Realised::Schedule(Rc::new(s)),
-                    r.recompute_flops as f64 / flops as f64,
-                ))
-            }
-            Ckpt::None => Ok((Realised::Schedule(partitioned()), 0.0)),
-        }
-    }
-
-    /// `c`'s largest per-GPU batch within the budget, its peak and overhead
-    /// ([`max_batch`]), solved once. On a device, the combinations that differ from
-    /// `c` only in how the GPUs share the state are solved with it, and each takes
-    /// the largest of their answers that fits it ([`fit_device::family`],
-    /// [`fit_device::settle`]).
-    pub fn max_batch(&self, c: Combo) -> Result<(u64, u64, f64)> {
-        if let Some(&r) = self.solved.borrow().get(&c) {
-            return Ok(r);
-        }
-        let family = fit_device::family(self.o, c);
-        let mut found = family
-            .iter()
-            .map(|&f| max_batch(self, f))
-            .collect::<Result<Vec<_>>>()?;
-        // Answers only rise, each at most to a sibling's: a few rounds settle them.
-        for _ in 0..family.len() {
-            let batches: Vec<u64> = found.iter().map(|a| a.0).collect();
-            let mut moved = false;
-            for (f, a) in family.iter().zip(found.iter_mut()) {
-                let r = fit_device::settle(self, *f, *a, batches.iter().copied())?;
-                moved |= r.0 != a.0;
-                *a = r;
-            }
-            if !moved {
-                break;
-            }
-        }
-        let mut solved = self.solved.borrow_mut();
-        for (&f, &r) in family.iter().zip(&found) {
-            solved.insert(f, r);
-        }
-        Ok(solved.get(&c).copied().unwrap_or(found[0]))
-    }
-
-    /// [`traffic`] of `c` with `steps` micro-batches per optimizer step (under
-    /// model parallelism, a rank's share of the replica's).
-    pub fn traffic(&self, c: Combo, steps: u64) -> Result<Traffic> {
-        let s = self.schedule(c, 1)?;
-        let t = traffic(&s, c.dist, c.gpus(self.o.gpus), steps);
-        let r = c.mp.ranks();
-        Ok(Traffic {
-            communication_bytes: t.communication_bytes.div_ceil(r),
-            pcie_bytes: t.pcie_bytes.div_ceil(r),
-            host_bytes: t.host_bytes.div_ceil(r),
-        })
-    }
-}
-
 /// Sets a row's reserved and device bytes from a replay at its batch.
 fn set_device_figures(row: &mut StrategyFit, d: &DeviceModel, r: Option<AllocatorReport>) {
     if let Some(r) = r {
         row.reserved_bytes = Some(r.reserved_bytes);
         row.device_bytes = Some(d.device_bytes(&r));
     }
-}
-
-/// A combination's step on one GPU.
-enum Realised {
-    /// A schedule, run without recomputation.
-    Schedule(Rc<Schedule>),
-    /// A plan over a schedule's graph, and the schedule's values.
-    Plan {
-        g: crate::remat::graph::RematGraph,
-        plan: Vec<crate::remat::graph::Instr>,
-        values: device::StepValues,
-    },
 }
 
 /// Micro-batch and accumulation steps for a global batch of `target` samples over
@@ -635,118 +332,6 @@ pub fn split_batch(target: u64, max_micro: u64, gpus: u64) -> (u64, u64) {
         .find(|&m| target % (m * gpus) == 0)
         .map(|m| (m, target / (m * gpus)))
         .unwrap_or((target.div_ceil(fewest * gpus), fewest))
-}
-
-/// Total bytes at every step of a schedule.
-fn timeline(s: &Schedule) -> Vec<u64> {
-    simulate(s).timeline.iter().map(|b| b.total()).collect()
-}
-
-/// The largest batch that fits: its live tensor bytes within the budget and, on a
-/// device, its allocations within what the allocator may reserve (0 if batch 1
-/// does not fit); the peak and overhead there.
-fn max_batch(steps: &Steps, c: Combo) -> Result<(u64, u64, f64)> {
-    let o = steps.o;
-    let (b, peak, ov) = live_max_batch(steps, c)?;
-    match &o.device {
-        Some(d) if b > 0 => {
-            let at = |b: u64| steps.fits_at(c, b);
-            let inf = fit_device::unlimited(d);
-            let reserved = |b| -> Result<u64> {
-                Ok(steps
-                    .device_at(c, b, &inf)?
-                    .map_or(u64::MAX, |r| r.reserved_bytes))
-            };
-            // Reserving no more than the capacity without a limit, the step fits
-            // with one; above it, releasing the cache may still save it.
-            let rb = reserved(b)?;
-            if rb <= d.capacity || at(b)? {
-                return Ok((b, peak, ov));
-            }
-            let guess = fit_device::guess(b, reserved(1)?, rb, d.capacity);
-            let best = fit_device::largest_fitting(b, guess, at)?;
-            let (t, ov) = steps.peak_at(c, best.max(1))?;
-            Ok((best, t.into_iter().max().unwrap_or(0), ov))
-        }
-        _ => Ok((b, peak, ov)),
-    }
-}
-
-/// The largest batch whose live tensor bytes stay within the budget (0 if batch 1's
-/// do not), its peak and overhead.
-fn live_max_batch(steps: &Steps, c: Combo) -> Result<(u64, u64, f64)> {
-    let o = steps.o;
-    let memory = o.budget();
-    let (t1, ov) = steps.peak_at(c, 1)?;
-    let peak1 = t1.iter().copied().max().unwrap_or(0);
-    if peak1 > memory {
-        return Ok((0, peak1, ov));
-    }
-    let (t2, _) = steps.peak_at(c, 2)?;
-    let fits = |b: u64| -> Result<(bool, u64, f64)> {
-        let (t, ov) = steps.peak_at(c, b)?;
-        let p = t.iter().copied().max().unwrap_or(0);
-        Ok((p <= memory, p, ov))
-    };
-    if t1.len() != t2.len() {
-        // The step itself changes with the batch (a Loop over the rows, lowered per
-        // batch): no affine model; gallop, then bisect, on the peak (monotone in
-        // the batch).
-        let (mut lo, mut at_lo) = (1, (peak1, ov));
-        let mut hi = 2;
-        loop {
-            let (ok, p, o2) = fits(hi)?;
-            if !ok {
-                break;
-            }
-            (lo, at_lo) = (hi, (p, o2));
-            if hi >= MAX_BATCH {
-                return Ok((lo, at_lo.0, at_lo.1));
-            }
-            hi = (hi * 2).min(MAX_BATCH);
-        }
-        while hi - lo > 1 {
-            let mid = lo + (hi - lo) / 2;
-            let (ok, p, o2) = fits(mid)?;
-            if ok {
-                (lo, at_lo) = (mid, (p, o2));
-            } else {
-                hi = mid;
-            }
-        }
-        return Ok((lo, at_lo.0, at_lo.1));
-    }
-    // Solve every step's affine bytes a + c·(b-1) <= M.
-    let mut best = MAX_BATCH;
-    for (&a, &b2) in t1.iter().zip(&t2) {
-        let c = b2.saturating_sub(a);
-        if let Some(more) = (memory - a.min(memory)).checked_div(c) {
-            best = best.min(1 + more);
-        }
-    }
-    // Confirm: fits at `best`, not at `best + 1`; walk if the model is not affine.
-    let mut b = best.max(1);
-    let (ok, mut peak, mut ov) = fits(b)?;
-    let mut ok = ok;
-    let mut guard = 0;
-    while !ok && b > 1 && guard < 64 {
-        b -= 1;
-        (ok, peak, ov) = fits(b)?;
-        guard += 1;
-    }
-    while b < MAX_BATCH && guard < 64 {
-        let next = fits(b + 1)?;
-        if !next.0 {
-            break;
-        }
-        b += 1;
-        (ok, peak, ov) = next;
-        guard += 1;
-    }
-    if !ok {
-        return Ok((0, peak, ov));
-    }
-    Ok((b, peak, ov))
 }
 
 /// The strategies `fit` tries, the multi-GPU ones with more than one GPU.
@@ -795,8 +380,9 @@ fn nothing_fits(memory: u64, batch1: u64, rows: &[StrategyFit]) -> Error {
     ))
 }
 
-/// Runs every strategy.
-pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
+/// Why `model` cannot be fitted under `o`, if it cannot: no memory, or no batch
+/// dimension.
+fn fittable(model: &Model, o: &FitOptions) -> Result<()> {
     if o.memory == 0 {
         return Err(Error::setting(
             Setting::Memory,
@@ -809,9 +395,21 @@ pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
                 .into(),
         ));
     }
+    Ok(())
+}
+
+/// Runs every strategy.
+pub fn fit(model: &Model, path: &str, o: &FitOptions) -> Result<FitReport> {
+    fittable(model, o)?;
     let strategies = strategies(o);
     let moe_routing = routing_at_batch_1(model, o)?;
     let steps = Steps::new(model, o);
+    // Every combination's largest batch, the families side by side.
+    let mut solved: Vec<Combo> = strategies.iter().filter_map(|s| s.combo()).collect();
+    if o.target_batch.is_some() {
+        solved.extend(combined(&steps)?);
+    }
+    steps.solve(&solved)?;
     let mut rows = Vec::new();
     // The block plan's row; above this size the op-level search is skipped where
     // blocks can be planned.
@@ -1004,126 +602,168 @@ fn drop_duplicates(rows: &mut Vec<StrategyFit>) {
     *rows = kept;
 }
 
-/// Every combination towards the target global batch `target`: the rows of those
-/// that combine two or more strategies, the recommendation, or why none reaches it.
+/// The combinations tried towards a target batch. Under a half-precision step,
+/// mixed precision repeats what was asked. Tensor and pipeline parallelism pay in
+/// time (all-reduces, the bubble), not in FLOPs or data-parallel traffic: offered
+/// where the step is timed (a card is given). Tensor parallelism needs Linear
+/// roles, pipelines enough repeated blocks.
+fn combined(steps: &Steps) -> Result<Vec<Combo>> {
+    let o = steps.o;
+    let half = o.train.precision.half().is_some();
+    let mut cs = Vec::new();
+    for c in combo::combos(o.gpus) {
+        if (half && c.mixed)
+            || (c.mp != combo::Mp::NONE && (o.cluster.is_none() || !steps.takes(c.mp)?))
+        {
+            continue;
+        }
+        cs.push(c);
+    }
+    Ok(cs)
+}
+
+/// One combination towards the target batch: the combination itself when it
+/// reaches it without accumulation, else with accumulation.
+struct Attempt {
+    /// Without accumulation, when that does not reach the target: its name and
+    /// global batch.
+    short: Option<(u64, String)>,
+    /// With accumulation, when that does not fit batch 1: its name and batch-1 peak.
+    blocked: Option<(u64, String)>,
+    /// The row of a combination of two or more strategies.
+    row: Option<StrategyFit>,
+    /// The way to the target, if it reaches it.
+    candidate: Option<combo::Candidate>,
+}
+
+/// [`Attempt`] of `c0` towards `target`.
+fn attempt(steps: &Steps, c0: Combo, target: u64) -> Result<Attempt> {
+    let o = steps.o;
+    let n = c0.gpus(o.gpus);
+    let (mb0, peak0, ov0) = steps.max_batch(c0)?;
+    let mut a = Attempt {
+        short: None,
+        blocked: None,
+        row: None,
+        candidate: None,
+    };
+    let (c, mb, peak, ov, k, micro) =
+        if mb0 * n >= target && steps.fits_at(c0, target.div_ceil(n))? {
+            (c0, mb0, peak0, ov0, 1, target.div_ceil(n))
+        } else {
+            a.short = Some((mb0 * n, c0.name()));
+            let c = Combo {
+                accumulate: true,
+                ..c0
+            };
+            let (mb, peak, ov) = steps.max_batch(c)?;
+            if mb == 0 {
+                a.blocked = Some((peak, c.name()));
+                (c, 0, peak, ov, 0, 0)
+            } else {
+                match steps.split_fitting(c, target, mb, n)? {
+                    Some((micro, k)) => (c, mb, peak, ov, k, micro),
+                    None => (c, mb, peak, ov, 0, 0),
+                }
+            }
+        };
+    let tr = steps.traffic(c, k.max(1))?;
+    let time = match (&o.cluster, mb > 0 && k > 0) {
+        (Some(cl), true) => Some(time::step_time(steps, cl, c, (n, k, micro), ov, tr)?),
+        _ => None,
+    };
+    if c.names().len() >= 2 {
+        let mut row = StrategyFit {
+            name: c.name(),
+            max_batch: mb,
+            peak_bytes: peak,
+            overhead: ov,
+            global_batch: Some(if k == 0 { 0 } else { micro * k * n }),
+            accumulation_steps: c.accumulate.then_some(k).filter(|&k| k > 0),
+            note: combined_note(c, n, (mb, k, micro)),
+            combines: Some(c.names()),
+            step_seconds: time.map(|t| t.total_s),
+            ..Default::default()
+        };
+        steps.set_device(&mut row, c)?;
+        if c.dist != Dist::Single {
+            set_traffic(&mut row, Some(tr));
+        }
+        a.row = Some(row);
+    }
+    if mb > 0 && k > 0 {
+        // Its peak at the micro-batch it would run (the schedule at that batch is
+        // shared by every combination of the same precision and accumulation).
+        let at_micro = steps.peak_at(c, micro)?.0.into_iter().max().unwrap_or(0);
+        a.candidate = Some(combo::Candidate {
+            combo: c,
+            micro_batch: micro,
+            steps: k,
+            gpus: n,
+            peak_bytes: at_micro,
+            overhead: ov,
+            traffic: tr,
+            time,
+        });
+    }
+    Ok(a)
+}
+
+/// The note of combination `c`'s row over `n` GPUs (or replicas), at its largest
+/// batch `mb`, `k` steps of `micro` towards the target.
+fn combined_note(c: Combo, n: u64, (mb, k, micro): (u64, u64, u64)) -> String {
+    if mb == 0 {
+        return "does not fit batch 1".into();
+    }
+    if k == 0 {
+        return "no micro-batch split for the target fits the device".into();
+    }
+    let over = if c.mp == combo::Mp::NONE {
+        format!("{n} GPU{}", if n == 1 { "" } else { "s" })
+    } else {
+        format!(
+            "{n} replica{} of {} GPUs",
+            if n == 1 { "" } else { "s" },
+            c.mp.ranks()
+        )
+    };
+    if c.accumulate {
+        format!("micro-batch {micro} × {k} steps × {over}")
+    } else {
+        format!("micro-batch {micro} × {over}")
+    }
+}
+
+/// Every combination towards the target global batch `target`, each worked out on
+/// its own and side by side: the rows of those that combine two or more
+/// strategies, the recommendation, or why none reaches it.
 fn combine(
     steps: &Steps,
     o: &FitOptions,
     target: u64,
 ) -> Result<(Vec<StrategyFit>, Option<Recommendation>, Option<String>)> {
+    use rayon::prelude::*;
+    let attempts = combined(steps)?
+        .into_par_iter()
+        .map(|c0| attempt(steps, c0, target))
+        .collect::<Result<Vec<_>>>()?;
     let mut rows = Vec::new();
     let mut reach = Vec::new();
     // The largest global batch reached without accumulation, and the lowest batch-1
     // peak with it (what blocks accumulation when nothing reaches the target).
     let mut best_plain: (u64, String) = (0, String::new());
     let mut acc_block: Option<(u64, String)> = None;
-    // Under a half-precision step, mixed precision repeats what was asked.
-    let half = o.train.precision.half().is_some();
-    for c0 in combo::combos(o.gpus)
-        .into_iter()
-        .filter(|c| !(half && c.mixed))
-    {
-        // Tensor and pipeline parallelism pay in time (all-reduces, the bubble), not
-        // in FLOPs or data-parallel traffic: offered where the step is timed (a
-        // card is given). Tensor parallelism needs Linear roles, pipelines enough
-        // repeated blocks.
-        if c0.mp != combo::Mp::NONE && (o.cluster.is_none() || !steps.takes(c0.mp)?) {
-            continue;
+    for a in attempts {
+        if let Some(s) = a.short.filter(|s| s.0 > best_plain.0) {
+            best_plain = s;
         }
-        let n = c0.gpus(o.gpus);
-        let (mb0, peak0, ov0) = steps.max_batch(c0)?;
-        let (c, mb, peak, ov, k, micro) =
-            if mb0 * n >= target && steps.fits_at(c0, target.div_ceil(n))? {
-                let micro = target.div_ceil(n);
-                (c0, mb0, peak0, ov0, 1, micro)
-            } else {
-                if mb0 * n > best_plain.0 {
-                    best_plain = (mb0 * n, c0.name());
-                }
-                let c = Combo {
-                    accumulate: true,
-                    ..c0
-                };
-                let (mb, peak, ov) = steps.max_batch(c)?;
-                if mb == 0 {
-                    if acc_block.as_ref().is_none_or(|(p, _)| peak < *p) {
-                        acc_block = Some((peak, c.name()));
-                    }
-                    (c, 0, peak, ov, 0, 0)
-                } else {
-                    match steps.split_fitting(c, target, mb, n)? {
-                        Some((micro, k)) => (c, mb, peak, ov, k, micro),
-                        None => (c, mb, peak, ov, 0, 0),
-                    }
-                }
-            };
-        let tr = steps.traffic(c, k.max(1))?;
-        let time = match (&o.cluster, mb > 0 && k > 0) {
-            (Some(cl), true) => Some(time::step_time(steps, cl, c, (n, k, micro), ov, tr)?),
-            _ => None,
-        };
-        if c.names().len() >= 2 {
-            let mut row = StrategyFit {
-                name: c.name(),
-                max_batch: mb,
-                peak_bytes: peak,
-                overhead: ov,
-                global_batch: Some(if k == 0 { 0 } else { micro * k * n }),
-                accumulation_steps: c.accumulate.then_some(k).filter(|&k| k > 0),
-                note: if mb == 0 {
-                    "does not fit batch 1".into()
-                } else if k == 0 {
-                    "no micro-batch split for the target fits the device".into()
-                } else {
-                    let over = if c.mp == combo::Mp::NONE {
-                        format!("{n} GPU{}", if n == 1 { "" } else { "s" })
-                    } else {
-                        format!(
-                            "{n} replica{} of {} GPUs",
-                            if n == 1 { "" } else { "s" },
-                            c.mp.ranks()
-                        )
-                    };
-                    if c.accumulate {
-                        format!("micro-batch {micro} × {k} steps × {over}")
-                    } else {
-                        format!("micro-batch {micro} × {over}")
-                    }
-                },
-                planner: None,
-                lower_bound_overhead: None,
-                recomputed_tensors: None,
-                combines: Some(c.names()),
-                communication_bytes: None,
-                pcie_bytes: None,
-                host_bytes: None,
-                pcie_seconds: None,
-                reserved_bytes: None,
-                device_bytes: None,
-                step_seconds: time.map(|t| t.total_s),
-                same_as: None,
-            };
-            steps.set_device(&mut row, c)?;
-            if c.dist != Dist::Single {
-                set_traffic(&mut row, Some(tr));
+        if let Some(b) = a.blocked {
+            if acc_block.as_ref().is_none_or(|(p, _)| b.0 < *p) {
+                acc_block = Some(b);
             }
-            rows.push(row);
         }
-        if mb > 0 && k > 0 {
-            // Its peak at the micro-batch it would run (the schedule at that batch is
-            // shared by every combination of the same precision and accumulation).
-            let at_micro = steps.peak_at(c, micro)?.0.into_iter().max().unwrap_or(0);
-            reach.push(combo::Candidate {
-                combo: c,
-                micro_batch: micro,
-                steps: k,
-                gpus: n,
-                peak_bytes: at_micro,
-                overhead: ov,
-                traffic: tr,
-                time,
-            });
-        }
+        rows.extend(a.row);
+        reach.extend(a.candidate);
     }
     reach.sort_by(|a, b| a.cmp_pref(b));
     if reach.is_empty() {

@@ -1,7 +1,7 @@
 //! A data-parallel replica's rank under tensor and pipeline parallelism, and the
 //! module trees of the steps, shared across batches.
 
-use std::rc::Rc;
+use std::sync::Arc;
 
 use super::{combo, Combo, Steps};
 use crate::error::{Error, Result};
@@ -11,7 +11,7 @@ use crate::train::Schedule;
 impl Steps<'_> {
     /// The module tree of `s`, the partitioned step of `c` at some batch: the same
     /// at every batch, built once.
-    pub(super) fn tree(&self, c: Combo, s: &Schedule) -> Rc<ModuleTree> {
+    pub(super) fn tree(&self, c: Combo, s: &Schedule) -> Arc<ModuleTree> {
         // The steps' names fingerprint the structure (a model lowered per batch
         // changes them).
         let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -26,10 +26,8 @@ impl Steps<'_> {
             std::hash::Hasher::finish(&h),
         );
         self.trees
-            .borrow_mut()
-            .entry(key)
-            .or_insert_with(|| Rc::new(ModuleTree::of_schedule(s)))
-            .clone()
+            .get(key, || Ok(Arc::new(ModuleTree::of_schedule(s))))
+            .expect("building a module tree cannot fail")
     }
 
     /// Whether the model can be split as `mp` says (its Linear layers' roles
@@ -51,27 +49,27 @@ impl Steps<'_> {
     pub(super) fn replica_rank(
         &self,
         c: Combo,
-        s: Rc<Schedule>,
+        s: Arc<Schedule>,
         batch: u64,
-    ) -> Result<Rc<Schedule>> {
+    ) -> Result<Arc<Schedule>> {
         if c.mp == combo::Mp::NONE {
             return Ok(s);
         }
         let key = (c.mp, c.mixed, c.accumulate, batch);
-        if let Some(r) = self.ranked.borrow().get(&key) {
-            return Ok(r.clone());
-        }
+        self.ranked.get(key, || self.worst_rank(c, &s))
+    }
+
+    /// The rank of `c`'s replica whose step on `s` peaks highest.
+    fn worst_rank(&self, c: Combo, s: &Schedule) -> Result<Arc<Schedule>> {
         let names: Vec<String> = (0..s.tensor_storage.len())
             .map(|t| self.model.graph.tensor(t).name.to_string())
             .collect();
-        let ranks = crate::parallel::ranks((*s).clone(), &names, &c.mp.layout(c.mp.pp))
+        let ranks = crate::parallel::ranks(s.clone(), &names, &c.mp.layout(c.mp.pp))
             .map_err(Error::Graph)?;
         let worst = ranks
             .into_iter()
             .max_by_key(|r| crate::memory::simulate(&r.schedule).peak().total())
             .expect("one rank at least");
-        let r = Rc::new(worst.schedule);
-        self.ranked.borrow_mut().insert(key, r.clone());
-        Ok(r)
+        Ok(Arc::new(worst.schedule))
     }
 }
