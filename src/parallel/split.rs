@@ -303,6 +303,9 @@ pub fn split(s: &mut Schedule, names: &[String], d: &Degrees) -> Result<SplitSum
             .map(|&w| s.storages[w].bytes)
             .sum();
     }
+    if d.tp > 1 {
+        check_heads(s, d.tp)?;
+    }
     if d.ep > 1 {
         check_experts(s, d.ep)?;
     }
@@ -350,6 +353,52 @@ pub fn split(s: &mut Schedule, names: &[String], d: &Degrees) -> Result<SplitSum
     }
     summary.param_bytes = s.bytes_where(|x| x.kind == StorageKind::Parameter);
     Ok(summary)
+}
+
+/// Tensor parallelism gives each rank whole attention heads, as Megatron
+/// (`num_attention_heads` and `num_query_groups` divisible by the tensor-parallel
+/// size) and torch's plans (the local view to heads) need: at each attention (a
+/// Softmax over `[batch, heads, queries, keys]`), its heads and the key/value heads
+/// of the `k_proj` before it (its width over the head size, `q_proj`'s width over
+/// the heads) must divide by `tp`. Llama-3-8B's 8 key/value heads allow tp ≤ 8.
+fn check_heads(s: &Schedule, tp: u64) -> Result<(), String> {
+    let width = |st: &crate::train::Step, module: &str| -> Option<u64> {
+        let reads_weight = st.reads.iter().any(|&r| {
+            let n = &s.storages[r].name;
+            s.storages[r].kind == StorageKind::Parameter
+                && n.strip_suffix(".weight")
+                    .is_some_and(|m| m.rsplit('.').next() == Some(module))
+        });
+        let out = st.writes.first().map(|&w| &s.storages[w].shape)?;
+        (reads_weight && LINEAR.contains(&st.op.as_str()))
+            .then(|| out.last().map(|&d| d as u64))
+            .flatten()
+    };
+    let (mut q, mut k) = (None, None);
+    for st in s.steps.iter().filter(|x| x.kind == StepKind::Forward) {
+        q = width(st, "q_proj").or(q);
+        k = width(st, "k_proj").or(k);
+        let shape = st.writes.first().map(|&w| &s.storages[w].shape);
+        let Some([_, heads, _, _]) = shape.map(Vec::as_slice).filter(|_| st.op == "Softmax") else {
+            continue;
+        };
+        let heads = *heads as u64;
+        if heads % tp != 0 {
+            return Err(format!("tensor parallelism gives each rank whole attention heads: {heads} heads do not divide over {tp} ranks (at {})", st.name));
+        }
+        if let (Some(q), Some(k)) = (q.take(), k.take()) {
+            let head = q / heads;
+            let kv = if head > 0 && q % heads == 0 && k % head == 0 {
+                k / head
+            } else {
+                0
+            };
+            if kv > 0 && kv % tp != 0 {
+                return Err(format!("tensor parallelism gives each rank whole key/value heads: {kv} key/value heads do not divide over {tp} ranks (at {})", st.name));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The outputs tensor parallelism all-reduces: the row-parallel Linears' and the
