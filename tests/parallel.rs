@@ -397,3 +397,53 @@ fn tensor_parallel_peaks_match_torch_tensor_parallel_on_gloo() {
         );
     }
 }
+
+/// tests/data/pytorch/pp_reference.json: torch.distributed.pipelining on gloo
+/// (tools/pytorch/pp_reference.py; fsdp_llama_b cut into stages as memplan cuts it,
+/// 2 × world micro-batches) against `--pp N --microbatches M --pp-schedule S`, stage by
+/// stage. Parameters exact. The peaks as measured (docs/TRAINING_MEMORY.md): 1F1B
+/// within 2.3 % on every stage but the last at world 4 (−6.0 %: torch's runtime holds
+/// a hidden-size buffer per micro-batch there), GPipe −13.8 … +9.2 %.
+#[test]
+fn pipeline_stages_match_torch_pipelining_on_gloo() {
+    let r = common::json_object("pp_reference.json");
+    let file = common::shipped(MODEL);
+    let micro = r["micro_batch"].to_string();
+    for run in r["runs"].as_array().unwrap() {
+        let (world, m) = (run["world"].to_string(), run["microbatches"].to_string());
+        let schedule = run["schedule"].as_str().unwrap();
+        let t = common::memplan_json(&[
+            "profile",
+            file.to_str().unwrap(),
+            "--train",
+            "--batch",
+            &micro,
+            "--optimizer",
+            "adamw",
+            "--loss",
+            "graph",
+            "--pp",
+            &world,
+            "--microbatches",
+            &m,
+            "--pp-schedule",
+            schedule,
+            "--json",
+        ])["training"]
+            .clone();
+        let ours = t["parallel"]["ranks"].as_array().unwrap();
+        let theirs = run["ranks"].as_array().unwrap();
+        assert_eq!(ours.len(), theirs.len());
+        let tol = if schedule == "1f1b" { 0.065 } else { 0.14 };
+        for (o, p) in ours.iter().zip(theirs) {
+            let what = format!("{schedule} world {world} stage {}", p["rank"]);
+            assert_eq!(u(&o["param_bytes"]), u(&p["param_bytes"]), "{what}");
+            within(
+                u(&o["peak_bytes"]),
+                u(&p["step_peak_bytes"]) as f64,
+                tol,
+                &what,
+            );
+        }
+    }
+}

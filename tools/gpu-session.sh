@@ -43,7 +43,7 @@ run)
     pack() {
         tar czf "$out/gpu-session.tgz" -C "$work" .
         for f in nvidia-smi.txt cuda-tests.txt cuda-step-tests.txt allocator-check.txt peak-snapshot.json \
-            fsdp/fsdp_gpu.json; do
+            fsdp/fsdp_gpu.json parallel/parallel_gpu.json; do
             [ -f "$work/$f" ] && cp "$work/$f" "$out/" || true
         done
     }
@@ -95,6 +95,18 @@ run)
     else
         echo "5. FSDP2 on several GPUs: skipped ($ngpu GPU; tools/gpu-fsdp.py needs 2 or more)" \
             | tee "$work/fsdp.txt"
+    fi
+    # 6. tensor and pipeline parallelism per rank with NCCL (tools/gpu-parallel.py), where two
+    # or more GPUs are lent: at most 4 ranks (fsdp_llama_a's 4 heads), then memplan's figures
+    if [ "$ngpu" -ge 2 ]; then
+        np=$((ngpu >= 4 ? 4 : 2))
+        timeout -k 10 150 python3 -m torch.distributed.run --standalone --nproc_per_node "$np" \
+            tools/gpu-parallel.py --out "$work/parallel" 2>&1 | tee "$work/parallel.txt" || true
+        timeout -k 5 90 python3 tools/gpu-parallel.py --merge --out "$work/parallel" --memplan "$carry/memplan" \
+            --onnx "$carry" 2>&1 | tee -a "$work/parallel.txt" || true
+    else
+        echo "6. TP/PP on several GPUs: skipped ($ngpu GPU; tools/gpu-parallel.py needs 2 or more)" \
+            | tee "$work/parallel.txt"
     fi
     ;;
 *)
