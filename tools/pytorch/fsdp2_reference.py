@@ -239,6 +239,57 @@ def resident(model, opt, inputs):
     return params, sets, sizes
 
 
+def measure_step(build):
+    """One rank's measured step for the other parallel references (tp_reference.py,
+    pp_reference.py), measured as measure() measures FSDP2's: build() runs under the profiler and
+    returns (module, opt, inputs, step), step(phase) being one training step; a warm-up step, the
+    resident bytes, then the measured step. Returns the rank's record (rank_record)."""
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    prof.__enter__()
+    try:
+        module, opt, inputs, step = build()
+        torch.manual_seed(ref.TRAIN_SEED)
+        step(ref._NullPhase())
+        _, sets, sizes = resident(module, opt, inputs)
+        torch.manual_seed(ref.TRAIN_SEED)
+        with record_function("memplan::s2/step"):
+            step(Phase("s2/"))
+    finally:
+        prof.__exit__(None, None, None)
+    allocs, ranges = collect(prof)
+    res = analyse(allocs, ranges, "s2/", sets, [])
+    param_bytes, buffer_bytes, state_bytes, input_bytes = sizes
+    return {
+        "rank": dist.get_rank(),
+        "world": dist.get_world_size(),
+        "param_bytes": param_bytes,
+        "buffers_bytes": buffer_bytes,
+        "optimizer_state_bytes": state_bytes,
+        "input_bytes": input_bytes,
+        "resident_bytes_before_step": sum(sizes),
+        "step_peak_bytes": sum(sizes) + res["step_peak_delta_bytes"],
+        **{k: res.get(k) for k in ("peak_phase", "peak_at", "forward_end_delta_bytes", "end_delta_bytes",
+                                   "phase_peak_delta_bytes", "collective_internal", "at_peak", "check")},
+    }
+
+
+def torchrun_ranks(script, world, args):
+    """Runs `script --rank-out DIR args` on `world` ranks (torchrun); each rank's record."""
+    with tempfile.TemporaryDirectory() as d:
+        cmd = ["torchrun", "--standalone", "--nproc_per_node", str(world), script, "--rank-out", d] + list(args)
+        subprocess.run(cmd, check=True, cwd=ROOT)
+        return [json.load(open(os.path.join(d, "rank%d.json" % r))) for r in range(world)]
+
+
+def write_rank(out_dir, record):
+    with open(os.path.join(out_dir, "rank%d.json" % record["rank"]), "w") as f:
+        json.dump(record, f)
+
+
 def fsdp_groups(model, world):
     import torch
 

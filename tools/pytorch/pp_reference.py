@@ -23,9 +23,7 @@ Everything: python tools/pytorch/pp_reference.py [--worlds 2,4] [--out tests/dat
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -128,42 +126,19 @@ class Pipeline:
 def measure(schedule, m):
     import torch
     import torch.distributed as dist
-    from torch.profiler import ProfilerActivity, profile, record_function
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-    prof.__enter__()
-    try:
+    layers = []
+
+    def build():
         p = Pipeline(CONFIG, rank, world, schedule, m, "cpu")
-        torch.manual_seed(F.ref.TRAIN_SEED)
-        p.step(F.ref._NullPhase())
-        _, sets, sizes = F.resident(p.module, p.opt, p.inputs)
-        param_bytes, buffer_bytes, state_bytes, input_bytes = sizes
-        resident = sum(sizes)
-        torch.manual_seed(F.ref.TRAIN_SEED)
-        with record_function("memplan::s2/step"):
-            p.step(F.Phase("s2/"))
-    finally:
-        prof.__exit__(None, None, None)
-    allocs, ranges = F.collect(prof)
-    res = F.analyse(allocs, ranges, "s2/", sets, [])
-    out = {
-        "rank": rank,
-        "world": world,
-        "layers": list(p.layers),
-        "param_bytes": param_bytes,
-        "buffers_bytes": buffer_bytes,
-        "optimizer_state_bytes": state_bytes,
-        "input_bytes": input_bytes,
-        "resident_bytes_before_step": resident,
-        "step_peak_bytes": resident + res["step_peak_delta_bytes"],
-        "end_delta_bytes": res.get("end_delta_bytes"),
-        "at_peak": res.get("at_peak"),
-        "collective_internal": res.get("collective_internal"),
-        "check": res.get("check"),
-    }
+        layers.extend(p.layers)
+        return p.module, p.opt, p.inputs, p.step
+
+    out = F.measure_step(build)
+    out["layers"] = layers
     dist.destroy_process_group()
     return out
 
@@ -173,11 +148,7 @@ def driver(a):
     for world in [int(w) for w in a.worlds.split(",")]:
         for schedule in SCHEDULES:
             m = 2 * world
-            with tempfile.TemporaryDirectory() as d:
-                cmd = ["torchrun", "--standalone", "--nproc_per_node", str(world), __file__, "--rank-out", d,
-                       "--schedule", schedule, "--microbatches", str(m)]
-                subprocess.run(cmd, check=True, cwd=ROOT)
-                ranks = [json.load(open(os.path.join(d, "rank%d.json" % r))) for r in range(world)]
+            ranks = F.torchrun_ranks(os.path.abspath(__file__), world, ["--schedule", schedule, "--microbatches", str(m)])
             runs.append({"world": world, "schedule": schedule, "microbatches": m,
                          "file": "models/llm/%s.onnx" % CONFIG, "ranks": ranks})
     spec = F.CONFIGS[CONFIG]
@@ -197,9 +168,7 @@ def main():
     p.add_argument("--microbatches", type=int, default=4)
     a = p.parse_args()
     if a.rank_out:
-        r = measure(a.schedule, a.microbatches)
-        with open(os.path.join(a.rank_out, "rank%d.json" % r["rank"]), "w") as f:
-            json.dump(r, f)
+        F.write_rank(a.rank_out, measure(a.schedule, a.microbatches))
     else:
         driver(a)
 

@@ -22,9 +22,7 @@ Everything: python tools/pytorch/tp_reference.py [--worlds 2,4] [--out tests/dat
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -57,67 +55,32 @@ def measure():
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.distributed.tensor import DTensor
 
     torch.set_num_threads(1)
     spec = F.CONFIGS[CONFIG]
     dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    mesh = init_device_mesh("cpu", (world,))
-    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-    prof.__enter__()
-    try:
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+
+    def build():
         model, make_inputs, _ = F.build(CONFIG)
         parallelize(model.m, mesh)
         inputs = make_inputs(spec["batch"], seed=1)
         # Two parameter groups (the split DTensors, the whole norms): a foreach update
         # takes one kind at a time.
-        from torch.distributed.tensor import DTensor
-
         split = [p for p in model.parameters() if isinstance(p, DTensor)]
         whole = [p for p in model.parameters() if not isinstance(p, DTensor)]
         opt = torch.optim.AdamW([{"params": split}, {"params": whole}], lr=1e-3, foreach=True)
-        torch.manual_seed(F.ref.TRAIN_SEED)
-        F.ref._train_step(model, opt, inputs, F.ref._NullPhase())
-        _, sets, sizes = F.resident(model, opt, inputs)
-        param_bytes, buffer_bytes, state_bytes, input_bytes = sizes
-        resident = sum(sizes)
-        torch.manual_seed(F.ref.TRAIN_SEED)
-        with record_function("memplan::s2/step"):
-            F.ref._train_step(model, opt, inputs, F.Phase("s2/"))
-    finally:
-        prof.__exit__(None, None, None)
-    allocs, ranges = F.collect(prof)
-    res = F.analyse(allocs, ranges, "s2/", sets, [])
-    out = {
-        "rank": rank,
-        "world": world,
-        "param_bytes": param_bytes,
-        "buffers_bytes": buffer_bytes,
-        "optimizer_state_bytes": state_bytes,
-        "input_bytes": input_bytes,
-        "resident_bytes_before_step": resident,
-        "step_peak_bytes": resident + res["step_peak_delta_bytes"],
-        "peak_phase": res.get("peak_phase"),
-        "peak_at": res.get("peak_at"),
-        "forward_end_delta_bytes": res.get("forward_end_delta_bytes"),
-        "phase_peak_delta_bytes": res.get("phase_peak_delta_bytes"),
-        "collective_internal": res.get("collective_internal"),
-        "at_peak": res.get("at_peak"),
-        "check": res.get("check"),
-    }
+        return model, opt, inputs, lambda phase: F.ref._train_step(model, opt, inputs, phase)
+
+    out = F.measure_step(build)
     dist.destroy_process_group()
     return out
 
 
 def driver(a):
-    runs = []
-    for world in [int(w) for w in a.worlds.split(",")]:
-        with tempfile.TemporaryDirectory() as d:
-            cmd = ["torchrun", "--standalone", "--nproc_per_node", str(world), __file__, "--rank-out", d]
-            subprocess.run(cmd, check=True, cwd=ROOT)
-            ranks = [json.load(open(os.path.join(d, "rank%d.json" % r))) for r in range(world)]
-        runs.append({"world": world, "file": "models/llm/%s.onnx" % CONFIG, "ranks": ranks})
+    runs = [{"world": w, "file": "models/llm/%s.onnx" % CONFIG, "ranks": F.torchrun_ranks(os.path.abspath(__file__), w, [])}
+            for w in [int(w) for w in a.worlds.split(",")]]
     spec = F.CONFIGS[CONFIG]
     res = {"script": "tools/pytorch/tp_reference.py", "config": CONFIG, "batch": spec["batch"],
            "seq": spec["seq"], "model_config": spec["config"], "runs": runs}
@@ -133,9 +96,7 @@ def main():
     p.add_argument("--rank-out")
     a = p.parse_args()
     if a.rank_out:
-        r = measure()
-        with open(os.path.join(a.rank_out, "rank%d.json" % r["rank"]), "w") as f:
-            json.dump(r, f)
+        F.write_rank(a.rank_out, measure())
     else:
         driver(a)
 
