@@ -119,6 +119,34 @@ fn sequence_and_context_parallelism_divide_the_saved_activations() {
 }
 
 #[test]
+fn the_context_parallel_ring_passes_the_local_keys_and_values() {
+    // fsdp_llama_b: separate k_proj/v_proj, 64 wide each, 4 layers; batch 2 of
+    // sequence 64 split in two; float32.
+    let t = training(&["--cp", "2"]);
+    assert_eq!(
+        u(&t["parallel"]["ring_kv_bytes"]),
+        L * 2 * 64 / 2 * 2 * KV * 4
+    );
+    // phi3 fuses q, k and v in one projection (3 layers, hidden 512, 8 heads and 4
+    // key/value heads of 64: keys and values 256 wide each, half the output), batch
+    // 1 of sequence 2048 split in two.
+    let phi3 = common::shipped("llm/phi3.onnx");
+    let t = common::memplan_json(&[
+        "profile",
+        phi3.to_str().unwrap(),
+        "--train",
+        "--batch",
+        "1",
+        "--cp",
+        "2",
+        "--json",
+    ])["training"]
+        .clone();
+    // (Two thirds of the output, as for multi-head attention, would be 8 MiB.)
+    assert_eq!(u(&t["parallel"]["ring_kv_bytes"]), 3 * 2048 / 2 * 512 * 4);
+}
+
+#[test]
 fn pipeline_stages_hold_their_blocks_and_one_f_one_b_in_flight() {
     let one = training(&[]);
     let total_params = u(&one["params_bytes"]);
@@ -247,6 +275,8 @@ fn bad_layouts_are_refused_in_one_line() {
         moe.to_str().unwrap(),
     );
     let (r, w) = (resnet.to_str().unwrap(), whisper.to_str().unwrap());
+    let phi3 = common::shipped("llm/phi3.onnx");
+    let f = phi3.to_str().unwrap();
     for (args, says) in [
         (vec!["profile", b, "--train", "--tp", "2"], "no role for"),
         (vec!["profile", l, "--tp", "2"], "give --train"),
@@ -257,6 +287,11 @@ fn bad_layouts_are_refused_in_one_line() {
         (
             vec!["profile", l, "--train", "--tp", "3"],
             "2 key/value heads do not divide over 3 ranks",
+        ),
+        // Fused q/k/v: 8 heads and 4 key/value heads in one projection.
+        (
+            vec!["profile", f, "--train", "--tp", "8"],
+            "4 key/value heads do not divide over 8 ranks",
         ),
         (vec!["profile", l, "--train", "--pp", "8"], "cannot fill"),
         (

@@ -174,6 +174,9 @@ fn grad_name(name: &str) -> Option<&str> {
         .or_else(|| name.strip_suffix("/grad+"))
 }
 
+/// Fused q/k/v projections, by module name.
+const FUSED_QKV: [&str; 4] = ["qkv_proj", "query_key_value", "c_attn", "Wqkv"];
+
 const LINEAR: [&str; 5] = ["MatMul", "Gemm", "Gather", "MatMulInteger", "MatMulNBits"];
 
 /// Which storages tensor parallelism splits (see the module docs), or the modules
@@ -260,6 +263,9 @@ pub struct SplitSummary {
     /// same volume is reduce-scattered and all-gathered), over the whole model;
     /// backward moves as much again.
     pub allreduce_bytes: u64,
+    /// Bytes of keys and values a rank passes around the context-parallel ring in
+    /// one forward (its local keys and values, over the attentions).
+    pub ring_kv_bytes: u64,
 }
 
 /// Divides `bytes` (and its pieces) by `d`, rounding up.
@@ -304,7 +310,7 @@ pub fn split(s: &mut Schedule, names: &[String], d: &Degrees) -> Result<SplitSum
             .sum();
     }
     if d.tp > 1 {
-        check_heads(s, d.tp)?;
+        check_heads(s, &f, d.tp)?;
     }
     if d.ep > 1 {
         check_experts(s, d.ep)?;
@@ -349,6 +355,9 @@ pub fn split(s: &mut Schedule, names: &[String], d: &Degrees) -> Result<SplitSum
         return Err("context parallelism splits the sequence of attention (keys and values from k_proj/v_proj or a fused qkv projection); this model has none".into());
     }
     for (step, bytes) in ring {
+        if s.steps[step].kind == StepKind::Forward {
+            summary.ring_kv_bytes += bytes;
+        }
         add_transient(s, step, "context-parallel ring K/V", 2 * bytes);
     }
     summary.param_bytes = s.bytes_where(|x| x.kind == StorageKind::Parameter);
@@ -360,8 +369,9 @@ pub fn split(s: &mut Schedule, names: &[String], d: &Degrees) -> Result<SplitSum
 /// size) and torch's plans (the local view to heads) need: at each attention (a
 /// Softmax over `[batch, heads, queries, keys]`), its heads and the key/value heads
 /// of the `k_proj` before it (its width over the head size, `q_proj`'s width over
-/// the heads) must divide by `tp`. Llama-3-8B's 8 key/value heads allow tp ≤ 8.
-fn check_heads(s: &Schedule, tp: u64) -> Result<(), String> {
+/// the heads; of a fused projection, half the width beyond the queries', [`fused_kv`])
+/// must divide by `tp`. Llama-3-8B's 8 key/value heads allow tp ≤ 8.
+fn check_heads(s: &Schedule, f: &Facts, tp: u64) -> Result<(), String> {
     let width = |st: &crate::train::Step, module: &str| -> Option<u64> {
         let reads_weight = st.reads.iter().any(|&r| {
             let n = &s.storages[r].name;
@@ -378,6 +388,13 @@ fn check_heads(s: &Schedule, tp: u64) -> Result<(), String> {
     for st in s.steps.iter().filter(|x| x.kind == StepKind::Forward) {
         q = width(st, "q_proj").or(q);
         k = width(st, "k_proj").or(k);
+        if let Some((kv, out)) = FUSED_QKV
+            .iter()
+            .find_map(|m| width(st, m))
+            .and_then(|_| fused_kv(s, f, st))
+        {
+            (q, k) = (Some(out - kv), Some(kv / 2));
+        }
         let shape = st.writes.first().map(|&w| &s.storages[w].shape);
         let Some([_, heads, _, _]) = shape.map(Vec::as_slice).filter(|_| st.op == "Softmax") else {
             continue;
@@ -538,6 +555,23 @@ fn gathered_inputs(s: &Schedule, f: &Facts) -> Vec<(usize, u64)> {
     out
 }
 
+/// The keys' and values' share of a fused q/k/v projection's output, as widths
+/// `(k + v, q + k + v)`: the queries are as wide as the projection's input (the
+/// hidden size, `heads × head size`), the keys and values split the rest evenly (GQA:
+/// phi3's 8 heads and 4 key/value heads give a half, not two thirds). `None` when the
+/// widths say otherwise.
+fn fused_kv(s: &Schedule, f: &Facts, st: &crate::train::Step) -> Option<(u64, u64)> {
+    let width = |k: StorageId| s.storages[k].shape.last().map(|&d| d as u64);
+    let out = width(*st.writes.first()?)?;
+    let hidden = st
+        .reads
+        .iter()
+        .find(|&&r| f.root[r].is_none())
+        .and_then(|&r| width(r))?;
+    let kv = out.checked_sub(hidden)?;
+    (kv > 0 && kv % 2 == 0).then_some((kv, out))
+}
+
 /// Context parallelism's ring: per attention (the first Softmax or attention op
 /// after a value projection), its forward and backward steps with the bytes of the
 /// keys and values it reads around the ring (the unsplit projections' outputs).
@@ -559,8 +593,9 @@ fn ring_blocks(s: &Schedule, f: &Facts) -> Vec<(usize, u64)> {
     for i in 0..s.steps.len() {
         if proj(i, &["k_proj", "v_proj", "key", "value", "wk", "wv"]) {
             kv += out_bytes(i);
-        } else if proj(i, &["qkv_proj", "query_key_value", "c_attn", "Wqkv"]) {
-            kv += out_bytes(i) * 2 / 3;
+        } else if proj(i, &FUSED_QKV) {
+            let (kv_width, width) = fused_kv(s, f, &s.steps[i]).unwrap_or((2, 3));
+            kv += out_bytes(i) * kv_width / width;
         }
         let op = s.steps[i].op.as_str();
         let attention = op == "Softmax" || op.contains("Attention");

@@ -44,6 +44,9 @@ pub struct ParallelReport {
     pub tp_split_params: usize,
     /// Expert parameter tensors expert parallelism splits.
     pub expert_params: usize,
+    /// Bytes of keys and values a rank passes around the context-parallel ring in
+    /// one forward, over the attentions (0 without context parallelism).
+    pub ring_kv_bytes: u64,
     /// The rank the other figures of the report are (the highest reserved peak).
     pub worst_rank: usize,
     /// Each differing rank (pipeline stage), first first.
@@ -70,6 +73,7 @@ impl ParallelReport {
             model_gpus: l.model_gpus(),
             tp_split_params: split.tp_split_params,
             expert_params: split.expert_params,
+            ring_kv_bytes: split.ring_kv_bytes,
             worst_rank,
             ranks,
         }
