@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use super::{combo, Combo, Steps};
 use crate::error::{Error, Result};
+use crate::memory::device::replay_schedule;
 use crate::remat::modules::ModuleTree;
 use crate::train::Schedule;
 
@@ -59,16 +60,28 @@ impl Steps<'_> {
         self.ranked.get(key, || self.worst_rank(c, &s))
     }
 
-    /// The rank of `c`'s replica whose step on `s` peaks highest.
+    /// The rank of `c`'s replica that needs the most: on a device, as `profile`
+    /// chooses, the most reserved bytes (replayed without a limit), then the highest
+    /// live peak.
     fn worst_rank(&self, c: Combo, s: &Schedule) -> Result<Arc<Schedule>> {
         let names: Vec<String> = (0..s.tensor_storage.len())
             .map(|t| self.model.graph.tensor(t).name.to_string())
             .collect();
         let ranks = crate::parallel::ranks(s.clone(), &names, &c.mp.layout(c.mp.pp))
             .map_err(Error::Graph)?;
+        let reserved = |r: &Schedule| {
+            self.o
+                .device
+                .as_ref()
+                .and_then(|d| replay_schedule(r, &super::fit_device::unlimited(d)).ok())
+                .map_or(0, |a| a.reserved_bytes)
+        };
         let worst = ranks
             .into_iter()
-            .max_by_key(|r| crate::memory::simulate(&r.schedule).peak().total())
+            .max_by_key(|r| {
+                let live = crate::memory::simulate(&r.schedule).peak().total();
+                (reserved(&r.schedule), live)
+            })
             .expect("one rank at least");
         Ok(Arc::new(worst.schedule))
     }
