@@ -594,6 +594,8 @@ impl<'u> Rewrite<'u> {
         } = self;
         let old = std::mem::take(&mut s.steps);
         let n = old.len();
+        s.steps
+            .reserve(n + before.values().map(Vec::len).sum::<usize>());
         for (i, mut st) in old.into_iter().enumerate() {
             s.steps.extend(before.remove(&i).unwrap_or_default());
             if let Some(extra) = reads.get(&i) {
