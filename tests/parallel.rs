@@ -277,6 +277,8 @@ fn bad_layouts_are_refused_in_one_line() {
     let (r, w) = (resnet.to_str().unwrap(), whisper.to_str().unwrap());
     let phi3 = common::shipped("llm/phi3.onnx");
     let f = phi3.to_str().unwrap();
+    let lora = common::shipped("llm/llama_lora.onnx");
+    let a = lora.to_str().unwrap();
     for (args, says) in [
         (vec!["profile", b, "--train", "--tp", "2"], "no role for"),
         (vec!["profile", l, "--tp", "2"], "give --train"),
@@ -287,6 +289,11 @@ fn bad_layouts_are_refused_in_one_line() {
         (
             vec!["profile", l, "--train", "--tp", "3"],
             "2 key/value heads do not divide over 3 ranks",
+        ),
+        // LoRA-wrapped projections (`q_proj.base_layer.weight`): 8 heads, 4 key/value.
+        (
+            vec!["profile", a, "--train", "--loss", "graph", "--tp", "8"],
+            "4 key/value heads do not divide over 8 ranks",
         ),
         // Fused q/k/v: 8 heads and 4 key/value heads in one projection.
         (

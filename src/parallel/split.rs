@@ -375,9 +375,11 @@ fn check_heads(s: &Schedule, f: &Facts, tp: u64) -> Result<(), String> {
     let width = |st: &crate::train::Step, module: &str| -> Option<u64> {
         let reads_weight = st.reads.iter().any(|&r| {
             let n = &s.storages[r].name;
+            // A LoRA-wrapped Linear's own weight is `….q_proj.base_layer.weight`.
+            let m = n.strip_suffix(".weight");
+            let m = m.map(|m| m.strip_suffix(".base_layer").unwrap_or(m));
             s.storages[r].kind == StorageKind::Parameter
-                && n.strip_suffix(".weight")
-                    .is_some_and(|m| m.rsplit('.').next() == Some(module))
+                && m.is_some_and(|m| m.rsplit('.').next() == Some(module))
         });
         let out = st.writes.first().map(|&w| &s.storages[w].shape)?;
         (reads_weight && LINEAR.contains(&st.op.as_str()))
