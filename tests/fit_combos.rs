@@ -103,7 +103,7 @@ fn model_parallel(names: &[String]) -> memplan::fit::combo::Mp {
 }
 
 /// The step of the replica's rank with the highest peak (as `fit` picks it without a
-/// device; on one it takes the most reserved bytes first).
+/// device; on one, the most reserved bytes).
 fn replica_rank(model: &Model, s: Schedule, mp: memplan::fit::combo::Mp) -> Schedule {
     if mp.ranks() == 1 {
         return s;

@@ -743,10 +743,16 @@ fn combine(
     target: u64,
 ) -> Result<(Vec<StrategyFit>, Option<Recommendation>, Option<String>)> {
     use rayon::prelude::*;
-    let attempts = combined(steps)?
+    // Each combination on its own; the first failure in order is the one reported.
+    let attempts: Vec<Result<Attempt>> = combined(steps)?
         .into_par_iter()
-        .map(|c0| attempt(steps, c0, target))
-        .collect::<Result<Vec<_>>>()?;
+        .map(|c0| {
+            let a = attempt(steps, c0, target);
+            steps.forget_realised();
+            a
+        })
+        .collect();
+    let attempts = attempts.into_iter().collect::<Result<Vec<_>>>()?;
     let mut rows = Vec::new();
     let mut reach = Vec::new();
     // The largest global batch reached without accumulation, and the lowest batch-1

@@ -61,8 +61,8 @@ impl Steps<'_> {
     }
 
     /// The rank of `c`'s replica that needs the most: on a device, as `profile`
-    /// chooses, the most reserved bytes (replayed without a limit), then the highest
-    /// live peak.
+    /// chooses, the most reserved bytes (replayed without a limit), else the highest
+    /// live peak; the first of equals.
     fn worst_rank(&self, c: Combo, s: &Schedule) -> Result<Arc<Schedule>> {
         let names: Vec<String> = (0..s.tensor_storage.len())
             .map(|t| self.model.graph.tensor(t).name.to_string())
@@ -76,12 +76,18 @@ impl Steps<'_> {
                 .and_then(|d| replay_schedule(r, &super::fit_device::unlimited(d)).ok())
                 .map_or(0, |a| a.reserved_bytes)
         };
+        // The first of equals, as profile takes it.
         let worst = ranks
             .into_iter()
-            .max_by_key(|r| {
-                let live = crate::memory::simulate(&r.schedule).peak().total();
-                (reserved(&r.schedule), live)
+            .enumerate()
+            .max_by_key(|(i, r)| {
+                let need = match self.o.device {
+                    Some(_) => reserved(&r.schedule),
+                    None => crate::memory::simulate(&r.schedule).peak().total(),
+                };
+                (need, std::cmp::Reverse(*i))
             })
+            .map(|(_, r)| r)
             .expect("one rank at least");
         Ok(Arc::new(worst.schedule))
     }

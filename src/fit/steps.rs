@@ -353,9 +353,23 @@ impl<'a> Steps<'a> {
                 heads.push(c);
             }
         }
-        heads
+        // Every family runs; the first failure in order is the one reported, whatever
+        // the threads' timing. A thread's realised steps go with its family.
+        let done: Vec<Result<()>> = heads
             .into_par_iter()
-            .try_for_each(|c| self.max_batch(c).map(|_| ()))
+            .map(|c| {
+                let r = self.max_batch(c).map(|_| ());
+                self.forget_realised();
+                r
+            })
+            .collect();
+        done.into_iter().collect()
+    }
+
+    /// Drops the steps this thread realised (its family is solved).
+    pub(super) fn forget_realised(&self) {
+        let me = std::thread::current().id();
+        lock(&self.realised).retain(|(t, _, _)| *t != me);
     }
 
     /// [`traffic`] of `c` with `steps` micro-batches per optimizer step (under

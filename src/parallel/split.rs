@@ -372,35 +372,33 @@ pub fn split(s: &mut Schedule, names: &[String], d: &Degrees) -> Result<SplitSum
 /// the heads; of a fused projection, half the width beyond the queries', [`fused_kv`])
 /// must divide by `tp`. Llama-3-8B's 8 key/value heads allow tp ≤ 8.
 fn check_heads(s: &Schedule, f: &Facts, tp: u64) -> Result<(), String> {
-    let width = |st: &crate::train::Step, module: &str| -> Option<u64> {
-        let reads_weight = st.reads.iter().any(|&r| {
-            let n = &s.storages[r].name;
-            // A LoRA-wrapped Linear's own weight is `….q_proj.base_layer.weight`.
-            let m = n.strip_suffix(".weight");
-            let m = m.map(|m| m.strip_suffix(".base_layer").unwrap_or(m));
-            s.storages[r].kind == StorageKind::Parameter
-                && m.is_some_and(|m| m.rsplit('.').next() == Some(module))
-        });
-        let out = st.writes.first().map(|&w| &s.storages[w].shape)?;
-        (reads_weight && LINEAR.contains(&st.op.as_str()))
-            .then(|| out.last().map(|&d| d as u64))
-            .flatten()
+    let width = |st: &crate::train::Step| -> Option<u64> {
+        let out = &s.storages[*st.writes.first()?].shape;
+        out.last().map(|&d| d as u64)
     };
-    let (mut q, mut k) = (None, None);
+    // The projections since the previous attention: q's and k's widths.
+    let (mut q, mut k, mut seen) = (None, None, false);
     for st in s.steps.iter().filter(|x| x.kind == StepKind::Forward) {
-        q = width(st, "q_proj").or(q);
-        k = width(st, "k_proj").or(k);
-        if let Some((kv, out)) = FUSED_QKV
-            .iter()
-            .find_map(|m| width(st, m))
-            .and_then(|_| fused_kv(s, f, st))
-        {
-            (q, k) = (Some(out - kv), Some(kv / 2));
+        match projection(s, f, st) {
+            Some(Proj::Q) => (q, seen) = (width(st), true),
+            Some(Proj::K) => (k, seen) = (width(st), true),
+            Some(Proj::V) => seen = true,
+            Some(Proj::Fused) => {
+                seen = true;
+                if let Some((kv, out)) = fused_kv(s, f, st, q.is_some()) {
+                    (q, k) = (q.or(Some(out - kv)), Some(kv / 2));
+                }
+            }
+            None => {}
         }
         let shape = st.writes.first().map(|&w| &s.storages[w].shape);
         let Some([_, heads, _, _]) = shape.map(Vec::as_slice).filter(|_| st.op == "Softmax") else {
             continue;
         };
+        // A Softmax after no projection is not attention (a segmentation head's).
+        if !std::mem::take(&mut seen) {
+            continue;
+        }
         let heads = *heads as u64;
         if heads % tp != 0 {
             return Err(format!("tensor parallelism gives each rank whole attention heads: {heads} heads do not divide over {tp} ranks (at {})", st.name));
@@ -418,6 +416,37 @@ fn check_heads(s: &Schedule, f: &Facts, tp: u64) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// An attention projection, by the module that owns the weight a Linear reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Proj {
+    Q,
+    K,
+    V,
+    /// Queries, keys and values in one (or, after a separate query projection, keys
+    /// and values: GPT-2's cross-attention `c_attn`).
+    Fused,
+}
+
+/// The projection a forward step is: the module owning the weight it reads
+/// (`….k_proj.weight`, a LoRA-wrapped `….k_proj.base_layer.weight`, or a copy made
+/// from either, as a transpose), not an adapter's (`….k_proj.lora_B.default.weight`).
+fn projection(s: &Schedule, f: &Facts, st: &crate::train::Step) -> Option<Proj> {
+    if st.kind != StepKind::Forward || !LINEAR.contains(&st.op.as_str()) {
+        return None;
+    }
+    st.reads.iter().filter_map(|&r| f.root[r]).find_map(|p| {
+        let n = s.storages[p].name.strip_suffix(".weight")?;
+        let m = n.strip_suffix(".base_layer").unwrap_or(n);
+        match m.rsplit('.').next()? {
+            "q_proj" | "query" | "wq" | "q_attn" => Some(Proj::Q),
+            "k_proj" | "key" | "wk" => Some(Proj::K),
+            "v_proj" | "value" | "wv" => Some(Proj::V),
+            x if FUSED_QKV.contains(&x) => Some(Proj::Fused),
+            _ => None,
+        }
+    })
 }
 
 /// The outputs tensor parallelism all-reduces: the row-parallel Linears' and the
@@ -560,11 +589,15 @@ fn gathered_inputs(s: &Schedule, f: &Facts) -> Vec<(usize, u64)> {
 /// The keys' and values' share of a fused q/k/v projection's output, as widths
 /// `(k + v, q + k + v)`: the queries are as wide as the projection's input (the
 /// hidden size, `heads × head size`), the keys and values split the rest evenly (GQA:
-/// phi3's 8 heads and 4 key/value heads give a half, not two thirds). `None` when the
-/// widths say otherwise.
-fn fused_kv(s: &Schedule, f: &Facts, st: &crate::train::Step) -> Option<(u64, u64)> {
+/// phi3's 8 heads and 4 key/value heads give a half, not two thirds). After a
+/// separate query projection (`q_seen`) the output is keys and values alone. `None`
+/// when the widths say otherwise.
+fn fused_kv(s: &Schedule, f: &Facts, st: &crate::train::Step, q_seen: bool) -> Option<(u64, u64)> {
     let width = |k: StorageId| s.storages[k].shape.last().map(|&d| d as u64);
     let out = width(*st.writes.first()?)?;
+    if q_seen {
+        return Some((out, out));
+    }
     let hidden = st
         .reads
         .iter()
@@ -578,26 +611,20 @@ fn fused_kv(s: &Schedule, f: &Facts, st: &crate::train::Step) -> Option<(u64, u6
 /// after a value projection), its forward and backward steps with the bytes of the
 /// keys and values it reads around the ring (the unsplit projections' outputs).
 fn ring_blocks(s: &Schedule, f: &Facts) -> Vec<(usize, u64)> {
-    let proj = |i: usize, names: &[&str]| -> bool {
-        let st = &s.steps[i];
-        st.kind == StepKind::Forward
-            && LINEAR.contains(&st.op.as_str())
-            && st.reads.iter().filter_map(|&r| f.root[r]).any(|p| {
-                let n = &s.storages[p].name;
-                n.rsplit('.').any(|c| names.contains(&c))
-            })
-    };
     let out_bytes =
         |i: usize| -> u64 { s.steps[i].writes.iter().map(|&w| s.storages[w].bytes).sum() };
     let mut out = Vec::new();
-    let mut kv = 0u64;
+    let (mut kv, mut q_seen) = (0u64, false);
     let mut nodes = HashMap::new();
     for i in 0..s.steps.len() {
-        if proj(i, &["k_proj", "v_proj", "key", "value", "wk", "wv"]) {
-            kv += out_bytes(i);
-        } else if proj(i, &FUSED_QKV) {
-            let (kv_width, width) = fused_kv(s, f, &s.steps[i]).unwrap_or((2, 3));
-            kv += out_bytes(i) * kv_width / width;
+        match projection(s, f, &s.steps[i]) {
+            Some(Proj::K | Proj::V) => kv += out_bytes(i),
+            Some(Proj::Q) => q_seen = true,
+            Some(Proj::Fused) => {
+                let (kv_width, width) = fused_kv(s, f, &s.steps[i], q_seen).unwrap_or((2, 3));
+                kv += out_bytes(i) * kv_width / width;
+            }
+            None => {}
         }
         let op = s.steps[i].op.as_str();
         let attention = op == "Softmax" || op.contains("Attention");
@@ -606,7 +633,7 @@ fn ring_blocks(s: &Schedule, f: &Facts) -> Vec<(usize, u64)> {
             if let Some(n) = s.steps[i].node {
                 nodes.insert(n, kv);
             }
-            kv = 0;
+            (kv, q_seen) = (0, false);
         }
     }
     for (i, st) in s.steps.iter().enumerate() {
