@@ -144,6 +144,23 @@ fn the_context_parallel_ring_passes_the_local_keys_and_values() {
         .clone();
     // (Two thirds of the output, as for multi-head attention, would be 8 MiB.)
     assert_eq!(u(&t["parallel"]["ring_kv_bytes"]), 3 * 2048 / 2 * 512 * 4);
+    // LoRA adapters on k_proj and v_proj are not keys and values of their own: the
+    // ring passes what the plain model's does.
+    let ring = |m: &str| {
+        let file = common::shipped(m);
+        let t = common::memplan_json(&[
+            "profile",
+            file.to_str().unwrap(),
+            "--train",
+            "--batch",
+            "1",
+            "--cp",
+            "2",
+            "--json",
+        ]);
+        u(&t["training"]["parallel"]["ring_kv_bytes"])
+    };
+    assert_eq!(ring("llm/llama_lora.onnx"), ring("llm/llama.onnx"));
 }
 
 #[test]
