@@ -280,10 +280,14 @@ pub const FRAGMENTATION_HINT: f64 = 0.1;
 /// The combinations solved together with `c` on a device: `c` with each way of
 /// sharing the state over the GPUs that `fit` reports (one GPU, and with several
 /// DDP and ZeRO 1 to 3; the two offloads always). Only `c` itself without a device,
-/// with gradient accumulation, or, without a target batch, where only one GPU's row
-/// is reported (mixed precision or checkpointing alone).
+/// with gradient accumulation, with model parallelism, for mixed precision under a
+/// half-precision step, or, without a target batch, where only one GPU's row is
+/// reported (mixed precision or checkpointing alone).
 pub(super) fn family(o: &FitOptions, c: Combo) -> Vec<Combo> {
-    let rows_only = o.target_batch.is_none() && (c.mixed || c.ckpt != Ckpt::None);
+    // Under a half-precision step the target's combinations leave mixed precision out
+    // (it repeats what was asked): its row is solved alone.
+    let rows_only = (o.target_batch.is_none() && (c.mixed || c.ckpt != Ckpt::None))
+        || (c.mixed && o.train.precision.half().is_some());
     // Model-parallel rows come with one way over their data-parallel ranks.
     let model_parallel = c.mp != super::combo::Mp::NONE;
     if o.device.is_none() || c.accumulate || rows_only || model_parallel {
