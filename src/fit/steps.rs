@@ -73,6 +73,9 @@ pub struct Steps<'a> {
     pub(super) trees: Once<TreeKey, Arc<ModuleTree>>,
     /// [`Steps::peak_at`]'s answers.
     timelines: Mutex<HashMap<StepKey, (Vec<u64>, f64)>>,
+    /// The sqrt(n)-checkpointed step and its recompute fraction, by what it is
+    /// made from (the rank's step at a batch), shared by the ways over the GPUs.
+    sqrt: Once<RankKey, (Arc<Schedule>, f64)>,
 }
 
 /// What a module tree depends on: precision, accumulation, model parallelism, the
@@ -103,6 +106,7 @@ impl<'a> Steps<'a> {
             ranked: Default::default(),
             trees: Default::default(),
             timelines: Default::default(),
+            sqrt: Default::default(),
         }
     }
 
@@ -296,14 +300,17 @@ impl<'a> Steps<'a> {
             }
             Ckpt::Blocks => blocks::realise(self.o, &partitioned()),
             Ckpt::Sqrt => {
-                let flops = base.flops().max(1);
-                let r = checkpoint_sqrt(&base, 0);
-                let mut s = r.schedule;
+                // The same checkpointed step for every way over the GPUs.
+                let key = (c.mp, c.mixed, c.accumulate, batch);
+                let (sqrt, ov) = self.sqrt.get(key, || {
+                    let flops = base.flops().max(1);
+                    let r = checkpoint_sqrt(&base, 0);
+                    let ov = r.recompute_flops as f64 / flops as f64;
+                    Ok((Arc::new(r.schedule), ov))
+                })?;
+                let mut s = (*sqrt).clone();
                 partition(&mut s, c.dist, gpus);
-                Ok((
-                    Realised::Schedule(Arc::new(s)),
-                    r.recompute_flops as f64 / flops as f64,
-                ))
+                Ok((Realised::Schedule(Arc::new(s)), ov))
             }
             Ckpt::None => Ok((Realised::Schedule(partitioned()), 0.0)),
         }
