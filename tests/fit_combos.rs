@@ -549,15 +549,12 @@ fn contradicting_flags_fail_in_one_line() {
     assert_eq!(c, Some(0), "{err}");
 }
 
-/// With a card (the step timed), `fit` adds tensor- and pipeline-parallel rows; each
-/// is rebuilt here as the worst rank of its replica under ZeRO-1 over the
-/// data-parallel ranks left, and agrees with its row, as every other row does.
-#[test]
-fn tensor_and_pipeline_parallel_rows_agree_with_their_ranks() {
-    let model = load_model(&common::shipped("llm/fsdp_llama_b.onnx")).unwrap();
+/// AdamW on four H100s (the step timed) towards a global batch of 64, in `memory`,
+/// on `device` if given.
+fn on_four_h100s(memory: u64, device: Option<memplan::memory::device::DeviceModel>) -> FitOptions {
     let gpu = memplan::memory::device::Gpu::named("h100").unwrap();
-    let o = FitOptions {
-        memory: 48 << 20,
+    FitOptions {
+        memory,
         train: TrainOptions {
             optimizer: Optimizer::Adamw,
             ..TrainOptions::default()
@@ -566,10 +563,19 @@ fn tensor_and_pipeline_parallel_rows_agree_with_their_ranks() {
         target_batch: Some(64),
         dims: Default::default(),
         plan_time_limit_s: 5.0,
-        device: None,
+        device,
         routing: None,
         cluster: Some(memplan::fit::time::Cluster::of(gpu, 4, None).unwrap()),
-    };
+    }
+}
+
+/// With a card (the step timed), `fit` adds tensor- and pipeline-parallel rows; each
+/// is rebuilt here as the worst rank of its replica under ZeRO-1 over the
+/// data-parallel ranks left, and agrees with its row, as every other row does.
+#[test]
+fn tensor_and_pipeline_parallel_rows_agree_with_their_ranks() {
+    let model = load_model(&common::shipped("llm/fsdp_llama_b.onnx")).unwrap();
+    let o = on_four_h100s(48 << 20, None);
     let r = fit(&model, "fsdp_llama_b", &o).unwrap();
     let mp_rows: Vec<&str> = r
         .strategies
@@ -595,20 +601,7 @@ fn the_answer_does_not_depend_on_the_threads() {
     let gpu = Gpu::named("h100").unwrap();
     let d = DeviceModel::new(AllocConf::default(), Some(gpu), Some(64 << 20))
         .with_memory(160 << 20, 8 << 20);
-    let o = FitOptions {
-        memory: 160 << 20,
-        train: TrainOptions {
-            optimizer: Optimizer::Adamw,
-            ..TrainOptions::default()
-        },
-        gpus: 4,
-        target_batch: Some(64),
-        dims: Default::default(),
-        plan_time_limit_s: 5.0,
-        device: Some(d),
-        routing: None,
-        cluster: Some(memplan::fit::time::Cluster::of(gpu, 4, None).unwrap()),
-    };
+    let o = on_four_h100s(160 << 20, Some(d));
     let on = |threads: usize| {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)

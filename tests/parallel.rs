@@ -127,25 +127,7 @@ fn the_context_parallel_ring_passes_the_local_keys_and_values() {
         u(&t["parallel"]["ring_kv_bytes"]),
         L * 2 * 64 / 2 * 2 * KV * 4
     );
-    // phi3 fuses q, k and v in one projection (3 layers, hidden 512, 8 heads and 4
-    // key/value heads of 64: keys and values 256 wide each, half the output), batch
-    // 1 of sequence 2048 split in two.
-    let phi3 = common::shipped("llm/phi3.onnx");
-    let t = common::memplan_json(&[
-        "profile",
-        phi3.to_str().unwrap(),
-        "--train",
-        "--batch",
-        "1",
-        "--cp",
-        "2",
-        "--json",
-    ])["training"]
-        .clone();
-    // (Two thirds of the output, as for multi-head attention, would be 8 MiB.)
-    assert_eq!(u(&t["parallel"]["ring_kv_bytes"]), 3 * 2048 / 2 * 512 * 4);
-    // LoRA adapters on k_proj and v_proj are not keys and values of their own: the
-    // ring passes what the plain model's does.
+    // The ring's bytes of a model at batch 1 (its own sequence) over 2 ranks.
     let ring = |m: &str| {
         let file = common::shipped(m);
         let t = common::memplan_json(&[
@@ -160,6 +142,13 @@ fn the_context_parallel_ring_passes_the_local_keys_and_values() {
         ]);
         u(&t["training"]["parallel"]["ring_kv_bytes"])
     };
+    // phi3 fuses q, k and v in one projection (3 layers, hidden 512, 8 heads and 4
+    // key/value heads of 64: keys and values 256 wide each, half the output), batch
+    // 1 of sequence 2048 split in two.
+    // (Two thirds of the output, as for multi-head attention, would be 8 MiB.)
+    assert_eq!(ring("llm/phi3.onnx"), 3 * 2048 / 2 * 512 * 4);
+    // LoRA adapters on k_proj and v_proj are not keys and values of their own: the
+    // ring passes what the plain model's does.
     assert_eq!(ring("llm/llama_lora.onnx"), ring("llm/llama.onnx"));
 }
 

@@ -456,7 +456,9 @@ def _run_memplan(binary, cmd, out, onnx_dir=None):
             "allocated_peak_bytes": t["allocator"]["allocated_peak_bytes"],
             "reserved_bytes": t["allocator"]["reserved_bytes"], "device_bytes": t.get("device_bytes"),
             "context_bytes": t["device"].get("context_bytes"), "nccl_bytes": t["device"].get("nccl_bytes"),
-            "sharded_param_bytes": t.get("fsdp", {}).get("sharded_param_bytes")}
+            "sharded_param_bytes": t.get("fsdp", {}).get("sharded_param_bytes"),
+            "ranks": [{"peak_bytes": r["peak_bytes"], "reserved_bytes": r["reserved_bytes"],
+                       "param_bytes": r["param_bytes"]} for r in t.get("parallel", {}).get("ranks", [])]}
 
 
 def _rel(ours, theirs):

@@ -194,22 +194,6 @@ def memplan_command(case, world, gpu):
     return cmd + ["--pp", str(world), "--microbatches", str(case["microbatches"]), "--pp-schedule", case["schedule"]]
 
 
-def _memplan_ranks(binary, cmd, onnx_dir, out):
-    """memplan's per-rank live peak and reserved bytes, and its worst rank's allocated peak."""
-    import subprocess
-
-    m = gf._run_memplan(binary, cmd, out, onnx_dir)
-    if "error" in m:
-        return m
-    c = list(cmd)
-    c[0], c[2] = binary, m["file"] if os.path.isabs(m["file"]) else os.path.join(ROOT, m["file"])
-    p = subprocess.run(c, cwd=ROOT, capture_output=True, text=True, timeout=120)
-    par = json.loads(p.stdout)["training"].get("parallel", {})
-    m["ranks"] = [{"peak_bytes": r["peak_bytes"], "reserved_bytes": r["reserved_bytes"],
-                   "param_bytes": r["param_bytes"]} for r in par.get("ranks", [])]
-    return m
-
-
 def merge(out, binary, onnx_dir=None, gpu_override=None):
     ranks = sorted((json.load(open(p)) for p in glob.glob(os.path.join(out, "rank*.json"))), key=lambda r: r["rank"])
     if not ranks:
@@ -228,7 +212,7 @@ def merge(out, binary, onnx_dir=None, gpu_override=None):
                   "step_seconds", "error"):
             row[f] = [c.get(f) for c in cs]
         if binary:
-            m = _memplan_ranks(binary, cmd, onnx_dir, out)
+            m = gf._run_memplan(binary, cmd, out, onnx_dir)
             row["memplan"] = m
             worst = max((v for v in row["max_memory_allocated_bytes"] if v), default=None)
             if "error" not in m:

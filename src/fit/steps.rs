@@ -23,7 +23,7 @@ use crate::remat::modules::ModuleTree;
 use crate::train::{Precision, Schedule};
 
 /// Locks `m` (a panic elsewhere has already failed the run).
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
